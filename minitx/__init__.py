@@ -1,0 +1,22 @@
+"""minitx: attention and transformers from scratch, on NumPy (or CuPy), with proven gradients.
+
+    import minitx
+    import minitx.functional as F
+
+    x = minitx.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+    F.softmax(x).sum().backward()
+"""
+__version__ = "0.1.0"
+
+from . import backend
+from .backend import (get_array_module, get_backend, gpu_available, manual_seed,
+                      set_backend)
+from .autograd import (Function, Tensor, checkpoint, enable_grad, gradcheck,
+                       is_grad_enabled, no_grad, set_grad_enabled, tensor)
+from . import ops
+from . import functional
+
+__all__ = ["__version__", "Tensor", "tensor", "Function", "no_grad", "enable_grad",
+           "is_grad_enabled", "set_grad_enabled", "gradcheck", "checkpoint", "manual_seed",
+           "set_backend", "get_backend", "get_array_module", "gpu_available", "functional",
+           "backend", "ops"]

@@ -1,0 +1,11 @@
+"""The autograd engine: Tensor, Function, the backward engine, no_grad, gradcheck, checkpoint."""
+from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .tensor import Tensor, tensor
+from .function import Context, Function
+from .engine import backward, topological_order
+from .gradcheck import GradcheckError, gradcheck
+from .checkpoint import checkpoint
+
+__all__ = ["Tensor", "tensor", "Function", "Context", "backward", "topological_order",
+           "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled", "gradcheck",
+           "GradcheckError", "checkpoint"]

@@ -1,0 +1,90 @@
+"""``Function`` and its context: the unit of differentiation.
+
+Every differentiable operation is a subclass with two static methods working on *raw
+arrays* (``numpy`` or ``cupy``), never on Tensors::
+
+    class Exp(Function):
+        @staticmethod
+        def forward(ctx, x):              # x: raw array
+            y = get_array_module(x).exp(x)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad):          # grad: dL/dy, same shape as y
+            (y,) = ctx.saved_tensors
+            return grad * y               # dL/dx = dL/dy * exp(x)
+
+and is called as ``Exp.apply(tensor)``. ``apply`` unwraps the inputs, runs ``forward``,
+wraps the result in a Tensor and, when some input requires a gradient and grad mode is on,
+records the context as the output's graph node. ``backward`` returns one gradient per
+positional input (``None`` where there is none to give); the engine checks their shapes and
+dtypes. Keyword arguments of ``apply`` are passed to ``forward`` and are not differentiated.
+"""
+from __future__ import annotations
+
+import numpy
+
+from . import grad_mode
+from .tensor import Tensor
+
+__all__ = ["Function", "Context"]
+
+
+class Context:
+    """What one Function call remembers for its backward: the graph node.
+
+    Attributes: ``fn`` (the Function class), ``parents`` (the positional inputs; Tensors or
+    constants), ``needs_input_grad`` (a bool per input), ``saved_tensors`` (what forward
+    saved) and any attribute forward sets (``ctx.axis = axis``).
+    """
+
+    __slots__ = ("fn", "parents", "needs_input_grad", "saved_tensors", "freed", "__dict__")
+
+    def __init__(self, needs_input_grad):
+        self.needs_input_grad = needs_input_grad
+        self.saved_tensors = ()
+        self.freed = False
+
+    def save_for_backward(self, *arrays) -> None:
+        """Keep ``arrays`` (raw arrays or None) for ``backward``; freed after backward."""
+        self.saved_tensors = arrays
+
+    def free(self) -> None:
+        """Drop everything saved for backward (called by the engine unless retain_graph)."""
+        self.saved_tensors = None
+        self.__dict__.clear()
+        self.freed = True
+
+
+class Function:
+    """Base class of every differentiable operation (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, *arrays, **kwargs):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx, grad):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *inputs, **kwargs):
+        """Run ``forward`` on the inputs' arrays and record the graph node when needed."""
+        if grad_mode._state["enabled"]:
+            needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in inputs)
+            record = any(needs)
+        else:
+            needs = (False,) * len(inputs)
+            record = False
+        ctx = Context(needs)
+        out = cls.forward(ctx, *[a.data if isinstance(a, Tensor) else a for a in inputs],
+                          **kwargs)
+        if isinstance(out, numpy.generic):      # NumPy reductions return scalars, not arrays
+            out = numpy.asarray(out)
+        result = Tensor._wrap(out, record)
+        if record:
+            ctx.fn = cls
+            ctx.parents = inputs
+            result._ctx = ctx
+        return result

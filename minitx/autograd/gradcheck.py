@@ -1,0 +1,105 @@
+"""``gradcheck``: compare analytic gradients with central finite differences (float64)."""
+from __future__ import annotations
+
+import numpy
+
+from .. import backend
+from .grad_mode import no_grad
+from .tensor import Tensor
+
+__all__ = ["gradcheck", "GradcheckError"]
+
+
+class GradcheckError(AssertionError):
+    """Raised by ``gradcheck`` when analytic and numerical gradients disagree."""
+
+
+def _as_tuple(inputs):
+    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def _output_tensors(out):
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return [o for o in outs if isinstance(o, Tensor) and o.dtype.kind == "f"]
+
+
+def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3,
+              raise_exception: bool = True, seed: int = 0) -> bool:
+    """Check ``fn``'s gradients against central differences, like ``torch.autograd.gradcheck``.
+
+    ``fn(*inputs)`` returns a Tensor (or a tuple of Tensors). Every input Tensor with
+    ``requires_grad=True`` must be float64. Output y is reduced to the scalar
+    L = Σ r ⊙ y with a fixed random r (so every output element is tested), and for each
+    input element x_i
+
+        numerical_i = (L(x_i + eps) − L(x_i − eps)) / (2 eps),
+
+    compared with the analytic dL/dx_i from ``backward`` under
+    ``|analytic − numerical| ≤ atol + rtol·|numerical|``.
+
+    Returns True, or on failure raises ``GradcheckError`` (or returns False when
+    ``raise_exception=False``) naming the input, the worst element, and both values.
+    """
+    inputs = _as_tuple(inputs)
+    targets = [i for i, t in enumerate(inputs) if isinstance(t, Tensor) and t.requires_grad]
+    if not targets:
+        raise ValueError("gradcheck needs at least one input Tensor with requires_grad=True")
+    for i in targets:
+        if inputs[i].dtype != numpy.float64:
+            raise TypeError(f"gradcheck input {i} must be float64 (finite differences in lower "
+                            f"precision are meaningless), got {inputs[i].dtype}")
+
+    outs = _output_tensors(fn(*inputs))
+    if not outs:
+        raise ValueError("gradcheck: fn returned no floating-point Tensor")
+    gen = numpy.random.default_rng(seed)
+    weights = [backend.to_device(gen.standard_normal(o.shape), o.device).astype(o.dtype)
+               for o in outs]
+
+    def scalar_loss():
+        with no_grad():
+            ys = _output_tensors(fn(*inputs))
+        return sum(float((y.data * w).sum()) for y, w in zip(ys, weights))
+
+    # analytic
+    for i in targets:
+        inputs[i].grad = None
+    loss = None
+    for o, w in zip(outs, weights):
+        if o.requires_grad:
+            term = (o * Tensor._wrap(w)).sum()
+            loss = term if loss is None else loss + term
+    analytic = {}
+    if loss is not None:
+        loss.backward()
+    for i in targets:
+        g = inputs[i].grad
+        analytic[i] = (numpy.zeros(inputs[i].shape) if g is None else g.numpy())
+        inputs[i].grad = None
+
+    # numerical, one element at a time (inputs are perturbed in place, then restored)
+    for i in targets:
+        xp = backend.get_array_module(inputs[i].data)
+        inputs[i].data = x = xp.ascontiguousarray(inputs[i].data)
+        flat = x.reshape(-1)            # a view of x, so writing flat[j] perturbs the input
+        numerical = numpy.zeros(x.size)
+        for j in range(x.size):
+            original = flat[j].item()
+            flat[j] = original + eps
+            plus = scalar_loss()
+            flat[j] = original - eps
+            minus = scalar_loss()
+            flat[j] = original
+            numerical[j] = (plus - minus) / (2 * eps)
+        numerical = numerical.reshape(x.shape)
+        a = analytic[i]
+        err = numpy.abs(a - numerical) - (atol + rtol * numpy.abs(numerical))
+        if err.size and (err.max() > 0 or not numpy.all(numpy.isfinite(a))):
+            worst = numpy.unravel_index(int(numpy.nanargmax(numpy.where(numpy.isfinite(err), err, numpy.inf))), x.shape)
+            msg = (f"gradcheck failed for input {i} (shape {x.shape}) at element {worst}: "
+                   f"analytic {a[worst]!r} vs numerical {numerical[worst]!r} "
+                   f"(atol={atol}, rtol={rtol}, eps={eps})")
+            if raise_exception:
+                raise GradcheckError(msg)
+            return False
+    return True

@@ -1,0 +1,371 @@
+"""``Tensor``: an ndarray (NumPy or CuPy) plus the graph node that produced it.
+
+A Tensor holds
+- ``data``: the raw array, of the active array module;
+- ``requires_grad``: whether gradients flow to it;
+- ``grad``: after ``backward``, a Tensor of the same shape and dtype (leaves only);
+- ``_ctx``: the Function context that produced it (``None`` for leaves).
+
+Operators and methods are thin wrappers over ``minitx.functional``; the math and its
+derivative live there, one Function per op.
+"""
+from __future__ import annotations
+
+import numpy
+
+from .. import backend
+from . import grad_mode
+
+__all__ = ["Tensor", "tensor"]
+
+
+def _to_array(data, dtype):
+    """Turn ``data`` into an array of the active backend, applying minitx's dtype rules."""
+    xp = backend.xp()
+    if isinstance(data, Tensor):
+        array = data.data
+    elif isinstance(data, (numpy.ndarray, numpy.generic)) or hasattr(data, "__cuda_array_interface__"):
+        array = data
+    else:
+        # Python scalars and (nested) lists: floats become float32, like PyTorch.
+        array = numpy.asarray(data)
+        if array.dtype == numpy.float64 and dtype is None:
+            array = array.astype(numpy.float32)
+        elif array.dtype.kind in "OUS":
+            raise TypeError(f"tensor data must be numeric or bool, got {type(data).__name__} "
+                            f"holding dtype {array.dtype}")
+    if backend.get_array_module(array) is not xp:
+        array = backend.to_device(array, "cuda" if xp is not numpy else "cpu")
+    if dtype is not None:
+        array = array.astype(backend.as_dtype(dtype), copy=False)
+    elif not hasattr(array, "shape"):
+        array = xp.asarray(array)
+    return xp.asarray(array)
+
+
+class Tensor:
+    """An n-dimensional array that can record how it was computed and backpropagate.
+
+    ``Tensor(data, requires_grad=False, dtype=None)``: ``data`` is a Python scalar, a nested
+    list, a NumPy/CuPy array or a Tensor. Python floats become float32; arrays keep their
+    dtype (bool masks stay bool); ``dtype`` (a NumPy dtype or its name) overrides. Only
+    floating-point tensors may require gradients.
+    """
+
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "__weakref__")
+    __array_priority__ = 1000  # make `ndarray <op> Tensor` call Tensor's reflected operator
+
+    def __init__(self, data, requires_grad: bool = False, dtype=None):
+        array = _to_array(data, dtype)
+        if requires_grad and array.dtype.kind != "f":
+            raise TypeError("only floating-point tensors can require gradients, "
+                            f"got dtype {array.dtype}")
+        self.data = array
+        self.grad = None
+        self.requires_grad = bool(requires_grad)
+        self._ctx = None
+
+    @classmethod
+    def _wrap(cls, array, requires_grad=False):
+        """Fast internal constructor: no conversion, no checks."""
+        t = object.__new__(Tensor)
+        t.data = array
+        t.grad = None
+        t.requires_grad = requires_grad
+        t._ctx = None
+        return t
+
+    # ---- properties ----------------------------------------------------------------------
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def size(self) -> int:
+        return self.data.size
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def device(self) -> str:
+        """"cpu" or "cuda"."""
+        return backend.device_of(self.data)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._ctx is None
+
+    @property
+    def T(self):
+        """All axes reversed (NumPy's ``.T``)."""
+        return self.transpose()
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __repr__(self) -> str:
+        body = numpy.array2string(self.numpy(), precision=4, separator=", ", prefix="tensor(")
+        extra = ""
+        if self.dtype != numpy.float32 and self.dtype.kind == "f" or self.dtype.kind != "f":
+            extra += f", dtype={self.dtype}"
+        if self.device != "cpu":
+            extra += f", device='{self.device}'"
+        if self._ctx is not None:
+            extra += f", grad_fn=<{self._ctx.fn.__name__}>"
+        elif self.requires_grad:
+            extra += ", requires_grad=True"
+        return f"tensor({body}{extra})"
+
+    # ---- conversion ----------------------------------------------------------------------
+    def numpy(self):
+        """The data as a NumPy array (copied from the GPU when needed)."""
+        return backend.to_device(self.data, "cpu")
+
+    def __array__(self, dtype=None, copy=None):
+        if self.device != "cpu":
+            raise TypeError("can't convert a cuda Tensor to NumPy implicitly; use .numpy()")
+        return self.data if dtype is None else self.data.astype(dtype)
+
+    def item(self):
+        """The value of a one-element tensor as a Python scalar."""
+        if self.data.size != 1:
+            raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
+        return self.data.reshape(()).item()
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "iu":
+            raise TypeError(f"only integer tensors can be used as an index, got {self.dtype}")
+        return int(self.item())
+
+    def detach(self) -> "Tensor":
+        """The same data, cut from the graph (shares memory)."""
+        return Tensor._wrap(self.data, False)
+
+    def clone(self) -> "Tensor":
+        """A differentiable copy."""
+        return _F.clone(self)
+
+    def requires_grad_(self, mode: bool = True) -> "Tensor":
+        if mode and self.dtype.kind != "f":
+            raise TypeError(f"only floating-point tensors can require gradients, got {self.dtype}")
+        self.requires_grad = bool(mode)
+        return self
+
+    def to(self, device: str) -> "Tensor":
+        """A copy on "cpu" or "cuda" (differentiable: gradients flow back to this device)."""
+        if device == self.device:
+            return self
+        return _F.to_device(self, device)
+
+    def cpu(self) -> "Tensor":
+        return self.to("cpu")
+
+    def cuda(self) -> "Tensor":
+        return self.to("cuda")
+
+    def astype(self, dtype) -> "Tensor":
+        """Cast to ``dtype`` (differentiable between floating dtypes)."""
+        return _F.astype(self, dtype)
+
+    # ---- autograd ------------------------------------------------------------------------
+    def backward(self, grad=None, retain_graph: bool = False) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad``.
+
+        ``grad`` defaults to 1 for a one-element tensor. Unless ``retain_graph`` is True the
+        arrays saved for backward are freed, and a second backward raises.
+        """
+        from .engine import backward
+        backward(self, grad, retain_graph=retain_graph)
+
+    def zero_grad(self) -> None:
+        self.grad = None
+
+    # ---- arithmetic ----------------------------------------------------------------------
+    def __add__(self, other):
+        return _F.add(self, other)
+
+    def __radd__(self, other):
+        return _F.add(other, self)
+
+    def __sub__(self, other):
+        return _F.sub(self, other)
+
+    def __rsub__(self, other):
+        return _F.sub(other, self)
+
+    def __mul__(self, other):
+        return _F.mul(self, other)
+
+    def __rmul__(self, other):
+        return _F.mul(other, self)
+
+    def __truediv__(self, other):
+        return _F.div(self, other)
+
+    def __rtruediv__(self, other):
+        return _F.div(other, self)
+
+    def __pow__(self, other):
+        return _F.pow(self, other)
+
+    def __rpow__(self, other):
+        return _F.pow(other, self)
+
+    def __matmul__(self, other):
+        return _F.matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return _F.matmul(other, self)
+
+    def __neg__(self):
+        return _F.neg(self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return _F.abs(self)
+
+    def __getitem__(self, index):
+        return _F.getitem(self, index)
+
+    # ---- comparisons: boolean tensors, never differentiable ------------------------------
+    def _compare(self, other, op):
+        other = other.data if isinstance(other, Tensor) else other
+        return Tensor._wrap(op(self.data, other), False)
+
+    def __eq__(self, other):
+        return self._compare(other, lambda a, b: a == b)
+
+    def __ne__(self, other):
+        return self._compare(other, lambda a, b: a != b)
+
+    def __lt__(self, other):
+        return self._compare(other, lambda a, b: a < b)
+
+    def __le__(self, other):
+        return self._compare(other, lambda a, b: a <= b)
+
+    def __gt__(self, other):
+        return self._compare(other, lambda a, b: a > b)
+
+    def __ge__(self, other):
+        return self._compare(other, lambda a, b: a >= b)
+
+    def __invert__(self):
+        if self.dtype != numpy.bool_:
+            raise TypeError(f"~ needs a bool tensor, got {self.dtype}")
+        return Tensor._wrap(~self.data, False)
+
+    def __and__(self, other):
+        return self._compare(other, lambda a, b: a & b)
+
+    def __or__(self, other):
+        return self._compare(other, lambda a, b: a | b)
+
+    __hash__ = object.__hash__
+
+    # ---- shape methods (NumPy names and semantics) ---------------------------------------
+    def reshape(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return _F.reshape(self, shape)
+
+    def view(self, *shape):
+        return self.reshape(*shape)
+
+    def transpose(self, *axes):
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        return _F.transpose(self, axes or None)
+
+    def swapaxes(self, axis1: int, axis2: int):
+        return _F.swapaxes(self, axis1, axis2)
+
+    def squeeze(self, axis=None):
+        return _F.squeeze(self, axis)
+
+    def expand_dims(self, axis):
+        return _F.expand_dims(self, axis)
+
+    def broadcast_to(self, shape):
+        return _F.broadcast_to(self, shape)
+
+    def flatten(self):
+        return _F.reshape(self, (-1,))
+
+    # ---- reductions ----------------------------------------------------------------------
+    def sum(self, axis=None, keepdims=False):
+        return _F.sum(self, axis=axis, keepdims=keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        return _F.mean(self, axis=axis, keepdims=keepdims)
+
+    def var(self, axis=None, keepdims=False, ddof=0):
+        return _F.var(self, axis=axis, keepdims=keepdims, ddof=ddof)
+
+    def max(self, axis=None, keepdims=False):
+        return _F.max(self, axis=axis, keepdims=keepdims)
+
+    def min(self, axis=None, keepdims=False):
+        return _F.min(self, axis=axis, keepdims=keepdims)
+
+    def argmax(self, axis=None):
+        return Tensor._wrap(self.data.argmax(axis=axis), False)
+
+    def argmin(self, axis=None):
+        return Tensor._wrap(self.data.argmin(axis=axis), False)
+
+    # ---- elementwise shortcuts -----------------------------------------------------------
+    def exp(self):
+        return _F.exp(self)
+
+    def log(self):
+        return _F.log(self)
+
+    def sqrt(self):
+        return _F.sqrt(self)
+
+    def tanh(self):
+        return _F.tanh(self)
+
+    def sigmoid(self):
+        return _F.sigmoid(self)
+
+    def relu(self):
+        return _F.relu(self)
+
+    def softmax(self, axis=-1):
+        return _F.softmax(self, axis=axis)
+
+    def log_softmax(self, axis=-1):
+        return _F.log_softmax(self, axis=axis)
+
+    def masked_fill(self, mask, value):
+        return _F.masked_fill(self, mask, value)
+
+
+def tensor(data, requires_grad: bool = False, dtype=None) -> Tensor:
+    """Create a Tensor (see ``Tensor``): floats become float32, arrays keep their dtype."""
+    return Tensor(data, requires_grad=requires_grad, dtype=dtype)
+
+
+from .. import ops as _F  # noqa: E402  (ops import Tensor from this module)

@@ -1,0 +1,180 @@
+"""The array-module switch: NumPy on the CPU, CuPy on an NVIDIA GPU.
+
+This is the only module that imports CuPy (lazily, on demand). Compute code asks
+``get_array_module(*arrays)`` for the module its inputs live in and writes its math once
+against that ``xp`` (Chainer's pattern)::
+
+    xp = get_array_module(x)          # numpy or cupy
+    y = xp.exp(x - x.max(axis=-1, keepdims=True))
+
+The active backend decides where *new* arrays are created (``minitx.tensor([...])``,
+parameter initialisation, random numbers). It starts as ``$MINITX_BACKEND`` (default
+``"numpy"``) and changes with ``set_backend``.
+
+Random numbers come from one ``numpy.random.Generator`` seeded by ``manual_seed``; draws are
+made on the host and moved to the device, so a seed gives the same numbers on both backends.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy
+
+__all__ = [
+    "get_backend", "set_backend", "get_array_module", "xp", "cupy_or_none", "gpu_available",
+    "to_device", "device_of", "manual_seed", "rng", "as_dtype", "default_float",
+    "is_float_dtype", "scatter_add",
+]
+
+_BACKENDS = ("numpy", "cupy")
+_state = {"name": "numpy", "xp": numpy}
+_cupy = {"module": None, "tried": False, "error": None}
+
+
+def cupy_or_none():
+    """Return the ``cupy`` module if it imports, else ``None`` (never raises)."""
+    if not _cupy["tried"]:
+        _cupy["tried"] = True
+        try:
+            import cupy  # noqa: PLC0415 - the one place CuPy is imported
+            _cupy["module"] = cupy
+        except Exception as exc:  # ImportError, or a broken CUDA install
+            _cupy["error"] = f"{type(exc).__name__}: {exc}"
+    return _cupy["module"]
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports *and* a CUDA device can be used."""
+    cp = cupy_or_none()
+    if cp is None:
+        return False
+    try:
+        return bool(cp.is_available())
+    except Exception:
+        return False
+
+
+def _require_cupy():
+    cp = cupy_or_none()
+    if cp is None:
+        raise RuntimeError(
+            "backend 'cupy' requested but CuPy is not installed "
+            f"({_cupy['error']}); install it with `pip install minitx[gpu]`")
+    if not gpu_available():
+        raise RuntimeError(
+            "backend 'cupy' requested but no CUDA GPU is available "
+            "(cupy.is_available() is False)")
+    return cp
+
+
+def set_backend(name: str) -> None:
+    """Make ``name`` ("numpy" or "cupy") the array module for newly created arrays.
+
+    Raises ``ValueError`` for an unknown name and ``RuntimeError`` (saying whether CuPy is
+    missing or there is no GPU) when CuPy cannot be used; the backend is then unchanged.
+    """
+    if name not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {name!r}")
+    module = numpy if name == "numpy" else _require_cupy()
+    _state["name"], _state["xp"] = name, module
+
+
+def get_backend() -> str:
+    """The name of the active backend: "numpy" or "cupy"."""
+    return _state["name"]
+
+
+def xp():
+    """The active array module (``numpy`` or ``cupy``)."""
+    return _state["xp"]
+
+
+def get_array_module(*arrays):
+    """The array module that ``arrays`` live in: ``cupy`` if any is a CuPy array, else ``numpy``.
+
+    Tensors are accepted too (their ``.data`` is inspected).
+    """
+    cp = _cupy["module"]
+    if cp is not None:
+        for a in arrays:
+            a = getattr(a, "data", a)
+            if isinstance(a, cp.ndarray):
+                return cp
+    return numpy
+
+
+def device_of(array) -> str:
+    """"cuda" for a CuPy array, "cpu" otherwise."""
+    cp = _cupy["module"]
+    return "cuda" if cp is not None and isinstance(array, cp.ndarray) else "cpu"
+
+
+def to_device(array, device: str):
+    """Move ``array`` to "cpu" (a NumPy array) or "cuda" (a CuPy array)."""
+    if device == "cpu":
+        cp = _cupy["module"]
+        if cp is not None and isinstance(array, cp.ndarray):
+            return cp.asnumpy(array)
+        return numpy.asarray(array)
+    if device in ("cuda", "gpu"):
+        return _require_cupy().asarray(array)
+    raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+
+# --- dtypes ---------------------------------------------------------------------------------
+
+_FLOATS = (numpy.dtype("float16"), numpy.dtype("float32"), numpy.dtype("float64"))
+
+
+def default_float():
+    """The dtype Python floats become: float32 (like PyTorch)."""
+    return numpy.dtype("float32")
+
+
+def as_dtype(dtype):
+    """Turn a NumPy dtype, a dtype's name ("float32") or a type into a ``numpy.dtype``."""
+    try:
+        return numpy.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"dtype must be a NumPy dtype or its name, got {dtype!r}") from exc
+
+
+def is_float_dtype(dtype) -> bool:
+    return numpy.dtype(dtype).kind == "f"
+
+
+# --- random numbers -------------------------------------------------------------------------
+
+_rng = {"gen": numpy.random.default_rng(0)}
+
+
+def manual_seed(seed: int) -> None:
+    """Seed every random draw minitx makes (initialisers, dropout, random features, ...)."""
+    if not isinstance(seed, (int, numpy.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    _rng["gen"] = numpy.random.default_rng(int(seed))
+
+
+def rng() -> numpy.random.Generator:
+    """The shared host-side generator (reseeded by ``manual_seed``)."""
+    return _rng["gen"]
+
+
+def _init_from_env() -> None:
+    name = os.environ.get("MINITX_BACKEND", "numpy").strip().lower() or "numpy"
+    set_backend(name)
+
+
+_init_from_env()
+
+
+def scatter_add(target, index, values) -> None:
+    """``target[index] += values`` with repeated indices accumulating (in place).
+
+    NumPy: ``numpy.add.at``; CuPy: ``cupyx.scatter_add``.
+    """
+    if get_array_module(target) is numpy:
+        numpy.add.at(target, index, values)
+    else:
+        import cupyx  # noqa: PLC0415 - CuPy is only touched in this module
+        cupyx.scatter_add(target, index, values)

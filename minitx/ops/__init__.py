@@ -1,0 +1,12 @@
+"""Primitive ops, one Function per op, one file per category (re-exported as minitx.functional)."""
+from .elementwise import *  # noqa: F401,F403
+from .reduce import *  # noqa: F401,F403
+from .shape import *  # noqa: F401,F403
+from .indexing import *  # noqa: F401,F403
+from .linalg import *  # noqa: F401,F403
+from .activation import *  # noqa: F401,F403
+from .norm import *  # noqa: F401,F403
+from .dropout import *  # noqa: F401,F403
+from .loss import *  # noqa: F401,F403
+from .sort import *  # noqa: F401,F403
+from ._util import unbroadcast  # noqa: F401

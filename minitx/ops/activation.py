@@ -1,0 +1,105 @@
+"""Softmax, log-softmax, and the softmax Jacobian as a first-class object.
+
+For s = softmax(x) along an axis, sᵢ = exp(xᵢ − m) / Σⱼ exp(xⱼ − m) with m = max x (the
+shift changes nothing mathematically and keeps exp from overflowing). Its Jacobian is
+
+    J = ∂s/∂x = diag(s) − s sᵀ,      Jᵢⱼ = sᵢ(δᵢⱼ − sⱼ),
+
+so the vector-Jacobian product needed by backward never has to build J:
+
+    dx = Jᵀ g = s ⊙ (g − Σⱼ gⱼ sⱼ)            (J is symmetric).
+
+A slice that is entirely −inf (a fully masked attention row) gives all zeros, not NaN.
+"""
+from __future__ import annotations
+
+from ..autograd.function import Function
+from ..backend import get_array_module
+from ._util import normalize_axis
+
+__all__ = ["softmax", "log_softmax", "softmax_jacobian", "softmax_array"]
+
+
+def softmax_array(x, axis: int = -1):
+    """softmax on a raw array; rows that are all −inf give zeros."""
+    xp = get_array_module(x)
+    m = x.max(axis=axis, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0)        # all −inf: shift by 0, exp gives 0s
+    e = xp.exp(x - m)
+    total = e.sum(axis=axis, keepdims=True)
+    return e / xp.where(total > 0, total, 1)
+
+
+class Softmax(Function):
+    @staticmethod
+    def forward(ctx, x, axis):
+        s = softmax_array(x, axis)
+        ctx.save_for_backward(s)
+        ctx.axis = axis
+        return s
+
+    @staticmethod
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        # dx = s ⊙ (g − Σ g ⊙ s): the Jacobian-vector product without forming diag(s) − s sᵀ
+        return s * (grad - (grad * s).sum(axis=ctx.axis, keepdims=True)), None
+
+
+class LogSoftmax(Function):
+    @staticmethod
+    def forward(ctx, x, axis):
+        xp = get_array_module(x)
+        m = x.max(axis=axis, keepdims=True)
+        m = xp.where(xp.isfinite(m), m, 0)
+        shifted = x - m
+        out = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
+        ctx.save_for_backward(out)
+        ctx.axis = axis
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        xp = get_array_module(out)
+        # y = x − lse(x): dx = g − softmax(x) Σ g
+        return grad - xp.exp(out) * grad.sum(axis=ctx.axis, keepdims=True), None
+
+
+def softmax(x, axis: int = -1):
+    """softmax(x)ᵢ = exp(xᵢ) / Σⱼ exp(xⱼ) along ``axis``; same shape as x.
+
+    Fused backward dx = s ⊙ (g − Σ g ⊙ s). All −inf slices give zeros (not NaN), with
+    zero gradient.
+    """
+    axis = normalize_axis(axis, len(x.shape))
+    return Softmax.apply(x, axis)
+
+
+def log_softmax(x, axis: int = -1):
+    """log softmax(x) = x − logsumexp(x) along ``axis``, computed stably.
+
+    Backward: dx = g − softmax(x) Σ g.
+    """
+    axis = normalize_axis(axis, len(x.shape))
+    return LogSoftmax.apply(x, axis)
+
+
+def softmax_jacobian(x, axis: int = -1):
+    """The full Jacobian of softmax along ``axis``: J = diag(s) − s sᵀ.
+
+    Shapes: x (..., n) → J (..., n, n) with ``axis`` moved last; Jᵢⱼ = ∂sᵢ/∂xⱼ. Built from
+    differentiable ops (so it has a gradient too). Each row sums to zero, because Σᵢ sᵢ = 1
+    for every x. O(n²) memory: for teaching and tests, not for attention.
+    """
+    from . import elementwise as E
+    from .shape import swapaxes
+    xp = get_array_module(x)
+    axis = normalize_axis(axis, len(x.shape))
+    if axis != len(x.shape) - 1:
+        x = swapaxes(x, axis, -1)
+    s = softmax(x, -1)                                    # (..., n)
+    n = x.shape[-1]
+    column = s.reshape(s.shape + (1,))                    # (..., n, 1)
+    row = s.reshape(s.shape[:-1] + (1, n))                # (..., 1, n)
+    eye = xp.eye(n, dtype=x.dtype)
+    return E.sub(E.mul(column, eye), E.mul(column, row))  # diag(s) − s sᵀ

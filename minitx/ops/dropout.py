@@ -1,0 +1,46 @@
+"""Inverted dropout (Srivastava et al., 2014)."""
+from __future__ import annotations
+
+from ..autograd.function import Function
+from ..backend import get_array_module, rng, to_device, device_of
+
+__all__ = ["dropout", "dropout_mask"]
+
+
+def dropout_mask(shape, p: float, like):
+    """A keep-mask scaled by 1/(1 − p), drawn from the seeded generator, on ``like``'s device.
+
+    Drawn on the host so a seed gives the same mask on NumPy and CuPy.
+    """
+    keep = rng().random(shape, dtype="float32") >= p
+    mask = keep.astype(like.dtype) * (1.0 / (1.0 - p))
+    return to_device(mask.astype(like.dtype), device_of(like))
+
+
+class Dropout(Function):
+    @staticmethod
+    def forward(ctx, x, p):
+        mask = dropout_mask(x.shape, p, x)
+        ctx.save_for_backward(mask)
+        return x * mask
+
+    @staticmethod
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None
+
+
+def dropout(x, p: float = 0.5, training: bool = True):
+    """Zero each element with probability p and scale the rest by 1/(1 − p).
+
+    E[dropout(x)] = x, so evaluation (``training=False``) is the identity. p = 1 gives zeros.
+    The mask comes from ``minitx.manual_seed``'s generator.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability p must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0:
+        from .elementwise import mul
+        return mul(x, 0.0)
+    return Dropout.apply(x, p)

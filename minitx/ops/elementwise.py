@@ -1,0 +1,567 @@
+"""Elementwise ops: arithmetic with broadcasting, and the activation functions.
+
+Each op is a Function whose backward sits right below its forward. Binary ops broadcast
+like NumPy; their backward sums the gradient back to each input's shape with
+``unbroadcast``. Python scalars are constants (NumPy's weak-scalar rules keep the tensor's
+dtype: ``float32_tensor * 2.0`` is float32).
+"""
+from __future__ import annotations
+
+import math
+
+from ..autograd.function import Function
+from ..backend import get_array_module
+from ._util import unbroadcast
+
+__all__ = ["add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "abs", "tanh",
+           "sigmoid", "relu", "gelu", "elu", "silu", "maximum", "minimum", "clip", "erf",
+           "erf_array", "clone", "astype", "to_device", "leaky_relu", "softplus"]
+
+
+def _meta(x):
+    """(shape, dtype) of an input; Python scalars have shape () and no dtype."""
+    return getattr(x, "shape", ()), getattr(x, "dtype", None)
+
+
+# ---- arithmetic --------------------------------------------------------------------------
+
+class Add(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.meta = (_meta(a), _meta(b))
+        return a + b
+
+    @staticmethod
+    def backward(ctx, grad):
+        (sa, da), (sb, db) = ctx.meta
+        na, nb = ctx.needs_input_grad
+        return (unbroadcast(grad, sa, da) if na else None,
+                unbroadcast(grad, sb, db) if nb else None)
+
+
+class Sub(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.meta = (_meta(a), _meta(b))
+        return a - b
+
+    @staticmethod
+    def backward(ctx, grad):
+        (sa, da), (sb, db) = ctx.meta
+        na, nb = ctx.needs_input_grad
+        return (unbroadcast(grad, sa, da) if na else None,
+                unbroadcast(-grad, sb, db) if nb else None)
+
+
+class Mul(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a * b
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        na, nb = ctx.needs_input_grad
+        return (unbroadcast(grad * b, a.shape, a.dtype) if na else None,   # d(ab)/da = b
+                unbroadcast(grad * a, b.shape, b.dtype) if nb else None)   # d(ab)/db = a
+
+
+class Div(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a / b
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        na, nb = ctx.needs_input_grad
+        ga = unbroadcast(grad / b, a.shape, a.dtype) if na else None        # d(a/b)/da = 1/b
+        gb = unbroadcast(-grad * a / (b * b), b.shape, b.dtype) if nb else None  # -a/b²
+        return ga, gb
+
+
+class Neg(Function):
+    @staticmethod
+    def forward(ctx, a):
+        return -a
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -grad
+
+
+class Pow(Function):
+    @staticmethod
+    def forward(ctx, a, p):
+        xp = get_array_module(a, p)
+        out = xp.power(a, p) if hasattr(a, "shape") else a ** p
+        ctx.save_for_backward(a, p, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, p, out = ctx.saved_tensors
+        xp = get_array_module(a, p)
+        na, np_ = ctx.needs_input_grad
+        ga = gp = None
+        if na:   # d(a^p)/da = p a^(p-1)
+            ga = unbroadcast(grad * p * xp.power(a, p - 1), a.shape, a.dtype)
+        if np_:  # d(a^p)/dp = a^p log a   (taken as 0 where a <= 0)
+            safe = xp.where(a > 0, a, 1)
+            gp = unbroadcast(grad * out * xp.log(safe), p.shape, p.dtype)
+        return ga, gp
+
+
+# ---- unary math --------------------------------------------------------------------------
+
+class Exp(Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = get_array_module(x).exp(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * y                       # d exp(x) = exp(x)
+
+
+class Log(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return get_array_module(x).log(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad / x                       # d log(x) = 1/x
+
+
+class Sqrt(Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = get_array_module(x).sqrt(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad / (2 * y)                 # d √x = 1/(2√x)
+
+
+class Abs(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return get_array_module(x).abs(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * get_array_module(x).sign(x)   # sign(x), 0 at 0 (as PyTorch)
+
+
+class Tanh(Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = get_array_module(x).tanh(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * (1 - y * y)             # d tanh = 1 − tanh²
+
+
+class Sigmoid(Function):
+    @staticmethod
+    def forward(ctx, x):
+        # σ(x) = ½(1 + tanh(x/2)): one stable expression for both signs of x.
+        y = 0.5 * (1 + get_array_module(x).tanh(0.5 * x))
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * y * (1 - y)             # dσ = σ(1 − σ)
+
+
+class Relu(Function):
+    @staticmethod
+    def forward(ctx, x):
+        positive = x > 0
+        ctx.save_for_backward(positive)
+        return get_array_module(x).maximum(x, 0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (positive,) = ctx.saved_tensors
+        return grad * positive
+
+
+class LeakyRelu(Function):
+    @staticmethod
+    def forward(ctx, x, negative_slope):
+        positive = x > 0
+        ctx.save_for_backward(positive)
+        ctx.slope = negative_slope
+        xp = get_array_module(x)
+        return xp.where(positive, x, x * negative_slope)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (positive,) = ctx.saved_tensors
+        xp = get_array_module(grad)
+        return xp.where(positive, grad, grad * ctx.slope), None
+
+
+class Elu(Function):
+    @staticmethod
+    def forward(ctx, x, alpha):
+        xp = get_array_module(x)
+        neg = alpha * (xp.exp(xp.minimum(x, 0)) - 1)
+        ctx.save_for_backward(x, neg)
+        ctx.alpha = alpha
+        return xp.where(x > 0, x, neg)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, neg = ctx.saved_tensors
+        xp = get_array_module(x)
+        return xp.where(x > 0, grad, grad * (neg + ctx.alpha)), None   # α eˣ for x ≤ 0
+
+
+class Softplus(Function):
+    @staticmethod
+    def forward(ctx, x):
+        xp = get_array_module(x)
+        ctx.save_for_backward(x)
+        return xp.logaddexp(0, x).astype(x.dtype, copy=False)          # log(1 + eˣ), stable
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * (0.5 * (1 + get_array_module(x).tanh(0.5 * x)))  # σ(x)
+
+
+# ---- erf (NumPy has none) and GELU -------------------------------------------------------
+
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def erf_array(x):
+    """The error function erf(x) = 2/√π ∫₀ˣ e^(−t²) dt, elementwise on a raw array.
+
+    float64: accurate to a few ulp on the whole line, from two classical expansions:
+    - |x| < 3: the series erf(x) = 2/√π e^(−x²) Σₙ 2ⁿ x^(2n+1) / (1·3·5···(2n+1)),
+      whose terms are all positive (no cancellation);
+    - |x| ≥ 3: erfc(x) = e^(−x²)/√π · 1/(x + (1/2)/(x + 1/(x + (3/2)/(x + 2/(x + …))))),
+      the continued fraction, evaluated bottom-up with 60 levels; erf = 1 − erfc.
+    float32/float16: the Abramowitz & Stegun 7.1.26 rational form (|error| ≤ 1.5e-7),
+    computed in float32 — as accurate as the dtype can hold, at a fraction of the cost.
+    """
+    xp = get_array_module(x)
+    dtype = x.dtype
+    if dtype != xp.float64:
+        z = xp.abs(x).astype(xp.float32)
+        t = 1.0 / (1.0 + 0.3275911 * z)
+        poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741
+                    + t * (-1.453152027 + t * 1.061405429))))
+        return (xp.sign(x) * (1.0 - poly * xp.exp(-z * z))).astype(dtype)
+
+    z = xp.abs(x)
+    out = xp.empty_like(z)
+    small = z < 3.0
+    zs = z[small]
+    term = zs.copy()
+    total = zs.copy()
+    n = 0
+    while term.size and n < 200:
+        n += 1
+        term = term * (2.0 * zs * zs) / (2 * n + 1)
+        total += term
+        if not (term > 1e-17 * total).any():
+            break
+    out[small] = _TWO_OVER_SQRT_PI * xp.exp(-zs * zs) * total
+    zl = z[~small]
+    frac = xp.zeros_like(zl)
+    for k in range(60, 0, -1):            # continued fraction, innermost level first
+        frac = (k / 2.0) / (zl + frac)
+    erfc = xp.exp(-zl * zl) / math.sqrt(math.pi) / (zl + frac)
+    out[~small] = 1.0 - erfc
+    return xp.sign(x) * out
+
+
+class Erf(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return erf_array(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * (_TWO_OVER_SQRT_PI * get_array_module(x).exp(-x * x))   # 2/√π e^(−x²)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+class Gelu(Function):
+    @staticmethod
+    def forward(ctx, x, approximate):
+        xp = get_array_module(x)
+        ctx.approximate = approximate
+        if approximate == "tanh":
+            inner = _SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)
+            t = xp.tanh(inner)
+            ctx.save_for_backward(x, t)
+            return 0.5 * x * (1 + t)
+        cdf = 0.5 * (1 + erf_array(x * _INV_SQRT_2))        # Φ(x)
+        ctx.save_for_backward(x, cdf)
+        return x * cdf
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, aux = ctx.saved_tensors
+        xp = get_array_module(x)
+        if ctx.approximate == "tanh":
+            t = aux
+            d_inner = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+            return grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * d_inner), None
+        pdf = _INV_SQRT_2PI * xp.exp(-0.5 * x * x)           # φ(x)
+        return grad * (aux + x * pdf), None                  # d[xΦ(x)] = Φ(x) + xφ(x)
+
+
+# ---- binary selections -------------------------------------------------------------------
+
+class Maximum(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        xp = get_array_module(a, b)
+        ctx.save_for_backward(a, b)
+        return xp.maximum(a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        # The larger input takes the gradient; a tie splits it evenly (as PyTorch).
+        share = (a > b) + 0.5 * (a == b)
+        na, nb = ctx.needs_input_grad
+        return (unbroadcast(grad * share, a.shape, a.dtype) if na else None,
+                unbroadcast(grad * (1 - share), b.shape, b.dtype) if nb else None)
+
+
+class Minimum(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        xp = get_array_module(a, b)
+        ctx.save_for_backward(a, b)
+        return xp.minimum(a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        share = (a < b) + 0.5 * (a == b)
+        na, nb = ctx.needs_input_grad
+        return (unbroadcast(grad * share, a.shape, a.dtype) if na else None,
+                unbroadcast(grad * (1 - share), b.shape, b.dtype) if nb else None)
+
+
+class Clip(Function):
+    @staticmethod
+    def forward(ctx, x, lo, hi):
+        xp = get_array_module(x)
+        inside = xp.ones(x.shape, dtype=bool)
+        if lo is not None:
+            inside &= x >= lo
+        if hi is not None:
+            inside &= x <= hi
+        ctx.save_for_backward(inside)
+        return xp.clip(x, lo, hi).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inside,) = ctx.saved_tensors
+        return grad * inside, None, None     # gradient passes only where x was not clipped
+
+
+# ---- identity-like -----------------------------------------------------------------------
+
+class Clone(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.copy()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class AsType(Function):
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.dtype = x.dtype
+        return x.astype(dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.astype(ctx.dtype), None
+
+
+class ToDevice(Function):
+    @staticmethod
+    def forward(ctx, x, device):
+        from ..backend import device_of, to_device
+        ctx.source = device_of(x)
+        return to_device(x, device)
+
+    @staticmethod
+    def backward(ctx, grad):
+        from ..backend import to_device
+        return to_device(grad, ctx.source), None
+
+
+# ---- the public functions ----------------------------------------------------------------
+
+def add(a, b):
+    """a + b, broadcasting. Shapes: broadcast(a, b)."""
+    return Add.apply(a, b)
+
+
+def sub(a, b):
+    """a − b, broadcasting."""
+    return Sub.apply(a, b)
+
+
+def mul(a, b):
+    """a ⊙ b (elementwise), broadcasting. d/da = b, d/db = a."""
+    return Mul.apply(a, b)
+
+
+def div(a, b):
+    """a / b, broadcasting. d/da = 1/b, d/db = −a/b²."""
+    return Div.apply(a, b)
+
+
+def neg(a):
+    """−a."""
+    return Neg.apply(a)
+
+
+def pow(a, p):  # noqa: A001 - mirrors the operator's name
+    """aᵖ, broadcasting; p may be a scalar or a tensor. d/da = p aᵖ⁻¹, d/dp = aᵖ log a."""
+    return Pow.apply(a, p)
+
+
+def exp(x):
+    """eˣ elementwise."""
+    return Exp.apply(x)
+
+
+def log(x):
+    """Natural logarithm, elementwise (x > 0)."""
+    return Log.apply(x)
+
+
+def sqrt(x):
+    """√x elementwise."""
+    return Sqrt.apply(x)
+
+
+def abs(x):  # noqa: A001
+    """|x|; gradient sign(x) (0 at 0)."""
+    return Abs.apply(x)
+
+
+def tanh(x):
+    """tanh(x); gradient 1 − tanh²(x)."""
+    return Tanh.apply(x)
+
+
+def sigmoid(x):
+    """σ(x) = 1/(1 + e⁻ˣ); gradient σ(1 − σ)."""
+    return Sigmoid.apply(x)
+
+
+def relu(x):
+    """max(x, 0); gradient 1 where x > 0, else 0."""
+    return Relu.apply(x)
+
+
+def leaky_relu(x, negative_slope: float = 0.01):
+    """x for x > 0, negative_slope·x otherwise."""
+    return LeakyRelu.apply(x, negative_slope)
+
+
+def elu(x, alpha: float = 1.0):
+    """ELU: x for x > 0, α(eˣ − 1) otherwise (Clevert et al., 2015)."""
+    return Elu.apply(x, alpha)
+
+
+def softplus(x):
+    """log(1 + eˣ), computed stably; gradient σ(x)."""
+    return Softplus.apply(x)
+
+
+def silu(x):
+    """SiLU / swish: x·σ(x) (Elfwing et al., 2017; Ramachandran et al., 2017)."""
+    return mul(x, sigmoid(x))
+
+
+def erf(x):
+    """The error function (see ``erf_array`` for the method); gradient 2/√π e^(−x²)."""
+    return Erf.apply(x)
+
+
+def gelu(x, approximate: str = "none"):
+    """GELU (Hendrycks & Gimpel, 2016): x·Φ(x), Φ the standard normal CDF.
+
+    ``approximate="none"``: Φ(x) = ½(1 + erf(x/√2)) exactly;
+    ``approximate="tanh"``: ½x(1 + tanh(√(2/π)(x + 0.044715x³))) (the GPT-2 form).
+    """
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return Gelu.apply(x, approximate)
+
+
+def maximum(a, b):
+    """Elementwise max of a and b, broadcasting; ties share the gradient equally."""
+    return Maximum.apply(a, b)
+
+
+def minimum(a, b):
+    """Elementwise min of a and b, broadcasting; ties share the gradient equally."""
+    return Minimum.apply(a, b)
+
+
+def clip(x, min=None, max=None):  # noqa: A002 - NumPy/PyTorch names
+    """x limited to [min, max]; gradient 1 inside the interval (inclusive), 0 outside."""
+    if min is None and max is None:
+        raise ValueError("clip needs at least one of min, max")
+    return Clip.apply(x, min, max)
+
+
+def clone(x):
+    """A copy of x that stays in the graph."""
+    return Clone.apply(x)
+
+
+def astype(x, dtype):
+    """x cast to ``dtype``; the gradient is cast back to x's dtype."""
+    from ..backend import as_dtype
+    return AsType.apply(x, as_dtype(dtype))
+
+
+def to_device(x, device: str):
+    """x moved to "cpu" or "cuda"; the gradient moves back."""
+    return ToDevice.apply(x, device)

@@ -1,0 +1,85 @@
+"""Normalisation layers as fused Functions: layer_norm and rms_norm."""
+from __future__ import annotations
+
+from ..autograd.function import Function
+from ..backend import get_array_module
+
+__all__ = ["layer_norm", "rms_norm"]
+
+
+def _norm_axes(x, normalized_shape, name):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if tuple(x.shape[len(x.shape) - len(shape):]) != shape:
+        raise ValueError(f"{name}: normalized_shape {shape} must match the last dimensions of "
+                         f"the input, got input shape {tuple(x.shape)}")
+    return shape, tuple(range(len(x.shape) - len(shape), len(x.shape)))
+
+
+class LayerNorm(Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, axes, eps):
+        xp = get_array_module(x)
+        mu = x.mean(axis=axes, keepdims=True)
+        centered = x - mu
+        rstd = 1.0 / xp.sqrt((centered * centered).mean(axis=axes, keepdims=True) + eps)
+        xhat = centered * rstd
+        ctx.save_for_backward(xhat, rstd, weight)
+        ctx.axes, ctx.has_bias = axes, bias is not None
+        out = xhat * weight if weight is not None else xhat
+        return out + bias if bias is not None else out
+
+    @staticmethod
+    def backward(ctx, grad):
+        xhat, rstd, weight = ctx.saved_tensors
+        axes = ctx.axes
+        batch = tuple(range(grad.ndim - len(axes)))
+        nx, nw, nb = ctx.needs_input_grad[:3]
+        gw = (grad * xhat).sum(axis=batch).astype(grad.dtype, copy=False) if nw else None
+        gb = grad.sum(axis=batch).astype(grad.dtype, copy=False) if nb else None
+        gx = None
+        if nx:
+            # x̂ = (x − μ)·rstd:  dx = rstd · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂))
+            dxhat = grad * weight if weight is not None else grad
+            gx = rstd * (dxhat - dxhat.mean(axis=axes, keepdims=True)
+                         - xhat * (dxhat * xhat).mean(axis=axes, keepdims=True))
+        return gx, gw, gb, None, None
+
+
+class RMSNorm(Function):
+    @staticmethod
+    def forward(ctx, x, weight, axes, eps):
+        xp = get_array_module(x)
+        rinv = 1.0 / xp.sqrt((x * x).mean(axis=axes, keepdims=True) + eps)
+        xhat = x * rinv
+        ctx.save_for_backward(xhat, rinv, weight)
+        ctx.axes = axes
+        return xhat * weight if weight is not None else xhat
+
+    @staticmethod
+    def backward(ctx, grad):
+        xhat, rinv, weight = ctx.saved_tensors
+        batch = tuple(range(grad.ndim - len(ctx.axes)))
+        nx, nw = ctx.needs_input_grad[:2]
+        gw = (grad * xhat).sum(axis=batch).astype(grad.dtype, copy=False) if nw else None
+        gx = None
+        if nx:
+            # x̂ = x / rms(x):  dx = (dx̂ − x̂ · mean(dx̂ ⊙ x̂)) / rms(x)
+            dxhat = grad * weight if weight is not None else grad
+            gx = rinv * (dxhat - xhat * (dxhat * xhat).mean(axis=ctx.axes, keepdims=True))
+        return gx, gw, None, None
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+    """Layer normalisation (Ba et al., 2016) over the last ``len(normalized_shape)`` axes.
+
+    y = (x − μ) / √(σ² + eps) ⊙ weight + bias, with μ, σ² the mean and (biased) variance
+    over those axes. Shapes: x (..., *normalized_shape); weight, bias normalized_shape.
+    """
+    _, axes = _norm_axes(x, normalized_shape, "layer_norm")
+    return LayerNorm.apply(x, weight, bias, axes, eps)
+
+
+def rms_norm(x, normalized_shape, weight=None, eps: float = 1e-6):
+    """RMS normalisation (Zhang & Sennrich, 2019): y = x / √(mean(x²) + eps) ⊙ weight."""
+    _, axes = _norm_axes(x, normalized_shape, "rms_norm")
+    return RMSNorm.apply(x, weight, axes, eps)

@@ -1,0 +1,161 @@
+"""Reductions: sum, mean, var, max, min, logsumexp, and the running sum cumsum.
+
+``axis`` is None (all axes), an int or a tuple; ``keepdims`` keeps reduced axes as size 1.
+Every backward first re-inserts the reduced axes (``restore_reduced``) and then broadcasts.
+"""
+from __future__ import annotations
+
+import builtins
+
+from ..autograd.function import Function
+from ..backend import get_array_module
+from ._util import normalize_axes, normalize_axis, restore_reduced
+
+__all__ = ["sum", "mean", "var", "max", "min", "logsumexp", "cumsum"]
+
+
+class Sum(Function):
+    @staticmethod
+    def forward(ctx, x, axis, keepdims):
+        ctx.axes = normalize_axes(axis, x.ndim)
+        ctx.keepdims, ctx.shape = keepdims, x.shape
+        return x.sum(axis=ctx.axes, keepdims=keepdims)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xp = get_array_module(grad)
+        grad = restore_reduced(grad, ctx.axes, ctx.keepdims)
+        return xp.broadcast_to(grad, ctx.shape)          # every element contributed once
+
+
+class Mean(Function):
+    @staticmethod
+    def forward(ctx, x, axis, keepdims):
+        ctx.axes = normalize_axes(axis, x.ndim)
+        ctx.keepdims, ctx.shape = keepdims, x.shape
+        return x.mean(axis=ctx.axes, keepdims=keepdims)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xp = get_array_module(grad)
+        count = 1
+        for a in ctx.axes:
+            count *= ctx.shape[a]
+        grad = restore_reduced(grad, ctx.axes, ctx.keepdims) / builtins.max(count, 1)
+        return xp.broadcast_to(grad, ctx.shape).astype(grad.dtype, copy=False)
+
+
+class Var(Function):
+    @staticmethod
+    def forward(ctx, x, axis, keepdims, ddof):
+        ctx.axes = normalize_axes(axis, x.ndim)
+        count = 1
+        for a in ctx.axes:
+            count *= x.shape[a]
+        centered = x - x.mean(axis=ctx.axes, keepdims=True)
+        ctx.save_for_backward(centered)
+        ctx.keepdims, ctx.denominator = keepdims, builtins.max(count - ddof, 1)
+        return (centered * centered).sum(axis=ctx.axes, keepdims=keepdims) / ctx.denominator
+
+    @staticmethod
+    def backward(ctx, grad):
+        (centered,) = ctx.saved_tensors
+        grad = restore_reduced(grad, ctx.axes, ctx.keepdims)
+        # d/dx Σ(x − x̄)²/(n − ddof) = 2(x − x̄)/(n − ddof)  (the x̄ term sums to zero)
+        return (grad * (2.0 / ctx.denominator) * centered).astype(centered.dtype, copy=False), \
+            None, None, None
+
+
+class _Extreme(Function):
+    """max / min: the gradient goes to the extreme elements, split evenly between ties."""
+
+    @staticmethod
+    def forward(ctx, x, axis, keepdims, use_max):
+        xp = get_array_module(x)
+        if x.size == 0:
+            raise ValueError("max/min of an empty tensor is undefined")
+        ctx.axes = normalize_axes(axis, x.ndim)
+        out = (xp.max if use_max else xp.min)(x, axis=ctx.axes, keepdims=True)
+        hits = x == out
+        ctx.save_for_backward(hits / hits.sum(axis=ctx.axes, keepdims=True))
+        ctx.keepdims = keepdims
+        return out if keepdims else out.reshape([n for i, n in enumerate(x.shape)
+                                                 if i not in ctx.axes])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (share,) = ctx.saved_tensors
+        grad = restore_reduced(grad, ctx.axes, ctx.keepdims)
+        return (grad * share).astype(grad.dtype, copy=False), None, None, None
+
+
+class LogSumExp(Function):
+    @staticmethod
+    def forward(ctx, x, axis, keepdims):
+        xp = get_array_module(x)
+        ctx.axes = normalize_axes(axis, x.ndim)
+        m = xp.max(x, axis=ctx.axes, keepdims=True)
+        m = xp.where(xp.isfinite(m), m, 0)              # all −inf: avoid (−inf) − (−inf)
+        out = xp.log(xp.exp(x - m).sum(axis=ctx.axes, keepdims=True)) + m
+        ctx.save_for_backward(x, out)
+        ctx.keepdims = keepdims
+        return out if keepdims else xp.squeeze(out, axis=ctx.axes)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, out = ctx.saved_tensors
+        xp = get_array_module(x)
+        grad = restore_reduced(grad, ctx.axes, ctx.keepdims)
+        return grad * xp.exp(x - out)                    # d lse / dx = softmax(x)
+
+
+class Cumsum(Function):
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = normalize_axis(axis, x.ndim)
+        return get_array_module(x).cumsum(x, axis=ctx.axis).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xp = get_array_module(grad)
+        # y_i = Σ_{j≤i} x_j, so dL/dx_j = Σ_{i≥j} dL/dy_i: a reversed cumulative sum.
+        flipped = xp.flip(grad, axis=ctx.axis)
+        return xp.flip(xp.cumsum(flipped, axis=ctx.axis), axis=ctx.axis)
+
+
+def sum(x, axis=None, keepdims: bool = False):  # noqa: A001
+    """Σ over ``axis`` (None: all). Gradient: broadcast back to x's shape."""
+    return Sum.apply(x, axis=axis, keepdims=keepdims)
+
+
+def mean(x, axis=None, keepdims: bool = False):
+    """Mean over ``axis``. Gradient: 1/n broadcast back."""
+    return Mean.apply(x, axis=axis, keepdims=keepdims)
+
+
+def var(x, axis=None, keepdims: bool = False, ddof: int = 0):
+    """Variance Σ(x − x̄)²/(n − ddof) over ``axis`` (NumPy's default ddof=0)."""
+    return Var.apply(x, axis, keepdims, ddof)
+
+
+def max(x, axis=None, keepdims: bool = False):  # noqa: A001
+    """Maximum over ``axis``; ties share the gradient equally."""
+    return _Extreme.apply(x, axis, keepdims, True)
+
+
+def min(x, axis=None, keepdims: bool = False):  # noqa: A001
+    """Minimum over ``axis``; ties share the gradient equally."""
+    return _Extreme.apply(x, axis, keepdims, False)
+
+
+def logsumexp(x, axis=None, keepdims: bool = False):
+    """log Σ exp(x) over ``axis``, computed as m + log Σ exp(x − m) with m = max x.
+
+    Gradient: softmax(x) along ``axis``. A slice that is all −inf gives −inf (not NaN).
+    """
+    return LogSumExp.apply(x, axis=axis, keepdims=keepdims)
+
+
+def cumsum(x, axis: int = -1):
+    """Running sum along ``axis``: yᵢ = Σ_{j≤i} xⱼ. Gradient: reversed running sum."""
+    return Cumsum.apply(x, axis=axis)

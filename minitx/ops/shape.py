@@ -1,0 +1,238 @@
+"""Shape ops: reshape, transpose, swapaxes, broadcast_to, squeeze, expand_dims, concatenate,
+stack, split, pad, tril/triu. Their backward moves the gradient back to the input's layout.
+"""
+from __future__ import annotations
+
+from ..autograd.function import Function
+from ..backend import get_array_module
+from ._util import normalize_axis, unbroadcast
+
+__all__ = ["reshape", "transpose", "swapaxes", "broadcast_to", "squeeze", "expand_dims",
+           "concatenate", "stack", "split", "pad", "tril", "triu", "flip"]
+
+
+class Reshape(Function):
+    @staticmethod
+    def forward(ctx, x, shape):
+        ctx.shape = x.shape
+        return x.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.reshape(ctx.shape), None
+
+
+class Transpose(Function):
+    @staticmethod
+    def forward(ctx, x, axes):
+        axes = tuple(range(x.ndim))[::-1] if axes is None else tuple(a % max(x.ndim, 1) for a in axes)
+        if sorted(axes) != list(range(x.ndim)):
+            raise ValueError(f"axes must be a permutation of 0..{x.ndim - 1}, got {axes}")
+        inverse = [0] * x.ndim
+        for i, a in enumerate(axes):
+            inverse[a] = i
+        ctx.inverse = tuple(inverse)
+        return x.transpose(axes)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.transpose(ctx.inverse), None
+
+
+class SwapAxes(Function):
+    @staticmethod
+    def forward(ctx, x, a, b):
+        ctx.axes = (a, b)
+        return get_array_module(x).swapaxes(x, a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return get_array_module(grad).swapaxes(grad, *ctx.axes), None, None
+
+
+class BroadcastTo(Function):
+    @staticmethod
+    def forward(ctx, x, shape):
+        ctx.shape = x.shape
+        return get_array_module(x).broadcast_to(x, shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return unbroadcast(grad, ctx.shape), None
+
+
+class Concatenate(Function):
+    @staticmethod
+    def forward(ctx, *xs, axis):
+        xp = get_array_module(*xs)
+        ctx.axis = normalize_axis(axis, xs[0].ndim)
+        ctx.bounds, total = [], 0
+        for x in xs[:-1]:
+            total += x.shape[ctx.axis]
+            ctx.bounds.append(total)
+        return xp.concatenate(xs, axis=ctx.axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return tuple(get_array_module(grad).split(grad, ctx.bounds, axis=ctx.axis))
+
+
+class Stack(Function):
+    @staticmethod
+    def forward(ctx, *xs, axis):
+        ctx.axis = normalize_axis(axis, xs[0].ndim + 1)
+        return get_array_module(*xs).stack(xs, axis=ctx.axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xp = get_array_module(grad)
+        return tuple(xp.take(grad, i, axis=ctx.axis) for i in range(grad.shape[ctx.axis]))
+
+
+class Pad(Function):
+    @staticmethod
+    def forward(ctx, x, pad_width, value):
+        ctx.region = tuple(slice(lo, lo + n) for (lo, _), n in zip(pad_width, x.shape))
+        return get_array_module(x).pad(x, pad_width, constant_values=value)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[ctx.region], None, None        # the padding received no input
+
+
+class Triangle(Function):
+    @staticmethod
+    def forward(ctx, x, k, lower):
+        xp = get_array_module(x)
+        n, m = x.shape[-2:]
+        keep = (xp.tri(n, m, k, dtype=bool) if lower else ~xp.tri(n, m, k - 1, dtype=bool))
+        ctx.save_for_backward(keep)
+        return x * keep
+
+    @staticmethod
+    def backward(ctx, grad):
+        (keep,) = ctx.saved_tensors
+        return grad * keep, None, None
+
+
+class Flip(Function):
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = axis
+        return get_array_module(x).flip(x, axis=axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return get_array_module(grad).flip(grad, axis=ctx.axis), None
+
+
+def reshape(x, shape):
+    """x with a new shape of the same size (one entry may be −1). NumPy's ``reshape``."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return Reshape.apply(x, shape)
+
+
+def transpose(x, axes=None):
+    """Permute axes (None: reverse them). NumPy's ``transpose``; backward: inverse permutation."""
+    return Transpose.apply(x, axes)
+
+
+def swapaxes(x, axis1: int, axis2: int):
+    """Exchange two axes. NumPy's ``swapaxes``."""
+    return SwapAxes.apply(x, axis1, axis2)
+
+
+def broadcast_to(x, shape):
+    """x broadcast to ``shape``; backward sums over the copies (``unbroadcast``)."""
+    return BroadcastTo.apply(x, tuple(shape))
+
+
+def squeeze(x, axis=None):
+    """Remove size-1 axes (all of them, or ``axis``)."""
+    shape = x.shape
+    if axis is None:
+        new = tuple(n for n in shape if n != 1)
+    else:
+        axes = {normalize_axis(a, len(shape)) for a in ((axis,) if isinstance(axis, int) else axis)}
+        for a in axes:
+            if shape[a] != 1:
+                raise ValueError(f"cannot squeeze axis {a} of size {shape[a]} (shape {shape})")
+        new = tuple(n for i, n in enumerate(shape) if i not in axes)
+    return Reshape.apply(x, new)
+
+
+def expand_dims(x, axis):
+    """Insert a size-1 axis at ``axis`` (int or tuple). NumPy's ``expand_dims``."""
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    ndim = len(x.shape) + len(axes)
+    axes = sorted(normalize_axis(a, ndim) for a in axes)
+    shape = list(x.shape)
+    for a in axes:
+        shape.insert(a, 1)
+    return Reshape.apply(x, tuple(shape))
+
+
+def concatenate(xs, axis: int = 0):
+    """Join tensors along an existing axis; backward splits the gradient at the seams."""
+    xs = list(xs)
+    if not xs:
+        raise ValueError("concatenate needs at least one tensor")
+    return Concatenate.apply(*xs, axis=axis)
+
+
+def stack(xs, axis: int = 0):
+    """Join same-shaped tensors along a new axis."""
+    xs = list(xs)
+    if not xs:
+        raise ValueError("stack needs at least one tensor")
+    shapes = {tuple(x.shape) for x in xs}
+    if len(shapes) != 1:
+        raise ValueError(f"stack needs tensors of one shape, got {sorted(shapes)}")
+    return Stack.apply(*xs, axis=axis)
+
+
+def split(x, indices_or_sections, axis: int = 0):
+    """Split along ``axis`` into equal sections (an int) or at the given indices (a list).
+
+    Returns a list of tensors (each a differentiable slice). NumPy's ``split`` semantics.
+    """
+    n = x.shape[normalize_axis(axis, len(x.shape))]
+    axis = normalize_axis(axis, len(x.shape))
+    if isinstance(indices_or_sections, int):
+        if indices_or_sections <= 0 or n % indices_or_sections:
+            raise ValueError(f"indices_or_sections={indices_or_sections} does not divide "
+                             f"axis {axis} of length {n} into equal sections")
+        step = n // indices_or_sections
+        cuts = list(range(step, n, step))
+    else:
+        cuts = list(indices_or_sections)
+    edges = [0] + cuts + [n]
+    lead = (slice(None),) * axis
+    return [x[lead + (slice(lo, hi),)] for lo, hi in zip(edges[:-1], edges[1:])]
+
+
+def pad(x, pad_width, value: float = 0.0):
+    """Constant padding; ``pad_width`` is NumPy's ((before, after), ...) per axis, or an int."""
+    ndim = len(x.shape)
+    if isinstance(pad_width, int):
+        pad_width = ((pad_width, pad_width),) * ndim
+    pad_width = tuple((int(a), int(b)) for a, b in pad_width)
+    if len(pad_width) != ndim:
+        raise ValueError(f"pad_width needs one (before, after) pair per axis ({ndim}), "
+                         f"got {len(pad_width)}")
+    return Pad.apply(x, pad_width, value)
+
+
+def tril(x, k: int = 0):
+    """Lower triangle of the last two axes (elements with column − row ≤ k), the rest zero."""
+    return Triangle.apply(x, k, True)
+
+
+def triu(x, k: int = 0):
+    """Upper triangle of the last two axes (column − row ≥ k), the rest zero."""
+    return Triangle.apply(x, k, False)
+
+
+def flip(x, axis=None):
+    """Reverse the order of elements along ``axis``."""
+    return Flip.apply(x, axis)
