@@ -1,0 +1,253 @@
+"""Offline tooling for the CUDA kernels: find nvcc / NVRTC, compile every instantiation of
+``kernels/flash_attn.cu`` with nvcc and report ptxas resource usage (registers, shared memory,
+spills, stack). Used by the compile-check tests and by ``python -m minitx doctor``.
+
+Nothing here needs a GPU; nothing here imports CuPy at module import time.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+from . import flash_cuda
+
+__all__ = ["find_nvcc", "nvcc_version", "nvrtc_available", "instantiation_source",
+           "compile_arch", "parse_ptxas", "demangle", "compile_report", "doctor_lines",
+           "PTXAS_FLAGS"]
+
+PTXAS_FLAGS = "-v,-warn-spills,-warn-lmem-usage,-Werror"
+
+
+def find_nvcc():
+    """Path of nvcc ($CUDA_HOME/$CUDA_PATH, PATH, /usr/local/cuda) or None."""
+    cands = []
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        root = os.environ.get(env)
+        if root:
+            cands.append(os.path.join(root, "bin", "nvcc"))
+    which = shutil.which("nvcc")
+    if which:
+        cands.append(which)
+    cands.append("/usr/local/cuda/bin/nvcc")
+    for c in cands:
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def nvcc_version(nvcc=None):
+    nvcc = nvcc or find_nvcc()
+    if not nvcc:
+        return None
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except Exception:
+        return None
+    m = re.search(r"release ([\d.]+)", out)
+    return m.group(1) if m else out.strip().splitlines()[-1] if out.strip() else None
+
+
+def nvrtc_available() -> bool:
+    """True when CuPy imports and its NVRTC binding works (never raises; no GPU needed)."""
+    try:
+        from . import cupy_or_none
+        cp = cupy_or_none()
+        if cp is None:
+            return False
+        cp.cuda.nvrtc.getVersion()
+        return True
+    except Exception:
+        return False
+
+
+def instantiation_source(names, kernel_file=None) -> str:
+    """A .cu that includes the kernel file and odr-uses each name expression (instantiating it)."""
+    kernel_file = kernel_file or flash_cuda.kernel_path()
+    lines = [f'#include "{kernel_file}"', "void* minitx_instantiations[] = {"]
+    lines += [f"    (void*)&{n}," for n in names]
+    lines.append("};")
+    return "\n".join(lines) + "\n"
+
+
+def compile_arch(arch, names=None, nvcc=None, workdir=None, kernel_file=None, timeout=900):
+    """Compile all ``names`` for ``arch`` to a cubin; returns (returncode, ptxas/nvcc output)."""
+    nvcc = nvcc or find_nvcc()
+    if nvcc is None:
+        return 127, "nvcc not found"
+    names = list(names or flash_cuda.all_kernel_names())
+    own = workdir is None
+    workdir = workdir or tempfile.mkdtemp(prefix="minitx_cuda_")
+    try:
+        src = os.path.join(workdir, f"instantiate_{arch}.cu")
+        with open(src, "w", encoding="utf-8") as fh:
+            fh.write(instantiation_source(names, kernel_file))
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", PTXAS_FLAGS, src,
+               "-o", os.path.join(workdir, f"flash_{arch}.cubin")]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return 124, f"nvcc timed out after {timeout}s"
+        return p.returncode, p.stdout + p.stderr
+    finally:
+        if own:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ a tiny Itanium demangler
+# Enough for our kernels: _Z<len><name>I<args>E<params>, args: f, d, i, <len><id>, L<type><val>E.
+_BUILTIN = {"f": "float", "d": "double", "i": "int", "j": "unsigned int", "b": "bool",
+            "h": "unsigned char", "c": "char", "l": "long", "m": "unsigned long"}
+
+
+def demangle(sym: str) -> str:
+    """``_Z9flash_fwdIfLi64ELb1EEv...`` -> ``flash_fwd<float, 64, true>`` (else ``sym``)."""
+    m = re.match(r"_Z(\d+)", sym)
+    if not m:
+        return sym
+    pos = m.end()
+    n = int(m.group(1))
+    name = sym[pos:pos + n]
+    pos += n
+    if pos >= len(sym) or sym[pos] != "I":
+        return name
+    pos += 1
+    args = []
+    try:
+        while sym[pos] != "E":
+            c = sym[pos]
+            if c == "L":
+                typ = sym[pos + 1]
+                end = sym.index("E", pos)
+                val = sym[pos + 2:end].replace("n", "-")
+                args.append(("true" if val == "1" else "false") if typ == "b" else val)
+                pos = end + 1
+            elif c.isdigit():
+                mm = re.match(r"\d+", sym[pos:])
+                ln = int(mm.group(0))
+                pos += len(mm.group(0))
+                args.append(sym[pos:pos + ln])
+                pos += ln
+            elif c in _BUILTIN:
+                args.append(_BUILTIN[c])
+                pos += 1
+            else:
+                return sym
+    except (IndexError, ValueError):
+        return sym
+    return f"{name}<{', '.join(args)}>"
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(\w+)'")
+_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_ERR = re.compile(r"ptxas (?:error|warning)\s*: (.*?)(?:function )?'([^']+)'")
+
+
+def parse_ptxas(output: str) -> dict:
+    """Map demangled kernel name -> {registers, smem_static, spill_stores, spill_loads, stack,
+    errors} from ``ptxas -v`` output (one arch)."""
+    res = {}
+    cur = None
+    for line in output.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            cur = demangle(m.group(1))
+            res.setdefault(cur, {"registers": None, "smem_static": 0, "spill_stores": None,
+                                 "spill_loads": None, "stack": None, "errors": []})
+            continue
+        m = _ERR.search(line)
+        if m:
+            nm = demangle(m.group(2))
+            res.setdefault(nm, {"registers": None, "smem_static": 0, "spill_stores": None,
+                                "spill_loads": None, "stack": None, "errors": []})
+            res[nm]["errors"].append(m.group(1).strip())
+            continue
+        if cur is None:
+            continue
+        m = _PROPS.search(line)
+        if m:
+            res[cur]["stack"], res[cur]["spill_stores"], res[cur]["spill_loads"] = map(int, m.groups())
+            continue
+        m = _USED.search(line)
+        if m:
+            res[cur]["registers"] = int(m.group(1))
+            s = _SMEM.search(line)
+            res[cur]["smem_static"] = int(s.group(1)) if s else 0
+    return res
+
+
+def compile_report(archs=("sm_80", "sm_90"), names=None, jobs=2, nvcc=None, kernel_file=None):
+    """Compile every instantiation for each arch (``jobs`` nvcc processes in parallel).
+
+    Returns a list of dicts ``{kernel, arch, registers, smem_static, smem_dynamic, spill_stores,
+    spill_loads, stack, ok, error}``; ``ok`` means compiled with 0 spills and 0 stack/local memory.
+    """
+    names = list(names or flash_cuda.all_kernel_names())
+    nvcc = nvcc or find_nvcc()
+    if nvcc is None:
+        return [dict(kernel=n, arch=a, registers=None, smem_static=None, smem_dynamic=None,
+                     spill_stores=None, spill_loads=None, stack=None, ok=False,
+                     error="nvcc not found") for a in archs for n in names]
+    with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
+        outs = list(pool.map(lambda a: compile_arch(a, names, nvcc, kernel_file=kernel_file), archs))
+    rows = []
+    for arch, (rc, out) in zip(archs, outs):
+        parsed = parse_ptxas(out)
+        for n in names:
+            kind = re.match(r"flash_(\w+?)<", n).group(1)
+            D = re.search(r", (\d+),", n)
+            dyn = flash_cuda.smem_bytes(kind, int(D.group(1))) if D else 0
+            p = parsed.get(n)
+            if p is None:
+                tail = out.strip().splitlines()[-5:] if out.strip() else []
+                rows.append(dict(kernel=n, arch=arch, registers=None, smem_static=None,
+                                 smem_dynamic=dyn, spill_stores=None, spill_loads=None, stack=None,
+                                 ok=False, error=f"not in ptxas output (rc={rc}): " + " | ".join(tail)))
+                continue
+            err = "; ".join(p["errors"]) or None
+            ok = (err is None and p["registers"] is not None and p["spill_stores"] == 0
+                  and p["spill_loads"] == 0 and p["stack"] == 0)
+            rows.append(dict(kernel=n, arch=arch, registers=p["registers"],
+                             smem_static=p["smem_static"], smem_dynamic=dyn,
+                             spill_stores=p["spill_stores"], spill_loads=p["spill_loads"],
+                             stack=p["stack"], ok=ok, error=err))
+    return rows
+
+
+def format_report(rows) -> list:
+    lines = [f"{'kernel':34s} {'arch':5s} {'regs':>4s} {'smem(dyn)':>9s} {'spill st/ld':>11s} "
+             f"{'stack':>5s} ok"]
+    for r in rows:
+        lines.append(f"{r['kernel']:34s} {r['arch']:5s} {str(r['registers']):>4s} "
+                     f"{str(r['smem_dynamic']):>9s} {str(r['spill_stores']) + '/' + str(r['spill_loads']):>11s} "
+                     f"{str(r['stack']):>5s} {'yes' if r['ok'] else 'NO ' + str(r['error'] or '')}")
+    return lines
+
+
+def doctor_lines(compile: bool = False, archs=("sm_80",)) -> list:
+    """Backend lines for ``python -m minitx doctor`` (kernel part). ``compile=True`` also runs
+    nvcc over every instantiation (tens of seconds) and summarises ptxas resource usage."""
+    lines = []
+    path = flash_cuda.kernel_path()
+    lines.append(f"flash kernel source: {path} ({'present' if os.path.isfile(path) else 'MISSING'})")
+    nvcc = find_nvcc()
+    lines.append(f"nvcc: {nvcc} (CUDA {nvcc_version(nvcc)})" if nvcc else "nvcc: not found")
+    lines.append(f"NVRTC via CuPy: {'available' if nvrtc_available() else 'not available'}")
+    lines.append(f"flash kernel on GPU: {'available' if flash_cuda.is_available() else 'not available (needs CuPy + NVIDIA GPU)'}")
+    lines.append(f"flash instantiations: {len(flash_cuda.all_kernel_names())} "
+                 f"(D in {flash_cuda.SUPPORTED_HEAD_DIMS}, fp32/fp16, causal or not)")
+    if compile and nvcc:
+        rows = compile_report(archs=archs)
+        bad = [r for r in rows if not r["ok"]]
+        regs = [r["registers"] for r in rows if r["registers"] is not None]
+        lines.append(f"ptxas ({', '.join(archs)}): {len(rows) - len(bad)}/{len(rows)} ok, "
+                     f"registers {min(regs) if regs else '?'}..{max(regs) if regs else '?'}, "
+                     f"spills/local memory: {'none' if not bad else 'SEE ERRORS'}")
+        for r in bad[:5]:
+            lines.append(f"  {r['kernel']} {r['arch']}: {r['error'] or 'spills/stack'}")
+    return lines
