@@ -1,1 +1,353 @@
-"""(being written)"""
+"""Sparse attention, exact under a mask: local, dilated, Longformer, BigBird, Sparse Transformer.
+
+Every variant here computes *exactly* softmax(q kᵀ/√D) v restricted to its pattern
+(``kind = "masked"``), but never builds the N × N score matrix. They share one kernel,
+``blocked_sparse_attention``:
+
+1. split the queries into blocks of b consecutive positions (pad N up to nb·b);
+2. give every query block a fixed-length list of c key positions (the union of what its
+   queries may see: e.g. the window around the block), an (nb, c) integer table;
+3. gather those keys and values (fancy indexing; its backward scatter-adds), score only
+   there, and mask each (query, key) pair with the *same rule* that draws ``pattern(n)``
+   (see ``masks.py``), evaluated on the index pairs;
+4. softmax with −inf for masked pairs (a row with nothing allowed gives zeros), weight the
+   gathered values.
+
+Global tokens (Longformer, BigBird) attend to every key, so their g query rows are computed
+densely (g × N scores) and substituted; global keys are added to every block's key list.
+
+Cost: O(N·c·D) time and O(N·c) memory for scores, with c = b + 2w for a window of w on
+each side (c = O(w) when b ~ w): linear in N. (The strided Sparse Transformer pattern itself
+has N·(2l + N/l) entries; with stride l ~ √N that is O(N√N).)
+"""
+from __future__ import annotations
+
+import math
+
+from .. import functional as F
+from ..backend import get_array_module, xp as active_xp
+from .base import AttentionBase, check_heads, register, repeat_kv
+from .masks import (bigbird_random_blocks, bigbird_rule, dilated_rule, fixed_rule, grid_mask,
+                    local_rule, longformer_rule, strided_rule)
+
+__all__ = ["blocked_sparse_attention", "SparseAttentionBase", "LocalAttention",
+           "DilatedAttention", "LongformerAttention", "BigBirdAttention",
+           "StridedAttention", "FixedAttention"]
+
+
+def _dedup(index, valid):
+    """Mark repeated key positions in a row as invalid, so no key is counted twice.
+
+    index, valid: (nb, c). Returns the new valid mask (first occurrence kept).
+    """
+    xp = get_array_module(index)
+    key = xp.where(valid, index, -1)
+    order = xp.argsort(key, axis=1, kind="stable")
+    ranked = xp.take_along_axis(key, order, axis=1)
+    repeat = xp.zeros(ranked.shape, dtype=bool)
+    repeat[:, 1:] = ranked[:, 1:] == ranked[:, :-1]
+    first = xp.empty_like(repeat)
+    first[xp.arange(index.shape[0])[:, None], order] = ~repeat     # back to the row's order
+    return valid & first
+
+
+def blocked_sparse_attention(q, k, v, *, block: int, key_index, rule, global_rows=None,
+                             scale: float = None):
+    """Exact attention under a sparsity rule, computed on gathered key blocks.
+
+    q (B, H, N, D), k (B, H, N, D), v (B, H, N, Dv) Tensors (equal head counts);
+    ``key_index`` (nb, c) ints with nb = ⌈N/block⌉: the keys query block t may look at
+    (entries outside [0, N) are ignored, repeats counted once); ``rule(i, j)`` → bool on
+    broadcast position arrays (True = may attend); ``global_rows``: positions whose rows
+    are computed densely over all N keys. Returns (B, H, N, Dv).
+
+    Time O(N·c·D + g·N·D), memory O(N·c + g·N); exact under the rule.
+    """
+    xp = get_array_module(q.data)
+    bsz, h, n, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    nb, c = key_index.shape
+    padded = nb * block
+    key_index = xp.asarray(key_index)
+    valid = (key_index >= 0) & (key_index < n)
+    valid = _dedup(key_index, valid)
+    idx = xp.clip(key_index, 0, n - 1)                                      # (nb, c)
+
+    qp = F.pad(q, ((0, 0), (0, 0), (0, padded - n), (0, 0))) if padded > n else q
+    qb = F.reshape(qp, (bsz, h, nb, block, d))                              # (B, H, nb, b, D)
+    kg = F.getitem(k, (slice(None), slice(None), idx))                      # (B, H, nb, c, D)
+    vg = F.getitem(v, (slice(None), slice(None), idx))                      # (B, H, nb, c, Dv)
+    # (B, H, nb, b, D) @ (B, H, nb, D, c) -> (B, H, nb, b, c)
+    s = F.matmul(qb, F.swapaxes(kg, -1, -2)) * scale
+
+    i = (xp.arange(nb)[:, None] * block + xp.arange(block)[None, :])[:, :, None]   # (nb, b, 1)
+    j = idx[:, None, :]                                                             # (nb, 1, c)
+    real = i < n                                     # padding queries (past N) see nothing
+    allowed = rule(xp.minimum(i, n - 1), j) & valid[:, None, :] & real              # (nb, b, c)
+    s = F.masked_fill(s, ~allowed, -math.inf)
+    p = F.softmax(s, axis=-1)                       # rows with nothing allowed -> zeros
+    out = F.matmul(p, vg)                           # (B, H, nb, b, c) @ (B, H, nb, c, Dv)
+    out = F.reshape(out, (bsz, h, padded, v.shape[-1]))
+    if padded > n:
+        out = F.getitem(out, (slice(None), slice(None), slice(0, n)))      # (B, H, N, Dv)
+    if global_rows is None or len(global_rows) == 0:
+        return out
+
+    # Global query rows see every key: dense (g × N) scores for those rows only.
+    rows = xp.asarray(global_rows)
+    g = rows.shape[0]
+    qg = F.getitem(q, (slice(None), slice(None), rows))                     # (B, H, g, D)
+    sg = F.matmul(qg, F.swapaxes(k, -1, -2)) * scale                        # (B, H, g, N)
+    allowed_g = rule(rows[:, None], xp.arange(n)[None, :])                  # (g, N)
+    sg = F.masked_fill(sg, ~allowed_g, -math.inf)
+    out_g = F.matmul(F.softmax(sg, axis=-1), v)                             # (B, H, g, Dv)
+    # Substitute: position rows[t] reads row N + t of the concatenation.
+    select = xp.arange(n)
+    select[rows] = n + xp.arange(g)
+    both = F.concatenate([out, out_g], axis=2)                              # (B, H, N + g, Dv)
+    return F.getitem(both, (slice(None), slice(None), select))
+
+
+def _window_index(n, block, before, after):
+    """(nb, block + before + after): positions [t·b − before, t·b + b − 1 + after] per block."""
+    xp = active_xp()
+    nb = -(-n // block)
+    start = xp.arange(nb)[:, None] * block - before
+    return start + xp.arange(block + before + after)[None, :]
+
+
+class SparseAttentionBase(AttentionBase):
+    """Shared plumbing: a variant supplies ``_rule(n)`` and ``_layout(n)``.
+
+    ``_rule(n)`` → a function rule(i, j) → bool; ``_layout(n)`` → (block, key_index,
+    global_rows). ``pattern(n)`` evaluates the rule on the full grid (tests/pictures only).
+    """
+
+    kind = "masked"
+
+    def __init__(self, embed_dim, num_heads, causal=False, block_size: int = 16, **base):
+        super().__init__(embed_dim, num_heads, causal=causal, **base)
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        self.block_size = block_size
+
+    def _rule(self, n):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _layout(self, n):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def pattern(self, n: int):
+        """(n, n) bool mask of this variant's pattern (True = may attend)."""
+        return grid_mask(n, lambda i, j: self._rule(n)(i, j))
+
+    def attend(self, q, k, v):
+        """Exact attention under ``pattern(N)``: (B, H, N, D) → (B, H, N, Dv), O(N·c) memory."""
+        _, h, _, nq, nk, _ = check_heads(q, k, v, self.name)
+        if nq != nk:
+            raise ValueError(f"{self.name}: self-attention needs equal query/key lengths, got "
+                             f"{nq} and {nk}")
+        k, v = repeat_kv(k, h), repeat_kv(v, h)
+        block, key_index, global_rows = self._layout(nq)
+        return blocked_sparse_attention(q, k, v, block=block, key_index=key_index,
+                                        rule=self._rule(nq), global_rows=global_rows)
+
+
+def _check_int(name, value, minimum):
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int ≥ {minimum}, got {value!r}")
+
+
+@register("local")
+class LocalAttention(SparseAttentionBase):
+    """Sliding-window attention: query i sees keys with |i − j| ≤ w (causal: i − w ≤ j ≤ i).
+
+    As in Image Transformer / Longformer's local part (Parmar et al. 2018; Beltagy et al.
+    2020). Exact under ``local_mask``. Time O(N·(b + 2w)·D), memory O(N·(b + 2w)).
+    Options: ``window`` w (default 4), ``block_size`` b (query block, default 16).
+    """
+
+    def __init__(self, embed_dim, num_heads, causal=False, window: int = 4, **options):
+        super().__init__(embed_dim, num_heads, causal=causal, **options)
+        _check_int("window", window, 0)
+        self.window = window
+
+    def _rule(self, n):
+        return lambda i, j: local_rule(i, j, self.window, self.causal)
+
+    def _layout(self, n):
+        b = min(self.block_size, n)
+        after = 0 if self.causal else self.window
+        return b, _window_index(n, b, self.window, after), None
+
+
+@register("dilated")
+class DilatedAttention(SparseAttentionBase):
+    """Dilated sliding window: keys i ± t·d for t ≤ w (Beltagy et al. 2020, §3.1).
+
+    Exact under ``dilated_mask``. The key list per block spans b + 2·w·d positions (the rule
+    masks the ones off the stride): time and memory O(N·(b + 2wd)).
+    Options: ``window`` w (default 2), ``dilation`` d (default 2), ``block_size``.
+    """
+
+    def __init__(self, embed_dim, num_heads, causal=False, window: int = 2, dilation: int = 2,
+                 **options):
+        super().__init__(embed_dim, num_heads, causal=causal, **options)
+        _check_int("window", window, 0)
+        _check_int("dilation", dilation, 1)
+        self.window, self.dilation = window, dilation
+
+    def _rule(self, n):
+        return lambda i, j: dilated_rule(i, j, self.window, self.dilation, self.causal)
+
+    def _layout(self, n):
+        b = min(self.block_size, n)
+        reach = self.window * self.dilation
+        return b, _window_index(n, b, reach, 0 if self.causal else reach), None
+
+
+@register("longformer")
+class LongformerAttention(SparseAttentionBase):
+    """Longformer (Beltagy, Peters & Cohan 2020): (dilated) window + global tokens.
+
+    Global tokens (``global_tokens``, default (0,): a [CLS]-like first token) attend to all
+    positions and all positions attend to them (causal: only to earlier ones). Exact under
+    ``longformer_mask``. Time O(N·(b + 2wd + g)·D + g·N·D).
+    Options: ``window`` (4), ``global_tokens`` (indices, negative allowed), ``dilation`` (1),
+    ``block_size``. (The paper varies dilation per head; here all heads share one pattern so
+    that ``pattern(n)`` is a single mask.)
+    """
+
+    def __init__(self, embed_dim, num_heads, causal=False, window: int = 4,
+                 global_tokens=(0,), dilation: int = 1, **options):
+        super().__init__(embed_dim, num_heads, causal=causal, **options)
+        _check_int("window", window, 0)
+        _check_int("dilation", dilation, 1)
+        self.window, self.dilation = window, dilation
+        self.global_tokens = tuple(int(t) for t in global_tokens)
+
+    def _globals(self, n):
+        xp = active_xp()
+        rows = sorted({t % n for t in self.global_tokens if -n <= t < n})
+        mask = xp.zeros(n, dtype=bool)
+        mask[rows] = True
+        return xp.asarray(rows, dtype=xp.int64), mask
+
+    def _rule(self, n):
+        _, mask = self._globals(n)
+        return lambda i, j: longformer_rule(i, j, self.window, mask, self.dilation, self.causal)
+
+    def _layout(self, n):
+        xp = active_xp()
+        rows, _ = self._globals(n)
+        b = min(self.block_size, n)
+        reach = self.window * self.dilation
+        window = _window_index(n, b, reach, 0 if self.causal else reach)
+        extra = xp.broadcast_to(rows[None, :], (window.shape[0], rows.shape[0]))
+        return b, xp.concatenate([window, extra], axis=1), rows
+
+
+@register("bigbird")
+class BigBirdAttention(SparseAttentionBase):
+    """BigBird (Zaheer et al. 2020), block form: window + random + global blocks.
+
+    Positions are grouped in blocks of ``block`` (default 4). Query block t sees blocks
+    t − 1, t, t + 1, ``num_random`` (default 1) random blocks drawn once per sequence
+    length from a generator seeded by ``seed`` (deterministic: a pure function of the
+    options), and the first ``num_global`` (default 1) blocks, whose queries in turn see
+    everything. Exact under ``bigbird_mask``. Time O(N·(3 + r + g)·block·D + g·block·N·D).
+    """
+
+    def __init__(self, embed_dim, num_heads, causal=False, block: int = 4, num_random: int = 1,
+                 num_global: int = 1, seed: int = 0, **options):
+        options.setdefault("block_size", block)
+        super().__init__(embed_dim, num_heads, causal=causal, **options)
+        _check_int("block", block, 1)
+        _check_int("num_random", num_random, 0)
+        _check_int("num_global", num_global, 0)
+        self.block, self.num_random, self.num_global, self.seed = block, num_random, num_global, seed
+        self._tables = {}
+
+    def _table(self, n):
+        nb = -(-n // self.block)
+        if nb not in self._tables:
+            self._tables[nb] = bigbird_random_blocks(nb, self.num_random, self.num_global,
+                                                     self.seed, self.causal)
+        return self._tables[nb]
+
+    def _rule(self, n):
+        table = self._table(n)
+        return lambda i, j: bigbird_rule(i, j, self.block, table, self.num_global, self.causal)
+
+    def _layout(self, n):
+        xp = active_xp()
+        b = self.block
+        nb = -(-n // b)
+        t = xp.arange(nb)[:, None]
+        blocks = [t - 1, t, t + 1, xp.asarray(self._table(n)),
+                  xp.broadcast_to(xp.arange(self.num_global)[None, :], (nb, self.num_global))]
+        blocks = xp.concatenate([xp.broadcast_to(x, (nb, x.shape[1])) for x in blocks], axis=1)
+        blocks = xp.where((blocks >= 0) & (blocks < nb), blocks, -(n + b))   # out of range
+        index = (blocks[:, :, None] * b + xp.arange(b)[None, None, :]).reshape(nb, -1)
+        rows = xp.arange(min(self.num_global * b, n))
+        return b, index, rows
+
+
+@register("strided")
+class StridedAttention(SparseAttentionBase):
+    """Sparse Transformer, strided pattern (Child, Gray, Radford & Sutskever 2019).
+
+    Query i sees the previous ``stride`` l positions and every l-th position before it
+    (both heads of the paper's factorisation merged into one pattern; bidirectional when
+    causal=False). The key list is per query (block of 1): c = 2l − 1 + 2⌈N/l⌉ entries, so
+    time and memory are O(N·(l + N/l)) — O(N√N) at l = √N, as in the paper.
+    Options: ``stride`` l (default 4).
+    """
+
+    def __init__(self, embed_dim, num_heads, causal=False, stride: int = 4, **options):
+        super().__init__(embed_dim, num_heads, causal=causal, **options)
+        _check_int("stride", stride, 1)
+        self.stride = stride
+
+    def _rule(self, n):
+        return lambda i, j: strided_rule(i, j, self.stride, self.causal)
+
+    def _layout(self, n):
+        xp = active_xp()
+        l = self.stride
+        i = xp.arange(n)[:, None]
+        near = i + xp.arange(-(l - 1), l)[None, :]                  # |i − j| < l
+        steps = xp.arange(1, -(-n // l) + 1)[None, :] * l
+        index = xp.concatenate([near, i - steps, i + steps], axis=1)   # (N, 2l − 1 + 2⌈N/l⌉)
+        return 1, index, None
+
+
+@register("fixed")
+class FixedAttention(SparseAttentionBase):
+    """Sparse Transformer, fixed pattern (Child et al. 2019).
+
+    Query i sees its own block of ``stride`` l positions and the last ``summary`` c
+    positions of every block (the cells that summarise a block for the others). Query block
+    = pattern block, key list = own block + all summary positions: c_keys = l + ⌈N/l⌉·c,
+    so time O(N·(l + N·c/l)·D) — O(N√N) at l = √N.
+    """
+
+    def __init__(self, embed_dim, num_heads, causal=False, stride: int = 4, summary: int = 1,
+                 **options):
+        super().__init__(embed_dim, num_heads, causal=causal, **options)
+        _check_int("stride", stride, 1)
+        _check_int("summary", summary, 1)
+        if summary > stride:
+            raise ValueError(f"summary ({summary}) must be ≤ stride ({stride})")
+        self.stride, self.summary = stride, summary
+
+    def _rule(self, n):
+        return lambda i, j: fixed_rule(i, j, self.stride, self.summary, self.causal)
+
+    def _layout(self, n):
+        xp = active_xp()
+        l, c = self.stride, self.summary
+        nb = -(-n // l)
+        own = _window_index(n, l, 0, 0)                                          # (nb, l)
+        cells = (xp.arange(nb)[:, None] * l + xp.arange(l - c, l)[None, :]).reshape(1, -1)
+        return l, xp.concatenate([own, xp.broadcast_to(cells, (nb, cells.shape[1]))], axis=1), None
