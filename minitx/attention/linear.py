@@ -1,1 +1,126 @@
-"""(being written)"""
+"""Linear attention: replace exp(q·k) by a feature-map dot product φ(q)·φ(k).
+
+Katharopoulos, Vyas, Pappas & Fleuret (2020), "Transformers are RNNs: Fast Autoregressive
+Transformers with Linear Attention".
+
+With a similarity sim(q, k) = φ(q)·φ(k), associativity turns attention linear in N:
+
+    out_i = Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j)
+          = φ(q_i)ᵀ (Σ_j φ(k_j) v_jᵀ) / φ(q_i)ᵀ (Σ_j φ(k_j))        S: (D, Dv), z: (D,)
+
+Causal: the sums run over j ≤ i. They are prefix sums S_i = S_{i−1} + φ(k_i) v_iᵀ,
+z_i = z_{i−1} + φ(k_i) — so a causal linear transformer *is* an RNN with state (S, z):
+``step`` decodes one token in O(D·Dv) time and memory, independent of the position.
+Training uses the parallel form (cumsum over positions), equal to the recurrence.
+
+Feature maps: "elu" φ(x) = elu(x) + 1 (the paper's; positive), "relu", "identity". The
+denominator can vanish for relu and be negative for identity, so a small ε is added, and
+"identity" is unnormalised by default (out = φ(q)ᵀ S). Time O(N·D·Dv); memory O(D·Dv)
+bidirectional, O(N·D·Dv) for the causal prefix sums. A different similarity, not an
+approximation of softmax: kind "score".
+"""
+from __future__ import annotations
+
+from .. import functional as F
+from ..autograd.tensor import Tensor
+from ..backend import get_array_module
+from .base import AttentionBase, check_heads, register, repeat_kv
+
+__all__ = ["FEATURE_MAPS", "linear_attention", "linear_attention_step", "LinearAttention"]
+
+FEATURE_MAPS = {
+    "elu": lambda x: F.elu(x) + 1.0,
+    "relu": F.relu,
+    "identity": lambda x: x,
+}
+
+
+def _feature_map(name):
+    if name not in FEATURE_MAPS:
+        raise ValueError(f"feature_map must be one of {sorted(FEATURE_MAPS)}, got {name!r}")
+    return FEATURE_MAPS[name]
+
+
+def linear_attention(q, k, v, feature_map: str = "elu", causal: bool = False,
+                     normalize: bool = True, eps: float = 1e-6):
+    """φ(q)(φ(k)ᵀ v) / φ(q)·Σφ(k): q, k (B, H, N, D), v (B, H, N, Dv) Tensors → (B, H, N, Dv)."""
+    phi = _feature_map(feature_map)
+    fq, fk = phi(q), phi(k)                                         # (B, H, N, D)
+    if not causal:
+        s = F.matmul(F.swapaxes(fk, -1, -2), v)                     # (B, H, D, N) @ (B, H, N, Dv)
+        num = F.matmul(fq, s)                                       # (B, H, N, D) @ (B, H, D, Dv)
+        z = fk.sum(axis=2, keepdims=True)                           # (B, H, 1, D)
+    else:
+        outer = F.expand_dims(fk, -1) * F.expand_dims(v, -2)        # (B, H, N, D, Dv)
+        s = F.cumsum(outer, axis=2)                                 # S_i, (B, H, N, D, Dv)
+        num = F.squeeze(F.matmul(F.expand_dims(fq, -2), s), -2)     # (B, H, N, Dv)
+        z = F.cumsum(fk, axis=2)                                    # z_i, (B, H, N, D)
+    if not normalize:
+        return num
+    den = (fq * z).sum(axis=-1, keepdims=True)                      # (B, H, N, 1)
+    return num / (den + eps)
+
+
+def linear_attention_step(state, q, k, v, feature_map: str = "elu", normalize: bool = True,
+                          eps: float = 1e-6):
+    """One recurrent step: q, k (B, H, D), v (B, H, Dv), state (S (B, H, D, Dv), z (B, H, D))
+    or None (empty) → (out (B, H, Dv), new state). O(D·Dv) per token."""
+    phi = _feature_map(feature_map)
+    fq, fk = phi(q), phi(k)
+    update = F.expand_dims(fk, -1) * F.expand_dims(v, -2)           # (B, H, D, Dv)
+    if state is None:
+        s, z = update, fk
+    else:
+        s, z = state[0] + update, state[1] + fk
+    num = F.squeeze(F.matmul(F.expand_dims(fq, -2), s), -2)         # (B, H, 1, D) @ (B, H, D, Dv)
+    if not normalize:
+        return num, (s, z)
+    den = (fq * z).sum(axis=-1, keepdims=True)                      # (B, H, 1)
+    return num / (den + eps), (s, z)
+
+
+@register("linear")
+class LinearAttention(AttentionBase):
+    """Linear attention (Katharopoulos et al. 2020): O(N) time, an RNN when causal.
+
+    Options: ``feature_map`` ("elu" default, "relu", "identity"), ``normalize`` (default
+    True except for "identity"), ``eps`` (1e-6). ``step(state, q, k, v)`` decodes one token.
+    """
+
+    kind = "score"
+
+    def __init__(self, embed_dim, num_heads, causal=False, feature_map: str = "elu",
+                 normalize: bool = None, eps: float = 1e-6, **base):
+        super().__init__(embed_dim, num_heads, causal=causal, **base)
+        _feature_map(feature_map)
+        self.feature_map = feature_map
+        self.normalize = (feature_map != "identity") if normalize is None else bool(normalize)
+        self.eps = float(eps)
+
+    def attend(self, q, k, v):
+        """q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, Dv)."""
+        _, h, *_ = check_heads(q, k, v, self.name)
+        k, v = repeat_kv(k, h), repeat_kv(v, h)
+        return linear_attention(q, k, v, self.feature_map, self.causal, self.normalize, self.eps)
+
+    def step(self, state, q, k, v):
+        """Recurrent decoding: q (B, H, D), k/v (B, Hkv, D) → (out (B, H, Dv), state)."""
+        h = q.shape[1]
+        if k.shape[1] != h:
+            k = F.reshape(repeat_kv(F.expand_dims(k, 2), h), (k.shape[0], h, k.shape[-1]))
+            v = F.reshape(repeat_kv(F.expand_dims(v, 2), h), (v.shape[0], h, v.shape[-1]))
+        return linear_attention_step(state, q, k, v, self.feature_map, self.normalize, self.eps)
+
+    def reference(self, q, k, v):
+        """Raw-array dense formula with the same similarity, (B, H, N, N) — for tests."""
+        xp = get_array_module(q)
+        phi = FEATURE_MAPS[self.feature_map]
+        fq = phi(Tensor._wrap(q)).data
+        fk = phi(Tensor._wrap(xp.repeat(k, q.shape[1] // k.shape[1], axis=1))).data
+        vv = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        a = fq @ xp.swapaxes(fk, -1, -2)                            # (B, H, N, N)
+        if self.causal:
+            a = a * xp.tri(a.shape[-2], a.shape[-1], dtype=a.dtype)
+        if self.normalize:
+            a = a / (a.sum(-1, keepdims=True) + self.eps)
+        return a @ vv

@@ -1,1 +1,80 @@
-"""(being written)"""
+"""Linformer: project the length-N keys and values down to k rows, then attend.
+
+Wang, Li, Khabsa, Fang & Ma (2020), "Linformer: Self-Attention with Linear Complexity".
+
+The attention matrix is approximately low rank, so learned projections E, F (k × N) compress
+the sequence axis of keys and values:
+
+    out = softmax(Q (E K)ᵀ / √D) (F V)
+          (N, D) @ (D, k) -> (N, k) scores;  (N, k) @ (k, Dv) -> (N, Dv)
+
+Time O(N·k·D), memory O(N·k): linear in N for a fixed k. E and F are parameters of shape
+(k, max_len); a sequence of length N ≤ max_len uses their first N columns. Approximate
+(learned). Causal masking is impossible — every projected row mixes future positions — so
+``causal=True`` raises ValueError at construction.
+
+Initialisation (``init``): "gaussian" draws N(0, 1/k) entries (the paper's
+Johnson–Lindenstrauss argument), "pool" makes row r the mean over the r-th of k equal
+segments of the max_len positions (mean pooling, one of the paper's listed alternatives;
+with k = N it is the identity and Linformer is exact).
+"""
+from __future__ import annotations
+
+import math
+
+from .. import functional as F
+from ..backend import rng, xp as active_xp
+from ..nn.module import Parameter
+from .base import AttentionBase, check_heads, register, repeat_kv
+
+__all__ = ["linformer_projection", "LinformerAttention"]
+
+
+def linformer_projection(k: int, max_len: int, init: str = "gaussian"):
+    """(k, max_len) initial projection (see the module docstring for ``init``)."""
+    xp = active_xp()
+    if init == "gaussian":
+        return xp.asarray(rng().standard_normal((k, max_len)) / math.sqrt(k)).astype("float32")
+    if init == "pool":
+        seg = xp.arange(max_len) * k // max_len                  # segment of each position
+        onehot = (seg[None, :] == xp.arange(k)[:, None]).astype("float32")
+        return onehot / onehot.sum(axis=1, keepdims=True)
+    raise ValueError(f"init must be 'gaussian' or 'pool', got {init!r}")
+
+
+@register("linformer")
+class LinformerAttention(AttentionBase):
+    """Linformer attention (Wang et al. 2020): approximate, learned, O(N·k).
+
+    Options: ``proj_dim`` k (default 16), ``max_len`` (default 256), ``share_kv`` (False:
+    separate E and F; True: F = E), ``init`` ("gaussian" or "pool"). Raises ValueError for
+    causal=True, and for N > max_len at call time.
+    """
+
+    kind = "approximate"
+    supports_causal = False
+
+    def __init__(self, embed_dim, num_heads, causal=False, proj_dim: int = 16,
+                 max_len: int = 256, share_kv: bool = False, init: str = "gaussian", **base):
+        super().__init__(embed_dim, num_heads, causal=causal, **base)
+        for name, value in (("proj_dim", proj_dim), ("max_len", max_len)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.proj_dim, self.max_len, self.share_kv = proj_dim, max_len, bool(share_kv)
+        self.E = Parameter(linformer_projection(proj_dim, max_len, init))
+        self.F = None if share_kv else Parameter(linformer_projection(proj_dim, max_len, init))
+
+    def attend(self, q, k, v):
+        """q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, Dv); N ≤ max_len."""
+        _, h, _, nq, nk, d = check_heads(q, k, v, self.name)
+        if nk > self.max_len:
+            raise ValueError(f"linformer: sequence length {nk} exceeds max_len={self.max_len}; "
+                             "construct the layer with a larger max_len")
+        cols = (slice(None), slice(0, nk))
+        e = F.getitem(self.E, cols)                                 # (k, N)
+        f = e if self.F is None else F.getitem(self.F, cols)
+        k_low = F.matmul(e, k)                                      # (k, N) @ (B, Hkv, N, D)
+        v_low = F.matmul(f, v)                                      # -> (B, Hkv, k, Dv)
+        k_low, v_low = repeat_kv(k_low, h), repeat_kv(v_low, h)
+        s = F.matmul(q, F.swapaxes(k_low, -1, -2)) * (1.0 / math.sqrt(d))   # (B, H, N, k)
+        return F.matmul(F.softmax(s, axis=-1), v_low)                       # (B, H, N, Dv)

@@ -1,1 +1,154 @@
-"""(being written)"""
+"""Performer: softmax attention through positive orthogonal random features (FAVOR+).
+
+Choromanski, Likhosherstov, Dohan, Song, Gane, Sarlos, Hawkins, Davis, Mohiuddin, Kaiser,
+Belanger, Colwell & Weller (2021), "Rethinking Attention with Performers".
+
+The softmax kernel is an expectation over Gaussian w ~ N(0, I_D):
+
+    exp(x·y) = E_w[ exp(w·x − ‖x‖²/2) · exp(w·y − ‖y‖²/2) ],
+
+so with m draws w_1..w_m (rows of W) and the *positive* feature map
+
+    φ(x) = exp(W x − ‖x‖²/2) / √m          (m,)
+
+φ(x)·φ(y) is an unbiased estimate of exp(x·y). Scaling q and k by D^(−1/4) makes it
+estimate exp(q·k/√D), and attention becomes linear in N:
+
+    out = φ(Q) (φ(K)ᵀ V) / (φ(Q) φ(K)ᵀ 1)              (B, H, N, Dv), never (N, N).
+
+The rows of W are drawn in orthogonal blocks (QR of a Gaussian matrix), each row rescaled
+to a chi(D)-distributed norm so that every row is still marginally N(0, I): orthogonality
+lowers the estimator's variance (the "O" in FAVOR+).
+
+Stabilisation: exp(W x − ‖x‖²/2) overflows for large inputs, so before exp we subtract a
+constant c: per query row its own max over features, and for keys one max over all keys
+and features (per batch and head). Why it cancels: out_i = Σ_j φ(q_i)·φ(k_j) v_j /
+Σ_j φ(q_i)·φ(k_j); multiplying φ(q_i) by e^(−c_i) scales numerator and denominator of row
+i alike, and multiplying *every* φ(k_j) by the same e^(−c) does too (also under prefix
+sums). The constants are treated as such in backward (the output does not depend on them,
+so their true derivative contribution is zero).
+
+Causal: out_i = φ(q_i)ᵀ S_i / φ(q_i)ᵀ z_i with S_i = Σ_{j≤i} φ(k_j) v_jᵀ, z_i = Σ_{j≤i} φ(k_j),
+computed with prefix sums (cumsum) over positions. Time O(N·m·D); memory O(N·m) bidirectional,
+O(N·m·Dv) causal. Approximate (unbiased kernel estimate; the ratio is consistent as m → ∞).
+"""
+from __future__ import annotations
+
+import math
+
+from .. import functional as F
+from ..autograd.tensor import Tensor
+from ..backend import get_array_module, rng, xp as active_xp
+from .base import AttentionBase, check_heads, register, repeat_kv
+
+__all__ = ["orthogonal_gaussian", "favor_features", "performer_kernel", "performer_attention",
+           "PerformerAttention"]
+
+
+def orthogonal_gaussian(m: int, d: int, orthogonal: bool = True):
+    """(m, d) random feature matrix: orthogonal blocks of d rows with chi(d) norms.
+
+    Each block: G ~ N(0, 1)^(d×d), Q from its QR decomposition (orthonormal rows), rows
+    scaled by the norms of fresh d-dim Gaussian vectors. ``orthogonal=False`` gives plain
+    i.i.d. Gaussian rows. Drawn from ``minitx.backend.rng()`` (seed with manual_seed).
+    """
+    xp = active_xp()
+    if not orthogonal:
+        return xp.asarray(rng().standard_normal((m, d)))
+    blocks = []
+    for _ in range(-(-m // d)):
+        g = xp.asarray(rng().standard_normal((d, d)))
+        qmat, r = xp.linalg.qr(g)
+        qmat = qmat * xp.sign(xp.diagonal(r))[None, :]      # make the decomposition unique
+        blocks.append(qmat.T)                               # rows orthonormal
+    w = xp.concatenate(blocks, axis=0)[:m]
+    norms = xp.sqrt((xp.asarray(rng().standard_normal((m, d))) ** 2).sum(axis=1))  # chi(d)
+    return w * norms[:, None]
+
+
+def favor_features(x, w, is_query: bool, stabilize: bool = True):
+    """φ(x) = exp(W x − ‖x‖²/2 − c) / √m for x (B, H, N, D) already scaled by D^(−1/4).
+
+    c = per-row max (queries) or one max per (batch, head) over all keys (see the module
+    docstring for why it cancels); c = 0 when ``stabilize`` is False. Returns (B, H, N, m).
+    """
+    m = w.shape[0]
+    proj = F.matmul(x, Tensor._wrap(w.T.astype(x.dtype)))          # (B, H, N, D) @ (D, m)
+    logits = proj - (x * x).sum(axis=-1, keepdims=True) * 0.5       # (B, H, N, m)
+    if stabilize:
+        raw = logits.data
+        c = raw.max(axis=-1, keepdims=True) if is_query else raw.max(axis=(-2, -1), keepdims=True)
+        logits = logits - Tensor._wrap(c)                           # a constant: cancels
+    return F.exp(logits) * (1.0 / math.sqrt(m))
+
+
+def performer_kernel(q, k, w):
+    """Raw arrays: the unnormalised estimate φ(q) φ(k)ᵀ ≈ exp(q kᵀ/√D), (B, H, N, N).
+
+    No stabilisation, so the average over redraws of W is an unbiased estimate (for tests).
+    """
+    xp = get_array_module(q, k)
+    d, m = q.shape[-1], w.shape[0]
+    scale = d ** -0.25
+
+    def phi(x):
+        x = x * scale
+        return xp.exp(x @ w.T - (x * x).sum(-1, keepdims=True) / 2) / math.sqrt(m)
+    return phi(q) @ xp.swapaxes(phi(k), -1, -2)
+
+
+def performer_attention(q, k, v, w, causal: bool = False, eps: float = 1e-12):
+    """FAVOR+ attention: q (B, H, N, D), k (B, H, N, D), v (B, H, N, Dv) Tensors → (B, H, N, Dv)."""
+    d = q.shape[-1]
+    scale = d ** -0.25
+    phi_q = favor_features(q * scale, w, True)                      # (B, H, N, m)
+    phi_k = favor_features(k * scale, w, False)                     # (B, H, N, m)
+    if not causal:
+        kv = F.matmul(F.swapaxes(phi_k, -1, -2), v)                # (B, H, m, N) @ (B, H, N, Dv)
+        num = F.matmul(phi_q, kv)                                   # (B, H, N, m) @ (B, H, m, Dv)
+        z = phi_k.sum(axis=2, keepdims=True)                        # (B, H, 1, m)
+    else:
+        # S_i = Σ_{j≤i} φ(k_j) v_jᵀ: (B, H, N, m, 1) * (B, H, N, 1, Dv) -> cumsum over N
+        outer = F.expand_dims(phi_k, -1) * F.expand_dims(v, -2)     # (B, H, N, m, Dv)
+        s = F.cumsum(outer, axis=2)
+        num = F.squeeze(F.matmul(F.expand_dims(phi_q, -2), s), -2)  # (B, H, N, 1, m) @ (.., m, Dv)
+        z = F.cumsum(phi_k, axis=2)                                 # (B, H, N, m)
+    den = (phi_q * z).sum(axis=-1, keepdims=True)                   # (B, H, N, 1)
+    return num / (den + eps)
+
+
+@register("performer")
+class PerformerAttention(AttentionBase):
+    """FAVOR+ attention (Choromanski et al. 2021); approximate, O(N·m·D) time.
+
+    Options: ``num_features`` m (default 64), ``orthogonal`` (True), ``redraw_in_training``
+    (False: with True, every forward in training mode draws new features). The features
+    live in a buffer ``features`` (m, D), drawn once at construction (seeded by
+    ``minitx.manual_seed``); ``redraw()`` draws new ones. Eval mode never redraws.
+    """
+
+    kind = "approximate"
+
+    def __init__(self, embed_dim, num_heads, causal=False, num_features: int = 64,
+                 orthogonal: bool = True, redraw_in_training: bool = False, **base):
+        super().__init__(embed_dim, num_heads, causal=causal, **base)
+        if not isinstance(num_features, int) or num_features < 1:
+            raise ValueError(f"num_features must be a positive int, got {num_features!r}")
+        self.num_features, self.orthogonal = num_features, bool(orthogonal)
+        self.redraw_in_training = bool(redraw_in_training)
+        self.register_buffer("features", Tensor(orthogonal_gaussian(
+            num_features, self.head_dim, self.orthogonal)))
+
+    def redraw(self) -> None:
+        """Draw a new random feature matrix (m, D)."""
+        self.features = Tensor(orthogonal_gaussian(self.num_features, self.head_dim,
+                                                   self.orthogonal))
+
+    def attend(self, q, k, v):
+        """q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, Dv)."""
+        _, h, *_ = check_heads(q, k, v, self.name)
+        if self.training and self.redraw_in_training:
+            self.redraw()
+        w = self.features.data if isinstance(self.features, Tensor) else self.features
+        k, v = repeat_kv(k, h), repeat_kv(v, h)
+        return performer_attention(q, k, v, w.astype(q.dtype), causal=self.causal)
