@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from . import flash_cuda
 
 __all__ = ["find_nvcc", "nvcc_version", "nvrtc_available", "instantiation_source",
-           "compile_arch", "parse_ptxas", "demangle", "compile_report", "doctor_lines",
+           "compile_arch", "parse_ptxas", "demangle", "compile_report", "report_from_outputs",
+           "format_report", "doctor_lines",
            "PTXAS_FLAGS"]
 
 PTXAS_FLAGS = "-v,-warn-spills,-warn-lmem-usage,-Werror"
@@ -195,6 +196,12 @@ def compile_report(archs=("sm_80", "sm_90"), names=None, jobs=2, nvcc=None, kern
                      error="nvcc not found") for a in archs for n in names]
     with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
         outs = list(pool.map(lambda a: compile_arch(a, names, nvcc, kernel_file=kernel_file), archs))
+    return report_from_outputs(archs, outs, names)
+
+
+def report_from_outputs(archs, outs, names=None):
+    """Rows of :func:`compile_report` from the ``(returncode, output)`` of :func:`compile_arch`."""
+    names = list(names or flash_cuda.all_kernel_names())
     rows = []
     for arch, (rc, out) in zip(archs, outs):
         parsed = parse_ptxas(out)

@@ -1,0 +1,114 @@
+"""Session-wide builds for tests/cuda, compiled once and in parallel (2 workers: CI has 2 cores).
+
+Builds: the full emulation library (ctypes), a ThreadSanitizer executable, the deliberately
+broken emulation library, and the nvcc/ptxas compile of every instantiation for sm_80 and sm_90.
+Only the builds that the collected tests need are started; they all start together (at the first
+request of any of them) on a shared ThreadPoolExecutor(2), so g++ and nvcc overlap.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import cuda_emu_harness as H
+from minitx.backend import cuda_tools, flash_cuda
+
+ARCHS = ("sm_80", "sm_90")
+# fixture name -> builds it needs
+_FIXTURE_BUILDS = {
+    "emu_lib": ("emu",),
+    "tsan_exe": ("tsan",),
+    "broken_lib": ("broken",),
+    "ptxas_report": ("nvcc_sm_80", "nvcc_sm_90"),
+}
+_ORDER = ("emu", "nvcc_sm_80", "nvcc_sm_90", "tsan", "broken")
+
+
+def pytest_collection_modifyitems(config, items):
+    needed = set()
+    for item in items:
+        for name in getattr(item, "fixturenames", ()):
+            needed.update(_FIXTURE_BUILDS.get(name, ()))
+    config._minitx_cuda_builds = needed
+
+
+class _Builds:
+    def __init__(self, root, needed):
+        self.root = root
+        self.pool = ThreadPoolExecutor(max_workers=2)
+        self.futures = {}
+        self.nvcc = cuda_tools.find_nvcc()
+        self.gxx = H.GXX
+        for name in _ORDER:
+            if name in needed:
+                self._submit(name)
+
+    def _job(self, name):
+        if name == "emu":
+            return H.build_shared(os.path.join(self.root, "libminitx_emu.so"))
+        if name == "tsan":
+            return H.build_tsan_exe(os.path.join(self.root, "emu_tsan"))
+        if name == "broken":
+            with open(flash_cuda.kernel_path(), encoding="utf-8") as fh:
+                src = fh.read()
+            path = os.path.join(self.root, "flash_attn_broken.cu")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(H.broken_source(src))
+            return H.build_shared(os.path.join(self.root, "libminitx_emu_broken.so"), small=True,
+                                  kernel_file=path)
+        if name.startswith("nvcc_"):
+            arch = name[len("nvcc_"):]
+            wd = os.path.join(self.root, name)
+            os.makedirs(wd, exist_ok=True)
+            return cuda_tools.compile_arch(arch, nvcc=self.nvcc, workdir=wd)
+        raise KeyError(name)
+
+    def _submit(self, name):
+        if name in self.futures:
+            return
+        if name.startswith("nvcc_") and self.nvcc is None:
+            return
+        if not name.startswith("nvcc_") and self.gxx is None:
+            return
+        self.futures[name] = self.pool.submit(self._job, name)
+
+    def get(self, name):
+        self._submit(name)
+        if name not in self.futures:
+            what = "nvcc" if name.startswith("nvcc_") else "g++"
+            pytest.skip(f"{what} not found: cannot build {name}")
+        return self.futures[name].result()
+
+
+@pytest.fixture(scope="session")
+def cuda_builds(tmp_path_factory, pytestconfig):
+    needed = getattr(pytestconfig, "_minitx_cuda_builds", set())
+    b = _Builds(str(tmp_path_factory.mktemp("minitx_cuda_build")), needed)
+    yield b
+    b.pool.shutdown(wait=True)
+
+
+@pytest.fixture(scope="session")
+def emu_lib(cuda_builds):
+    return cuda_builds.get("emu")
+
+
+@pytest.fixture(scope="session")
+def tsan_exe(cuda_builds):
+    return cuda_builds.get("tsan")
+
+
+@pytest.fixture(scope="session")
+def broken_lib(cuda_builds):
+    return cuda_builds.get("broken")
+
+
+@pytest.fixture(scope="session")
+def ptxas_report(cuda_builds):
+    if cuda_builds.nvcc is None:
+        pytest.skip("nvcc not found (set CUDA_HOME or put nvcc on PATH): ptxas check skipped")
+    outs = [cuda_builds.get(f"nvcc_{a}") for a in ARCHS]
+    return cuda_tools.report_from_outputs(ARCHS, outs)

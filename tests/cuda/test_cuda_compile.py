@@ -1,0 +1,48 @@
+"""nvcc/ptxas check of every kernel instantiation: compiles for sm_80 and sm_90 with
+-Xptxas -v,-warn-spills,-warn-lmem-usage,-Werror and asserts no spills and no local memory.
+Skips (with the reason) when nvcc is not installed."""
+from minitx.backend import cuda_tools, flash_cuda
+
+
+def test_every_instantiation_compiles_without_spills(ptxas_report):
+    names = flash_cuda.all_kernel_names()
+    assert len(names) == 38
+    assert len(ptxas_report) == 2 * len(names)
+    print("\n" + "\n".join(cuda_tools.format_report(ptxas_report)))
+    bad = [r for r in ptxas_report if not r["ok"]]
+    assert not bad, "\n".join(f"{r['kernel']} {r['arch']}: {r}" for r in bad)
+    for r in ptxas_report:
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+        assert r["stack"] == 0, r
+        assert 0 < r["registers"] <= 128, r   # __launch_bounds__(128, 4): 4 blocks/SM fit
+
+
+def test_dynamic_shared_memory_fits_the_devices(ptxas_report):
+    for r in ptxas_report:
+        assert r["smem_static"] == 0, r       # everything is dynamic (poisonable in emulation)
+        limit = 163 * 1024 if r["arch"] == "sm_80" else 227 * 1024
+        flash_cuda.check_shared_memory(r["smem_dynamic"], limit, r["kernel"])
+
+
+def test_demangler_and_parser():
+    assert cuda_tools.demangle("_Z9flash_fwdIfLi64ELb1EEvPKT_S2_") == "flash_fwd<float, 64, true>"
+    assert (cuda_tools.demangle("_Z14flash_bwd_dkdvI6__halfLi128ELb0EEvPKT_")
+            == "flash_bwd_dkdv<__half, 128, false>")
+    assert cuda_tools.demangle("_Z13flash_bwd_dotIfEvPKT_") == "flash_bwd_dot<float>"
+    out = """ptxas info    : Compiling entry function '_Z9flash_fwdIfLi32ELb0EEvPKT_' for 'sm_80'
+ptxas info    : Function properties for _Z9flash_fwdIfLi32ELb0EEvPKT_
+    8 bytes stack frame, 8 bytes spill stores, 16 bytes spill loads
+ptxas info    : Used 64 registers, used 1 barriers, 8 bytes cumulative stack size, 428 bytes cmem[0]
+ptxas error   : Registers are spilled to local memory in function '_Z9flash_fwdIfLi32ELb0EEvPKT_'
+"""
+    p = cuda_tools.parse_ptxas(out)["flash_fwd<float, 32, false>"]
+    assert (p["registers"], p["stack"], p["spill_stores"], p["spill_loads"]) == (64, 8, 8, 16)
+    assert p["errors"]
+    rows = cuda_tools.report_from_outputs(("sm_80",), [(1, out)], ["flash_fwd<float, 32, false>"])
+    assert rows[0]["ok"] is False and rows[0]["registers"] == 64
+
+
+def test_doctor_lines_never_raise():
+    lines = cuda_tools.doctor_lines()
+    assert any("flash kernel source" in ln for ln in lines)
+    assert isinstance(cuda_tools.nvrtc_available(), bool)
