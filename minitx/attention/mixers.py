@@ -1,1 +1,154 @@
-"""(being written)"""
+"""Token mixers that replace attention: FNet (Fourier) and AFT (attention-free transformer).
+
+FNet — Lee-Thorp, Ainslie, Eckstein & Ontañón (2022), "FNet: Mixing Tokens with Fourier
+Transforms": y = Re(FFT_seq(FFT_hidden(x))), a 2-d discrete Fourier transform over the
+sequence and hidden axes, real part. No parameters, O(N·E·(log N + log E)) time, exact (a
+fixed linear map). Its gradient: y = Re(F_N X F_E) with the symmetric DFT matrices F, so for
+a real upstream gradient G, dL/dX = Re(F_N G F_E) = Re(FFT2(G)) — the same transform.
+
+AFT — Zhai, Talbott, Srivastava, Huang, Goh, Zhang & Susskind (2021), "An Attention Free
+Transformer":
+
+    AFT-full:    y_t = σ(q_t) ⊙ Σ_t' exp(k_t' + w_tt') ⊙ v_t' / Σ_t' exp(k_t' + w_tt')
+    AFT-simple:  y_t = σ(q_t) ⊙ Σ_t' softmax_t'(k)_t' ⊙ v_t'         (w = 0)
+
+elementwise over features (no q·k dot product); w (max_len, max_len) learned pairwise
+position biases. Computed as exp(w) @ (exp(k) ⊙ v) — O(N²·D) time, O(N² + N·D) memory for
+full; O(N·D) for simple (prefix sums when causal). Stabilised by subtracting constants that
+cancel in the ratio: max over positions of k per feature, and the row max of w.
+Both are kind "score" (a different mixing rule, tested against its own dense formula).
+"""
+from __future__ import annotations
+
+import math
+
+from .. import functional as F
+from ..autograd.function import Function
+from ..autograd.tensor import Tensor
+from ..backend import get_array_module, xp as active_xp
+from ..nn.module import Parameter
+from .base import AttentionBase, check_heads, register, repeat_kv
+
+__all__ = ["fourier_mix", "FNetMixing", "aft", "AFTAttention"]
+
+
+class _FourierMix(Function):
+    @staticmethod
+    def forward(ctx, x, axes):
+        xp = get_array_module(x)
+        ctx.axes = axes
+        return xp.fft.fft2(x, axes=axes).real.astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xp = get_array_module(grad)
+        return xp.fft.fft2(grad, axes=ctx.axes).real.astype(grad.dtype, copy=False), None
+
+
+def fourier_mix(x, axes=(-2, -1)):
+    """Re(FFT2(x)) over ``axes`` (default: the last two, sequence and hidden). Same shape."""
+    return _FourierMix.apply(x, tuple(axes))
+
+
+@register("fnet")
+class FNetMixing(AttentionBase):
+    """FNet Fourier mixing (Lee-Thorp et al. 2022). Bidirectional only (causal raises).
+
+    ``layer(x)`` mixes x (B, N, E) directly — no projections are used, as in the paper.
+    ``attend(q, k, v)`` mixes each head's values over (N, D): Re(FFT2(v)).
+    """
+
+    kind = "score"
+    supports_causal = False
+
+    def forward(self, x):
+        """x (B, N, E) → Re(FFT_seq(FFT_hidden(x))) (B, N, E)."""
+        if len(x.shape) != 3 or x.shape[-1] != self.embed_dim:
+            raise ValueError(f"FNetMixing: x must be (B, N, {self.embed_dim}), got shape "
+                             f"{tuple(x.shape)}")
+        return fourier_mix(x, (1, 2))
+
+    def attend(self, q, k, v):
+        """(B, H, N, D) heads → Re(FFT2 over (N, D) of v); q and k unused."""
+        _, h, *_ = check_heads(q, k, v, self.name)
+        return fourier_mix(repeat_kv(v, h), (2, 3))
+
+    def reference(self, q, k, v):
+        """Raw arrays: the same transform with explicit DFT matrices."""
+        xp = get_array_module(v)
+        v = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        n, d = v.shape[-2:]
+        fn = xp.exp(-2j * math.pi * xp.outer(xp.arange(n), xp.arange(n)) / n)
+        fd = xp.exp(-2j * math.pi * xp.outer(xp.arange(d), xp.arange(d)) / d)
+        return (fn @ v @ fd).real
+
+
+def aft(q, k, v, w=None, causal: bool = False):
+    """AFT on heads: q, k (B, H, N, D), v (B, H, N, Dv=D) Tensors; w (N, N) Tensor or None
+    (AFT-simple). Returns (B, H, N, D)."""
+    xp = get_array_module(k.data)
+    n = k.shape[2]
+    ek = F.exp(k - Tensor._wrap(k.data.max(axis=2, keepdims=True)))    # constant shift: cancels
+    if w is None:                                                        # AFT-simple
+        if causal:
+            num, den = F.cumsum(ek * v, axis=2), F.cumsum(ek, axis=2)    # (B, H, N, D)
+        else:
+            num, den = (ek * v).sum(axis=2, keepdims=True), ek.sum(axis=2, keepdims=True)
+    else:                                                                # AFT-full
+        ew = F.exp(w - Tensor._wrap(w.data.max(axis=-1, keepdims=True)))   # (N, N)
+        if causal:
+            ew = ew * Tensor._wrap(xp.tri(n, dtype=w.dtype))
+        num = F.matmul(ew, ek * v)                                       # (N, N) @ (B, H, N, D)
+        den = F.matmul(ew, ek)
+    return F.sigmoid(q) * (num / den)
+
+
+@register("aft")
+class AFTAttention(AttentionBase):
+    """Attention Free Transformer (Zhai et al. 2021).
+
+    Options: ``variant`` ("full" default: learned pairwise biases w (max_len, max_len),
+    zero-initialised; or "simple"), ``max_len`` (default 128).
+    """
+
+    kind = "score"
+
+    def __init__(self, embed_dim, num_heads, causal=False, variant: str = "full",
+                 max_len: int = 128, **base):
+        super().__init__(embed_dim, num_heads, causal=causal, **base)
+        if variant not in ("full", "simple"):
+            raise ValueError(f"variant must be 'full' or 'simple', got {variant!r}")
+        if not isinstance(max_len, int) or max_len < 1:
+            raise ValueError(f"max_len must be a positive int, got {max_len!r}")
+        self.variant, self.max_len = variant, max_len
+        if variant == "full":
+            self.w = Parameter(active_xp().zeros((max_len, max_len), dtype="float32"))
+
+    def _bias(self, n):
+        if self.variant == "simple":
+            return None
+        if n > self.max_len:
+            raise ValueError(f"aft: sequence length {n} exceeds max_len={self.max_len}")
+        return F.getitem(self.w, (slice(0, n), slice(0, n)))
+
+    def attend(self, q, k, v):
+        """q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D)."""
+        _, h, _, nq, nk, d = check_heads(q, k, v, self.name)
+        if v.shape[-1] != d or nq != nk:
+            raise ValueError(f"aft: needs value dim == head dim {d} and equal lengths, got "
+                             f"value dim {v.shape[-1]}, lengths {nq} and {nk}")
+        return aft(q, repeat_kv(k, h), repeat_kv(v, h), self._bias(nq), self.causal)
+
+    def reference(self, q, k, v):
+        """Raw arrays: the (N, N, D) formula of the paper, (B, H, N, D)."""
+        xp = get_array_module(q)
+        k = xp.repeat(k, q.shape[1] // k.shape[1], axis=1)
+        v = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        n = q.shape[2]
+        w = xp.zeros((n, n)) if self.variant == "simple" else self.w.data[:n, :n].astype(q.dtype)
+        logits = k[:, :, None, :, :] + w[None, None, :, :, None]        # (B, H, t, t', D)
+        if self.causal:
+            logits = xp.where(xp.tri(n, dtype=bool)[None, None, :, :, None], logits, -xp.inf)
+        e = xp.exp(logits - logits.max(axis=3, keepdims=True))
+        y = (e * v[:, :, None]).sum(3) / e.sum(3)
+        return 1 / (1 + xp.exp(-q)) * y

@@ -1,1 +1,109 @@
-"""(being written)"""
+"""Synthesizer: attention weights synthesised without query–key dot products.
+
+Tay, Bahri, Metzler, Juan, Zhao & Zheng (2021), "Synthesizer: Rethinking Self-Attention
+for Transformer Models".
+
+Instead of S = q kᵀ/√D, the (N × N) logits come from
+
+- "dense":      S_i = W₂ relu(W₁ x_i + b₁) + b₂      a per-token MLP D → max_len (per head;
+                the head's query vector plays x_i), columns cut to N;
+- "random":     S = R[:N, :N]                           R (max_len, max_len) per head, input-
+                independent; ``trainable=True`` (a parameter) or False (a fixed buffer);
+- "factorized": S = R₁[:N] R₂[:N]ᵀ                      R₁, R₂ (max_len, k): low-rank random;
+- "mixture":    S = α₁ S_dense + α₂ (q kᵀ/√D)           α = softmax(a), a learned (2,): mixes
+                the synthetic logits with ordinary dot-product attention.
+
+out = softmax(S masked) v; causal masks the synthesised logits above the diagonal.
+Time O(N·max_len·D) (dense) or O(N²·D); memory O(N²). A different score function: kind
+"score". Sequences longer than ``max_len`` raise ValueError.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import functional as F
+from ..autograd.tensor import Tensor
+from ..backend import get_array_module, rng, xp as active_xp
+from ..nn.module import Parameter
+from .base import AttentionBase, check_heads, register, repeat_kv
+
+__all__ = ["SYNTHESES", "SynthesizerAttention"]
+
+SYNTHESES = ("dense", "random", "factorized", "mixture")
+
+
+def _normal(shape, std):
+    return active_xp().asarray(rng().standard_normal(shape) * std).astype("float32")
+
+
+@register("synthesizer")
+class SynthesizerAttention(AttentionBase):
+    """Synthesizer attention (Tay et al. 2021).
+
+    Options: ``synthesis`` ("dense" default, "random", "factorized", "mixture"),
+    ``max_len`` (default 128), ``trainable`` (random: parameter or fixed buffer, default
+    True), ``rank`` k (factorized, default 8).
+    """
+
+    kind = "score"
+
+    def __init__(self, embed_dim, num_heads, causal=False, synthesis: str = "dense",
+                 max_len: int = 128, trainable: bool = True, rank: int = 8, **base):
+        super().__init__(embed_dim, num_heads, causal=causal, **base)
+        if synthesis not in SYNTHESES:
+            raise ValueError(f"synthesis must be one of {SYNTHESES}, got {synthesis!r}")
+        for name, value in (("max_len", max_len), ("rank", rank)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.synthesis, self.max_len, self.trainable, self.rank = synthesis, max_len, trainable, rank
+        h, d = num_heads, self.head_dim
+        if synthesis in ("dense", "mixture"):
+            self.w1 = Parameter(_normal((h, d, d), 1 / math.sqrt(d)))
+            self.b1 = Parameter(active_xp().zeros((h, 1, d), dtype="float32"))
+            self.w2 = Parameter(_normal((h, d, max_len), 1 / math.sqrt(d)))
+            self.b2 = Parameter(active_xp().zeros((h, 1, max_len), dtype="float32"))
+        if synthesis == "random":
+            table = _normal((h, max_len, max_len), 1.0)
+            if trainable:
+                self.R = Parameter(table)
+            else:
+                self.register_buffer("R", Tensor(table))
+        if synthesis == "factorized":
+            self.R1 = Parameter(_normal((h, max_len, rank), rank ** -0.5))
+            self.R2 = Parameter(_normal((h, max_len, rank), rank ** -0.5))
+        if synthesis == "mixture":
+            self.mix = Parameter(active_xp().zeros(2, dtype="float32"))
+
+    def logits(self, q, k):
+        """The synthesised (B, H, N, N) or (1, H, N, N) logits, before masking."""
+        n = q.shape[2]
+        if self.synthesis in ("dense", "mixture"):
+            hidden = F.relu(F.matmul(q, self.w1) + self.b1)         # (B, H, N, D) @ (H, D, D)
+            s = F.matmul(hidden, self.w2) + self.b2                 # (B, H, N, max_len)
+            s = F.getitem(s, (Ellipsis, slice(0, n)))               # (B, H, N, N)
+            if self.synthesis == "mixture":
+                alpha = F.softmax(self.mix, axis=0)
+                dot = F.matmul(q, F.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+                s = s * F.getitem(alpha, 0) + dot * F.getitem(alpha, 1)
+            return s
+        if self.synthesis == "random":
+            table = self.R if isinstance(self.R, Tensor) else Tensor._wrap(self.R)
+            if not table.requires_grad:
+                table = Tensor._wrap(table.data.astype(q.dtype))
+            return F.expand_dims(F.getitem(table, (slice(None), slice(0, n), slice(0, n))), 0)
+        r1 = F.getitem(self.R1, (slice(None), slice(0, n)))         # (H, N, k)
+        r2 = F.getitem(self.R2, (slice(None), slice(0, n)))
+        return F.expand_dims(F.matmul(r1, F.swapaxes(r2, -1, -2)), 0)   # (1, H, N, N)
+
+    def attend(self, q, k, v):
+        """q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, Dv); N ≤ max_len."""
+        _, h, _, nq, nk, _ = check_heads(q, k, v, self.name)
+        if nq > self.max_len or nk != nq:
+            raise ValueError(f"synthesizer: sequence length must be ≤ max_len={self.max_len} "
+                             f"and equal for queries and keys, got {nq} and {nk}")
+        k, v = repeat_kv(k, h), repeat_kv(v, h)
+        s = self.logits(q, k)
+        if self.causal:
+            xp = get_array_module(q.data)
+            s = F.masked_fill(s, ~xp.tri(nq, dtype=bool), -math.inf)
+        return F.matmul(F.softmax(s, axis=-1), v)                   # (B, H, N, N) @ (B, H, N, Dv)
