@@ -1,0 +1,68 @@
+"""The harness itself: a ThreadSanitizer run of the real kernels is clean, and a deliberately
+broken copy of the forward kernel (the barrier between loading a K/V tile into shared memory and
+reading it removed, see cuda_emu_harness.BROKEN_MARKER) is caught.
+
+Why the broken kernel is caught reliably: the emulation poisons shared memory with 0xFF bytes
+(NaN) before every block and every thread is a real OS thread that yields at random at each
+scheduling point. Without the barrier the first thread to reach the score loop reads K rows that
+the other 127 threads have not stored yet (NaN in the first tile, the previous tile's values
+later), so the output is NaN or wrong. Each run uses a different scheduling seed; all must fail.
+"""
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import cuda_emu_harness as H
+from minitx.backend import flash_cuda as fc
+
+
+def _inputs(seed):
+    rng = np.random.default_rng(seed)
+    B, Hh, Nq, Nk, D = 1, 2, 33, 70, 32
+    q = rng.standard_normal((B, Hh, Nq, D)).astype(np.float32)
+    k = rng.standard_normal((B, Hh, Nk, D)).astype(np.float32)
+    v = rng.standard_normal((B, Hh, Nk, D)).astype(np.float32)
+    return q, k, v
+
+
+def test_broken_source_removes_exactly_one_barrier():
+    src = fc.kernel_source()
+    broken = H.broken_source(src)
+    assert src.count("__syncthreads()") == broken.count("__syncthreads()") + 1
+
+
+def _detected(lib, seed):
+    """True if the broken forward is wrong vs the reference, non-finite, or hangs."""
+    q, k, v = _inputs(seed)
+    o_ref, lse_ref, _ = H.ref_forward(q, k, v, causal=True)
+    try:
+        o, lse = H.run_isolated(lib, lambda launch, _lib: H.emu_forward(launch, q, k, v, causal=True),
+                                timeout=60, seed=seed)
+    except H.EmuTimeout:
+        return True
+    if not (np.all(np.isfinite(o)) and np.all(np.isfinite(lse))):
+        return True
+    return np.abs(o - o_ref).max() > 1e-5 * max(1.0, np.abs(o_ref).max())
+
+
+def test_correct_kernel_passes_the_same_check(emu_lib):
+    for seed in range(2):
+        assert not _detected(emu_lib, seed)
+
+
+def test_missing_barrier_is_detected(broken_lib):
+    results = [_detected(broken_lib, seed) for seed in range(4)]
+    assert all(results), f"broken kernel slipped through in runs {results}"
+
+
+def test_threadsanitizer_reports_no_race(tsan_exe):
+    env = dict(os.environ, TSAN_OPTIONS="halt_on_error=0 exitcode=66 report_signal_unsafe=0")
+    try:
+        p = subprocess.run([tsan_exe], capture_output=True, text=True, timeout=300, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("TSan run of the emulated forward+backward timed out (deadlock?)")
+    out = p.stdout + p.stderr
+    assert "WARNING: ThreadSanitizer" not in out, out[-4000:]
+    assert p.returncode == 0 and "EMU_MAIN OK" in out, out[-4000:]
