@@ -1,9 +1,12 @@
 """nvcc/ptxas check of every kernel instantiation: compiles for sm_80 and sm_90 with
 -Xptxas -v,-warn-spills,-warn-lmem-usage,-Werror and asserts no spills and no local memory.
 Skips (with the reason) when nvcc is not installed."""
+import pytest
+
 from minitx.backend import cuda_tools, flash_cuda
 
 
+@pytest.mark.slow
 def test_every_instantiation_compiles_without_spills(ptxas_report):
     names = flash_cuda.all_kernel_names()
     assert len(names) == 38

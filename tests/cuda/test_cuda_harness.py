@@ -57,6 +57,7 @@ def test_missing_barrier_is_detected(broken_lib):
     assert all(results), f"broken kernel slipped through in runs {results}"
 
 
+@pytest.mark.slow
 def test_threadsanitizer_reports_no_race(tsan_exe):
     env = dict(os.environ, TSAN_OPTIONS="halt_on_error=0 exitcode=66 report_signal_unsafe=0")
     try:
