@@ -141,8 +141,8 @@ class PerformerAttention(AttentionBase):
 
     def redraw(self) -> None:
         """Draw a new random feature matrix (m, D)."""
-        self.features = Tensor(orthogonal_gaussian(self.num_features, self.head_dim,
-                                                   self.orthogonal))
+        self.features.data = orthogonal_gaussian(self.num_features, self.head_dim,
+                                                 self.orthogonal)
 
     def attend(self, q, k, v):
         """q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, Dv)."""

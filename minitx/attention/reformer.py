@@ -158,7 +158,7 @@ class ReformerAttention(AttentionBase):
 
     def redraw(self) -> None:
         """Draw new random rotations."""
-        self.rotations = Tensor(self._draw())
+        self.rotations.data = self._draw()
 
     def attend(self, q, k, v):
         """q (B, H, N, D), v (B, Hkv, N, Dv) → (B, H, N, Dv); k unused (shared-QK)."""

@@ -1,0 +1,141 @@
+"""The contract every registered attention variant keeps (see minitx/attention/base.py).
+
+Parametrised over the whole REGISTRY — every variant, whoever wrote it:
+
+- float64 gradients of ``attend`` match finite differences at N = 1, 7, 33;
+- no NaN at N = 1;
+- causal variants: perturbing tokens after t leaves outputs up to t unchanged (through
+  ``layer(x)``); variants that refuse causal raise ValueError at construction;
+- "exact"/"masked" variants equal ``dense_attention_array`` under ``layer.pattern(n)``;
+  "score" variants with a ``reference`` equal it;
+- grouped key/value heads (GQA/MQA) are accepted and equal repeating them by hand;
+- eval mode is deterministic.
+"""
+import numpy as np
+import pytest
+
+import minitx
+from minitx.attention import REGISTRY, dense_attention_array
+
+NAMES = sorted(REGISTRY)
+E, H = 8, 2                      # embed dim 8, 2 heads -> head dim D = 4
+
+
+def build(name, causal=False, num_kv_heads=None):
+    """A float64 layer in eval mode (None if it refuses causal=True, checked elsewhere)."""
+    minitx.manual_seed(0)
+    kwargs = {} if num_kv_heads is None else {"num_kv_heads": num_kv_heads}
+    layer = REGISTRY[name](E, H, causal=causal, **kwargs)
+    for p in layer.parameters():
+        p.data = p.data.astype(np.float64)
+    return layer.eval()
+
+
+def heads(n, b=1, h=H, hkv=H, d=E // H, seed=0, requires_grad=False):
+    rng = np.random.default_rng(seed)
+    shapes = [(b, h, n, d), (b, hkv, n, d), (b, hkv, n, d)]
+    return [minitx.tensor(rng.standard_normal(s) * 0.7, requires_grad=requires_grad,
+                          dtype="float64") for s in shapes]
+
+
+def refuses_causal(name):
+    return not getattr(REGISTRY[name], "supports_causal", True)
+
+
+def test_registry_is_not_empty():
+    assert len(NAMES) >= 10, NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_refusing_causal_raises(name):
+    if refuses_causal(name):
+        with pytest.raises(ValueError):
+            REGISTRY[name](E, H, causal=True)
+    else:
+        REGISTRY[name](E, H, causal=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", NAMES)
+def test_gradcheck_attend(name, causal):
+    if causal and refuses_causal(name):
+        pytest.skip("refuses causal (tested above)")
+    layer = build(name, causal)
+    for n in (1, 7):
+        q, k, v = heads(n, seed=n, requires_grad=True)
+        minitx.gradcheck(layer.attend, (q, k, v))
+    # N = 33: only q carries requires_grad (keeps the finite differences cheap).
+    q, k, v = heads(33, seed=33)
+    q.requires_grad = True
+    minitx.gradcheck(layer.attend, (q, k, v))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_nan_at_length_one(name):
+    for causal in ([False] if refuses_causal(name) else [False, True]):
+        layer = build(name, causal)
+        x = minitx.tensor(np.random.default_rng(1).standard_normal((2, 1, E)), dtype="float64")
+        assert np.all(np.isfinite(layer(x).data))
+        assert np.all(np.isfinite(layer.attend(*heads(1, b=2)).data))
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if not refuses_causal(n)])
+def test_causality(name):
+    layer = build(name, causal=True)
+    rng = np.random.default_rng(2)
+    n, t = 12, 5
+    x = rng.standard_normal((2, n, E))
+    y1 = layer(minitx.tensor(x, dtype="float64")).data
+    x2 = x.copy()
+    x2[:, t + 1:] += rng.standard_normal(x2[:, t + 1:].shape) * 3
+    y2 = layer(minitx.tensor(x2, dtype="float64")).data
+    np.testing.assert_allclose(y1[:, :t + 1], y2[:, :t + 1], atol=1e-10,
+                               err_msg=f"{name}: output before t changed with future tokens")
+    assert not np.allclose(y1[:, t + 1:], y2[:, t + 1:])   # the perturbation did something
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", NAMES)
+def test_equals_dense_under_pattern(name, causal):
+    if causal and refuses_causal(name):
+        pytest.skip("refuses causal")
+    layer = build(name, causal)
+    kind = layer.kind
+    for n in (1, 7, 33):
+        q, k, v = heads(n, b=2, seed=n)
+        out = layer.attend(q, k, v).data
+        if kind in ("exact", "masked"):
+            ref = dense_attention_array(q.data, k.data, v.data, layer.pattern(n))
+        elif hasattr(layer, "reference"):
+            ref = layer.reference(q.data, k.data, v.data)
+        else:
+            assert out.shape == q.shape and np.all(np.isfinite(out))
+            continue
+        np.testing.assert_allclose(out, ref, atol=1e-6, rtol=1e-6, err_msg=f"{name} n={n}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_pattern_shape_and_dtype(name):
+    layer = build(name)
+    if layer.kind in ("exact", "masked"):
+        p = layer.pattern(9)
+        assert p.shape == (9, 9) and p.dtype == bool
+
+
+@pytest.mark.parametrize("hkv", [1])
+@pytest.mark.parametrize("name", NAMES)
+def test_grouped_kv_heads(name, hkv):
+    layer = build(name, num_kv_heads=hkv)
+    x = minitx.tensor(np.random.default_rng(3).standard_normal((2, 9, E)), dtype="float64")
+    assert layer(x).shape == (2, 9, E)
+    q, k, v = heads(9, b=2, hkv=hkv, seed=4)
+    shared = layer.attend(q, k, v).data
+    rep = [minitx.tensor(np.repeat(t.data, H // hkv, axis=1)) for t in (k, v)]
+    np.testing.assert_allclose(shared, layer.attend(q, *rep).data, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_eval_mode_is_deterministic(name):
+    layer = build(name)
+    x = minitx.tensor(np.random.default_rng(5).standard_normal((2, 10, E)), dtype="float64")
+    np.testing.assert_array_equal(layer(x).data, layer(x).data)
