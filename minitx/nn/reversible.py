@@ -27,7 +27,7 @@ from ..autograd.function import Function
 from ..autograd.grad_mode import enable_grad, no_grad
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module
-from .module import Module
+from .module import Module, ModuleList
 
 __all__ = ["ReversibleBlock", "ReversibleSequence", "chunked_feed_forward"]
 
@@ -102,7 +102,6 @@ class ReversibleSequence(Module):
 
     def __init__(self, blocks):
         super().__init__()
-        from .layers import ModuleList  # noqa: PLC0415 - avoid an import cycle at load time
         self.blocks = ModuleList(list(blocks))
 
     def forward(self, x1, x2):
