@@ -1,0 +1,601 @@
+"""``Module`` and ``Parameter``: the bookkeeping behind every layer, plus the containers.
+
+A Module is a Python object whose attributes are sorted, on assignment, into three tables:
+
+- ``_parameters``: ``Parameter`` objects (trainable leaf Tensors), e.g. ``self.weight``;
+- ``_buffers``: non-trainable state registered with ``register_buffer`` (e.g. a fixed
+  positional table); persistent buffers are saved in ``state_dict``;
+- ``_modules``: child Modules, e.g. ``self.linear1 = Linear(4, 8)``.
+
+Everything else (``self.eps = 1e-5``) is a plain attribute. Walking the child tables
+recursively gives the dotted names PyTorch uses::
+
+    class Block(Module):
+        def __init__(self):
+            super().__init__()
+            self.linear1 = Linear(4, 8)
+            self.norm = LayerNorm(8)
+
+    [name for name, _ in Block().named_parameters()]
+    # ['linear1.weight', 'linear1.bias', 'norm.weight', 'norm.bias']
+
+``state_dict()`` maps those names to NumPy arrays (parameters, then persistent buffers, for
+each module in pre-order), ``load_state_dict`` checks a mapping against them and copies it
+in, and ``save``/``load`` store the same mapping as an ``.npz`` file.
+
+The containers ``Sequential``, ``ModuleList`` and ``ModuleDict`` register their members
+under the keys "0", "1", ... (or the dict's keys), so ``Sequential(Linear(2, 3))`` has the
+state-dict key ``0.weight``, exactly as in PyTorch.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Callable, Iterable, Iterator, Mapping, NamedTuple
+
+from .. import backend
+from ..autograd.tensor import Tensor
+
+__all__ = ["Parameter", "Module", "Sequential", "ModuleList", "ModuleDict", "IncompatibleKeys"]
+
+
+# ---- Parameter --------------------------------------------------------------------------------
+
+class Parameter(Tensor):
+    """A Tensor that a Module treats as trainable: assigning one to a Module attribute
+    registers it in ``parameters()``.
+
+    ``Parameter(data, requires_grad=True)``: ``data`` is anything ``minitx.tensor`` accepts
+    (a Tensor's array is shared, not copied). Parameters must be floating point.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, data, requires_grad: bool = True):
+        super().__init__(data)
+        if self.data.dtype.kind != "f":
+            raise TypeError(f"Parameter data must be floating point, got dtype {self.data.dtype}")
+        self.requires_grad = bool(requires_grad)
+
+    def __repr__(self) -> str:
+        return "Parameter containing:\n" + super().__repr__()
+
+
+def _copy_to_host(array):
+    """A NumPy copy of ``array`` (from the GPU when needed): a snapshot, never a view."""
+    host = backend.to_device(array, "cpu")
+    return host.copy() if host is array else host
+
+
+def _host_module():
+    """The host array module (NumPy), for file I/O; ``get_array_module()`` of no arrays."""
+    return backend.get_array_module()
+
+
+def _check_name(kind: str, name) -> None:
+    if not isinstance(name, str):
+        raise TypeError(f"{kind} name must be a str, got {type(name).__name__}")
+    if name == "" or "." in name:
+        raise KeyError(f"{kind} name must be non-empty and contain no '.', got {name!r}")
+
+
+class IncompatibleKeys(NamedTuple):
+    """What ``load_state_dict(strict=False)`` skipped: keys the module has that the state
+    lacked (``missing_keys``) and keys of the state the module does not have
+    (``unexpected_keys``)."""
+    missing_keys: list
+    unexpected_keys: list
+
+
+# ---- Module -----------------------------------------------------------------------------------
+
+class Module:
+    """Base class of every layer and model.
+
+    Subclasses call ``super().__init__()`` first, assign Parameters, sub-Modules and buffers
+    as attributes, and define ``forward``; calling the module runs ``forward``.
+
+    ``training`` (True after construction) is switched recursively by ``train()``/``eval()``
+    and read by layers that behave differently when evaluating (``Dropout``).
+    """
+
+    def __init__(self):
+        # object.__setattr__: our own __setattr__ needs these tables to exist already.
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_non_persistent", set())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} does not define forward()")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    # ---- attribute routing ------------------------------------------------------------------
+    def _tables(self):
+        try:
+            return self.__dict__["_parameters"], self.__dict__["_buffers"], self.__dict__["_modules"]
+        except KeyError:
+            raise AttributeError(f"cannot assign parameters, buffers or modules before "
+                                 f"{type(self).__name__}.__init__ calls super().__init__()") from None
+
+    def __setattr__(self, name: str, value) -> None:
+        if isinstance(value, (Parameter, Module)):
+            self._tables()                       # a readable error before super().__init__()
+            self.__dict__.pop(name, None)        # a plain attribute of that name is replaced
+            if isinstance(value, Parameter):
+                self.register_parameter(name, value)
+            else:
+                self.add_module(name, value)
+            return
+        params, buffers, modules = self.__dict__.get("_parameters"), self.__dict__.get("_buffers"), \
+            self.__dict__.get("_modules")
+        if params is not None and name in params:
+            if value is not None:
+                raise TypeError(f"cannot assign {type(value).__name__} as parameter {name!r} "
+                                "(a minitx.nn.Parameter or None is expected)")
+            params[name] = None
+        elif modules is not None and name in modules:
+            if value is not None:
+                raise TypeError(f"cannot assign {type(value).__name__} as child module {name!r} "
+                                "(a Module or None is expected)")
+            modules[name] = None
+        elif buffers is not None and name in buffers:
+            buffers[name] = None if value is None else self._as_buffer(name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str):
+        # Only called when normal lookup fails: look in the three tables.
+        d = self.__dict__
+        for table in ("_parameters", "_buffers", "_modules"):
+            if table in d and name in d[table]:
+                return d[table][name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __delattr__(self, name: str) -> None:
+        for table in (self._parameters, self._buffers, self._modules):
+            if name in table:
+                del table[name]
+                self._non_persistent.discard(name)
+                return
+        object.__delattr__(self, name)
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(self._parameters) | set(self._buffers)
+                      | set(self._modules))
+
+    def _claim(self, name: str, kind: str) -> None:
+        """Remove ``name`` from the other tables / plain attributes before registering it."""
+        _check_name(kind, name)
+        params, buffers, modules = self._tables()
+        if name in self.__dict__:
+            raise KeyError(f"attribute {name!r} already exists on {type(self).__name__} "
+                           f"and is not a {kind}")
+        for table in (params, buffers, modules):
+            table.pop(name, None)
+        self._non_persistent.discard(name)
+
+    # ---- registration -----------------------------------------------------------------------
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
+        """Register ``param`` (a Parameter, or None for an absent one such as ``bias=False``)."""
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"cannot register {type(param).__name__} as parameter {name!r} "
+                            "(a minitx.nn.Parameter or None is expected)")
+        self._claim(name, "parameter")
+        self._parameters[name] = param
+
+    def add_module(self, name: str, module: "Module | None") -> None:
+        """Register ``module`` as a child called ``name``."""
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"{type(module).__name__} is not a Module (child {name!r})")
+        self._claim(name, "module")
+        self._modules[name] = module
+
+    register_module = add_module
+
+    @staticmethod
+    def _as_buffer(name, value) -> Tensor:
+        if isinstance(value, Parameter):
+            raise TypeError(f"buffer {name!r} got a Parameter; register it as a parameter instead")
+        if isinstance(value, Tensor):
+            return value.detach()
+        try:
+            return Tensor(value)
+        except TypeError as exc:
+            raise TypeError(f"buffer {name!r} must be an array or a Tensor, got "
+                            f"{type(value).__name__}") from exc
+
+    def register_buffer(self, name: str, value, persistent: bool = True) -> None:
+        """Register non-trainable state (a Tensor or array, stored as a Tensor, or None).
+
+        Persistent buffers appear in ``state_dict``; non-persistent ones (e.g. a cache that can
+        be recomputed) do not. Buffers move with ``to(device)`` and never require gradients.
+        """
+        self._claim(name, "buffer")
+        self._buffers[name] = None if value is None else self._as_buffer(name, value)
+        if not persistent:
+            self._non_persistent.add(name)
+
+    # ---- traversal --------------------------------------------------------------------------
+    def named_modules(self, prefix: str = "", memo: set | None = None) -> Iterator[tuple[str, "Module"]]:
+        """(name, module) for this module ("" or ``prefix``) and every descendant, pre-order;
+        a module reachable twice is yielded once."""
+        memo = set() if memo is None else memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
+        yield prefix, self
+        for name, child in self._modules.items():
+            if child is not None:
+                yield from child.named_modules(f"{prefix}.{name}" if prefix else name, memo)
+
+    def modules(self) -> Iterator["Module"]:
+        for _, m in self.named_modules():
+            yield m
+
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        """(name, module) for the direct children, in assignment order."""
+        seen = set()
+        for name, child in self._modules.items():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                yield name, child
+
+    def children(self) -> Iterator["Module"]:
+        for _, m in self.named_children():
+            yield m
+
+    def _named_members(self, table: str, recurse: bool, skip=frozenset()):
+        seen = set()
+        modules = self.named_modules() if recurse else [("", self)]
+        for mod_prefix, module in modules:
+            for name, value in getattr(module, table).items():
+                if value is None or id(value) in seen or (table == "_buffers" and name in skip):
+                    continue
+                seen.add(id(value))
+                yield (f"{mod_prefix}.{name}" if mod_prefix else name), value
+
+    def named_parameters(self, recurse: bool = True) -> Iterator[tuple[str, Parameter]]:
+        """(dotted name, Parameter) pairs: for each module in pre-order, its own parameters in
+        registration order. A parameter shared by two modules (tied weights) appears once,
+        under the first name."""
+        return self._named_members("_parameters", recurse)
+
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        for _, p in self.named_parameters(recurse):
+            yield p
+
+    def named_buffers(self, recurse: bool = True) -> Iterator[tuple[str, Tensor]]:
+        return self._named_members("_buffers", recurse)
+
+    def buffers(self, recurse: bool = True) -> Iterator[Tensor]:
+        for _, b in self.named_buffers(recurse):
+            yield b
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        """Total number of scalars in the (distinct) parameters."""
+        return sum(p.size for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    # ---- modes and bulk operations ----------------------------------------------------------
+    def train(self, mode: bool = True) -> "Module":
+        """Set ``training = mode`` on this module and every descendant; returns self."""
+        if not isinstance(mode, bool):
+            raise TypeError(f"train(mode) expects a bool, got {type(mode).__name__}")
+        for m in self.modules():
+            object.__setattr__(m, "training", mode)
+        return self
+
+    def eval(self) -> "Module":
+        """``train(False)``: dropout off, etc. Returns self."""
+        return self.train(False)
+
+    def zero_grad(self) -> None:
+        """Reset every parameter's ``.grad`` to None (the next backward starts from zero)."""
+        for p in self.parameters():
+            p.grad = None
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+        """Freeze (False) or unfreeze (True) every parameter; returns self."""
+        for p in self.parameters():
+            p.requires_grad = bool(requires_grad)
+        return self
+
+    def apply(self, fn: Callable[["Module"], None]) -> "Module":
+        """Call ``fn`` on every descendant (children first) and then on self; returns self.
+
+        >>> model.apply(lambda m: init.zeros_(m.bias) if isinstance(m, Linear) else None)
+        """
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
+    def to(self, device: str | None = None, *, dtype=None) -> "Module":
+        """Move parameters, their gradients and buffers to ``device`` ("cpu" or "cuda") and/or
+        cast floating ones to ``dtype``, in place (the Parameter objects stay the same, so an
+        optimizer built earlier keeps working). Returns self."""
+        if device is not None and device not in ("cpu", "cuda", "gpu"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        target = backend.as_dtype(dtype) if dtype is not None else None
+        if target is not None and target.kind != "f":
+            raise TypeError(f"to(dtype=...) expects a floating dtype, got {target}")
+
+        def convert(array):
+            if device is not None:
+                array = backend.to_device(array, device)
+            if target is not None and array.dtype.kind == "f":
+                array = array.astype(target, copy=False)
+            return array
+
+        for m in self.modules():
+            for t in list(m._parameters.values()) + list(m._buffers.values()):
+                if t is None:
+                    continue
+                t.data = convert(t.data)
+                if t.grad is not None:
+                    t.grad = Tensor._wrap(convert(t.grad.data), False)
+        return self
+
+    # ---- state dict -------------------------------------------------------------------------
+    def _state_entries(self) -> "OrderedDict[str, Tensor]":
+        """key → Tensor for everything in ``state_dict`` (tied weights under every name)."""
+        entries = OrderedDict()
+        for prefix, module in self.named_modules():
+            dot = prefix + "." if prefix else ""
+            for name, p in module._parameters.items():
+                if p is not None:
+                    entries[dot + name] = p
+            for name, b in module._buffers.items():
+                if b is not None and name not in module._non_persistent:
+                    entries[dot + name] = b
+        return entries
+
+    def state_dict(self) -> "OrderedDict[str, object]":
+        """An ordered mapping from dotted names to NumPy arrays: for each module in pre-order,
+        its parameters then its persistent buffers (PyTorch's keys and order).
+
+        The arrays are copies (a snapshot): training afterwards does not change them.
+        """
+        return OrderedDict((k, _copy_to_host(t.data)) for k, t in self._state_entries().items())
+
+    def load_state_dict(self, state: Mapping, strict: bool = True) -> IncompatibleKeys:
+        """Copy ``state`` (name → NumPy array, Tensor, or CuPy array) into the parameters and
+        persistent buffers, in place, keeping each one's dtype and device.
+
+        Everything is checked before anything is written: with ``strict=True`` any missing or
+        unexpected key, and in every mode any shape mismatch or non-numeric value, raises one
+        ``RuntimeError`` listing all problems, and the module is left unchanged. With
+        ``strict=False`` the keys present in both are loaded and the skipped ones returned.
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"load_state_dict expects a mapping of name -> array, got "
+                            f"{type(state).__name__}")
+        entries = self._state_entries()
+        missing = [k for k in entries if k not in state]
+        unexpected = [k for k in state if k not in entries]
+        problems, arrays = [], {}
+        for key, target in entries.items():
+            if key not in state:
+                continue
+            value = state[key]
+            array = value.data if isinstance(value, Tensor) else value
+            if not hasattr(array, "shape") or not hasattr(array, "dtype"):
+                problems.append(f"{key}: expected an array or Tensor, got {type(value).__name__}")
+                continue
+            if array.dtype.kind not in "biuf":
+                problems.append(f"{key}: expected numeric data, got dtype {array.dtype}")
+            elif tuple(array.shape) != tuple(target.shape):
+                problems.append(f"{key}: shape {tuple(array.shape)} in the state does not match "
+                                f"shape {tuple(target.shape)} in the module")
+            else:
+                arrays[key] = array
+        if strict:
+            if missing:
+                problems.insert(0, "missing key(s): " + ", ".join(missing))
+            if unexpected:
+                problems.insert(1 if missing else 0, "unexpected key(s): " + ", ".join(unexpected))
+        if problems:
+            raise RuntimeError(f"error(s) loading state_dict into {type(self).__name__} "
+                               "(nothing was changed):\n  " + "\n  ".join(problems))
+        for key, array in arrays.items():
+            target = entries[key]
+            target.data[...] = backend.to_device(array, target.device).astype(target.dtype,
+                                                                             copy=False)
+        return IncompatibleKeys(missing, unexpected)
+
+    @staticmethod
+    def _npz_path(path) -> str:
+        path = os.fspath(path)
+        return path if path.endswith(".npz") else path + ".npz"
+
+    def save(self, path) -> str:
+        """Write ``state_dict()`` to an ``.npz`` file (".npz" is appended when missing); returns
+        the path written. Plain arrays only, so loading never unpickles."""
+        path = self._npz_path(path)
+        _host_module().savez(path, **self.state_dict())
+        return path
+
+    def load(self, path, strict: bool = True) -> IncompatibleKeys:
+        """Read an ``.npz`` written by ``save`` (with ``allow_pickle=False``) and
+        ``load_state_dict`` it."""
+        with _host_module().load(self._npz_path(path), allow_pickle=False) as archive:
+            state = OrderedDict((k, archive[k]) for k in archive.files)
+        return self.load_state_dict(state, strict=strict)
+
+    # ---- printing ---------------------------------------------------------------------------
+    def extra_repr(self) -> str:
+        """The text inside ``Name(...)`` for this module's own settings (override in layers)."""
+        return ""
+
+    def __repr__(self) -> str:
+        extra = self.extra_repr()
+        if not self._modules:
+            return f"{type(self).__name__}({extra})"
+        lines = [extra] if extra else []
+        for name, child in self._modules.items():
+            body = repr(child).replace("\n", "\n  ")
+            lines.append(f"({name}): {body}")
+        return f"{type(self).__name__}(\n  " + "\n  ".join(lines) + "\n)"
+
+
+# ---- containers -------------------------------------------------------------------------------
+
+def _norm_index(index: int, length: int, kind: str) -> int:
+    if not isinstance(index, int):
+        raise TypeError(f"{kind} indices must be int or slice, got {type(index).__name__}")
+    if not -length <= index < length:
+        raise IndexError(f"{kind} index {index} out of range for length {length}")
+    return index % length
+
+
+class Sequential(Module):
+    """Modules applied one after another: ``forward(x) = m_n(...m_2(m_1(x)))``.
+
+    ``Sequential(m1, m2, ...)`` names the members "0", "1", ...; ``Sequential(OrderedDict)``
+    uses the dict's keys. Indexing (``seq[0]``, ``seq[-1]``, ``seq[1:]`` → a Sequential),
+    ``len`` and iteration work like a list.
+    """
+
+    def __init__(self, *modules):
+        super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], Mapping):
+            for name, m in modules[0].items():
+                self.add_module(name, m)
+        else:
+            for i, m in enumerate(modules):
+                self.add_module(str(i), m)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+    def __getitem__(self, index):
+        items = list(self._modules.items())
+        if isinstance(index, slice):
+            return Sequential(OrderedDict(items[index]))
+        return items[_norm_index(index, len(items), "Sequential")][1]
+
+    def append(self, module: Module) -> "Sequential":
+        self.add_module(str(len(self)), module)
+        return self
+
+    def forward(self, x):
+        for module in self._modules.values():
+            x = module(x)
+        return x
+
+
+class ModuleList(Module):
+    """A list of Modules whose parameters are registered (a plain Python list's are not).
+
+    Members are named "0", "1", ...; supports ``append``, ``extend``, ``insert``, indexing
+    and slicing (a slice is a new ModuleList sharing the members), item assignment and
+    deletion (names are renumbered), ``len`` and iteration. It has no ``forward``.
+    """
+
+    def __init__(self, modules: Iterable[Module] | None = None):
+        super().__init__()
+        if modules is not None:
+            self.extend(modules)
+
+    def _members(self) -> list:
+        return list(self._modules.values())
+
+    def _reset(self, members) -> None:
+        self._modules.clear()
+        for i, m in enumerate(members):
+            self.add_module(str(i), m)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._members())
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return ModuleList(self._members()[index])
+        return self._members()[_norm_index(index, len(self), "ModuleList")]
+
+    def __setitem__(self, index: int, module: Module) -> None:
+        self.add_module(str(_norm_index(index, len(self), "ModuleList")), module)
+
+    def __delitem__(self, index) -> None:
+        members = self._members()
+        if isinstance(index, slice):
+            del members[index]
+        else:
+            del members[_norm_index(index, len(members), "ModuleList")]
+        self._reset(members)
+
+    def append(self, module: Module) -> "ModuleList":
+        self.add_module(str(len(self)), module)
+        return self
+
+    def extend(self, modules: Iterable[Module]) -> "ModuleList":
+        for m in modules:
+            self.append(m)
+        return self
+
+    def insert(self, index: int, module: Module) -> None:
+        members = self._members()
+        members.insert(index, module)
+        self._reset(members)
+
+
+class ModuleDict(Module):
+    """A dict of Modules whose parameters are registered, in insertion order.
+
+    ``md["enc"] = Linear(2, 2)``, ``md["enc"]``, ``del md["enc"]``, ``"enc" in md``, ``len``,
+    iteration over keys, ``keys()/values()/items()``, ``update`` and ``pop``.
+    """
+
+    def __init__(self, modules: Mapping[str, Module] | Iterable | None = None):
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def __getitem__(self, key: str) -> Module:
+        if key not in self._modules:
+            raise KeyError(f"ModuleDict has no key {key!r}; keys: {list(self._modules)}")
+        return self._modules[key]
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        self.add_module(key, module)
+
+    def __delitem__(self, key: str) -> None:
+        self[key]  # noqa: B018 - raises the readable KeyError
+        del self._modules[key]
+
+    def __contains__(self, key) -> bool:
+        return key in self._modules
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._modules))
+
+    def keys(self):
+        return list(self._modules.keys())
+
+    def values(self):
+        return list(self._modules.values())
+
+    def items(self):
+        return list(self._modules.items())
+
+    def update(self, modules) -> None:
+        pairs = modules.items() if isinstance(modules, Mapping) else modules
+        for key, module in pairs:
+            self[key] = module
+
+    def pop(self, key: str) -> Module:
+        module = self[key]
+        del self[key]
+        return module
