@@ -16,6 +16,17 @@ from .autograd import (Function, Tensor, checkpoint, enable_grad, gradcheck,
 from . import ops
 from . import functional
 
+_SUBPACKAGES = ("nn", "optim", "attention", "data", "viz")
+
+
+def __getattr__(name):
+    """Import the larger subpackages on first use (``minitx.nn``, ``minitx.attention``, ...)."""
+    if name in _SUBPACKAGES:
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'minitx' has no attribute {name!r}")
+
+
 __all__ = ["__version__", "Tensor", "tensor", "Function", "no_grad", "enable_grad",
            "is_grad_enabled", "set_grad_enabled", "gradcheck", "checkpoint", "manual_seed",
            "set_backend", "get_backend", "get_array_module", "gpu_available", "functional",
