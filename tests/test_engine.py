@@ -1,0 +1,266 @@
+"""The backward engine: deep chains, shared inputs, accumulation, retain_graph, no_grad,
+freeing the graph, the shape/dtype check, checkpointing and seeded randomness."""
+import sys
+
+import numpy as np
+import pytest
+
+import minitx
+import minitx.functional as F
+from minitx import Function
+from minitx.autograd import topological_order
+
+
+def arr(t):
+    return t.numpy()
+
+
+def leaf(a):
+    return minitx.tensor(a, requires_grad=True)
+
+
+def test_100k_op_chain_backprops_without_recursion_error():
+    assert sys.getrecursionlimit() < 100_000      # a recursive engine could not do this
+    x = leaf(np.array([1.0]))
+    y = x
+    for _ in range(50_000):                        # 100,000 ops: mul and add alternate
+        y = y * 1.0
+        y = y + 0.0
+    y.sum().backward()
+    np.testing.assert_array_equal(arr(x.grad), [1.0])
+
+
+def test_diamond_graph_sums_gradients(rng):
+    a = rng.standard_normal(5)
+    x = leaf(a)
+    u = x * 3.0                        # x feeds two branches that meet again
+    v = F.exp(x)
+    (u * v).sum().backward()           # d/dx (3x eˣ) = 3eˣ + 3x eˣ
+    np.testing.assert_allclose(arr(x.grad), 3 * np.exp(a) + 3 * a * np.exp(a))
+
+    y = leaf(a)
+    (y * y + y).sum().backward()       # x used three times
+    np.testing.assert_allclose(arr(y.grad), 2 * a + 1)
+
+
+def test_gradients_accumulate_across_backward_calls(rng):
+    a = rng.standard_normal(4)
+    x = leaf(a)
+    (x * x).sum().backward()
+    (x * 5.0).sum().backward()
+    np.testing.assert_allclose(arr(x.grad), 2 * a + 5)
+    x.zero_grad()
+    assert x.grad is None
+
+
+def test_retain_graph_allows_second_backward(rng):
+    a = rng.standard_normal(3)
+    x = leaf(a)
+    y = (F.exp(x) * x).sum()
+    y.backward(retain_graph=True)
+    first = arr(x.grad).copy()
+    y.backward()
+    np.testing.assert_allclose(arr(x.grad), 2 * first)
+
+
+def test_second_backward_without_retain_graph_raises(rng):
+    x = leaf(rng.standard_normal(3))
+    y = (F.tanh(x) * 2.0).sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match="second time.*retain_graph"):
+        y.backward()
+
+
+def test_no_grad_records_nothing(rng):
+    x = leaf(rng.standard_normal(3))
+    with minitx.no_grad():
+        assert not minitx.is_grad_enabled()
+        y = F.softmax(x * 2.0 + 1.0)
+        with minitx.enable_grad():
+            z = x * 2.0
+    assert minitx.is_grad_enabled()
+    assert not y.requires_grad and y._ctx is None
+    assert z.requires_grad and z._ctx is not None
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        y.sum().backward()
+
+
+def test_no_inputs_requiring_grad_records_nothing(rng):
+    y = minitx.tensor(rng.standard_normal(3)) * 2.0
+    assert not y.requires_grad and y._ctx is None
+
+
+def test_graph_is_freed_after_backward(rng):
+    x = leaf(rng.standard_normal((3, 4)))
+    w = leaf(rng.standard_normal((4, 2)))
+    out = F.softmax(F.tanh(x @ w), -1).sum()
+    nodes = topological_order(out._ctx)
+    assert len(nodes) == 4
+    assert any(n.saved_tensors for n in nodes)     # something was saved for backward
+    out.backward()
+    for n in nodes:
+        assert n.freed and n.saved_tensors is None
+        assert not n.__dict__                      # attributes set by forward dropped too
+
+
+def test_retain_graph_keeps_saved_arrays(rng):
+    x = leaf(rng.standard_normal(3))
+    out = F.exp(x).sum()
+    out.backward(retain_graph=True)
+    assert all(not n.freed for n in topological_order(out._ctx))
+
+
+def test_topological_order_puts_consumers_first(rng):
+    x = leaf(rng.standard_normal(2))
+    a = x * 2.0
+    b = a + x
+    c = b * a
+    order = topological_order(c._ctx)
+    position = {n: i for i, n in enumerate(order)}
+    assert order[0] is c._ctx
+    assert position[b._ctx] < position[a._ctx]
+
+
+class WrongShape(Function):
+    """Deliberately broken: backward returns a gradient of the wrong shape."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.sum(axis=0)
+
+
+class WrongDtype(Function):
+    """Deliberately broken: backward returns float32 for a float64 input."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (grad * 2).astype("float32")
+
+
+def test_engine_shape_check_names_the_function(rng):
+    x = leaf(rng.standard_normal((3, 2)))
+    with pytest.raises(RuntimeError, match=r"WrongShape\.backward.*shape.*\(2,\).*\(3, 2\)"):
+        WrongShape.apply(x).sum().backward()
+
+
+def test_engine_dtype_check_names_the_function(rng):
+    x = leaf(rng.standard_normal((3, 2)))
+    with pytest.raises(RuntimeError, match=r"WrongDtype\.backward.*dtype float32.*float64"):
+        WrongDtype.apply(x).sum().backward()
+
+
+def test_backward_grad_argument_is_checked(rng):
+    x = leaf(rng.standard_normal((3, 2)))
+    with pytest.raises(ValueError, match="shape"):
+        (x * 2).backward(minitx.tensor(np.ones((2, 3))))
+
+
+def test_backward_on_a_leaf():
+    x = leaf(np.array([2.0]))
+    x.backward()
+    np.testing.assert_array_equal(arr(x.grad), [1.0])
+
+
+# ---- checkpoint ---------------------------------------------------------------------------
+
+def saved_footprint(out):
+    """(number of arrays, bytes) held in ``saved_tensors`` by the graph behind ``out``."""
+    count = nbytes = 0
+    for ctx in topological_order(out._ctx):
+        for a in ctx.saved_tensors or ():
+            if hasattr(a, "nbytes"):
+                count += 1
+                nbytes += a.nbytes
+    return count, nbytes
+
+
+def make_block(rng, p_drop=0.0):
+    w1 = leaf(rng.standard_normal((16, 32)) * 0.3)
+    w2 = leaf(rng.standard_normal((32, 16)) * 0.3)
+
+    def block(h):                      # closes over the parameters w1, w2
+        z = F.gelu(h @ w1)
+        if p_drop:
+            z = F.dropout(z, p_drop)
+        z = F.tanh(z @ w2)
+        return F.layer_norm(z + h, 16)
+    return block, (w1, w2)
+
+
+@pytest.mark.parametrize("p_drop", [0.0, 0.3])
+def test_checkpoint_gives_identical_gradients(p_drop, rng):
+    block, params = make_block(rng, p_drop)
+    a = rng.standard_normal((8, 16))
+
+    def run(use_checkpoint):
+        minitx.manual_seed(7)
+        x = leaf(a)
+        for p in params:
+            p.grad = None
+        h = x
+        for _ in range(3):
+            h = minitx.checkpoint(block, h) if use_checkpoint else block(h)
+        loss = (h * h).sum()
+        loss.backward()
+        return arr(loss), arr(x.grad), [arr(p.grad) for p in params]
+
+    loss_d, gx_d, gp_d = run(False)
+    loss_c, gx_c, gp_c = run(True)
+    np.testing.assert_array_equal(loss_c, loss_d)
+    np.testing.assert_allclose(gx_c, gx_d, rtol=1e-12, atol=1e-14)
+    for a_, b_ in zip(gp_c, gp_d):
+        np.testing.assert_allclose(a_, b_, rtol=1e-12, atol=1e-14)
+
+
+def test_checkpoint_restores_rng_for_dropout_and_leaves_stream_untouched(rng):
+    a = rng.standard_normal((4, 50))
+    minitx.manual_seed(3)
+    x = leaf(a)
+    y = minitx.checkpoint(lambda t: F.dropout(t, 0.5) * 1.0, x)
+    after_forward = minitx.backend.rng().bit_generator.state
+    y.sum().backward()
+    assert minitx.backend.rng().bit_generator.state == after_forward
+    kept = arr(y) != 0                        # the recomputed mask equals the forward mask
+    np.testing.assert_allclose(arr(x.grad), np.where(kept, 2.0, 0.0))
+
+
+def test_checkpoint_grads_reach_parameters_when_input_needs_none(rng):
+    block, (w1, w2) = make_block(rng)
+    x = minitx.tensor(rng.standard_normal((4, 16)))   # no requires_grad
+    minitx.checkpoint(block, x).sum().backward()
+    assert w1.grad is not None and w2.grad is not None
+
+
+def test_checkpoint_saves_less_memory(rng):
+    block, _ = make_block(rng)
+    a = rng.standard_normal((64, 16))
+    direct = block(leaf(a))
+    ckpt = minitx.checkpoint(block, leaf(a))
+    n_direct, bytes_direct = saved_footprint(direct)
+    n_ckpt, bytes_ckpt = saved_footprint(ckpt)
+    assert n_ckpt == 1 and bytes_ckpt == a.nbytes             # only the block's input
+    assert n_direct > 5 and bytes_direct > 4 * bytes_ckpt
+
+
+# ---- seeding -----------------------------------------------------------------------------
+
+def test_manual_seed_reproducibility(rng):
+    x = minitx.tensor(np.ones((6, 7)))
+    minitx.manual_seed(11)
+    first = arr(F.dropout(x, 0.5))
+    draw1 = minitx.backend.rng().random(3)
+    minitx.manual_seed(11)
+    np.testing.assert_array_equal(arr(F.dropout(x, 0.5)), first)
+    np.testing.assert_array_equal(minitx.backend.rng().random(3), draw1)
+    minitx.manual_seed(12)
+    assert not np.array_equal(arr(F.dropout(x, 0.5)), first)
+    with pytest.raises(ValueError):
+        minitx.manual_seed(-1)
