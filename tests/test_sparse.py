@@ -72,6 +72,7 @@ def test_render_pattern():
     ("dilated", {"window": 2, "dilation": 3, "block_size": 4}),
     ("longformer", {"window": 2, "global_tokens": (0, 5, -1), "block_size": 8}),
     ("longformer", {"window": 1, "dilation": 2, "global_tokens": ()}),
+    ("longformer", {"window": 2, "dilation": (1, 3), "global_tokens": (3,), "block_size": 4}),
     ("bigbird", {"block": 3, "num_random": 2, "num_global": 1}),
     ("bigbird", {"block": 5, "num_random": 0, "num_global": 2, "seed": 7}),
     ("strided", {"stride": 5}), ("fixed", {"stride": 6, "summary": 2})])
@@ -106,6 +107,16 @@ def test_gradients_equal_dense_masked(name):
         grads.append([x.grad.data for x in t])
     for a, b in zip(*grads):
         np.testing.assert_allclose(a, b, atol=1e-10)
+
+
+def test_longformer_dilation_per_head():
+    layer = REGISTRY["longformer"](16, 2, window=1, dilation=(1, 2), global_tokens=())
+    p = layer.pattern(8)
+    assert p.shape == (2, 8, 8)
+    np.testing.assert_array_equal(p[0], dilated_mask(8, 1, 1))
+    np.testing.assert_array_equal(p[1], dilated_mask(8, 1, 2))
+    with pytest.raises(ValueError, match="per head"):
+        REGISTRY["longformer"](16, 2, dilation=(1, 2, 3))
 
 
 def test_bad_options_raise():

@@ -213,17 +213,22 @@ class LongformerAttention(SparseAttentionBase):
     Global tokens (``global_tokens``, default (0,): a [CLS]-like first token) attend to all
     positions and all positions attend to them (causal: only to earlier ones). Exact under
     ``longformer_mask``. Time O(N·(b + 2wd + g)·D + g·N·D).
-    Options: ``window`` (4), ``global_tokens`` (indices, negative allowed), ``dilation`` (1),
-    ``block_size``. (The paper varies dilation per head; here all heads share one pattern so
-    that ``pattern(n)`` is a single mask.)
+    Options: ``window`` (4), ``global_tokens`` (indices, negative allowed), ``dilation`` (1;
+    or one dilation per head, as the paper does — e.g. (1, 2) for 2 heads — and then
+    ``pattern(n)`` is (H, n, n), one mask per head), ``block_size``.
     """
 
     def __init__(self, embed_dim, num_heads, causal=False, window: int = 4,
-                 global_tokens=(0,), dilation: int = 1, **options):
+                 global_tokens=(0,), dilation=1, **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
         _check_int("window", window, 0)
-        _check_int("dilation", dilation, 1)
-        self.window, self.dilation = window, dilation
+        per_head = isinstance(dilation, (tuple, list))
+        dilations = tuple(dilation) if per_head else (dilation,)
+        if per_head and len(dilations) != num_heads:
+            raise ValueError(f"dilation per head needs {num_heads} values, got {len(dilations)}")
+        for d in dilations:
+            _check_int("dilation", d, 1)
+        self.window, self.dilation = window, (dilations if per_head else dilation)
         self.global_tokens = tuple(int(t) for t in global_tokens)
 
     def _globals(self, n):
@@ -235,13 +240,28 @@ class LongformerAttention(SparseAttentionBase):
 
     def _rule(self, n):
         _, mask = self._globals(n)
-        return lambda i, j: longformer_rule(i, j, self.window, mask, self.dilation, self.causal)
+        if not isinstance(self.dilation, tuple):
+            return lambda i, j: longformer_rule(i, j, self.window, mask, self.dilation, self.causal)
+        per_head = active_xp().asarray(self.dilation)
+
+        def rule(i, j):                       # a leading head axis: (H, ...) masks
+            d = per_head.reshape((-1,) + (1,) * max(i.ndim, j.ndim))
+            return longformer_rule(i, j, self.window, mask, d, self.causal)
+        return rule
+
+    def pattern(self, n: int):
+        """(n, n) bool mask, or (H, n, n) with a dilation per head."""
+        if not isinstance(self.dilation, tuple):
+            return super().pattern(n)
+        xp = active_xp()
+        return self._rule(n)(xp.arange(n)[:, None], xp.arange(n)[None, :])
 
     def _layout(self, n):
         xp = active_xp()
         rows, _ = self._globals(n)
         b = min(self.block_size, n)
-        reach = self.window * self.dilation
+        dil = max(self.dilation) if isinstance(self.dilation, tuple) else self.dilation
+        reach = self.window * dil
         window = _window_index(n, b, reach, 0 if self.causal else reach)
         extra = xp.broadcast_to(rows[None, :], (window.shape[0], rows.shape[0]))
         return b, xp.concatenate([window, extra], axis=1), rows
