@@ -167,15 +167,16 @@ class Module:
         return sorted(set(super().__dir__()) | set(self._parameters) | set(self._buffers)
                       | set(self._modules))
 
-    def _claim(self, name: str, kind: str) -> None:
-        """Remove ``name`` from the other tables / plain attributes before registering it."""
+    def _claim(self, name: str, kind: str, own: dict) -> None:
+        """Remove ``name`` from the *other* tables before registering it in ``own`` (where a
+        re-registration keeps its position, so ``seq[0] = m`` stays first)."""
         _check_name(kind, name)
-        params, buffers, modules = self._tables()
         if name in self.__dict__:
             raise KeyError(f"attribute {name!r} already exists on {type(self).__name__} "
                            f"and is not a {kind}")
-        for table in (params, buffers, modules):
-            table.pop(name, None)
+        for table in self._tables():
+            if table is not own:
+                table.pop(name, None)
         self._non_persistent.discard(name)
 
     # ---- registration -----------------------------------------------------------------------
@@ -184,14 +185,14 @@ class Module:
         if param is not None and not isinstance(param, Parameter):
             raise TypeError(f"cannot register {type(param).__name__} as parameter {name!r} "
                             "(a minitx.nn.Parameter or None is expected)")
-        self._claim(name, "parameter")
+        self._claim(name, "parameter", self._tables()[0])
         self._parameters[name] = param
 
     def add_module(self, name: str, module: "Module | None") -> None:
         """Register ``module`` as a child called ``name``."""
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"{type(module).__name__} is not a Module (child {name!r})")
-        self._claim(name, "module")
+        self._claim(name, "module", self._tables()[2])
         self._modules[name] = module
 
     register_module = add_module
@@ -214,7 +215,7 @@ class Module:
         Persistent buffers appear in ``state_dict``; non-persistent ones (e.g. a cache that can
         be recomputed) do not. Buffers move with ``to(device)`` and never require gradients.
         """
-        self._claim(name, "buffer")
+        self._claim(name, "buffer", self._tables()[1])
         self._buffers[name] = None if value is None else self._as_buffer(name, value)
         if not persistent:
             self._non_persistent.add(name)
