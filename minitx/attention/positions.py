@@ -1,1 +1,303 @@
-"""(being written)"""
+"""Position schemes: how attention, which is permutation-equivariant, learns about order.
+
+Without positions, self-attention treats its input as a *set*: permuting the tokens permutes
+the outputs the same way. Five ways to break the symmetry:
+
+1. **Sinusoidal** (Vaswani et al. 2017): add a fixed code to each embedding,
+   PE(pos, 2i) = sin(pos / base^(2i/d)),  PE(pos, 2i+1) = cos(pos / base^(2i/d)).
+2. **Learned absolute**: add a trained vector per position (GPT-2, BERT).
+3. **Relative position representations** (Shaw, Uszkoreit & Vaswani 2018): learned vectors
+   for the clipped distance r = clip(j − i, −k, k), added on the key side of the score and to
+   the values:  e_ij = q_i·(k_j + a^K_r)/√D,   z_i = Σ_j α_ij (v_j + a^V_r).
+4. **RoPE** (Su et al. 2021, "RoFormer"): rotate each pair (x_{2i}, x_{2i+1}) of q and k by
+   the angle m·θ_i, θ_i = base^(−2i/D). Since rotations compose, ⟨R_m q, R_n k⟩ = ⟨q, R_{n−m} k⟩
+   depends only on the offset n − m.
+5. **ALiBi** (Press, Smith & Lewis 2021, "Train Short, Test Long"): no embeddings at all; add
+   −m_h·|i − j| to the scores, with one fixed slope m_h per head.
+
+Registered score-kind variants: ``relative``, ``rope``, ``alibi``. All use bottom-right
+alignment: with Nq queries and Nk keys, query i sits at position i + Nk − Nq (so they work
+with a KV cache).
+"""
+from __future__ import annotations
+
+import math
+
+from ..autograd.function import Function
+from ..autograd.tensor import Tensor
+from ..backend import get_array_module, xp as active_xp
+from ..nn import init
+from ..nn.module import Module, Parameter
+from ..ops.dropout import dropout
+from ..ops.indexing import getitem
+from ..ops.linalg import einsum
+from .base import register
+from .exact import ExactSelfAttention
+
+__all__ = ["sinusoidal_positions", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding",
+           "relative_position_index", "RelativePositionAttention", "rope_angles", "apply_rope",
+           "RoPEFunction", "RoPEAttention", "alibi_slopes", "alibi_bias", "ALiBiAttention"]
+
+
+def _query_positions(nq: int, nk: int, xp):
+    """Absolute positions of the queries: the last Nq of Nk (bottom-right alignment)."""
+    return xp.arange(nk - nq, nk)
+
+
+# ---- 1. sinusoidal -----------------------------------------------------------------------
+
+def sinusoidal_positions(n: int, d: int, base: float = 10000.0, offset: int = 0, xp=None,
+                         dtype="float32"):
+    """The (n, d) table PE[pos, 2i] = sin(pos·ω_i), PE[pos, 2i+1] = cos(pos·ω_i),
+    ω_i = base^(−2i/d), for pos = offset … offset + n − 1 (Vaswani et al. 2017, §3.5).
+
+    Each pair is a clock of wavelength 2π/ω_i (from 2π to 2π·base): PE(pos + k) is a fixed
+    linear (rotation) function of PE(pos). Odd d: the last column is a sine.
+    """
+    if not isinstance(d, int) or d <= 0:
+        raise ValueError(f"sinusoidal_positions: d must be a positive int, got {d!r}")
+    xp = xp or active_xp()
+    pos = xp.arange(offset, offset + n, dtype="float64")[:, None]        # (n, 1)
+    omega = base ** (-xp.arange(0, d, 2, dtype="float64") / d)           # (⌈d/2⌉,)
+    angles = pos * omega                                                 # (n, ⌈d/2⌉)
+    pe = xp.empty((n, d), dtype="float64")
+    pe[:, 0::2] = xp.sin(angles)
+    pe[:, 1::2] = xp.cos(angles[:, : d // 2])
+    return pe.astype(dtype)
+
+
+class SinusoidalPositionalEncoding(Module):
+    """x + PE[offset : offset + N] (then dropout): fixed sinusoidal positions, no parameters.
+
+    x (B, N, E) → (B, N, E). ``offset`` is the position of the first token (for cached
+    decoding). No length limit: the table is computed on demand.
+    """
+
+    def __init__(self, d_model: int, dropout: float = 0.0, base: float = 10000.0):
+        super().__init__()
+        if not isinstance(d_model, int) or d_model <= 0:
+            raise ValueError(f"SinusoidalPositionalEncoding: d_model must be a positive int, "
+                             f"got {d_model!r}")
+        self.d_model, self.p, self.base = d_model, float(dropout), float(base)
+
+    def forward(self, x, offset: int = 0):
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"SinusoidalPositionalEncoding: x must end in d_model="
+                             f"{self.d_model}, got shape {tuple(x.shape)}")
+        xp = get_array_module(x.data)
+        pe = sinusoidal_positions(x.shape[-2], self.d_model, self.base, offset, xp, x.dtype)
+        return dropout(x + pe, self.p, self.training)
+
+
+# ---- 2. learned absolute -----------------------------------------------------------------
+
+class LearnedPositionalEmbedding(Module):
+    """x + W[offset : offset + N] with a trained table W (max_len, E) (GPT-2's ``wpe``).
+
+    Parameter ``weight`` (max_len, E), initialised N(0, 0.02²). Positions ≥ max_len raise.
+    """
+
+    def __init__(self, max_len: int, d_model: int):
+        super().__init__()
+        for name, val in (("max_len", max_len), ("d_model", d_model)):
+            if not isinstance(val, int) or val <= 0:
+                raise ValueError(f"LearnedPositionalEmbedding: {name} must be a positive int, "
+                                 f"got {val!r}")
+        self.max_len, self.d_model = max_len, d_model
+        self.weight = Parameter(active_xp().zeros((max_len, d_model), dtype="float32"))
+        init.normal_(self.weight, 0.0, 0.02)
+
+    def positions(self, n: int, offset: int = 0):
+        """The (n, E) slice of the table for positions offset … offset + n − 1."""
+        if offset < 0 or offset + n > self.max_len:
+            raise ValueError(f"LearnedPositionalEmbedding: positions {offset}…{offset + n - 1} "
+                             f"exceed max_len={self.max_len}")
+        return getitem(self.weight, slice(offset, offset + n))
+
+    def forward(self, x, offset: int = 0):
+        return x + self.positions(x.shape[-2], offset)
+
+
+# ---- 3. relative position representations (Shaw et al. 2018) -----------------------------
+
+def relative_position_index(nq: int, nk: int, max_distance: int, xp=None):
+    """(Nq, Nk) ints in [0, 2k]: clip(j − pos_i, −k, k) + k, pos_i = i + Nk − Nq."""
+    xp = xp or active_xp()
+    rel = xp.arange(nk)[None, :] - _query_positions(nq, nk, xp)[:, None]   # j − i
+    return xp.clip(rel, -max_distance, max_distance) + max_distance
+
+
+@register("relative")
+class RelativePositionAttention(ExactSelfAttention):
+    """Shaw, Uszkoreit & Vaswani (2018), "Self-Attention with Relative Position
+    Representations". kind "score".
+
+        r_ij = clip(j − i, −k, k)
+        e_ij = (q_i · k_j + q_i · a^K_{r_ij}) / √D
+        z_i  = Σ_j α_ij (v_j + a^V_{r_ij}),       α = softmax_j(e)
+
+    Parameters ``rel_k``, ``rel_v`` (2k + 1, D), shared by the heads (as in the paper).
+    Option ``max_relative_position`` k (default 8). The key term enters ``scaled_dot_product_
+    attention`` as a differentiable float bias. Extra memory O(Nq·Nk·D) for the gathered
+    embeddings.
+    """
+
+    kind = "score"
+
+    def __init__(self, embed_dim, num_heads, causal=False, max_relative_position: int = 8,
+                 **options):
+        super().__init__(embed_dim, num_heads, causal=causal, **options)
+        if not isinstance(max_relative_position, int) or max_relative_position < 0:
+            raise ValueError(f"relative: max_relative_position must be a non-negative int, "
+                             f"got {max_relative_position!r}")
+        self.max_relative_position = max_relative_position
+        r = 2 * max_relative_position + 1
+        self.rel_k = Parameter(active_xp().zeros((r, self.head_dim), dtype="float32"))
+        self.rel_v = Parameter(active_xp().zeros((r, self.head_dim), dtype="float32"))
+        init.normal_(self.rel_k, 0.0, 0.1)
+        init.normal_(self.rel_v, 0.0, 0.1)
+
+    def _index(self, nq, nk, like):
+        return relative_position_index(nq, nk, self.max_relative_position,
+                                       get_array_module(like.data))
+
+    def score_bias(self, q, k):
+        nq, nk = q.shape[2], k.shape[2]
+        a_k = getitem(self.rel_k, self._index(nq, nk, q))          # (Nq, Nk, D)
+        # (B, H, Nq, D) · (Nq, Nk, D) -> (B, H, Nq, Nk):  q_i · a^K_ij, scaled like q·k
+        return einsum("bhqd,qkd->bhqk", q, a_k) * self.scale
+
+    def value_term(self, weights, nq, nk):
+        a_v = getitem(self.rel_v, self._index(nq, nk, weights))    # (Nq, Nk, D)
+        # (B, H, Nq, Nk) · (Nq, Nk, D) -> (B, H, Nq, D):  Σ_j α_ij a^V_ij
+        return einsum("bhqk,qkd->bhqd", weights, a_v)
+
+
+# ---- 4. RoPE (Su et al. 2021) ------------------------------------------------------------
+
+def rope_angles(positions, d: int, base: float = 10000.0):
+    """(N, D/2) angles m·θ_i for positions m (N,) and θ_i = base^(−2i/D), i = 0 … D/2 − 1."""
+    if not isinstance(d, int) or d <= 0 or d % 2:
+        raise ValueError(f"rope: head dim D must be a positive even int, got {d!r}")
+    xp = get_array_module(positions)
+    theta = base ** (-xp.arange(0, d, 2, dtype="float64") / d)            # (D/2,)
+    return xp.asarray(positions, dtype="float64")[:, None] * theta[None, :]
+
+
+def _rotate_pairs(x, cos, sin):
+    """Rotate each pair (x_{2i}, x_{2i+1}) by the angle whose cos/sin are given (…, N, D/2)."""
+    xp = get_array_module(x)
+    out = xp.empty_like(x)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out[..., 0::2] = even * cos - odd * sin
+    out[..., 1::2] = even * sin + odd * cos
+    return out
+
+
+class RoPEFunction(Function):
+    """y = R_m x: rotate pairs of the last axis of x (…, N, D) by m·θ_i.
+
+    R is orthogonal, so the backward is the inverse rotation: dx = R_mᵀ dy = R_{−m} dy
+    (same cos, negated sin). O(N·D).
+    """
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rotate_pairs(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _rotate_pairs(grad, cos, -sin), None, None
+
+
+def apply_rope(x, positions=None, offset: int = 0, base: float = 10000.0):
+    """Rotary position embedding of x (…, N, D) at positions (N,) (default offset … offset+N−1).
+
+        (y_{2i}, y_{2i+1}) = (x_{2i} cos mθ_i − x_{2i+1} sin mθ_i,
+                              x_{2i} sin mθ_i + x_{2i+1} cos mθ_i)
+
+    Property: ⟨apply_rope(q, m), apply_rope(k, n)⟩ depends on q, k and n − m only.
+    """
+    xp = get_array_module(x.data if isinstance(x, Tensor) else x)
+    n, d = x.shape[-2], x.shape[-1]
+    if positions is None:
+        positions = xp.arange(offset, offset + n)
+    positions = xp.asarray(positions)
+    if positions.shape != (n,):
+        raise ValueError(f"apply_rope: positions must have shape ({n},), got {positions.shape}")
+    angles = rope_angles(positions, d, base)
+    cos, sin = xp.cos(angles).astype(x.dtype), xp.sin(angles).astype(x.dtype)
+    if isinstance(x, Tensor):
+        return RoPEFunction.apply(x, cos, sin)
+    return _rotate_pairs(x, cos, sin)
+
+
+@register("rope")
+class RoPEAttention(ExactSelfAttention):
+    """Multi-head attention with rotary positions on q and k (Su et al. 2021). kind "score".
+
+    Keys sit at positions 0 … Nk − 1, queries at the last Nq of them, so cached decoding
+    (unrotated keys in the cache) gives the same result as the full forward. Option ``base``
+    (default 10000). Needs an even head dim.
+    """
+
+    kind = "score"
+
+    def __init__(self, embed_dim, num_heads, causal=False, base: float = 10000.0, **options):
+        super().__init__(embed_dim, num_heads, causal=causal, **options)
+        if self.head_dim % 2:
+            raise ValueError(f"rope: head dim embed_dim/num_heads must be even, got "
+                             f"{self.head_dim}")
+        self.base = float(base)
+
+    def transform_qk(self, q, k):
+        nq, nk = q.shape[2], k.shape[2]
+        xp = get_array_module(q.data)
+        return (apply_rope(q, _query_positions(nq, nk, xp), base=self.base),
+                apply_rope(k, xp.arange(nk), base=self.base))
+
+
+# ---- 5. ALiBi (Press et al. 2021) --------------------------------------------------------
+
+def alibi_slopes(num_heads: int):
+    """The head slopes m_h of ALiBi, as a list of floats.
+
+    For H = 2^k heads: m_h = 2^(−8h/H), h = 1 … H (a geometric sequence from 2^(−8/H) to
+    2^(−8)). Otherwise: the slopes for the closest power of two 2^⌊log₂H⌋, then every other
+    slope of the sequence for 2^(⌊log₂H⌋+1) until H slopes are listed (the paper's rule).
+    """
+    if not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"alibi_slopes: num_heads must be a positive int, got {num_heads!r}")
+
+    def power_of_two(n):
+        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
+    closest = 2 ** int(math.floor(math.log2(num_heads)))
+    if closest == num_heads:
+        return power_of_two(num_heads)
+    return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+def alibi_bias(num_heads: int, nq: int, nk: int, xp=None, dtype="float32"):
+    """(H, Nq, Nk) bias −m_h·|pos_i − j| with pos_i = i + Nk − Nq (bottom-right).
+
+    Causal models only ever see j ≤ pos_i, where this is the paper's −m_h·(pos_i − j).
+    """
+    xp = xp or active_xp()
+    dist = xp.abs(xp.arange(nk)[None, :] - _query_positions(nq, nk, xp)[:, None])  # (Nq, Nk)
+    slopes = xp.asarray(alibi_slopes(num_heads), dtype="float64")[:, None, None]
+    return (-slopes * dist[None]).astype(dtype)
+
+
+@register("alibi")
+class ALiBiAttention(ExactSelfAttention):
+    """Attention with linear biases (Press et al. 2021): scores q·k/√D − m_h·|i − j|.
+    kind "score". No position parameters; extrapolates to lengths longer than training."""
+
+    kind = "score"
+
+    def score_bias(self, q, k):
+        xp = get_array_module(q.data)
+        return alibi_bias(self.num_heads, q.shape[2], k.shape[2], xp, q.dtype)[None]

@@ -20,3 +20,13 @@ __all__ = ["init", *_module_all, *_layers_all]
 # from .attention import *      # attention modules      (minitx/nn/attention.py)
 # from .transformer import *    # transformer blocks     (minitx/nn/transformer.py)
 # from .models import *         # complete models        (minitx/nn/models.py)
+
+# ---- attention modules, transformer blocks, models (exact-attention issue) ---------------------
+from .attention import *  # noqa: F401,F403,E402
+from .transformer import *  # noqa: F401,F403,E402
+from .models import *  # noqa: F401,F403,E402
+from .attention import __all__ as _attention_all  # noqa: E402
+from .transformer import __all__ as _transformer_all  # noqa: E402
+from .models import __all__ as _models_all  # noqa: E402
+
+__all__ += [*_attention_all, *_transformer_all, *_models_all]

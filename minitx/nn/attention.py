@@ -1,0 +1,257 @@
+"""``nn.MultiheadAttention``: PyTorch's module, parameter names, state-dict keys and masks.
+
+Multi-head attention (Vaswani et al. 2017, §3.2.2):
+
+    head_h = softmax(Q_h K_hᵀ/√D + M) V_h,     Q_h = query W_Q,hᵀ + b,  K_h, V_h alike
+    MultiHead(Q, K, V) = concat(head_1 … head_H) W_Oᵀ + b_O
+
+with E = embed_dim, H = num_heads, D = E/H. Load a trained ``torch.nn.MultiheadAttention``::
+
+    mha = nn.MultiheadAttention(E, H)
+    mha.load_state_dict({k: v.numpy() for k, v in torch_mha.state_dict().items()})
+
+**Mask polarity here is PyTorch's for this module: a bool mask is True where attention is NOT
+allowed** (the opposite of ``scaled_dot_product_attention``'s bool masks); float masks are
+added to the scores. Rows with every key masked give zeros (PyTorch gives NaN).
+
+The attention itself is ``minitx.attention.scaled_dot_product_attention`` (one fused node).
+"""
+from __future__ import annotations
+
+
+from .. import backend
+from ..autograd.tensor import Tensor
+from ..ops.indexing import getitem
+from ..ops.linalg import linear
+from ..ops.shape import expand_dims, squeeze, transpose
+from . import init
+from .layers import Linear
+from .module import Module, Parameter
+
+__all__ = ["MultiheadAttention", "torch_masks_to_sdpa"]
+
+
+def _attn():
+    """``minitx.attention`` (imported lazily: it imports minitx.nn itself)."""
+    from .. import attention  # noqa: PLC0415
+    return attention
+
+
+def _raw(x):
+    return x.data if isinstance(x, Tensor) else x
+
+
+def _param(*shape):
+    return Parameter(backend.xp().zeros(shape, dtype="float32"))
+
+
+def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq, nk,
+                        dtype="float32", xp=None):
+    """Turn PyTorch-polarity module masks into ONE mask for ``scaled_dot_product_attention``.
+
+    ``attn_mask`` (L, S) or (N·H, L, S) and ``key_padding_mask`` (N, S): bool True = NOT
+    allowed, or float (added). ``is_causal`` without ``attn_mask`` adds the causal mask. Returns
+    None, a bool mask (True = MAY attend) or a float mask (−inf where not allowed), broadcastable
+    to (N, H, L, S).
+    """
+    xp = xp or backend.xp()
+    allowed, bias = [], []
+    if attn_mask is not None:
+        m = xp.asarray(_raw(attn_mask))
+        if m.shape == (nq, nk):
+            m = m[None, None]                                     # (1, 1, L, S)
+        elif m.shape == (n * num_heads, nq, nk):
+            m = m.reshape(n, num_heads, nq, nk)                   # (N, H, L, S)
+        else:
+            raise ValueError(f"attn_mask must be (L, S) = {(nq, nk)} or (N·num_heads, L, S) = "
+                             f"{(n * num_heads, nq, nk)}, got {tuple(m.shape)}")
+        (allowed if m.dtype == bool else bias).append(~m if m.dtype == bool else m)
+    elif is_causal:
+        allowed.append(_attn().causal_pattern(nq, nk, xp))
+    if key_padding_mask is not None:
+        m = xp.asarray(_raw(key_padding_mask))
+        if m.shape != (n, nk):
+            raise ValueError(f"key_padding_mask must be (N, S) = {(n, nk)}, got {tuple(m.shape)}")
+        m = m[:, None, None, :]                                   # (N, 1, 1, S)
+        (allowed if m.dtype == bool else bias).append(~m if m.dtype == bool else m)
+    for m in bias:
+        if m.dtype.kind != "f":
+            raise TypeError(f"attention masks must be bool or float, got dtype {m.dtype}")
+    ok = None
+    for m in allowed:
+        ok = m if ok is None else ok & m
+    if not bias:
+        return ok
+    total = sum(b.astype(dtype) for b in bias)
+    return total if ok is None else xp.where(ok, total, -xp.inf).astype(dtype)
+
+
+class MultiheadAttention(Module):
+    """PyTorch's ``nn.MultiheadAttention`` (same arguments, parameters and semantics).
+
+    ``MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
+    add_zero_attn=False, kdim=None, vdim=None, batch_first=False, num_kv_heads=None)``
+
+    Parameters (PyTorch's names):
+    - kdim = vdim = embed_dim: ``in_proj_weight`` (3E, E) = [W_Q; W_K; W_V];
+    - otherwise ``q_proj_weight`` (E, E), ``k_proj_weight`` (E, kdim), ``v_proj_weight``
+      (E, vdim);
+    - ``in_proj_bias`` (3E,) when ``bias``; ``out_proj.weight`` (E, E), ``out_proj.bias`` (E,).
+    - With ``num_kv_heads`` Hkv ≠ H (MQA when 1, GQA otherwise; a minitx extension) the
+      projections are always separate: ``k_proj_weight``/``v_proj_weight`` are (Hkv·D, kdim/vdim)
+      and ``in_proj_bias`` is (E + 2·Hkv·D,) = [b_Q; b_K; b_V].
+
+    ``forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+    average_attn_weights=True, is_causal=False)``:
+    query (L, N, E) (or (N, L, E) with ``batch_first``, or unbatched (L, E)), key (S, N, kdim),
+    value (S, N, vdim). ``key_padding_mask`` (N, S): True (or −inf) = padding, ignored.
+    ``attn_mask`` (L, S) or (N·H, L, S): True = not allowed, float = added. ``is_causal``
+    without ``attn_mask`` applies the causal mask (bottom-right aligned); with one it is only a
+    hint, as in PyTorch. Returns ``(output like query, weights)``: weights (N, L, S) averaged
+    over heads, or (N, H, L, S) with ``average_attn_weights=False``, or None when
+    ``need_weights=False``. Keyword ``kv_cache`` (a ``KVCache``) appends this call's keys/values
+    and attends to all cached ones (incremental decoding).
+
+    Set ``record_weights = True`` to keep the per-head map of every call in
+    ``last_attn_weights`` (N, H, L, S) (a raw array) for visualisation.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int = None,
+                 vdim: int = None, batch_first: bool = False, num_kv_heads: int = None):
+        super().__init__()
+        for name, val in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
+                raise ValueError(f"MultiheadAttention: {name} must be a positive int, got {val!r}")
+        if embed_dim % num_heads:
+            raise ValueError(f"MultiheadAttention: embed_dim ({embed_dim}) must be divisible "
+                             f"by num_heads ({num_heads})")
+        if add_bias_kv or add_zero_attn:
+            raise ValueError("MultiheadAttention: add_bias_kv / add_zero_attn are not "
+                             "supported by minitx (pass False)")
+        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"MultiheadAttention: dropout must be in [0, 1), got {dropout!r}")
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or \
+                num_kv_heads <= 0 or num_heads % num_kv_heads:
+            raise ValueError(f"MultiheadAttention: num_heads ({num_heads}) must be divisible "
+                             f"by num_kv_heads ({num_kv_heads})")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.kdim = embed_dim if kdim is None else kdim
+        self.vdim = embed_dim if vdim is None else vdim
+        self.head_dim = embed_dim // num_heads
+        self.dropout = float(dropout)
+        self.batch_first = bool(batch_first)
+        kv = num_kv_heads * self.head_dim
+        self._qkv_same_embed_dim = (self.kdim == embed_dim and self.vdim == embed_dim
+                                    and num_kv_heads == num_heads)
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = _param(3 * embed_dim, embed_dim)
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        else:
+            self.q_proj_weight = _param(embed_dim, embed_dim)
+            self.k_proj_weight = _param(kv, self.kdim)
+            self.v_proj_weight = _param(kv, self.vdim)
+            self.register_parameter("in_proj_weight", None)
+        if bias:
+            self.in_proj_bias = _param(embed_dim + 2 * kv)
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias)
+        self.record_weights = False
+        self.last_attn_weights = None
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        """PyTorch's initialisation: Xavier-uniform projections, zero biases."""
+        if self._qkv_same_embed_dim:
+            init.xavier_uniform_(self.in_proj_weight)
+        else:
+            for w in (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
+                init.xavier_uniform_(w)
+        if self.in_proj_bias is not None:
+            init.zeros_(self.in_proj_bias)
+            init.zeros_(self.out_proj.bias)
+
+    # ---- projections ---------------------------------------------------------------------
+    def _weights(self):
+        """(W_Q, W_K, W_V) and (b_Q, b_K, b_V) (Nones without bias), slicing packed ones."""
+        e, kv = self.embed_dim, self.num_kv_heads * self.head_dim
+        cuts = ((0, e), (e, e + kv), (e + kv, e + 2 * kv))
+        if self._qkv_same_embed_dim:
+            ws = tuple(getitem(self.in_proj_weight, slice(a, b)) for a, b in cuts)
+        else:
+            ws = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+        if self.in_proj_bias is None:
+            return ws, (None, None, None)
+        return ws, tuple(getitem(self.in_proj_bias, slice(a, b)) for a, b in cuts)
+
+    def _check_inputs(self, query, key, value):
+        nd = len(query.shape)
+        if nd not in (2, 3) or len(key.shape) != nd or len(value.shape) != nd:
+            raise ValueError(f"MultiheadAttention: query, key and value must all be 3-d "
+                             f"(batched) or 2-d (unbatched), got query {tuple(query.shape)}, "
+                             f"key {tuple(key.shape)}, value {tuple(value.shape)}")
+        for name, t, dim in (("query", query, self.embed_dim), ("key", key, self.kdim),
+                             ("value", value, self.vdim)):
+            if t.shape[-1] != dim:
+                raise ValueError(f"MultiheadAttention: {name} must have last dim {dim}, got "
+                                 f"shape {tuple(t.shape)}")
+        if key.shape[:-1] != value.shape[:-1]:
+            raise ValueError(f"MultiheadAttention: key and value must agree in every dim but "
+                             f"the last, got key {tuple(key.shape)}, value {tuple(value.shape)}")
+        b_axis = 0 if self.batch_first else 1
+        if nd == 3 and query.shape[b_axis] != key.shape[b_axis]:
+            raise ValueError(f"MultiheadAttention: query and key batch sizes differ "
+                             f"({query.shape[b_axis]} vs {key.shape[b_axis]}; batch_first="
+                             f"{self.batch_first})")
+
+    # ---- forward -------------------------------------------------------------------------
+    def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True,
+                attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False,
+                *, kv_cache=None):
+        self._check_inputs(query, key, value)
+        unbatched = len(query.shape) == 2
+        if unbatched:                                   # (L, E) -> (1, L, E)
+            query, key, value = (expand_dims(t, 0) for t in (query, key, value))
+            if key_padding_mask is not None:
+                key_padding_mask = _raw(key_padding_mask)[None]
+        elif not self.batch_first:                      # (L, N, E) -> (N, L, E)
+            query, key, value = (transpose(t, (1, 0, 2)) for t in (query, key, value))
+        attn = _attn()
+        n, nq = query.shape[0], query.shape[1]
+        (wq, wk, wv), (bq, bk, bv) = self._weights()
+        q = attn.split_heads(linear(query, wq, bq), self.num_heads)       # (N, H, L, D)
+        k = attn.split_heads(linear(key, wk, bk), self.num_kv_heads)      # (N, Hkv, S, D)
+        v = attn.split_heads(linear(value, wv, bv), self.num_kv_heads)
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)                                  # (N, Hkv, S_all, D)
+        xp = backend.get_array_module(q.data)
+        mask = torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, self.num_heads,
+                                   nq, k.shape[2], q.dtype, xp)
+        want = bool(need_weights) or self.record_weights
+        res = attn.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+            enable_gqa=True, return_weights=want)
+        out, w = res if want else (res, None)
+        if self.record_weights:
+            self.last_attn_weights = w.data
+        out = self.out_proj(attn.merge_heads(out))                        # (N, L, E)
+        if unbatched:
+            out = squeeze(out, 0)
+        elif not self.batch_first:
+            out = transpose(out, (1, 0, 2))
+        if not need_weights:
+            return out, None
+        if average_attn_weights:
+            w = w.mean(axis=1)                                            # (N, L, S)
+        if unbatched:
+            w = squeeze(w, 0)
+        return out, w
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+                f"num_kv_heads={self.num_kv_heads}, kdim={self.kdim}, vdim={self.vdim}, "
+                f"dropout={self.dropout}, batch_first={self.batch_first}")

@@ -1,0 +1,2 @@
+"""Complete models (being written)."""
+__all__ = []

@@ -1,0 +1,265 @@
+"""Transformer blocks (Vaswani et al. 2017) with PyTorch's arguments and state-dict keys.
+
+Encoder layer, post-norm (``norm_first=False``, the paper) and pre-norm (Xiong et al. 2020):
+
+    post-norm:  x = LN₁(x + SA(x));          x = LN₂(x + FF(x))
+    pre-norm:   x = x + SA(LN₁(x));          x = x + FF(LN₂(x))
+    FF(x) = W₂ dropout(act(W₁ x + b₁)) + b₂
+
+The decoder layer adds cross-attention to the encoder's output ("memory") between the two:
+x = LN₂(x + CA(x, memory)) (or x + CA(LN₂(x), memory)) and normalises the FF with LN₃.
+
+Keys match ``torch.nn.TransformerEncoderLayer`` / ``TransformerDecoderLayer``: ``self_attn.*``
+(``in_proj_weight``, ``in_proj_bias``, ``out_proj.*``), ``multihead_attn.*``,
+``linear1.*``, ``linear2.*``, ``norm1.*``, ``norm2.*``, ``norm3.*``; stacks prefix
+``layers.{i}.`` and ``norm.``. So a torch layer's ``state_dict()`` loads and gives the same
+outputs (in eval mode).
+
+``attention="local"`` (any ``minitx.attention.REGISTRY`` name) swaps the *self*-attention
+for that variant, built as ``REGISTRY[name](d_model, nhead, **attention_options)``; its keys
+are then the variant's own (``self_attn.q_proj.weight``, ``self_attn.k_proj.weight``, …).
+Masks reach such a variant only if it accepts them (the exact and position variants do,
+``supports_attn_mask``); otherwise passing a mask raises ValueError. In a decoder layer the
+variant is built causal unless ``attention_options`` says ``causal=False``.
+"""
+from __future__ import annotations
+
+import copy
+
+from ..ops.elementwise import gelu, relu
+from ..ops.shape import transpose
+from .attention import MultiheadAttention, torch_masks_to_sdpa
+from .layers import Dropout, LayerNorm, Linear
+from .module import Module, ModuleList
+
+__all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
+           "TransformerDecoder", "build_self_attention", "get_activation"]
+
+
+def get_activation(activation):
+    """"relu" | "gelu" | a callable (Tensor → Tensor)."""
+    if callable(activation):
+        return activation
+    if activation == "relu":
+        return relu
+    if activation == "gelu":
+        return gelu
+    raise ValueError(f"activation must be 'relu', 'gelu' or a callable, got {activation!r}")
+
+
+def build_self_attention(attention, d_model, nhead, dropout, bias, batch_first, causal_default,
+                         options):
+    """The self-attention module of a block: PyTorch's MHA, or ``REGISTRY[attention]``."""
+    if attention is None:
+        if options:
+            raise ValueError(f"attention_options {sorted(options)} need attention=<a REGISTRY "
+                             "name>")
+        return MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                  batch_first=batch_first)
+    from ..attention import REGISTRY, ExactSelfAttention  # noqa: PLC0415 - circular import
+    if attention not in REGISTRY:
+        raise ValueError(f"attention must be None or one of {sorted(REGISTRY)}, got "
+                         f"{attention!r}")
+    cls = REGISTRY[attention]
+    options = dict(options or {})
+    options.setdefault("causal", causal_default)
+    if issubclass(cls, ExactSelfAttention):
+        options.setdefault("dropout", dropout)
+        options.setdefault("bias", bias)
+    return cls(d_model, nhead, **options)
+
+
+class _Block(Module):
+    """Shared plumbing: layout conversion, self-attention dispatch, feed-forward."""
+
+    def _init_common(self, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                     batch_first, norm_first, bias, attention, attention_options, causal_default):
+        for name, val in (("d_model", d_model), ("nhead", nhead),
+                          ("dim_feedforward", dim_feedforward)):
+            if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
+                raise ValueError(f"{type(self).__name__}: {name} must be a positive int, got "
+                                 f"{val!r}")
+        self.batch_first, self.norm_first = bool(batch_first), bool(norm_first)
+        self.attention = attention
+        self.self_attn = build_self_attention(attention, d_model, nhead, dropout, bias,
+                                              batch_first, causal_default, attention_options)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.activation = get_activation(activation)
+
+    def _check(self, x, name):
+        if len(x.shape) != 3 or x.shape[-1] != self.linear1.in_features:
+            layout = "(N, S, E)" if self.batch_first else "(S, N, E)"
+            raise ValueError(f"{type(self).__name__}: {name} must be {layout} with E="
+                             f"{self.linear1.in_features}, got shape {tuple(x.shape)}")
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal, kv_cache=None):
+        """Self-attention of x (layout as the layer's), then dropout."""
+        sa = self.self_attn
+        if isinstance(sa, MultiheadAttention):
+            y = sa(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                   need_weights=False, is_causal=is_causal, kv_cache=kv_cache)[0]
+            return self.dropout1(y)
+        xb = x if self.batch_first else transpose(x, (1, 0, 2))      # (N, S, E)
+        n, s = xb.shape[0], xb.shape[1]
+        nk = s + (len(kv_cache) if kv_cache is not None else 0)
+        causal = is_causal and not sa.causal
+        mask = None
+        if attn_mask is not None or key_padding_mask is not None or causal:
+            mask = torch_masks_to_sdpa(attn_mask, key_padding_mask, causal, n, sa.num_heads,
+                                       s, nk, xb.dtype)
+        if mask is not None or kv_cache is not None:
+            if not getattr(sa, "supports_attn_mask", False):
+                raise ValueError(f"{type(self).__name__}: attention={self.attention!r} does not "
+                                 "accept masks or a KV cache; build it causal via "
+                                 "attention_options={'causal': True} or use the default "
+                                 "MultiheadAttention")
+            y = sa(xb, attn_mask=mask, kv_cache=kv_cache)
+        else:
+            y = sa(xb)
+        y = y if self.batch_first else transpose(y, (1, 0, 2))
+        return self.dropout1(y)
+
+    def _ff_block(self, x):
+        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+
+class TransformerEncoderLayer(_Block):
+    """PyTorch's ``nn.TransformerEncoderLayer``: self-attention + feed-forward, each with a
+    residual connection and LayerNorm (post-norm by default, pre-norm with ``norm_first``).
+
+    ``forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False)``: src (S, N, E)
+    or (N, S, E) with ``batch_first``; masks in PyTorch's polarity (bool True = masked out).
+    Time O(S²·E + S·E·F) per sequence.
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation="relu", layer_norm_eps: float = 1e-5,
+                 batch_first: bool = False, norm_first: bool = False, bias: bool = True,
+                 attention: str = None, attention_options: dict = None):
+        super().__init__()
+        self._init_common(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                          batch_first, norm_first, bias, attention, attention_options, False)
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
+        self._check(src, "src")
+        x = src
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+            x = x + self._ff_block(self.norm2(x))
+        else:
+            x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
+            x = self.norm2(x + self._ff_block(x))
+        return x
+
+
+class TransformerDecoderLayer(_Block):
+    """PyTorch's ``nn.TransformerDecoderLayer``: masked self-attention, cross-attention to
+    ``memory`` (``multihead_attn``), feed-forward; norms ``norm1``…``norm3``.
+
+    ``forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+    memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False, *,
+    kv_cache=None)``. With ``kv_cache`` (a ``KVCache``) tgt holds only the new positions and
+    the self-attention sees every cached one (incremental decoding). Set
+    ``multihead_attn.record_weights = True`` to keep the cross-attention map.
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation="relu", layer_norm_eps: float = 1e-5,
+                 batch_first: bool = False, norm_first: bool = False, bias: bool = True,
+                 attention: str = None, attention_options: dict = None):
+        super().__init__()
+        self._init_common(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                          batch_first, norm_first, bias, attention, attention_options, True)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                                 batch_first=batch_first)
+        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.dropout3 = Dropout(dropout)
+
+    def _mha_block(self, x, memory, attn_mask, key_padding_mask, is_causal):
+        y = self.multihead_attn(x, memory, memory, attn_mask=attn_mask,
+                                key_padding_mask=key_padding_mask, is_causal=is_causal,
+                                need_weights=False)[0]
+        return self.dropout2(y)
+
+    def _ff_block(self, x):
+        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal: bool = False,
+                memory_is_causal: bool = False, *, kv_cache=None):
+        self._check(tgt, "tgt")
+        self._check(memory, "memory")
+        x = tgt
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal,
+                                   kv_cache)
+            x = x + self._mha_block(self.norm2(x), memory, memory_mask,
+                                    memory_key_padding_mask, memory_is_causal)
+            x = x + self._ff_block(self.norm3(x))
+        else:
+            x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal,
+                                              kv_cache))
+            x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask,
+                                               memory_is_causal))
+            x = self.norm3(x + self._ff_block(x))
+        return x
+
+
+def _clones(layer, num_layers, owner):
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers <= 0:
+        raise ValueError(f"{owner}: num_layers must be a positive int, got {num_layers!r}")
+    return ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
+
+
+class TransformerEncoder(Module):
+    """A stack of ``num_layers`` copies of ``encoder_layer`` (deep copies, as in PyTorch), then
+    ``norm`` if given. ``forward(src, mask=None, src_key_padding_mask=None, is_causal=False)``."""
+
+    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm=None):
+        super().__init__()
+        self.layers = _clones(encoder_layer, num_layers, "TransformerEncoder")
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal: bool = False):
+        x = src
+        for layer in self.layers:
+            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask,
+                      is_causal=bool(is_causal))
+        return self.norm(x) if self.norm is not None else x
+
+
+class TransformerDecoder(Module):
+    """A stack of ``num_layers`` copies of ``decoder_layer``, then ``norm`` if given.
+
+    ``forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+    memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False, *,
+    kv_caches=None)`` — ``kv_caches``: one ``KVCache`` per layer for incremental decoding.
+    """
+
+    def __init__(self, decoder_layer: TransformerDecoderLayer, num_layers: int, norm=None):
+        super().__init__()
+        self.layers = _clones(decoder_layer, num_layers, "TransformerDecoder")
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal: bool = False,
+                memory_is_causal: bool = False, *, kv_caches=None):
+        if kv_caches is not None and len(kv_caches) != len(self.layers):
+            raise ValueError(f"TransformerDecoder: kv_caches must hold one cache per layer "
+                             f"({len(self.layers)}), got {len(kv_caches)}")
+        x = tgt
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                      tgt_key_padding_mask=tgt_key_padding_mask,
+                      memory_key_padding_mask=memory_key_padding_mask,
+                      tgt_is_causal=bool(tgt_is_causal), memory_is_causal=memory_is_causal,
+                      kv_cache=None if kv_caches is None else kv_caches[i])
+        return self.norm(x) if self.norm is not None else x
