@@ -40,9 +40,16 @@ __all__ = ["flash_attention", "flash_attention_arrays", "FlashAttentionFunction"
            "FlashAttention"]
 
 
-def _cuda_kernels(xp):
-    """The CUDA kernels module when the arrays are CuPy and it is usable, else None."""
+def _cuda_kernels(xp, q=None):
+    """The CUDA kernels module when the arrays are CuPy and it can run them, else None.
+
+    The kernels take float32/float16 with head dim ≤ 128; anything else (e.g. float64
+    gradchecks on the GPU) runs the tiled code below, which is written against ``xp`` and
+    works on CuPy arrays too.
+    """
     if xp.__name__ != "cupy":
+        return None
+    if q is not None and (q.dtype.name not in ("float32", "float16") or q.shape[-1] > 128):
         return None
     try:
         from ..backend import flash_cuda  # noqa: PLC0415 - lazy: only on the GPU path
@@ -148,7 +155,7 @@ class FlashAttentionFunction(Function):
     @staticmethod
     def forward(ctx, q, k, v, *, causal, scale, key_mask, block_q, block_k):
         xp = get_array_module(q, k, v)
-        cuda = _cuda_kernels(xp)
+        cuda = _cuda_kernels(xp, q)
         if cuda is not None:
             o, lse = cuda.flash_attention_forward(q, k, v, causal=causal, scale=scale,
                                                   key_mask=key_mask)
@@ -164,8 +171,8 @@ class FlashAttentionFunction(Function):
     def backward(ctx, grad):
         q, k, v, o, lse = ctx.saved_tensors
         xp = get_array_module(q, k, v)
-        cuda = _cuda_kernels(xp)
-        grad = xp.ascontiguousarray(grad)
+        cuda = _cuda_kernels(xp, q)
+        grad = xp.ascontiguousarray(grad).astype(q.dtype, copy=False)
         if cuda is not None:
             dq, dk, dv = cuda.flash_attention_backward(q, k, v, o, lse, grad, **ctx.options)
         else:
