@@ -1,0 +1,500 @@
+"""Every op in ``minitx.functional`` passes ``minitx.gradcheck`` in float64.
+
+Shapes come from hypothesis: ragged shapes with size-1 axes, and mutually broadcastable
+pairs. Values come from a NumPy generator seeded by a hypothesis-drawn integer (cheaper than
+drawing every float through hypothesis, and still shrinkable/reproducible).
+
+Central differences with eps = 1e-6 are only valid where the function is smooth on
+[x − eps, x + eps]. Ops with kinks (abs, relu at 0; max/min/maximum/minimum/sort at ties;
+clip at its bounds; elu's second derivative at 0) therefore get inputs drawn at least 0.1
+away from every kink: that is a property of the *test inputs*, not a relaxation of the check.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import minitx
+import minitx.functional as F
+
+# ---- strategies and helpers ------------------------------------------------------------------
+
+seeds = st.integers(0, 2**32 - 1)
+shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=4)
+shapes_nd = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4)
+pairs = hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, max_side=3)
+
+
+def gen(seed):
+    return np.random.default_rng(seed)
+
+
+def away_from_zero(r, shape, lo=0.1, hi=2.0):
+    """Values with |v| in [lo, hi] and a random sign: no kink at 0 within eps."""
+    return r.uniform(lo, hi, shape) * r.choice([-1.0, 1.0], shape)
+
+
+def distinct(r, shape, gap=0.1):
+    """Values pairwise at least ``gap`` apart (no ties for max/min/sort)."""
+    n = int(np.prod(shape, dtype=int))
+    return (r.permutation(n) * gap + r.uniform(-0.02, 0.02, n)).reshape(shape) - n * gap / 2
+
+
+def T(a):
+    """A float64 leaf that requires grad."""
+    return minitx.tensor(np.asarray(a, dtype=np.float64), requires_grad=True)
+
+
+def check(fn, *arrays):
+    """gradcheck ``fn`` on float64 leaves made from ``arrays``."""
+    assert minitx.gradcheck(fn, tuple(T(a) for a in arrays))
+
+
+@st.composite
+def shape_and_axis(draw, min_dims=1, keep_none=True):
+    shape = draw(hnp.array_shapes(min_dims=min_dims, max_dims=3, min_side=1, max_side=4))
+    options = [st.integers(-len(shape), len(shape) - 1)]
+    if keep_none:
+        options.append(st.none())
+        if len(shape) > 1:
+            options.append(st.lists(st.integers(0, len(shape) - 1), min_size=1,
+                                    max_size=len(shape), unique=True).map(tuple))
+    return shape, draw(st.one_of(*options))
+
+
+# ---- binary arithmetic with broadcasting ---------------------------------------------------
+
+@given(pairs, seeds)
+def test_add_sub_mul(shapes_, seed):
+    (sa, sb), _ = shapes_
+    r = gen(seed)
+    a, b = r.standard_normal(sa), r.standard_normal(sb)
+    check(F.add, a, b)
+    check(F.sub, a, b)
+    check(F.mul, a, b)
+    out = F.mul(T(a), T(b))
+    np.testing.assert_allclose(out.numpy(), a * b)
+
+
+@given(pairs, seeds)
+def test_div(shapes_, seed):
+    (sa, sb), _ = shapes_
+    r = gen(seed)
+    check(F.div, r.standard_normal(sa), away_from_zero(r, sb, 0.5, 2.0))
+
+
+@given(pairs, seeds)
+def test_pow_tensor_exponent(shapes_, seed):
+    (sa, sb), _ = shapes_
+    r = gen(seed)
+    check(F.pow, r.uniform(0.5, 2.0, sa), r.uniform(-2.0, 2.0, sb))   # base > 0: log defined
+
+
+@given(shapes, seeds, st.sampled_from([2, 3, -1, 0.5, 1.5]))
+def test_pow_scalar_exponent(shape, seed, p):
+    check(lambda x: F.pow(x, p), gen(seed).uniform(0.5, 2.0, shape))
+
+
+@given(pairs, seeds)
+def test_maximum_minimum(shapes_, seed):
+    (sa, sb), _ = shapes_
+    r = gen(seed)
+    a = r.standard_normal(sa)
+    b = r.standard_normal(sb)
+    # keep |a − b| ≥ 0.1 everywhere (no ties): move b away where it is too close
+    diff = np.broadcast_to(a, np.broadcast_shapes(sa, sb)) - b
+    if np.any(np.abs(diff) < 0.1):
+        a = a + 0.0
+        b = np.broadcast_to(b, diff.shape) + np.where(np.abs(diff) < 0.1, 0.3, 0.0)
+    check(F.maximum, a, b)
+    check(F.minimum, a, b)
+
+
+# ---- unary math ------------------------------------------------------------------------------
+
+SMOOTH_UNARY = {
+    "neg": F.neg, "exp": F.exp, "tanh": F.tanh, "sigmoid": F.sigmoid, "silu": F.silu,
+    "gelu_none": lambda x: F.gelu(x, approximate="none"),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "erf": F.erf, "softplus": F.softplus,
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMOOTH_UNARY))
+@given(shape=shapes, seed=seeds)
+def test_smooth_unary(name, shape, seed):
+    check(SMOOTH_UNARY[name], gen(seed).standard_normal(shape) * 2)
+
+
+@given(shapes, seeds)
+def test_log_sqrt_positive_inputs(shape, seed):
+    x = gen(seed).uniform(0.2, 3.0, shape)
+    check(F.log, x)
+    check(F.sqrt, x)
+
+
+KINKED = {"abs": F.abs, "relu": F.relu, "elu": F.elu,
+          "elu_alpha": lambda x: F.elu(x, alpha=0.7),
+          "leaky_relu": lambda x: F.leaky_relu(x, 0.1)}
+
+
+@pytest.mark.parametrize("name", sorted(KINKED))
+@given(shape=shapes, seed=seeds)
+def test_kinked_unary_away_from_zero(name, shape, seed):
+    check(KINKED[name], away_from_zero(gen(seed), shape))
+
+
+@given(shapes, seeds)
+def test_clip(shape, seed):
+    r = gen(seed)
+    x = r.uniform(-2, 2, shape)
+    x = np.where(np.abs(np.abs(x) - 1.0) < 0.1, x * 0.5, x)      # away from the bounds ±1
+    check(lambda v: F.clip(v, -1.0, 1.0), x)
+    check(lambda v: F.clip(v, min=-1.0), x)
+    check(lambda v: F.clip(v, max=1.0), x)
+
+
+# ---- reductions ------------------------------------------------------------------------------
+
+@given(shape_and_axis(), st.booleans(), seeds)
+def test_sum_mean_var_logsumexp(sa, keepdims, seed):
+    shape, axis = sa
+    x = gen(seed).standard_normal(shape)
+    check(lambda v: F.sum(v, axis=axis, keepdims=keepdims), x)
+    check(lambda v: F.mean(v, axis=axis, keepdims=keepdims), x)
+    check(lambda v: F.var(v, axis=axis, keepdims=keepdims), x)
+    check(lambda v: F.logsumexp(v, axis=axis, keepdims=keepdims), x)
+    np.testing.assert_allclose(F.var(T(x), axis=axis, keepdims=keepdims).numpy(),
+                               np.var(x, axis=axis, keepdims=keepdims), atol=1e-12)
+
+
+@given(shape_and_axis(), st.booleans(), seeds)
+def test_max_min_without_ties(sa, keepdims, seed):
+    shape, axis = sa
+    x = distinct(gen(seed), shape)
+    check(lambda v: F.max(v, axis=axis, keepdims=keepdims), x)
+    check(lambda v: F.min(v, axis=axis, keepdims=keepdims), x)
+
+
+def test_max_ties_share_the_gradient():
+    x = T([1.0, 3.0, 3.0, 2.0])
+    F.max(x).backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [0, 0.5, 0.5, 0])
+
+
+@given(shape_and_axis(keep_none=False), seeds)
+def test_cumsum(sa, seed):
+    shape, axis = sa
+    x = gen(seed).standard_normal(shape)
+    check(lambda v: F.cumsum(v, axis=axis), x)
+    np.testing.assert_allclose(F.cumsum(T(x), axis).numpy(), np.cumsum(x, axis=axis))
+
+
+# ---- shape ops -------------------------------------------------------------------------------
+
+@given(shapes_nd, seeds, st.data())
+def test_reshape_transpose_swapaxes(shape, seed, data):
+    x = gen(seed).standard_normal(shape)
+    check(lambda v: F.reshape(v, (-1,)), x)
+    check(lambda v: F.reshape(v, tuple(reversed(shape))), x)
+    perm = data.draw(st.permutations(range(len(shape))))
+    check(lambda v: F.transpose(v, tuple(perm)), x)
+    check(lambda v: F.transpose(v), x)
+    a1 = data.draw(st.integers(-len(shape), len(shape) - 1))
+    a2 = data.draw(st.integers(-len(shape), len(shape) - 1))
+    check(lambda v: F.swapaxes(v, a1, a2), x)
+
+
+@given(pairs, seeds)
+def test_broadcast_to(shapes_, seed):
+    (sa, _), target = shapes_
+    check(lambda v: F.broadcast_to(v, target), gen(seed).standard_normal(sa))
+
+
+@given(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=3), seeds, st.data())
+def test_squeeze_expand_dims(shape, seed, data):
+    x = gen(seed).standard_normal(shape)
+    check(F.squeeze, x)
+    ones = [i for i, n in enumerate(shape) if n == 1]
+    if ones:
+        ax = data.draw(st.sampled_from(ones))
+        check(lambda v: F.squeeze(v, ax), x)
+    ax = data.draw(st.integers(-len(shape) - 1, len(shape)))
+    check(lambda v: F.expand_dims(v, ax), x)
+    np.testing.assert_array_equal(F.expand_dims(T(x), ax).numpy(), np.expand_dims(x, ax))
+
+
+@given(shape_and_axis(keep_none=False), st.integers(1, 3), seeds)
+def test_concatenate_stack(sa, n, seed):
+    shape, axis = sa
+    r = gen(seed)
+    parts = []
+    for _ in range(n):                  # ragged along the concatenation axis
+        s = list(shape)
+        s[axis] = int(r.integers(1, 4))
+        parts.append(r.standard_normal(s))
+    check(lambda *vs: F.concatenate(vs, axis=axis), *parts)
+    same = [r.standard_normal(shape) for _ in range(n)]
+    check(lambda *vs: F.stack(vs, axis=axis), *same)
+    check(lambda *vs: F.stack(vs, axis=-1), *same)
+
+
+@given(shape_and_axis(keep_none=False), seeds, st.data())
+def test_split(sa, seed, data):
+    shape, axis = sa
+    x = gen(seed).standard_normal(shape)
+    n = shape[axis]
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=3)))
+    if cuts and cuts[0]:
+        check(lambda v: F.split(v, cuts, axis=axis)[0], x)
+    check(lambda v: F.concatenate([p * (i + 1.0) for i, p in
+                                   enumerate(F.split(v, cuts, axis=axis))], axis=axis), x)
+    sections = data.draw(st.sampled_from([d for d in range(1, n + 1) if n % d == 0]))
+    pieces = F.split(T(x), sections, axis=axis)
+    for got, want in zip(pieces, np.split(x, sections, axis=axis)):
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
+@given(shapes_nd, seeds, st.data())
+def test_pad(shape, seed, data):
+    widths = [tuple(data.draw(st.integers(0, 2)) for _ in range(2)) for _ in shape]
+    x = gen(seed).standard_normal(shape)
+    check(lambda v: F.pad(v, widths, value=0.5), x)
+    check(lambda v: F.pad(v, 1), x)
+    np.testing.assert_array_equal(F.pad(T(x), widths, 0.5).numpy(),
+                                  np.pad(x, widths, constant_values=0.5))
+
+
+@given(hnp.array_shapes(min_dims=2, max_dims=3, min_side=1, max_side=4), seeds,
+       st.integers(-2, 2))
+def test_tril_triu(shape, seed, k):
+    x = gen(seed).standard_normal(shape)
+    check(lambda v: F.tril(v, k), x)
+    check(lambda v: F.triu(v, k), x)
+    np.testing.assert_array_equal(F.tril(T(x), k).numpy(), np.tril(x, k))
+    np.testing.assert_array_equal(F.triu(T(x), k).numpy(), np.triu(x, k))
+
+
+# ---- indexing --------------------------------------------------------------------------------
+
+@given(shapes_nd, seeds, st.data())
+def test_getitem_basic(shape, seed, data):
+    x = gen(seed).standard_normal(shape)
+    index = tuple(data.draw(st.one_of(st.integers(0, n - 1), st.slices(n))) for n in shape)
+    check(lambda v: F.getitem(v, index), x)
+    check(lambda v: v[..., None, :1], x)
+
+
+@given(shapes_nd, seeds, st.data())
+def test_getitem_advanced_with_repeats_scatter_adds(shape, seed, data):
+    x = gen(seed).standard_normal(shape)
+    idx = np.array(data.draw(st.lists(st.integers(0, shape[0] - 1), min_size=1, max_size=6)))
+    check(lambda v: v[idx], x)                       # repeated rows accumulate
+    mask = gen(seed + 1).random(shape) > 0.5
+    check(lambda v: v[mask], x)
+    v = T(x)
+    v[idx].sum().backward()
+    expected = np.zeros(shape)
+    np.add.at(expected, idx, 1.0)
+    np.testing.assert_array_equal(v.grad.numpy(), expected)
+
+
+@given(shape_and_axis(keep_none=False), seeds)
+def test_take_along_axis(sa, seed):
+    shape, axis = sa
+    r = gen(seed)
+    ishape = list(shape)
+    ishape[axis] = int(r.integers(1, 5))
+    idx = r.integers(0, shape[axis], ishape)          # repeats likely
+    x = r.standard_normal(shape)
+    check(lambda v: F.take_along_axis(v, idx, axis), x)
+    np.testing.assert_array_equal(F.take_along_axis(T(x), idx, axis).numpy(),
+                                  np.take_along_axis(x, idx, axis))
+
+
+@given(st.integers(1, 5), st.integers(1, 4), shapes, seeds)
+def test_embedding(vocab, dim, ishape, seed):
+    r = gen(seed)
+    idx = r.integers(0, vocab, ishape)
+    w = r.standard_normal((vocab, dim))
+    check(lambda v: F.embedding(idx, v), w)
+    pad = int(r.integers(0, vocab))
+    weight = T(w)
+    out = F.embedding(minitx.tensor(idx), weight, padding_idx=pad)
+    out.sum().backward()
+    grad = np.zeros((vocab, dim))
+    np.add.at(grad, idx.reshape(-1), 1.0)          # a row used n times gets n
+    grad[pad] = 0                                  # the padding row gets nothing
+    np.testing.assert_array_equal(out.numpy(), w[idx])
+    np.testing.assert_array_equal(weight.grad.numpy(), grad)
+
+
+@given(hnp.mutually_broadcastable_shapes(num_shapes=3, max_dims=3, max_side=3), seeds)
+def test_where(shapes_, seed):
+    (sc, sa, sb), _ = shapes_
+    r = gen(seed)
+    cond = r.random(sc) > 0.5
+    check(lambda a, b: F.where(cond, a, b), r.standard_normal(sa), r.standard_normal(sb))
+    check(lambda a: F.where(cond, a, 0.0), r.standard_normal(sa))
+
+
+@given(pairs, seeds)
+def test_masked_fill(shapes_, seed):
+    (sx, sm), out_shape = shapes_
+    r = gen(seed)
+    x = r.standard_normal(out_shape)                # x has the full shape; the mask broadcasts
+    mask = r.random(sm) > 0.5
+    check(lambda v: F.masked_fill(v, mask, -3.0), x)
+    np.testing.assert_array_equal(F.masked_fill(T(x), mask, -3.0).numpy(),
+                                  np.where(mask, -3.0, x))
+
+
+# ---- linear algebra --------------------------------------------------------------------------
+
+@st.composite
+def matmul_shapes(draw):
+    n, k, m = (draw(st.integers(1, 4)) for _ in range(3))
+    (ba, bb), _ = draw(hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0,
+                                                        max_dims=2, max_side=3))
+    kind = draw(st.sampled_from(["mm", "vec_left", "vec_right", "vec_vec"]))
+    a = (k,) if kind in ("vec_left", "vec_vec") else ba + (n, k)
+    b = (k,) if kind in ("vec_right", "vec_vec") else bb + (k, m)
+    return a, b
+
+
+@given(matmul_shapes(), seeds)
+def test_matmul_batched_broadcasting_and_1d(ab, seed):
+    sa, sb = ab
+    r = gen(seed)
+    a, b = r.standard_normal(sa), r.standard_normal(sb)
+    check(F.matmul, a, b)
+    np.testing.assert_allclose(F.matmul(T(a), T(b)).numpy(), a @ b, atol=1e-12)
+
+
+def test_matmul_shared_weight_folds_batch():
+    r = gen(0)
+    check(F.matmul, r.standard_normal((2, 3, 4)), r.standard_normal((4, 5)))
+    check(F.matmul, r.standard_normal((2, 3, 4)), r.standard_normal(4))
+
+
+@given(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=3), st.integers(1, 4),
+       st.booleans(), seeds)
+def test_linear(xshape, out_features, with_bias, seed):
+    r = gen(seed)
+    x = r.standard_normal(xshape)
+    w = r.standard_normal((out_features, xshape[-1]))
+    if with_bias:
+        check(F.linear, x, w, r.standard_normal(out_features))
+    else:
+        check(lambda a, b: F.linear(a, b), x, w)
+
+
+EINSUMS = [
+    ("ij,jk->ik", [(2, 3), (3, 4)]), ("bhqd,bhkd->bhqk", [(1, 2, 3, 2), (1, 2, 4, 2)]),
+    ("i,i->", [(4,), (4,)]), ("i,j->ij", [(3,), (2,)]), ("ij->ji", [(2, 3)]),
+    ("ij->", [(2, 3)]), ("ij,jk", [(2, 3), (3, 2)]), ("...ij,...jk->...ik", [(2, 2, 3), (3, 1)]),
+    ("ij,jk,kl->il", [(2, 3), (3, 2), (2, 2)]), ("abc,c->ab", [(2, 1, 3), (3,)]),
+    ("ij,kj->i", [(2, 3), (4, 3)]),
+]
+
+
+@pytest.mark.parametrize("spec,shapes_", EINSUMS, ids=[e[0] for e in EINSUMS])
+def test_einsum(spec, shapes_):
+    r = gen(len(spec))
+    arrays = [r.standard_normal(s) for s in shapes_]
+    check(lambda *vs: F.einsum(spec, *vs), *arrays)
+    np.testing.assert_allclose(F.einsum(spec, *[T(a) for a in arrays]).numpy(),
+                               np.einsum(spec, *arrays), atol=1e-12)
+
+
+# ---- sorting ---------------------------------------------------------------------------------
+
+@given(shape_and_axis(keep_none=False), st.booleans(), seeds, st.data())
+def test_sort_and_topk_values(sa, descending, seed, data):
+    shape, axis = sa
+    x = distinct(gen(seed), shape)                  # no ties: the permutation is locally fixed
+    check(lambda v: F.sort(v, axis, descending)[0], x)
+    k = data.draw(st.integers(0, shape[axis]))
+    if k:
+        check(lambda v: F.topk(v, k, axis, largest=descending)[0], x)
+    values, idx = F.sort(T(x), axis, descending)
+    expected = -np.sort(-x, axis) if descending else np.sort(x, axis)
+    np.testing.assert_array_equal(values.numpy(), expected)
+    assert idx.dtype.kind == "i" and not idx.requires_grad
+
+
+# ---- softmax family, norms, dropout, losses ------------------------------------------------
+
+@given(shape_and_axis(keep_none=False), seeds)
+def test_softmax_log_softmax(sa, seed):
+    shape, axis = sa
+    x = gen(seed).standard_normal(shape) * 3
+    check(lambda v: F.softmax(v, axis), x)
+    check(lambda v: F.log_softmax(v, axis), x)
+
+
+@given(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4), st.integers(1, 2),
+       st.booleans(), seeds)
+def test_layer_norm_rms_norm(shape, n_norm, affine, seed):
+    n_norm = min(n_norm, len(shape))
+    norm_shape = shape[len(shape) - n_norm:]
+    if int(np.prod(norm_shape)) == 1:              # a single element normalises to 0: skip
+        norm_shape = shape[-1:]
+    if int(np.prod(norm_shape)) == 1:
+        return
+    r = gen(seed)
+    x = r.standard_normal(shape)
+    if affine:
+        w, b = r.standard_normal(norm_shape), r.standard_normal(norm_shape)
+        check(lambda v, g, h: F.layer_norm(v, norm_shape, g, h), x, w, b)
+        check(lambda v, g: F.rms_norm(v, norm_shape, g), x, w)
+    else:
+        check(lambda v: F.layer_norm(v, norm_shape), x)
+        check(lambda v: F.rms_norm(v, norm_shape), x)
+
+
+@given(shapes_nd, st.sampled_from([0.1, 0.5, 0.9]), seeds)
+def test_dropout_with_fixed_mask(shape, p, seed):
+    def fn(v):
+        minitx.manual_seed(seed)                    # same mask at every evaluation
+        return F.dropout(v, p)
+    check(fn, gen(seed).standard_normal(shape))
+
+
+@st.composite
+def ce_cases(draw):
+    lead = draw(hnp.array_shapes(min_dims=0, max_dims=2, min_side=1, max_side=3))
+    classes = draw(st.integers(1, 4))
+    reduction = draw(st.sampled_from(["mean", "sum", "none"]))
+    smoothing = draw(st.sampled_from([0.0, 0.1, 0.5]))
+    return lead, classes, reduction, smoothing
+
+
+@given(ce_cases(), seeds)
+def test_cross_entropy(case, seed):
+    lead, c, reduction, eps = case
+    r = gen(seed)
+    logits = r.standard_normal(lead + (c,)) * 2
+    target = r.integers(0, c, lead)
+    ignore = r.random(lead) < 0.3
+    target = np.where(ignore, -100, target)
+    if reduction == "mean" and not (target != -100).any():
+        target = np.zeros(lead, dtype=np.int64)    # mean over zero rows is NaN (as PyTorch)
+    check(lambda z: F.cross_entropy(z, target, label_smoothing=eps, reduction=reduction),
+          logits)
+    check(lambda z: F.cross_entropy(z, np.where(target == -100, 7, target), ignore_index=7,
+                                    label_smoothing=eps, reduction=reduction), logits)
+
+
+@given(shapes, seeds, st.sampled_from(["mean", "sum", "none"]))
+def test_mse_loss(shape, seed, reduction):
+    r = gen(seed)
+    a, b = r.standard_normal(shape), r.standard_normal(shape)
+    check(lambda x, y: F.mse_loss(x, y, reduction=reduction), a, b)
+
+
+def test_softmax_jacobian_gradcheck():
+    r = gen(5)
+    check(lambda v: F.softmax_jacobian(v), r.standard_normal((2, 3)))
+    check(lambda v: F.softmax_jacobian(v, axis=0), r.standard_normal((3, 2)))
