@@ -80,7 +80,8 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
     # numerical, one element at a time (inputs are perturbed in place, then restored)
     for i in targets:
         xp = backend.get_array_module(inputs[i].data)
-        inputs[i].data = x = xp.ascontiguousarray(inputs[i].data)
+        # ascontiguousarray turns a 0-d array into shape (1,): reshape back (a view)
+        inputs[i].data = x = xp.ascontiguousarray(inputs[i].data).reshape(inputs[i].shape)
         flat = x.reshape(-1)            # a view of x, so writing flat[j] perturbs the input
         numerical = numpy.zeros(x.size)
         for j in range(x.size):

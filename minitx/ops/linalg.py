@@ -23,10 +23,10 @@ class MatMul(Function):
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
         g = grad
+        if b.ndim == 1:                          # first: a vector·vector grad is 0-d
+            g = xp.expand_dims(g, -1)
         if a.ndim == 1:
             g = xp.expand_dims(g, -2)
-        if b.ndim == 1:
-            g = xp.expand_dims(g, -1)
         ga = gb = None
         if na:                                   # dL/dA = G Bᵀ   (..., n, m) @ (..., m, k)
             ga = unbroadcast(g @ xp.swapaxes(b2, -1, -2), a2.shape, a.dtype).reshape(a.shape)
