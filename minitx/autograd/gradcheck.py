@@ -97,8 +97,9 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
         err = numpy.abs(a - numerical) - (atol + rtol * numpy.abs(numerical))
         if err.size and (err.max() > 0 or not numpy.all(numpy.isfinite(a))):
             worst = numpy.unravel_index(int(numpy.nanargmax(numpy.where(numpy.isfinite(err), err, numpy.inf))), x.shape)
+            worst = tuple(int(k) for k in worst)    # plain ints: NumPy 2 reprs np.int64(1)
             msg = (f"gradcheck failed for input {i} (shape {x.shape}) at element {worst}: "
-                   f"analytic {a[worst]!r} vs numerical {numerical[worst]!r} "
+                   f"analytic {float(a[worst])!r} vs numerical {float(numerical[worst])!r} "
                    f"(atol={atol}, rtol={rtol}, eps={eps})")
             if raise_exception:
                 raise GradcheckError(msg)
