@@ -1,15 +1,320 @@
-"""Command-line entry: ``python -m minitx [tour|bench|train|patterns|doctor]``."""
+"""Command line: ``python -m minitx [--backend numpy|cupy] [tour|bench|train|patterns|doctor]``.
+
+    python -m minitx                      # the tour: attention worked through, every variant
+    python -m minitx bench --max-n 4096 --variants mha,flash,local,performer
+    python -m minitx train seq2seq --quick
+    python -m minitx patterns --n 24
+    python -m minitx doctor
+
+The helpers ``add_common_args`` and ``setup_run`` give every example the same
+``--backend``, ``--seed``, ``--out`` and ``--quick`` options.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
+import runpy
+import shutil
+import sys
 
 import minitx
 
+__all__ = ["main", "add_common_args", "setup_run", "select_backend", "result_line",
+           "EXAMPLES", "examples_dir", "Progress"]
+
+EXAMPLES = ("sentiment", "seq2seq", "char_gpt", "lra_listops", "efficient_report")
+DEFAULT_BENCH = "mha,flash,local,bigbird,linformer,performer,linear"
+
+
+# ---- shared by the examples ---------------------------------------------------------------
+
+def select_backend(name) -> None:
+    """Switch to backend ``name`` (None: keep ``$MINITX_BACKEND``/numpy). On failure print
+    why (CuPy missing, or no GPU) and exit with status 2."""
+    if name is None:
+        return
+    try:
+        minitx.set_backend(name)
+    except (RuntimeError, ValueError) as exc:
+        print(f"error: cannot use backend {name!r}: {exc}", file=sys.stderr)
+        if name == "cupy":
+            print("hint: run with --backend numpy (the default), or install CuPy on a machine "
+                  "with an NVIDIA GPU (`pip install cupy-cuda12x`); `python -m minitx doctor` "
+                  "shows what is found.", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def add_common_args(parser, default_out: str):
+    parser.add_argument("--backend", choices=["numpy", "cupy"], default=None,
+                        help="array backend (default: $MINITX_BACKEND or numpy)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--out", default=default_out,
+                        help=f"output folder for pictures and logs (default {default_out})")
+    parser.add_argument("--quick", action="store_true",
+                        help="a tiny, fast run (seconds) for tests and smoke checks")
+    return parser
+
+
+def setup_run(args, title: str) -> str:
+    """Select the backend, seed minitx and NumPy, create and print the output folder."""
+    import numpy as np
+    select_backend(args.backend)
+    minitx.manual_seed(args.seed)
+    np.random.seed(args.seed)
+    os.makedirs(args.out, exist_ok=True)
+    out = os.path.abspath(args.out)
+    print(f"{title} — backend {minitx.get_backend()}, seed {args.seed}"
+          f"{', quick run' if getattr(args, 'quick', False) else ''}")
+    print(f"output folder: {out}")
+    return out
+
+
+def result_line(result: dict) -> str:
+    """The final machine-readable line every example prints: ``RESULT {json}``."""
+    line = "RESULT " + json.dumps(result, sort_keys=True, default=float)
+    print(line, flush=True)
+    return line
+
+
+class Progress:
+    """A tqdm progress bar when tqdm is installed; otherwise a plain line every ``every``
+    steps. ``update(postfix=dict)`` advances by one; ``close()`` ends it."""
+
+    def __init__(self, total: int, desc: str = "", every: int = None):
+        self.total, self.desc, self.n = total, desc, 0
+        self.every = every or max(1, total // 10)
+        self.bar = None
+        if os.environ.get("MINITX_NO_TQDM", "").strip() in ("", "0"):
+            try:
+                from tqdm import tqdm  # noqa: PLC0415 - optional extra
+                self.bar = tqdm(total=total, desc=desc, leave=True, mininterval=0.5,
+                                dynamic_ncols=True, file=sys.stdout)
+            except Exception:
+                self.bar = None
+
+    def update(self, postfix=None):
+        self.n += 1
+        if self.bar is not None:
+            if postfix:
+                self.bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v)
+                                      for k, v in postfix.items()}, refresh=False)
+            self.bar.update(1)
+        elif self.n % self.every == 0 or self.n == self.total:
+            tail = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                             for k, v in (postfix or {}).items())
+            print(f"{self.desc} {self.n}/{self.total}  {tail}", flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def examples_dir():
+    """The repository's ``examples/`` folder (next to the package), or None."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(here, "examples")
+    return path if os.path.isdir(path) else None
+
+
+# ---- subcommands --------------------------------------------------------------------------
+
+def cmd_tour(args) -> int:
+    from .tour import run_tour
+    run_tour(n=args.n)
+    return 0
+
+
+def cmd_patterns(args) -> int:
+    from .tour import PATTERN_VARIANTS, pattern_section
+    names = args.variants.split(",") if args.variants else PATTERN_VARIANTS
+    print("\n".join(pattern_section(n=args.n, names=names)))
+    return 0
+
+
+def bench_rows(names, sizes, embed=32, heads=2, batch=1, on_row=None):
+    """[{variant, n, time_s, peak_bytes, error}] — forward time and traced peak memory."""
+    from .attention import REGISTRY
+    from .tour import _short, _time_and_memory
+    rows = []
+    for name in names:
+        cls = REGISTRY.get(name)
+        for n in sizes:
+            row = {"variant": name, "n": n, "time_s": None, "peak_bytes": None, "error": None}
+            if cls is None:
+                row["error"] = "error: not registered"
+            else:
+                try:
+                    row["time_s"], row["peak_bytes"] = _time_and_memory(cls, n, embed, heads,
+                                                                        batch)
+                except Exception as exc:  # noqa: BLE001
+                    row["error"] = _short(exc)
+            rows.append(row)
+            if on_row:
+                on_row(row)
+    return rows
+
+
+def bench_table(rows, sizes) -> list:
+    from .tour import fmt_bytes
+    names = list(dict.fromkeys(r["variant"] for r in rows))
+    cell = {(r["variant"], r["n"]): r for r in rows}
+    lines = []
+    for title, key, fmt in (("forward time", "time_s", lambda v: f"{v * 1e3:.1f} ms"),
+                            ("peak memory (tracemalloc)", "peak_bytes", fmt_bytes)):
+        lines.append(f"{title}:")
+        lines.append(f"  {'variant':<12}" + "".join(f"{'N=' + str(n):>12}" for n in sizes))
+        for name in names:
+            vals = []
+            for n in sizes:
+                r = cell.get((name, n))
+                if r is None or r[key] is None:
+                    vals.append("error" if r is not None and r["error"] else "-")
+                else:
+                    vals.append(fmt(r[key]))
+            lines.append(f"  {name:<12}" + "".join(f"{v:>12}" for v in vals))
+        lines.append("")
+    return lines
+
+
+def cmd_bench(args) -> int:
+    from .viz import line_plot
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    sizes = []
+    n = args.min_n
+    while n <= args.max_n:
+        sizes.append(n)
+        n *= 2
+    print(f"bench: forward pass, B = 1, E = {args.embed}, H = {args.heads}; N = "
+          f"{', '.join(map(str, sizes))}; variants {', '.join(names)}")
+    rows = bench_rows(names, sizes, args.embed, args.heads)
+    print("\n".join(bench_table(rows, sizes)))
+    for r in rows:
+        if r["error"]:
+            print(f"  {r['variant']} N={r['n']}: {r['error']}")
+    os.makedirs(args.out, exist_ok=True)
+    for key, label, fname, scale in (("time_s", "time per forward (ms)", "bench_time.png", 1e3),
+                                     ("peak_bytes", "peak memory (MiB)", "bench_memory.png",
+                                      1 / 2 ** 20)):
+        series = {}
+        for name in names:
+            pts = [(r["n"], r[key] * scale) for r in rows if r["variant"] == name and r[key]]
+            if pts:
+                series[name] = ([p[0] for p in pts], [p[1] for p in pts])
+        if series:
+            written = line_plot(series, path=os.path.join(args.out, fname), title=label + " vs N",
+                                xlabel="sequence length N", ylabel=label, logx=True, logy=True,
+                                quiet=True)
+            print(f"wrote {written}")
+    return 0
+
+
+def cmd_train(args, extra) -> int:
+    folder = examples_dir()
+    if folder is None:
+        print("error: the examples/ folder was not found next to the minitx package (it ships "
+              "with the repository; install with `pip install -e .` from a checkout)",
+              file=sys.stderr)
+        return 2
+    script = os.path.join(folder, f"{args.task}.py")
+    argv = [script] + list(extra)
+    if args.backend and "--backend" not in extra:
+        argv += ["--backend", args.backend]
+    old = sys.argv
+    sys.argv = argv
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = old
+    return 0
+
+
+def _fallback_doctor_lines() -> list:
+    import numpy
+    from .backend import cupy_or_none, gpu_available
+    lines = [f"minitx {minitx.__version__}", f"python {platform.python_version()} "
+             f"({platform.platform()})", f"active backend: {minitx.get_backend()} "
+             f"(MINITX_BACKEND={os.environ.get('MINITX_BACKEND', '') or 'unset'})",
+             f"numpy {numpy.__version__}"]
+    cp = cupy_or_none()
+    lines.append(f"cupy {cp.__version__}" if cp is not None else "cupy: not installed")
+    lines.append(f"GPU available: {'yes' if gpu_available() else 'no'}")
+    nvcc = shutil.which("nvcc")
+    lines.append(f"nvcc: {nvcc}" if nvcc else "nvcc: not found")
+    for mod in ("matplotlib", "tqdm"):
+        try:
+            m = __import__(mod)
+            lines.append(f"{mod} {getattr(m, '__version__', '?')} (pictures/progress bars on)")
+        except Exception:
+            lines.append(f"{mod}: not installed (text fallback)")
+    return lines
+
+
+def cmd_doctor(args) -> int:
+    try:
+        from .backend.cuda_tools import doctor_lines  # noqa: PLC0415
+    except Exception:
+        lines = _fallback_doctor_lines()
+    else:
+        try:
+            lines = list(doctor_lines())
+        except Exception as exc:  # noqa: BLE001
+            lines = [f"cuda_tools.doctor_lines failed: {type(exc).__name__}: {exc}"]
+            lines += _fallback_doctor_lines()
+    print(f"minitx {minitx.__version__}, active backend {minitx.get_backend()}")
+    print("\n".join(str(line) for line in lines))
+    return 0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m minitx",
+        description="minitx: attention and transformers from scratch. With no command, runs "
+                    "the tour.")
+    parser.add_argument("--backend", choices=["numpy", "cupy"], default=None,
+                        help="array backend (default: $MINITX_BACKEND or numpy)")
+    sub = parser.add_subparsers(dest="command")
+    p = sub.add_parser("tour", help="the guided tour (the default)")
+    p.add_argument("--n", type=int, default=1024, help="sequence length for the timing column")
+    p = sub.add_parser("bench", help="time and memory versus N for chosen variants")
+    p.add_argument("--variants", default=DEFAULT_BENCH,
+                   help=f"comma-separated registry names (default {DEFAULT_BENCH})")
+    p.add_argument("--min-n", type=int, default=128)
+    p.add_argument("--max-n", type=int, default=2048)
+    p.add_argument("--embed", type=int, default=32)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--out", default="minitx_out/bench", help="folder for the plots")
+    p = sub.add_parser("train", help="run an example task: " + ", ".join(EXAMPLES),
+                       description="Runs examples/<task>.py; further arguments (e.g. --quick, "
+                                   "--out DIR) go to the example.")
+    p.add_argument("task", choices=EXAMPLES)
+    p = sub.add_parser("patterns", help="text pictures of sparse attention patterns")
+    p.add_argument("--n", type=int, default=16)
+    p.add_argument("--variants", default=None, help="comma-separated registry names")
+    sub.add_parser("doctor", help="backend, NumPy/CuPy versions, GPU, nvcc")
+    return parser
+
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minitx", description=__doc__)
-    parser.add_argument("command", nargs="?", default="tour",
-                        choices=["tour", "doctor"])
-    args = parser.parse_args(argv)
-    print(f"minitx {minitx.__version__} — backend: {minitx.get_backend()}")
-    return 0
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "train":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    command = args.command or "tour"
+    if command == "tour" and not hasattr(args, "n"):
+        args.n = 1024
+    if command != "doctor":
+        select_backend(args.backend)
+    elif args.backend:
+        try:
+            minitx.set_backend(args.backend)
+        except (RuntimeError, ValueError) as exc:
+            print(f"note: backend {args.backend!r} unavailable: {exc}")
+    if command == "train":
+        return cmd_train(args, extra)
+    return {"tour": cmd_tour, "bench": cmd_bench, "patterns": cmd_patterns,
+            "doctor": cmd_doctor}[command](args)
