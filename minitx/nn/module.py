@@ -45,8 +45,9 @@ class Parameter(Tensor):
     """A Tensor that a Module treats as trainable: assigning one to a Module attribute
     registers it in ``parameters()``.
 
-    ``Parameter(data, requires_grad=True)``: ``data`` is anything ``minitx.tensor`` accepts
-    (a Tensor's array is shared, not copied). Parameters must be floating point.
+    ``Parameter(data, requires_grad=True)``: ``data`` is anything ``minitx.tensor`` accepts.
+    A Tensor's or NumPy array's memory is shared, not copied (like ``torch.from_numpy``), so
+    optimizer updates write through to it. Parameters must be floating point.
     """
 
     __slots__ = ()

@@ -33,13 +33,17 @@ __all__ = ["LRScheduler", "LambdaLR", "WarmupCosine", "InverseSqrtWarmup", "warm
            "inverse_sqrt_warmup"]
 
 
+def _require_optimizer(optimizer, sched: str) -> None:
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"{sched} expects a minitx.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+
+
 class LRScheduler:
     """Base class: subclasses define ``lr_at(step, base_lr)``; ``step()`` applies it."""
 
     def __init__(self, optimizer: Optimizer):
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"{type(self).__name__} expects a minitx.optim.Optimizer, got "
-                            f"{type(optimizer).__name__}")
+        _require_optimizer(optimizer, type(self).__name__)
         self.optimizer = optimizer
         self.base_lrs = [group["lr"] for group in optimizer.param_groups]
         self.last_epoch = -1
@@ -78,6 +82,7 @@ class LambdaLR(LRScheduler):
 
     def __init__(self, optimizer: Optimizer,
                  lr_lambda: Callable[[int], float] | Sequence[Callable[[int], float]]):
+        _require_optimizer(optimizer, "LambdaLR")
         n = len(optimizer.param_groups)
         if callable(lr_lambda):
             self.lr_lambdas = [lr_lambda] * n
