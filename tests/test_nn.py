@@ -180,6 +180,17 @@ def test_repr_is_a_pytorch_like_tree():
     assert repr(nn.Embedding(5, 2, padding_idx=0)) == "Embedding(5, 2, padding_idx=0)"
 
 
+def test_deepcopy_gives_independent_parameters():
+    import copy
+    net = Net()
+    twin = copy.deepcopy(net)                                  # how "N identical layers" are made
+    assert list(twin.state_dict()) == list(net.state_dict())
+    assert all(a is not b for a, b in zip(twin.parameters(), net.parameters()))
+    assert all(isinstance(p, nn.Parameter) for p in twin.parameters())
+    twin.head.weight.data[...] = 0.0
+    assert np.abs(net.head.weight.numpy()).sum() > 0
+
+
 # ---- state dict, load, save -------------------------------------------------------------------
 
 def test_state_dict_is_an_ordered_snapshot_of_numpy_arrays():
@@ -586,3 +597,22 @@ def test_state_dict_keys_and_outputs_match_torch():
                                tnet(torch.from_numpy(x)).detach().numpy(), rtol=1e-10, atol=1e-12)
     # and back: a minitx state dict loads into torch
     tnet.load_state_dict({k: torch.from_numpy(v) for k, v in mnet.state_dict().items()})
+
+
+@pytest.mark.skipif(not minitx.gpu_available(), reason="needs CuPy and a CUDA GPU")
+def test_to_cuda_moves_parameters_and_buffers_and_state_dict_stays_numpy():
+    minitx.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.GELU(), nn.LayerNorm(6))
+    model.register_buffer("scale", np.full(6, 2.0, dtype=np.float32))
+    x = arr(3, 4, dtype=np.float32)
+    expected = model(minitx.tensor(x)).numpy()
+    state = model.state_dict()
+    assert model.to("cuda") is model
+    assert all(t.device == "cuda" for t in [*model.parameters(), *model.buffers()])
+    np.testing.assert_allclose(model(minitx.tensor(x).to("cuda")).numpy(), expected,
+                               rtol=1e-5, atol=1e-6)
+    assert all(type(v) is np.ndarray for v in model.state_dict().values())
+    model.load_state_dict(state)                               # NumPy arrays into cuda params
+    assert model[0].weight.device == "cuda"
+    model.to("cpu")
+    np.testing.assert_allclose(model(minitx.tensor(x)).numpy(), expected, rtol=1e-6)

@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import minitx
 import minitx.nn as nn
@@ -284,7 +286,7 @@ def _with_grads(*grads):
     params = []
     for g in grads:
         p = param(np.zeros_like(g))
-        p.grad = minitx.tensor(np.asarray(g, dtype=np.float64))
+        p.grad = minitx.tensor(np.array(g, dtype=np.float64))  # a copy: clipping is in place
         params.append(p)
     return params
 
@@ -316,6 +318,20 @@ def test_clip_grad_norm_edge_cases():
     assert np.all(np.isnan(bad.grad.numpy()))                     # NaN spreads, as in torch
     with pytest.raises(ValueError, match="max_norm must be >= 0"):
         optim.clip_grad_norm_([p], -1.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=8), st.floats(1e-3, 1e3),
+       st.sampled_from([1.0, 2.0, float("inf")]))
+def test_clip_grad_norm_property_never_exceeds_max_and_keeps_direction(values, max_norm, order):
+    g = np.array(values)
+    p, = _with_grads(g)
+    total = optim.clip_grad_norm_([p], max_norm, norm_type=order)
+    clipped = p.grad.numpy()
+    assert total == pytest.approx(np.linalg.norm(g, ord=order), rel=1e-12, abs=1e-300)
+    assert np.linalg.norm(clipped, ord=order) <= max_norm * (1 + 1e-12) or total <= max_norm
+    scale = min(1.0, max_norm / (total + 1e-6))
+    np.testing.assert_allclose(clipped, g * scale, rtol=1e-12, atol=0)   # same direction
 
 
 def test_clip_grad_value_clamps_elementwise():
@@ -457,3 +473,17 @@ def test_schedules_match_torch_lambda_lr():
     noam = lambda s: 64 ** -0.5 * min((s + 1) ** -0.5, (s + 1) * 10 ** -1.5)  # noqa: E731
     np.testing.assert_allclose(our_lrs(optim.inverse_sqrt_warmup(_sgd(0.5), 64, 10), 30),
                                torch_lrs(noam, [1.0], 30), rtol=1e-12)
+
+
+@pytest.mark.skipif(not minitx.gpu_available(), reason="needs CuPy and a CUDA GPU")
+def test_adam_step_on_cuda_equals_cpu():
+    grads = GRADS * 0.5
+    cpu = run_with_fixed_grads(optim.Adam, THETA0, grads, lr=0.01, weight_decay=0.1)
+    p = param(THETA0)
+    p.data = minitx.backend.to_device(p.data, "cuda")
+    opt = optim.Adam([p], lr=0.01, weight_decay=0.1)
+    for g in grads:
+        p.grad = minitx.tensor(g).to("cuda")
+        opt.step()
+    assert p.device == "cuda"
+    np.testing.assert_allclose(p.numpy(), cpu, rtol=1e-12)

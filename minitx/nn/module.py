@@ -123,6 +123,9 @@ class Module:
                                  f"{type(self).__name__}.__init__ calls super().__init__()") from None
 
     def __setattr__(self, name: str, value) -> None:
+        """Route an assignment: a Parameter goes to ``_parameters``, a Module to ``_modules``,
+        a value for an existing buffer's name to ``_buffers``; anything else is a plain
+        attribute. A registered parameter or module can only be replaced by its kind or None."""
         if isinstance(value, (Parameter, Module)):
             self._tables()                       # a readable error before super().__init__()
             self.__dict__.pop(name, None)        # a plain attribute of that name is replaced
@@ -131,19 +134,16 @@ class Module:
             else:
                 self.add_module(name, value)
             return
-        params, buffers, modules = self.__dict__.get("_parameters"), self.__dict__.get("_buffers"), \
-            self.__dict__.get("_modules")
-        if params is not None and name in params:
+        d = self.__dict__
+        params, buffers, modules = (d.get(t, {}) for t in ("_parameters", "_buffers", "_modules"))
+        if name in params or name in modules:
+            kind = "parameter" if name in params else "child module"
             if value is not None:
-                raise TypeError(f"cannot assign {type(value).__name__} as parameter {name!r} "
-                                "(a minitx.nn.Parameter or None is expected)")
-            params[name] = None
-        elif modules is not None and name in modules:
-            if value is not None:
-                raise TypeError(f"cannot assign {type(value).__name__} as child module {name!r} "
-                                "(a Module or None is expected)")
-            modules[name] = None
-        elif buffers is not None and name in buffers:
+                expected = "minitx.nn.Parameter" if name in params else "Module"
+                raise TypeError(f"cannot assign {type(value).__name__} as {kind} {name!r} "
+                                f"(a {expected} or None is expected)")
+            (params if name in params else modules)[name] = None
+        elif name in buffers:
             buffers[name] = None if value is None else self._as_buffer(name, value)
         else:
             object.__setattr__(self, name, value)
