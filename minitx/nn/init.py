@@ -11,9 +11,9 @@ Fans. For a weight of shape (out, in, *kernel) the receptive field is r = Π ker
 
 For ``Linear``'s (out, in) weight, fan_in = in. The variance-preserving schemes:
 
-    xavier_uniform_:   U(−a, a),  a = gain · √(6 / (fan_in + fan_out))      (Glorot & Bengio, 2010)
+    xavier_uniform_:   U(−a, a),  a = gain · √(6 / (fan_in + fan_out))   (Glorot & Bengio, 2010)
     xavier_normal_:    N(0, σ²),  σ = gain · √(2 / (fan_in + fan_out))
-    kaiming_uniform_:  U(−b, b),  b = gain · √(3 / fan)                       (He et al., 2015)
+    kaiming_uniform_:  U(−b, b),  b = gain · √(3 / fan)                    (He et al., 2015)
     kaiming_normal_:   N(0, σ²),  σ = gain / √fan
 
 with fan = fan_in (``mode="fan_in"``, preserves the forward variance) or fan_out (preserves
@@ -148,7 +148,8 @@ def ones_(tensor: Tensor) -> Tensor:
 # ---- variance-preserving schemes --------------------------------------------------------------
 
 def xavier_uniform_(tensor: Tensor, gain: float = 1.0) -> Tensor:
-    """U(−a, a) with a = gain · √(6 / (fan_in + fan_out)), so Var = gain² · 2 / (fan_in + fan_out)."""
+    """U(−a, a) with a = gain · √(6 / (fan_in + fan_out)): Var = gain² · 2 / (fan_in + fan_out)
+    (a uniform on [−a, a] has variance a²/3)."""
     _check_tensor(tensor, "xavier_uniform_")
     fan_in, fan_out = _calculate_fan_in_and_fan_out(tensor)
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out))

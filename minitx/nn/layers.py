@@ -92,7 +92,8 @@ class Embedding(Module):
         self.num_embeddings = _positive_int(num_embeddings, "num_embeddings", "Embedding")
         self.embedding_dim = _positive_int(embedding_dim, "embedding_dim", "Embedding")
         if padding_idx is not None:
-            if not isinstance(padding_idx, int) or not -num_embeddings <= padding_idx < num_embeddings:
+            n = num_embeddings
+            if not isinstance(padding_idx, int) or not -n <= padding_idx < n:
                 raise ValueError(f"Embedding: padding_idx must be an int in "
                                  f"[{-num_embeddings}, {num_embeddings}), got {padding_idx!r}")
             padding_idx %= num_embeddings

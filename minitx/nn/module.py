@@ -116,11 +116,12 @@ class Module:
 
     # ---- attribute routing ------------------------------------------------------------------
     def _tables(self):
-        try:
-            return self.__dict__["_parameters"], self.__dict__["_buffers"], self.__dict__["_modules"]
-        except KeyError:
-            raise AttributeError(f"cannot assign parameters, buffers or modules before "
-                                 f"{type(self).__name__}.__init__ calls super().__init__()") from None
+        """(_parameters, _buffers, _modules), or a clear error if super().__init__() was skipped."""
+        d = self.__dict__
+        if "_parameters" not in d:
+            raise AttributeError("cannot assign parameters, buffers or modules before "
+                                 f"{type(self).__name__}.__init__ calls super().__init__()")
+        return d["_parameters"], d["_buffers"], d["_modules"]
 
     def __setattr__(self, name: str, value) -> None:
         """Route an assignment: a Parameter goes to ``_parameters``, a Module to ``_modules``,
@@ -222,7 +223,8 @@ class Module:
             self._non_persistent.add(name)
 
     # ---- traversal --------------------------------------------------------------------------
-    def named_modules(self, prefix: str = "", memo: set | None = None) -> Iterator[tuple[str, "Module"]]:
+    def named_modules(self, prefix: str = "",
+                      memo: set | None = None) -> Iterator[tuple[str, "Module"]]:
         """(name, module) for this module ("" or ``prefix``) and every descendant, pre-order;
         a module reachable twice is yielded once."""
         memo = set() if memo is None else memo

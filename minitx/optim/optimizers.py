@@ -17,7 +17,7 @@ update), η the learning rate, λ the weight decay.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from typing import Callable
 
 from .. import backend
 from ..autograd.grad_mode import enable_grad
@@ -233,7 +233,8 @@ class Adam(Optimizer):
 
     def _update(self, p, grad, state, group) -> None:
         xp = backend.get_array_module(p.data)
-        lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        lr, (beta1, beta2) = group["lr"], group["betas"]
+        eps, wd = group["eps"], group["weight_decay"]
         if not state:
             state["step"] = 0
             state["exp_avg"] = xp.zeros_like(p.data)

@@ -13,9 +13,9 @@ stored as ``last_epoch`` (PyTorch's name), ``base_lrs`` are the groups' lrs at c
 
 Schedules (b = base lr, w = warmup_steps, T = total_steps, s = step):
 
-    warmup_cosine:        b · s / w                                         s < w
-                          min_lr + (b − min_lr) · ½ (1 + cos(π (s − w)/(T − w)))   w ≤ s ≤ T
-                          min_lr                                            s > T
+    warmup_cosine:        b · s / w                                              s < w
+                          min_lr + (b − min_lr) · ½ (1 + cos(π (s − w)/(T − w)))  w ≤ s ≤ T
+                          min_lr                                                 s > T
     inverse_sqrt_warmup:  factor · d_model^(−½) · min(n^(−½), n · w^(−3/2)),  n = s + 1
                           (Vaswani et al., 2017, §5.3; n counts steps from 1 as in the paper;
                           the lr rises linearly for w steps, peaks at n = w, then decays as
