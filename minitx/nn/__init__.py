@@ -17,9 +17,6 @@ from .layers import __all__ as _layers_all
 __all__ = ["init", *_module_all, *_layers_all]
 
 # ---- further building blocks: each file appends its names to __all__ here ----------------------
-# from .attention import *      # attention modules      (minitx/nn/attention.py)
-# from .transformer import *    # transformer blocks     (minitx/nn/transformer.py)
-# from .models import *         # complete models        (minitx/nn/models.py)
 
 # ---- attention modules, transformer blocks, models (exact-attention issue) ---------------------
 from .attention import *  # noqa: F401,F403,E402
@@ -30,3 +27,9 @@ from .transformer import __all__ as _transformer_all  # noqa: E402
 from .models import __all__ as _models_all  # noqa: E402
 
 __all__ += [*_attention_all, *_transformer_all, *_models_all]
+
+# ---- reversible residual layers and chunked feed-forward (efficient-attention issue) -----------
+from .reversible import *  # noqa: F401,F403,E402
+from .reversible import __all__ as _reversible_all  # noqa: E402
+
+__all__ += [*_reversible_all]
