@@ -25,9 +25,11 @@ def softmax_array(x, axis: int = -1):
     xp = get_array_module(x)
     m = x.max(axis=axis, keepdims=True)
     m = xp.where(xp.isfinite(m), m, 0)        # all −inf: shift by 0, exp gives 0s
-    e = xp.exp(x - m)
+    e = x - m                                 # one new array, then updated in place
+    xp.exp(e, out=e)
     total = e.sum(axis=axis, keepdims=True)
-    return e / xp.where(total > 0, total, 1)
+    e /= xp.where(total > 0, total, 1)
+    return e
 
 
 class Softmax(Function):
@@ -42,7 +44,9 @@ class Softmax(Function):
     def backward(ctx, grad):
         (s,) = ctx.saved_tensors
         # dx = s ⊙ (g − Σ g ⊙ s): the Jacobian-vector product without forming diag(s) − s sᵀ
-        return s * (grad - (grad * s).sum(axis=ctx.axis, keepdims=True)), None
+        gs = grad * s                                     # = s ⊙ g, reused in place
+        gs -= s * gs.sum(axis=ctx.axis, keepdims=True)
+        return gs, None
 
 
 class LogSoftmax(Function):

@@ -45,7 +45,9 @@ class Linear(Function):
     def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        out = x @ weight.T                       # (..., in) @ (in, out) -> (..., out)
+        # (..., in) @ (in, out) -> (..., out), as one 2-d product: NumPy's batched matmul
+        # would loop over the leading axes calling one small GEMM each.
+        out = (x.reshape(-1, x.shape[-1]) @ weight.T).reshape(x.shape[:-1] + weight.shape[:1])
         if bias is not None:
             out += bias
         return out
@@ -55,7 +57,7 @@ class Linear(Function):
         x, weight = ctx.saved_tensors
         nx, nw, nb = ctx.needs_input_grad
         g2 = grad.reshape(-1, grad.shape[-1])   # (rows, out)
-        gx = (grad @ weight) if nx else None     # (..., out) @ (out, in)
+        gx = (g2 @ weight).reshape(x.shape) if nx else None     # (..., out) @ (out, in)
         gw = (g2.T @ x.reshape(-1, x.shape[-1])).astype(weight.dtype, copy=False) if nw else None
         gb = g2.sum(axis=0).astype(grad.dtype, copy=False) if (nb and ctx.has_bias) else None
         return gx, gw, gb
