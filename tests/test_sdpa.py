@@ -268,3 +268,43 @@ def test_self_attention_is_permutation_equivariant(perm):
     x = rng.standard_normal((1, 6, 4))
     y = layer(T(x, False)).numpy()
     np.testing.assert_allclose(layer(T(x[:, perm], False)).numpy(), y[:, perm], atol=1e-12)
+
+
+def test_gpu_flash_dispatch_branch(rng, monkeypatch):
+    """The CuPy branch, wired to CPU stand-ins for the CUDA kernels: same values and grads,
+    and it is taken only without mask, dropout or weights."""
+    from minitx.attention import exact, flash
+    calls = []
+
+    class FakeKernels:                                          # flash_cuda's signatures
+        @staticmethod
+        def flash_attention_forward(q, k, v, *, causal, scale):
+            calls.append("fwd")
+            g = q.shape[1] // k.shape[1]
+            return flash.flash_attention_arrays(q, np.repeat(k, g, 1), np.repeat(v, g, 1),
+                                                causal=causal, scale=scale)
+
+        @staticmethod
+        def flash_attention_backward(q, k, v, o, lse, do, *, causal, scale):
+            calls.append("bwd")
+            b, hkv, n, d = k.shape
+            g = q.shape[1] // hkv
+            dq, dk, dv = flash.flash_backward_arrays(q, np.repeat(k, g, 1), np.repeat(v, g, 1),
+                                                     o, lse, do, causal=causal, scale=scale)
+            return dq, dk.reshape(b, hkv, g, n, d).sum(2), dv.reshape(b, hkv, g, n, d).sum(2)
+
+    q, k, v = qkv(rng, 2, 4, 2, 3, 6)
+    ref = [T(a) for a in (q, k, v)]
+    out_ref = sdpa(*ref, is_causal=True, enable_gqa=True)
+    out_ref.sum().backward()
+    monkeypatch.setattr(exact, "_flash_kernels", lambda q, k, v: FakeKernels)
+    got = [T(a) for a in (q, k, v)]
+    out = sdpa(*got, is_causal=True, enable_gqa=True)
+    out.sum().backward()
+    assert calls == ["fwd", "bwd"]
+    np.testing.assert_allclose(out.numpy(), out_ref.numpy(), atol=1e-12)
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), atol=1e-12)
+    sdpa(*got, np.ones((3, 6), bool), enable_gqa=True)
+    sdpa(*got, enable_gqa=True, return_weights=True)
+    assert calls == ["fwd", "bwd"]                              # masks/weights: fused path

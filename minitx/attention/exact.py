@@ -89,7 +89,7 @@ def _scores(qs, k, bias, allowed):
     if bias is not None:
         s += bias.astype(s.dtype, copy=False)
     if allowed is not None:
-        s = xp.where(allowed, s, -xp.inf)
+        xp.copyto(s, -xp.inf, where=~allowed)                   # in place, broadcasting the mask
     return s
 
 
@@ -216,13 +216,16 @@ class _FlashCUDAFunction(Function):
                                                     **ctx.options)
 
 
-def _flash_kernels(q, dtype):
-    """``flash_cuda`` when q is a CuPy float32/float16 array and the kernels load, else None."""
+def _flash_kernels(q, k, v):
+    """``flash_cuda`` when the kernels can take these CuPy arrays (float32/float16, Dv = D,
+    a compiled head dim) and load; else None (the fused NumPy/CuPy Function runs)."""
     xp = get_array_module(q)
-    if xp.__name__ == "numpy" or str(dtype) not in ("float32", "float16"):
+    if xp.__name__ == "numpy" or str(q.dtype) not in ("float32", "float16") or \
+            k.dtype != q.dtype or v.dtype != q.dtype or tuple(k.shape) != tuple(v.shape):
         return None
     try:
         from ..backend import flash_cuda  # noqa: PLC0415 - lazy: only on the GPU path
+        flash_cuda.padded_head_dim(q.shape[-1])                 # raises for unsupported D
         return flash_cuda if flash_cuda.is_available() else None
     except Exception:
         return None
@@ -380,7 +383,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         o = reshape(matmul(reshape(wd, (b, hkv, (h // hkv) * nq, nk)), v4), (b, h, nq, dv))
         return _unflatten(o, lead, nd), _unflatten(w, lead, nd)
     if attn_mask is None and dropout_p == 0.0:
-        kernels = _flash_kernels(q4.data, query.dtype)
+        kernels = _flash_kernels(q4.data, k4.data, v4.data)
         if kernels is not None:
             o = _FlashCUDAFunction.apply(q4, k4, v4, causal=bool(is_causal), scale=scale,
                                          kernels=kernels)
