@@ -7,7 +7,8 @@ its allocations to it) in a separate run, and the growth exponent: the slope of 
 vs log N fitted over the largest measured Ns (≈ 1 for linear-time variants, ≈ 2 for dense).
 
 "dense" is the textbook reference softmax(q kᵀ/√D) v built from minitx ops (the N × N
-scores live in memory). A variant is skipped at the next N when its predicted memory (the
+scores live in memory). Each variant is built afresh per N (variants with a ``max_len`` get
+max_len = N, so e.g. AFT-full's (max_len × max_len) bias stays N × N). A variant is skipped at the next N when its predicted memory (the
 last peak extrapolated with its own growth) exceeds --mem-cap-mb, or its predicted time
 exceeds --time-cap; skips are printed, never silent.
 
@@ -78,19 +79,25 @@ def run_once(layer, n, backward):
 
 def measure(layer, n, backward, repeats):
     tracemalloc.start()
-    run_once(layer, n, backward)
+    start = time.perf_counter()
+    run_once(layer, n, backward)            # also the warm-up call (not timed)
+    first = time.perf_counter() - start
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     times = []
-    for _ in range(repeats):
+    for _ in range(repeats if first < 5.0 else 1):
         start = time.perf_counter()
         run_once(layer, n, backward)
         times.append(time.perf_counter() - start)
     return min(times), peak
 
 
-def growth(ns, values, last=3):
-    """Slope of log(value) vs log(N) over the last ``last`` points (None if < 2 points)."""
+def growth(ns, values, last=4):
+    """Slope of log(value) vs log(N) over the last ``last`` points (None if < 2 points).
+
+    Small-N times are dominated by Python overhead, hence the upper points only; on a busy
+    machine time exponents are noisy, memory exponents are not.
+    """
     pts = [(n, v) for n, v in zip(ns, values) if v is not None][-last:]
     if len(pts) < 2:
         return None
@@ -101,13 +108,15 @@ def growth(ns, values, last=3):
 def bench(names, ns, backward=True, mem_cap_mb=2048, time_cap=30.0, repeats=2, log=print):
     results = {}
     for name in names:
-        try:
-            layer = make(name, ns[-1])
-        except Exception as exc:  # noqa: BLE001 - report and go on
-            log(f"  {name}: cannot construct ({type(exc).__name__}: {exc})")
-            continue
         times, peaks, notes = [], [], []
         for i, n in enumerate(ns):
+            try:        # built per N: variants with a max_len get max_len = N
+                layer = make(name, n)
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                notes.append(f"{name}: cannot construct ({type(exc).__name__}: {exc})")
+                times += [None] * (len(ns) - i)
+                peaks += [None] * (len(ns) - i)
+                break
             done = [(m, t, p) for m, t, p in zip(ns, times, peaks) if t is not None]
             if len(done) >= 2:
                 (n0, t0, p0), (n1, t1, p1) = done[-2:]
@@ -123,7 +132,7 @@ def bench(names, ns, backward=True, mem_cap_mb=2048, time_cap=30.0, repeats=2, l
                     peaks += [None] * (len(ns) - i)
                     break
             try:
-                t, p = measure(layer, n, backward, repeats if n <= 2048 else 1)
+                t, p = measure(layer, n, backward, repeats)
             except Exception as exc:  # noqa: BLE001
                 notes.append(f"{name}: failed at N = {n} ({type(exc).__name__}: {exc})")
                 times += [None] * (len(ns) - i)
@@ -215,7 +224,8 @@ def main(argv=None):
         names = [v.strip() for v in args.variants.split(",") if v.strip()]
     mode = "forward" if args.forward_only else "forward + backward"
     print(f"{mode}, one head, D = {D}, batch 1, float32; time = best of "
-          f"{1 if args.quick else 2} (1 for N > 2048); memory = tracemalloc peak\n")
+          f"{1 if args.quick else 2} after a warm-up (1 when a call takes > 5 s); memory = "
+          f"tracemalloc peak; exponents fitted over the largest 4 measured N\n")
     results = bench(names, ns, not args.forward_only, args.mem_cap_mb, args.time_cap,
                     1 if args.quick else 2)
     print()

@@ -139,7 +139,7 @@ class SparseAttentionBase(AttentionBase):
 
     def pattern(self, n: int):
         """(n, n) bool mask of this variant's pattern (True = may attend)."""
-        return grid_mask(n, lambda i, j: self._rule(n)(i, j))
+        return grid_mask(n, self._rule(n))
 
     def attend(self, q, k, v):
         """Exact attention under ``pattern(N)``: (B, H, N, D) → (B, H, N, Dv), O(N·c) memory."""
