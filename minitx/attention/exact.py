@@ -31,7 +31,7 @@ import math
 
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
-from ..backend import get_array_module
+from ..backend import get_array_module, xp as active_xp
 from ..nn.layers import Linear
 from ..nn.module import Module, Parameter
 from ..ops.activation import softmax
@@ -41,7 +41,8 @@ from ..ops.indexing import masked_fill
 from ..ops.linalg import matmul
 from ..ops.shape import broadcast_to, expand_dims, reshape, swapaxes
 from ..ops._util import unbroadcast
-from .base import AttentionBase, causal_pattern, check_heads, register
+from .base import (AttentionBase, causal_pattern, check_heads, merge_heads, register, repeat_kv,
+                   split_heads)
 
 __all__ = ["scaled_dot_product_attention", "attention_weights", "SDPAFunction",
            "AttentionWeightsFunction", "dot_product_attention", "additive_scores",
@@ -541,6 +542,11 @@ class CausalSelfAttention(SelfAttention):
         super().__init__(embed_dim, causal=True, bias=bias)
 
 
+def _is_bool(mask):
+    data = mask.data if isinstance(mask, Tensor) else mask
+    return data.dtype == bool
+
+
 # ---- registered variants -----------------------------------------------------------------
 
 def default_kv_heads(num_heads: int) -> int:
@@ -567,6 +573,7 @@ class ExactSelfAttention(AttentionBase):
     kind = "exact"
     supports_kv_cache = True
     supports_attn_mask = True
+    needs_weights = False          # True when value_term uses the attention weights
 
     def __init__(self, embed_dim, num_heads, causal=False, num_kv_heads=None, bias=True,
                  dropout: float = 0.0):
@@ -582,7 +589,6 @@ class ExactSelfAttention(AttentionBase):
         if len(x.shape) != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"{type(self).__name__}: x must be (B, N, {self.embed_dim}), "
                              f"got shape {_shape(x)}")
-        from .base import merge_heads, split_heads
         q = split_heads(self.q_proj(x), self.num_heads)              # (B, H, N, D)
         k = split_heads(self.k_proj(x), self.num_kv_heads)           # (B, Hkv, N, D)
         v = split_heads(self.v_proj(x), self.num_kv_heads)
@@ -610,7 +616,7 @@ class ExactSelfAttention(AttentionBase):
             mask = attn_mask + bias                               # two float biases add up
         else:
             mask = merge_masks(attn_mask, bias)
-        need = self.record_weights or type(self).value_term is not ExactSelfAttention.value_term
+        need = self.record_weights or self.needs_weights
         res = scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
             is_causal=self.causal, scale=self.scale, enable_gqa=True, return_weights=need)
@@ -621,11 +627,6 @@ class ExactSelfAttention(AttentionBase):
             self.last_attn_weights = w.data
         extra = self.value_term(w, nq, nk)
         return out if extra is None else out + extra
-
-
-def _is_bool(mask):
-    data = mask.data if isinstance(mask, Tensor) else mask
-    return data.dtype == bool
 
 
 @register("mqa")
@@ -666,7 +667,6 @@ class DotProductSelfAttention(ExactSelfAttention):
         self.scale = 1.0
         self.general = bool(general)
         if self.general:
-            from ..backend import xp as active_xp
             eye = active_xp().eye(self.head_dim, dtype="float32")
             self.score_weight = Parameter(active_xp().broadcast_to(
                 eye, (num_heads, self.head_dim, self.head_dim)).copy())
@@ -699,7 +699,6 @@ class AdditiveSelfAttention(ExactSelfAttention):
 
     def attend(self, q, k, v, attn_mask=None):
         """q (B, H, Nq, D), k/v (B, Hkv, Nk, D) → (B, H, Nq, D)."""
-        from .base import repeat_kv
         _, h, _, nq, nk, _ = check_heads(q, k, v, f"{self.name}.attend")
         k, v = repeat_kv(k, h), repeat_kv(v, h)
         scores = additive_scores(q, k, self.W_q.weight, self.W_k.weight,

@@ -143,6 +143,7 @@ class RelativePositionAttention(ExactSelfAttention):
     """
 
     kind = "score"
+    needs_weights = True
 
     def __init__(self, embed_dim, num_heads, causal=False, max_relative_position: int = 8,
                  **options):

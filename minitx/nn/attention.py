@@ -114,6 +114,10 @@ class MultiheadAttention(Module):
 
     Set ``record_weights = True`` to keep the per-head map of every call in
     ``last_attn_weights`` (N, H, L, S) (a raw array) for visualisation.
+
+    Differences from PyTorch: returned weights are the probabilities *before* dropout
+    (PyTorch returns them after, which only differs in training); rows with no allowed key give
+    zeros instead of NaN; ``is_causal`` works without ``attn_mask``.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
