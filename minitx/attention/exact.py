@@ -94,7 +94,7 @@ def _scores(qs, k, bias, allowed):
     return s
 
 
-def _dscores(ds, qs, k, scale, needs, bias_shape):
+def _dscores(ds, qs, k, scale, needs, bias_meta):
     """From dS (B, H, Nq, Nk) to (dQ, dK, dBias): dQ = dS K·scale, dK = Σ_group dSᵀ Q·scale."""
     xp = get_array_module(ds)
     b, h, nq, nk = ds.shape
@@ -109,7 +109,7 @@ def _dscores(ds, qs, k, scale, needs, bias_shape):
         # (B, Hkv, Nk, G·Nq) @ (B, Hkv, G·Nq, D) -> (B, Hkv, Nk, D): the group sum is the matmul
         dk = xp.swapaxes(dsg, -1, -2) @ qs.reshape(b, hkv, (h // hkv) * nq, d)
     if needs[2]:
-        dbias = unbroadcast(ds, bias_shape)
+        dbias = unbroadcast(ds, *bias_meta)                     # (shape, dtype) of the bias
     return dq, dk, dbias
 
 
@@ -144,7 +144,7 @@ class SDPAFunction(Function):
         o = (pd.reshape(b, hkv, (h // hkv) * nq, nk) @ v).reshape(b, h, nq, dv)
         ctx.save_for_backward(qs, k, v, p, keep, o)
         ctx.scale = scale
-        ctx.bias_shape = None if bias is None else bias.shape
+        ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
         return o
 
     @staticmethod
@@ -169,7 +169,7 @@ class SDPAFunction(Function):
             ds *= keep
         ds -= (grad * o).sum(axis=-1, keepdims=True)             # δ = rowsum(dO ⊙ O)
         ds *= p                                                  # dS = P ⊙ (dP − δ)
-        dq, dk, dbias = _dscores(ds, qs, k, ctx.scale, needs, ctx.bias_shape)
+        dq, dk, dbias = _dscores(ds, qs, k, ctx.scale, needs, ctx.bias_meta)
         return dq, dk, dvv, dbias
 
 
@@ -186,7 +186,7 @@ class AttentionWeightsFunction(Function):
         p = _softmax_rows_(_scores(qs, k, bias, allowed))
         ctx.save_for_backward(qs, k, p)
         ctx.scale = scale
-        ctx.bias_shape = None if bias is None else bias.shape
+        ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
         return p
 
     @staticmethod
@@ -195,7 +195,7 @@ class AttentionWeightsFunction(Function):
         ds = grad * p
         ds -= p * ds.sum(axis=-1, keepdims=True)                 # P ⊙ (dP − Σ dP ⊙ P)
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2])
-        return _dscores(ds, qs, k, ctx.scale, needs, ctx.bias_shape)
+        return _dscores(ds, qs, k, ctx.scale, needs, ctx.bias_meta)
 
 
 class _FlashCUDAFunction(Function):
