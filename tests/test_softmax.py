@@ -73,3 +73,14 @@ def test_softmax_is_shift_invariant_and_stable(rng):
     big = F.softmax(minitx.tensor(x + 1000.0)).numpy()
     np.testing.assert_allclose(big, F.softmax(minitx.tensor(x)).numpy(), atol=1e-15)
     assert np.all(np.isfinite(F.log_softmax(minitx.tensor(x * 1e4)).numpy()))
+
+
+def test_log_softmax_all_minus_inf_row_is_minus_inf_not_nan():
+    x = minitx.tensor(np.array([[-np.inf, -np.inf, -np.inf], [0.0, 1.0, 2.0]]), requires_grad=True)
+    y = F.log_softmax(x, axis=-1)
+    assert np.all(np.isneginf(y.numpy()[0]))
+    # the finite row is untouched: log softmax by hand
+    row = np.array([0.0, 1.0, 2.0])
+    np.testing.assert_allclose(y.numpy()[1], row - np.log(np.exp(row).sum()), rtol=1e-12)
+    F.log_softmax(x, axis=-1)[1].sum().backward()
+    assert np.all(np.isfinite(x.grad.numpy()))

@@ -56,7 +56,8 @@ class LogSoftmax(Function):
         m = x.max(axis=axis, keepdims=True)
         m = xp.where(xp.isfinite(m), m, 0)
         shifted = x - m
-        out = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
+        total = xp.exp(shifted).sum(axis=axis, keepdims=True)
+        out = shifted - xp.log(xp.where(total > 0, total, 1))   # all −inf rows stay −inf
         ctx.save_for_backward(out)
         ctx.axis = axis
         return out
@@ -82,7 +83,7 @@ def softmax(x, axis: int = -1):
 def log_softmax(x, axis: int = -1):
     """log softmax(x) = x − logsumexp(x) along ``axis``, computed stably.
 
-    Backward: dx = g − softmax(x) Σ g.
+    Backward: dx = g − softmax(x) Σ g. An all −inf slice gives −inf (not NaN).
     """
     axis = normalize_axis(axis, len(x.shape))
     return LogSoftmax.apply(x, axis)
