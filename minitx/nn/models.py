@@ -273,7 +273,8 @@ class Transformer(Module, _AttentionMaps):
         memory = Encoder(E_src[src]·√d + PE),   logits = W_g Decoder(E_tgt[tgt]·√d + PE, memory)
 
     Batch-first: src (B, S), tgt (B, T) token ids. ``pad_idx`` (optional) derives the key
-    padding masks from the tokens. Keys: ``src_embed.weight``, ``tgt_embed.weight``,
+    padding masks from the tokens. Embeddings start N(0, 1/d_model) (fairseq), so that
+    E·√d_model and the sinusoidal code have the same scale. Keys: ``src_embed.weight``, ``tgt_embed.weight``,
     ``encoder.layers.{i}.*``, ``encoder.norm.*``, ``decoder.layers.{i}.*``, ``decoder.norm.*``,
     ``generator.*``. Cross-attention maps: ``record_attention(True)`` then
     ``attention_maps()`` (keys ``decoder.layers.{i}.multihead_attn``).
@@ -288,6 +289,10 @@ class Transformer(Module, _AttentionMaps):
         self.d_model, self.pad_idx = d_model, pad_idx
         self.src_embed = Embedding(src_vocab_size, d_model, padding_idx=pad_idx)
         self.tgt_embed = Embedding(tgt_vocab_size, d_model, padding_idx=pad_idx)
+        for emb in (self.src_embed, self.tgt_embed):      # N(0, 1/d): E·√d is O(1), like PE
+            init.normal_(emb.weight, 0.0, d_model ** -0.5)
+            if pad_idx is not None:
+                emb.weight.data[pad_idx] = 0
         self.pos = _attn().SinusoidalPositionalEncoding(d_model, dropout=dropout)
         common = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
                       batch_first=True, norm_first=norm_first)
