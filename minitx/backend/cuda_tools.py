@@ -236,25 +236,82 @@ def format_report(rows) -> list:
     return lines
 
 
-def doctor_lines(compile: bool = False, archs=("sm_80",)) -> list:
-    """Backend lines for ``python -m minitx doctor`` (kernel part). ``compile=True`` also runs
-    nvcc over every instantiation (tens of seconds) and summarises ptxas resource usage."""
-    lines = []
+def _safe(fn, default):
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - doctor output must never raise
+        return default.format(err=f"{type(exc).__name__}: {exc}")
+
+
+def _gpu_line() -> str:
+    from . import cupy_or_none, gpu_available
+    cp = cupy_or_none()
+    if cp is None or not gpu_available():
+        return "GPU: none usable (CuPy missing or no CUDA device)"
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    name = props.get("name", b"?")
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    cc = str(dev.compute_capability)
+    return (f"GPU: {name} (sm_{cc}, {props.get('totalGlobalMem', 0) / 2**30:.1f} GiB, shared "
+            f"memory per block opt-in {flash_cuda._device_smem_limit()} B)")
+
+
+def doctor_lines(compile: bool = False, archs=("sm_80", "sm_90"), jobs: int = 2) -> list:
+    """Backend and kernel lines for ``python -m minitx doctor``; never raises.
+
+    Default: fast (well under a second without a GPU; no compilation): Python/NumPy/CuPy
+    versions, the GPU, nvcc, NVRTC, the kernel source, its instantiations and their dynamic
+    shared memory, and whether the CPU emulation tests (``pytest tests/cuda``) can build.
+    ``compile=True`` also compiles every instantiation with nvcc for each of ``archs`` (``jobs``
+    nvcc processes; about a minute per arch) and appends the per-instantiation ptxas table
+    (registers, dynamic shared memory, spills, stack) plus a summary line.
+    """
+    import platform
+
+    import numpy
+
+    from . import _cupy, cupy_or_none
+
+    lines = [f"python {platform.python_version()}, numpy {numpy.__version__}"]
+    cp = _safe(cupy_or_none, "")
+    lines.append(f"cupy {cp.__version__}" if cp else
+                 f"cupy: not installed ({_cupy.get('error') or 'not importable'})")
+    lines.append(_safe(_gpu_line, "GPU: unknown ({err})"))
     path = flash_cuda.kernel_path()
     lines.append(f"flash kernel source: {path} ({'present' if os.path.isfile(path) else 'MISSING'})")
-    nvcc = find_nvcc()
-    lines.append(f"nvcc: {nvcc} (CUDA {nvcc_version(nvcc)})" if nvcc else "nvcc: not found")
+    nvcc = _safe(find_nvcc, "")
+    lines.append(f"nvcc: {nvcc} (CUDA {_safe(lambda: nvcc_version(nvcc), '?')})" if nvcc
+                 else "nvcc: not found (set CUDA_HOME or put nvcc on PATH; needed only for "
+                      "the ptxas check)")
     lines.append(f"NVRTC via CuPy: {'available' if nvrtc_available() else 'not available'}")
-    lines.append(f"flash kernel on GPU: {'available' if flash_cuda.is_available() else 'not available (needs CuPy + NVIDIA GPU)'}")
+    lines.append("flash kernel on GPU: " + ("available" if flash_cuda.is_available() else
+                                            "not available (needs CuPy + NVIDIA GPU); the NumPy "
+                                            "tiled flash attention runs instead"))
     lines.append(f"flash instantiations: {len(flash_cuda.all_kernel_names())} "
-                 f"(D in {flash_cuda.SUPPORTED_HEAD_DIMS}, fp32/fp16, causal or not)")
-    if compile and nvcc:
-        rows = compile_report(archs=archs)
+                 f"(D in {flash_cuda.SUPPORTED_HEAD_DIMS}, fp32/fp16, causal or not; other "
+                 f"D, Dv <= 128 zero padded)")
+    smem = ", ".join(
+        f"{kind} " + "/".join(str(flash_cuda.smem_bytes(kind, D)) for D in flash_cuda.SUPPORTED_HEAD_DIMS)
+        for kind in ("fwd", "bwd_dkdv", "bwd_dq"))
+    lines.append(f"dynamic shared memory per block, D=32/64/128 (bytes): {smem}; above "
+                 f"{flash_cuda.DEFAULT_SMEM_LIMIT} needs the opt-in attribute")
+    gxx = shutil.which(os.environ.get("CXX") or "g++")
+    lines.append(f"CPU emulation tests (pytest tests/cuda): {'g++ ' + gxx if gxx else 'g++ not found: skipped'}")
+    if compile:
+        if not nvcc:
+            lines.append("ptxas table: skipped (nvcc not found)")
+            return lines
+        try:
+            rows = compile_report(archs=tuple(archs), jobs=jobs, nvcc=nvcc)
+        except Exception as exc:  # noqa: BLE001
+            lines.append(f"ptxas table: failed ({type(exc).__name__}: {exc})")
+            return lines
         bad = [r for r in rows if not r["ok"]]
         regs = [r["registers"] for r in rows if r["registers"] is not None]
-        lines.append(f"ptxas ({', '.join(archs)}): {len(rows) - len(bad)}/{len(rows)} ok, "
-                     f"registers {min(regs) if regs else '?'}..{max(regs) if regs else '?'}, "
-                     f"spills/local memory: {'none' if not bad else 'SEE ERRORS'}")
-        for r in bad[:5]:
-            lines.append(f"  {r['kernel']} {r['arch']}: {r['error'] or 'spills/stack'}")
+        lines.append(f"ptxas ({', '.join(archs)}, -Xptxas {PTXAS_FLAGS}): "
+                     f"{len(rows) - len(bad)}/{len(rows)} ok, registers "
+                     f"{min(regs) if regs else '?'}..{max(regs) if regs else '?'} per thread, "
+                     f"spills/stack/local memory: {'none' if not bad else 'SEE TABLE'}")
+        lines.extend(format_report(rows))
     return lines

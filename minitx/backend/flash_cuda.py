@@ -5,15 +5,17 @@ Public API (CuPy arrays in, CuPy arrays out)::
     o, lse = flash_attention_forward(q, k, v, causal=True)
     dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal=True)
 
-Shapes: ``q`` (B, H, Nq, D), ``k``/``v`` (B, Hkv, Nk, D) with ``Hkv`` dividing ``H`` (grouped-query
-attention: q head ``h`` reads kv head ``h // (H // Hkv)``). ``o`` has q's dtype, ``lse`` (B, H, Nq)
-is float32. Masks: ``lengths`` (B,) int keeps keys ``j < lengths[b]``; ``key_mask`` (B, Nk) bool
+Shapes: ``q`` (B, H, Nq, D), ``k`` (B, Hkv, Nk, D), ``v`` (B, Hkv, Nk, Dv) with ``Hkv`` dividing
+``H`` (grouped-query attention: q head ``h`` reads kv head ``h // (H // Hkv)``). ``o`` (B, H, Nq, Dv)
+has q's dtype, ``lse`` (B, H, Nq) is float32. Inputs may be non-contiguous views (they are copied
+into contiguous, padded buffers); ``key_mask``/``lengths`` may be NumPy or CuPy arrays. Masks: ``lengths`` (B,) int keeps keys ``j < lengths[b]``; ``key_mask`` (B, Nk) bool
 keeps keys where True; ``causal`` keeps ``j <= i + (Nk - Nq)`` (bottom-right aligned). A query row
 that keeps no key gets ``o = 0`` and ``lse = -inf``; its gradients are zero.
 
-Head dims 32/64/128 are compiled; any other ``D <= 128`` is zero padded to the next one (zero
-columns of q/k add nothing to the scores, zero columns of v give zero output columns which are
-sliced off). ``scale`` defaults to ``1/sqrt(D)`` of the *unpadded* D.
+Head dims 32/64/128 are compiled; q, k and v are zero padded to the smallest one >= max(D, Dv)
+(zero columns of q/k add nothing to the scores, zero columns of v give zero output columns which
+are sliced off). ``scale`` defaults to ``1/sqrt(D)`` of the *unpadded* D. :func:`supports` says
+(without a GPU) whether given arrays can run here; dispatchers should call it.
 
 The kernels compute dK/dV per *query* head into a float32 (B, H, Nk, D) buffer; for GQA the
 ``H // Hkv`` heads of a group are summed here, in Python (deterministic, no atomics).
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 import numpy
 
 __all__ = [
-    "flash_attention_forward", "flash_attention_backward", "is_available", "kernel_source",
+    "flash_attention_forward", "flash_attention_backward", "is_available", "supports", "kernel_source",
     "kernel_path", "padded_head_dim", "smem_bytes", "kernel_name", "all_kernel_names",
     "plan_launch", "validate_inputs", "check_shared_memory", "SUPPORTED_HEAD_DIMS",
     "THREADS", "BLOCK_M", "BLOCK_N", "DEFAULT_SMEM_LIMIT",
@@ -152,7 +154,8 @@ def plan_launch(kind: str, dtype, *, B: int, H: int, Nq: int, Nk: int, D: int,
 def validate_inputs(q, k, v, key_mask=None, lengths=None, **extra):
     """Check shapes/dtypes (works on NumPy or CuPy arrays); returns (B, H, Hkv, Nq, Nk, D).
 
-    ``extra`` may hold ``o``/``do`` (shape of q) and ``lse`` (B, H, Nq) for the backward.
+    ``extra`` may hold ``o``/``do`` (B, H, Nq, Dv) and ``lse`` (B, H, Nq) for the backward.
+    ``v`` may have its own last dim Dv (<= 128 like D).
     """
     for nm, x in (("q", q), ("k", k), ("v", v)):
         if getattr(x, "ndim", None) != 4:
@@ -164,8 +167,10 @@ def validate_inputs(q, k, v, key_mask=None, lengths=None, **extra):
         if numpy.dtype(x.dtype) != dt:
             raise TypeError(f"{nm} must have q's dtype {dt.name}, got {numpy.dtype(x.dtype).name}")
     B, H, Nq, D = (int(s) for s in q.shape)
-    if tuple(k.shape) != tuple(v.shape):
-        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if tuple(k.shape[:3]) != tuple(v.shape[:3]):
+        raise ValueError(f"v must have k's shape (B, Hkv, Nk) = {tuple(k.shape[:3])}, got "
+                         f"{tuple(v.shape)}")
+    Dv = int(v.shape[3])
     Bk, Hkv, Nk, Dk = (int(s) for s in k.shape)
     if Bk != B:
         raise ValueError(f"k must have batch size {B} (q.shape[0]), got {Bk}")
@@ -173,7 +178,7 @@ def validate_inputs(q, k, v, key_mask=None, lengths=None, **extra):
         raise ValueError(f"k must have head dim {D} (q.shape[3]), got {Dk}")
     if Hkv < 1 or H % Hkv:
         raise ValueError(f"k heads must divide q heads {H}, got {Hkv}")
-    padded_head_dim(D)
+    padded_head_dim(max(D, Dv))
     if key_mask is not None:
         if tuple(key_mask.shape) != (B, Nk):
             raise ValueError(f"key_mask must have shape {(B, Nk)}, got {tuple(key_mask.shape)}")
@@ -187,14 +192,33 @@ def validate_inputs(q, k, v, key_mask=None, lengths=None, **extra):
     for nm in ("o", "do"):
         x = extra.get(nm)
         if x is not None:
-            if tuple(x.shape) != (B, H, Nq, D):
-                raise ValueError(f"{nm} must have q's shape {(B, H, Nq, D)}, got {tuple(x.shape)}")
+            if tuple(x.shape) != (B, H, Nq, Dv):
+                raise ValueError(f"{nm} must have the output's shape (B, H, Nq, Dv) = "
+                                 f"{(B, H, Nq, Dv)}, got {tuple(x.shape)}")
             if numpy.dtype(x.dtype) != dt:
                 raise TypeError(f"{nm} must have q's dtype {dt.name}, got {numpy.dtype(x.dtype).name}")
     lse = extra.get("lse")
     if lse is not None and tuple(lse.shape) != (B, H, Nq):
         raise ValueError(f"lse must have shape {(B, H, Nq)}, got {tuple(lse.shape)}")
     return B, H, Hkv, Nq, Nk, D
+
+
+def compiled_head_dim(q, v) -> int:
+    """The compiled head dim the kernels run with for ``q`` (.., D) and ``v`` (.., Dv)."""
+    return padded_head_dim(max(int(q.shape[-1]), int(v.shape[-1])))
+
+
+def supports(q, k, v, key_mask=None, lengths=None) -> bool:
+    """True when the kernels take these arrays (shapes, dtypes, D and Dv <= 128, B*H grid limit).
+
+    Pure Python on ``.shape``/``.dtype``: works for NumPy and CuPy arrays, needs no GPU and does
+    not check that a GPU is present (that is :func:`is_available`). Never raises.
+    """
+    try:
+        B, H = validate_inputs(q, k, v, key_mask, lengths)[:2]
+        return B * H <= 65535
+    except Exception:
+        return False
 
 
 def resolve_scale(scale, D: int) -> float:
@@ -211,8 +235,11 @@ def pad_head_dim(xp, x, Dp: int):
 
 
 def _masks(xp, key_mask, lengths):
-    km = None if key_mask is None else xp.ascontiguousarray((key_mask != 0).astype(numpy.uint8))
-    ln = None if lengths is None else xp.ascontiguousarray(lengths.astype(numpy.int32))
+    """uint8 (B, Nk) keep mask and int32 (B,) lengths, contiguous, in ``xp`` (NumPy masks are
+    copied to the device)."""
+    km = None if key_mask is None else xp.ascontiguousarray(
+        (xp.asarray(key_mask) != 0).astype(numpy.uint8))
+    ln = None if lengths is None else xp.ascontiguousarray(xp.asarray(lengths).astype(numpy.int32))
     return km, ln
 
 
@@ -221,28 +248,30 @@ def _forward(xp, launch, q, k, v, *, causal=False, scale=None, key_mask=None, le
              smem_limit=DEFAULT_SMEM_LIMIT):
     """Run the forward with ``launch(plan, args)``; ``xp`` is numpy (emulation) or cupy."""
     B, H, Hkv, Nq, Nk, D = validate_inputs(q, k, v, key_mask, lengths)
-    Dp = padded_head_dim(D)
+    Dv = int(v.shape[-1])
+    Dp = compiled_head_dim(q, v)
     sc = resolve_scale(scale, D)
     dt = numpy.dtype(q.dtype)
     o = xp.zeros((B, H, Nq, Dp), dtype=dt)
     lse = xp.full((B, H, Nq), -numpy.inf, dtype=numpy.float32)
     if B * H * Nq == 0:
-        return o[..., :D], lse
+        return xp.ascontiguousarray(o[..., :Dv]), lse
     qp, kp, vp = (pad_head_dim(xp, x, Dp) for x in (q, k, v))
     km, ln = _masks(xp, key_mask, lengths)
     plan = plan_launch("fwd", dt, B=B, H=H, Nq=Nq, Nk=Nk, D=Dp, causal=causal)
     check_shared_memory(plan.smem, smem_limit, plan.name)
     launch(plan, (qp, kp, vp, o, lse, ln, km, numpy.int32(H), numpy.int32(Hkv), numpy.int32(Nq),
                   numpy.int32(Nk), numpy.float32(sc)))
-    if Dp != D:
-        o = xp.ascontiguousarray(o[..., :D])
+    if Dp != Dv:
+        o = xp.ascontiguousarray(o[..., :Dv])
     return o, lse
 
 
 def _backward(xp, launch, q, k, v, o, lse, do, *, causal=False, scale=None, key_mask=None,
               lengths=None, smem_limit=DEFAULT_SMEM_LIMIT):
     B, H, Hkv, Nq, Nk, D = validate_inputs(q, k, v, key_mask, lengths, o=o, do=do, lse=lse)
-    Dp = padded_head_dim(D)
+    Dv = int(v.shape[-1])
+    Dp = compiled_head_dim(q, v)
     sc = resolve_scale(scale, D)
     dt = numpy.dtype(q.dtype)
     if B * H * Nq == 0 or Nk == 0:
@@ -273,7 +302,7 @@ def _backward(xp, launch, q, k, v, o, lse, do, *, causal=False, scale=None, key_
         dk32 = dk32.reshape(B, Hkv, G, Nk, Dp).sum(axis=2)
         dv32 = dv32.reshape(B, Hkv, G, Nk, Dp).sum(axis=2)
     dk = xp.ascontiguousarray(dk32[..., :D].astype(dt))
-    dv = xp.ascontiguousarray(dv32[..., :D].astype(dt))
+    dv = xp.ascontiguousarray(dv32[..., :Dv].astype(dt))
     dq = xp.ascontiguousarray(dq[..., :D])
     return dq, dk, dv
 
@@ -353,17 +382,22 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, key_mask=None,
     cp = _require_gpu(q)
     validate_inputs(q, k, v, key_mask, lengths)
     dt = numpy.dtype(q.dtype).name
-    launch = _cupy_launch(dt, padded_head_dim(q.shape[-1]), bool(causal))
+    launch = _cupy_launch(dt, compiled_head_dim(q, v), bool(causal))
     return _forward(cp, launch, q, k, v, causal=bool(causal), scale=scale, key_mask=key_mask,
                     lengths=lengths, smem_limit=_device_smem_limit())
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, key_mask=None,
                              lengths=None):
-    """Flash-attention backward on CuPy arrays; returns ``(dq, dk, dv)`` in q's dtype."""
+    """Flash-attention backward on CuPy arrays; returns ``(dq, dk, dv)`` in q's dtype.
+
+    ``do`` (the upstream gradient) is cast to q's dtype if it differs (an autograd engine may
+    hand a float32 gradient to a float16 graph); ``lse`` is used as float32."""
     cp = _require_gpu(q)
+    if getattr(do, "dtype", None) is not None and numpy.dtype(do.dtype) != numpy.dtype(q.dtype):
+        do = do.astype(q.dtype)
     validate_inputs(q, k, v, key_mask, lengths, o=o, do=do, lse=lse)
     dt = numpy.dtype(q.dtype).name
-    launch = _cupy_launch(dt, padded_head_dim(q.shape[-1]), bool(causal))
+    launch = _cupy_launch(dt, compiled_head_dim(q, v), bool(causal))
     return _backward(cp, launch, q, k, v, o, lse, do, causal=bool(causal), scale=scale,
                      key_mask=key_mask, lengths=lengths, smem_limit=_device_smem_limit())

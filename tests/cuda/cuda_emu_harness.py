@@ -203,5 +203,5 @@ def ref_backward(q, k, v, o, do, causal=False, scale=None, key_mask=None, length
     dk = np.swapaxes(dS, -1, -2) @ q * scale
     G = H // Hkv
     dk = dk.reshape(B, Hkv, G, Nk, D).sum(2)
-    dv = dv.reshape(B, Hkv, G, Nk, D).sum(2)
+    dv = dv.reshape(B, Hkv, G, Nk, dv.shape[-1]).sum(2)
     return dq, dk, dv

@@ -49,3 +49,43 @@ def test_doctor_lines_never_raise():
     lines = cuda_tools.doctor_lines()
     assert any("flash kernel source" in ln for ln in lines)
     assert isinstance(cuda_tools.nvrtc_available(), bool)
+
+
+def test_doctor_lines_default_is_fast_and_does_not_compile(monkeypatch):
+    import time
+
+    def boom(*a, **k):
+        raise AssertionError("doctor_lines() must not compile by default")
+
+    monkeypatch.setattr(cuda_tools, "compile_arch", boom)
+    monkeypatch.setattr(cuda_tools, "compile_report", boom)
+    t = time.perf_counter()
+    lines = cuda_tools.doctor_lines()
+    assert time.perf_counter() - t < 10.0
+    text = "\n".join(lines)
+    for needle in ("numpy", "cupy", "GPU", "nvcc", "NVRTC", "flash instantiations: 38",
+                   "dynamic shared memory"):
+        assert needle in text, needle
+
+
+def test_doctor_lines_compile_gives_the_per_instantiation_table(monkeypatch):
+    names = flash_cuda.all_kernel_names()
+    seen = {}
+
+    def fake_report(archs, jobs, nvcc):
+        seen["archs"] = archs
+        return [dict(kernel=n, arch=a, registers=96, smem_static=0, smem_dynamic=1024,
+                     spill_stores=0, spill_loads=0, stack=0, ok=True, error=None)
+                for a in archs for n in names]
+
+    monkeypatch.setattr(cuda_tools, "find_nvcc", lambda: "/fake/nvcc")
+    monkeypatch.setattr(cuda_tools, "nvcc_version", lambda nvcc=None: "13.0")
+    monkeypatch.setattr(cuda_tools, "compile_report", fake_report)
+    lines = cuda_tools.doctor_lines(compile=True)
+    assert seen["archs"] == ("sm_80", "sm_90")
+    assert any("76/76 ok" in ln for ln in lines)
+    for arch in ("sm_80", "sm_90"):
+        for n in names:
+            assert sum(ln.startswith(n + " ") and f" {arch} " in ln for ln in lines) == 1, (n, arch)
+    monkeypatch.setattr(cuda_tools, "find_nvcc", lambda: None)
+    assert any("skipped (nvcc not found)" in ln for ln in cuda_tools.doctor_lines(compile=True))

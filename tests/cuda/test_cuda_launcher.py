@@ -112,7 +112,20 @@ def test_validation_messages(mutate, exc, msg):
 def test_validation_backward_extras():
     q, k, v = _qkv()
     assert fc.validate_inputs(q, k, v) == (2, 4, 2, 5, 7, 32)
-    with pytest.raises(ValueError, match="do must have q's shape"):
+    with pytest.raises(ValueError, match="do must have the output's shape"):
         fc.validate_inputs(q, k, v, do=q[:, :, :2])
     with pytest.raises(ValueError, match=r"lse must have shape \(2, 4, 5\)"):
         fc.validate_inputs(q, k, v, lse=np.zeros((2, 4), np.float32))
+
+
+def test_value_head_dim_may_differ():
+    q, k, _ = _qkv()
+    v = np.zeros(k.shape[:3] + (100,), np.float32)
+    assert fc.validate_inputs(q, k, v) == (2, 4, 2, 5, 7, 32)
+    assert fc.compiled_head_dim(q, v) == 128
+    o = np.zeros(q.shape[:3] + (100,), np.float32)
+    fc.validate_inputs(q, k, v, o=o, do=o)
+    with pytest.raises(ValueError, match=r"o must have the output's shape .* \(2, 4, 5, 100\)"):
+        fc.validate_inputs(q, k, v, o=q)
+    with pytest.raises(ValueError, match="<= 128.*129"):
+        fc.validate_inputs(q, k, np.zeros(k.shape[:3] + (129,), np.float32))
