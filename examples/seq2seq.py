@@ -147,8 +147,9 @@ def main(argv=None):
                            f"{args.task}: output step (rows) → input position (columns)",
                            quiet=True)
             pictures.append(path)
-            diag = float(np.mean([att[t, n - 2 - t] for t in range(n - 1)])) \
-                if args.task == "reverse" else None
+            steps = min(att.shape[0], n - 1)
+            diag = float(np.mean([att[t, n - 2 - t] for t in range(steps)])) \
+                if args.task == "reverse" and steps > 0 else None
             extra = f"; mean weight on the mirrored position {diag:.2f}" if diag is not None \
                 else ""
             print(f"cross-attention picture {path}{extra}")

@@ -1,0 +1,107 @@
+"""``python -m minitx``: the tour's worked example (numbers checked by hand), the variant table,
+and the subcommands."""
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ENV = dict(os.environ, MINITX_NO_TQDM="1", MINITX_BACKEND="numpy")
+
+
+def run(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "minitx", *args], capture_output=True,
+                          text=True, timeout=timeout, env=ENV)
+
+
+def _row_present(out, row):
+    """A line holding the numbers of ``row`` in order (4 decimals)."""
+    pattern = r"\s+".join(re.escape(f"{v:.4f}") for v in row)
+    return re.search(pattern, out) is not None
+
+
+@pytest.fixture(scope="module")
+def tour():
+    proc = run(timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_tour_worked_example_numbers(tour):
+    # by hand: scores_ij = q_i · k_j / sqrt(2); weights = row softmax; output = weights @ V
+    x = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
+    scores = [[sum(a * b for a, b in zip(qi, kj)) / 2 ** 0.5 for kj in x] for qi in x]
+    weights = []
+    for row in scores:
+        e = [np.exp(s) for s in row]
+        weights.append([v / sum(e) for v in e])
+    output = [[sum(w * x[j][c] for j, w in enumerate(wrow)) for c in range(2)]
+              for wrow in weights]
+    assert abs(scores[2][2] - 1.4142) < 1e-4 and abs(sum(weights[0]) - 1) < 1e-12
+    for block in (scores, weights, output):
+        for row in block:
+            assert _row_present(tour, row), f"row {row} not found in the tour output"
+
+
+def test_tour_sections(tour):
+    assert "softmax Jacobian" in tour and "max |J − autograd|" in tour
+    m = re.search(r"max \|J − autograd\| = ([0-9.e+-]+)", tour)
+    assert float(m.group(1)) < 1e-12
+    # the variant table: every registered variant has a row with its kind
+    from minitx.attention import REGISTRY
+    for name, cls in REGISTRY.items():
+        assert re.search(rf"^\s+{name}\s+{cls.kind}\s", tour, re.M), name
+    assert "complexity" in tour and "gradcheck" in tour
+    assert re.search(r"^\s+mha\s+exact\s+pass\s+\S+ vs dense", tour, re.M)
+    # the 1/sqrt(d_k) section: Var(q·k) ≈ d_k
+    for d in (4, 16, 64, 256):
+        m = re.search(rf"^\s+{d}\s+([0-9.]+)\s+([0-9.]+)", tour, re.M)
+        assert m and abs(float(m.group(1)) / d - 1) < 0.15 and abs(float(m.group(2)) - 1) < 0.15
+    for name in ("local", "dilated", "longformer", "bigbird", "strided", "fixed"):
+        assert re.search(rf"^\s+{name} \(", tour, re.M)
+    assert "■" in tour and "·" in tour
+
+
+def test_patterns_and_doctor():
+    proc = run("patterns", "--n", "12", "--variants", "local,strided")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("■") > 12 and "strided" in proc.stdout
+    proc = run("doctor")
+    assert proc.returncode == 0, proc.stderr
+    assert "nvcc" in proc.stdout.lower() and "minitx" in proc.stdout
+
+
+def test_bench_small(tmp_path):
+    proc = run("bench", "--variants", "mha,local,nope", "--min-n", "64", "--max-n", "128",
+               "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "N=64" in proc.stdout and "N=128" in proc.stdout and "error" in proc.stdout
+    assert any(f.startswith("bench_time") for f in os.listdir(tmp_path))
+
+
+def test_cupy_backend_message():
+    from minitx.backend import gpu_available
+    if gpu_available():
+        pytest.skip("a GPU is present")
+    proc = run("--backend", "cupy", "patterns")
+    assert proc.returncode == 2
+    assert "cupy" in proc.stderr.lower() and "error" in proc.stderr.lower()
+
+
+def test_tour_function_survives_a_broken_variant():
+    from minitx.attention import REGISTRY
+    from minitx.tour import variant_table
+
+    class Broken(REGISTRY["mha"]):
+        def attend(self, q, k, v):
+            raise RuntimeError("boom")
+
+    REGISTRY["zz_broken"] = Broken
+    try:
+        lines = variant_table(names=["mha", "zz_broken"], n=64)
+    finally:
+        del REGISTRY["zz_broken"]
+    text = "\n".join(lines)
+    assert "zz_broken" in text and "error: RuntimeError: boom" in text

@@ -1,0 +1,117 @@
+"""Every example with --quick (subprocess, tmp output folder): what it reports, not only that it
+exits. Each parses the final ``RESULT {json}`` line."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, MINITX_NO_TQDM="1", MINITX_BACKEND="numpy")
+
+
+def run_example(name, tmp_path, *extra, env=None, timeout=240):
+    out = tmp_path / name
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", f"{name}.py"),
+                           "--quick", "--out", str(out), *extra], capture_output=True,
+                          text=True, timeout=timeout, env=env or ENV)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert f"output folder: {out}" in proc.stdout
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:]
+    return json.loads(lines[-1][len("RESULT "):]), proc.stdout, out
+
+
+def _files_exist(result):
+    assert result["pictures"]
+    for p in result["pictures"]:
+        assert os.path.exists(p) and os.path.getsize(p) > 0, p
+
+
+def test_sentiment(tmp_path):
+    r, out, _ = run_example("sentiment", tmp_path)
+    assert r["accuracy"] > 0.6                       # binary, balanced: chance 0.5
+    assert len(r["pictures"]) == 3
+    _files_exist(r)
+    assert "[CLS] attends most to" in out and r["top_words"]
+
+
+def test_sentiment_imdb_folder_text_fallback(tmp_path):
+    root = tmp_path / "imdb"
+    pos = ["a great wonderful film", "truly excellent and fun", "great acting , great story"]
+    neg = ["an awful boring film", "terrible and dull", "bad acting , weak story"]
+    for split in ("train", "test"):
+        for sub, texts in (("pos", pos), ("neg", neg)):
+            d = root / split / sub
+            d.mkdir(parents=True)
+            for i, t in enumerate(texts * 4):
+                (d / f"{i}_1.txt").write_text(t, encoding="utf-8")
+    env = dict(ENV, MINITX_NO_MATPLOTLIB="1")
+    r, out, _ = run_example("sentiment", tmp_path, "--data", str(root), env=env)
+    assert "IMDB folder" in out and "24 train / 24 test" in out
+    assert 0.0 <= r["accuracy"] <= 1.0
+    assert all(p.endswith(".txt") for p in r["pictures"])   # no matplotlib → text pictures
+    _files_exist(r)
+
+
+def test_seq2seq(tmp_path):
+    r, out, _ = run_example("seq2seq", tmp_path)
+    # chance: guessing every symbol (length known) — the quick run must beat it by far
+    assert r["exact_match"] > max(20 * r["chance"], 0.05)
+    assert r["final_loss"] < 0.7 * r["first_loss"]
+    assert "greedy, KV cache" in out
+    _files_exist(r)
+
+
+def test_char_gpt(tmp_path):
+    r, out, _ = run_example("char_gpt", tmp_path)
+    assert r["final_loss"] < r["first_loss"] - 0.3
+    assert r["first_loss"] < r["uniform_loss"] + 0.5
+    assert len(r["prev_token_scores"]) == 2 * 4          # layers × heads
+    assert all(0.0 <= v <= 1.0 for v in r["prev_token_scores"].values())
+    assert r["sample"].startswith("def ")
+    _files_exist(r)
+
+
+def test_lra_listops(tmp_path):
+    r, out, _ = run_example("lra_listops", tmp_path)
+    wanted = {"mha", "local", "linear", "performer", "linformer", "bigbird", "reformer"}
+    assert wanted <= set(r["variants"])
+    for name in wanted:
+        v = r["variants"][name]
+        assert "error" not in v, (name, v)
+        assert 0.0 <= v["accuracy"] <= 1.0 and v["step_ms"] > 0
+    assert "ms/step" in out
+    _files_exist(r)
+
+
+def test_efficient_report(tmp_path):
+    r, out, _ = run_example("efficient_report", tmp_path)
+    dec = {d["variant"]: d for d in r["decoding"]}
+    assert dec["mqa"]["cache_bytes"] * dec["mha"]["kv_heads"] == dec["mha"]["cache_bytes"]
+    assert dec["gqa"]["cache_bytes"] < dec["mha"]["cache_bytes"]
+    errs = {(a["variant"], a["option"]): a["error"] for a in r["approximation"]}
+    # a window covering the whole sequence is exact; more random features help Performer
+    assert errs[("local", "window=64")] < 1e-10
+    assert errs[("performer", "num_features=256")] < errs[("performer", "num_features=16")]
+    assert {c["variant"] for c in r["cost"]} >= {"mha", "flash", "local"}
+    _files_exist(r)
+
+
+def test_cupy_backend_missing_exits_2(tmp_path):
+    from minitx.backend import gpu_available
+    if gpu_available():
+        pytest.skip("a GPU is present")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "seq2seq.py"),
+                           "--quick", "--backend", "cupy", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env=ENV)
+    assert proc.returncode == 2 and "cupy" in proc.stderr.lower()
+
+
+def test_train_subcommand_runs_an_example(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "minitx", "train", "efficient_report",
+                           "--quick", "--out", str(tmp_path / "e")], capture_output=True,
+                          text=True, timeout=240, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "RESULT " in proc.stdout

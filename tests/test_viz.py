@@ -1,0 +1,46 @@
+"""minitx.viz: PNG output with matplotlib, text fallback without it."""
+import os
+
+import numpy as np
+import pytest
+
+from minitx import viz
+
+
+def test_text_heatmap_shades_and_labels():
+    m = np.array([[0.0, 1.0], [0.5, 0.25]])
+    text = viz.text_heatmap(m, ["a", "b"], ["x", "y"], title="t")
+    lines = text.splitlines()
+    assert lines[0] == "t"
+    assert "█" in text and "scale" in text
+    assert any(line.startswith("a ") for line in lines)
+
+
+def test_fallback_writes_txt(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MINITX_NO_MATPLOTLIB", "1")
+    assert not viz.have_matplotlib()
+    path = viz.heatmap(np.eye(3), ["a", "b", "c"], ["a", "b", "c"], str(tmp_path / "h.png"))
+    assert path.endswith("h.txt") and os.path.exists(path)
+    assert "█" in capsys.readouterr().out
+    lp = viz.line_plot({"loss": [3, 2, 1.5, 1.2]}, str(tmp_path / "c.png"), quiet=True)
+    assert lp.endswith(".txt") and "*" in open(lp, encoding="utf-8").read()
+    grid = viz.heatmap_grid([np.eye(2), np.ones((2, 2))], ["h0", "h1"], str(tmp_path / "g.png"),
+                            quiet=True)
+    assert grid.endswith(".txt")
+
+
+def test_png_with_matplotlib(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.delenv("MINITX_NO_MATPLOTLIB", raising=False)
+    p = viz.heatmap(np.random.default_rng(0).random((4, 5)), list("abcd"), list("vwxyz"),
+                    str(tmp_path / "h.png"), "title")
+    assert p.endswith(".png") and open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    p = viz.line_plot({"a": ([1, 2, 4], [1, 4, 16]), "b": [1, 2, 3]}, str(tmp_path / "l.png"),
+                      logx=True, logy=True)
+    assert open(p, "rb").read(4) == b"\x89PNG"
+    p = viz.heatmap_grid([np.eye(3)] * 3, ["a", "b", "c"], str(tmp_path / "g.png"))
+    assert open(p, "rb").read(4) == b"\x89PNG"
+
+
+def test_render_mask():
+    assert viz.render_mask(np.array([[True, False], [True, True]])) == "■ ·\n■ ■"
