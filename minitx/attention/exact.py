@@ -218,16 +218,14 @@ class _FlashCUDAFunction(Function):
 
 
 def _flash_kernels(q, k, v):
-    """``flash_cuda`` when the kernels can take these CuPy arrays (float32/float16, Dv = D,
-    a compiled head dim) and load; else None (the fused NumPy/CuPy Function runs)."""
-    xp = get_array_module(q)
-    if xp.__name__ == "numpy" or str(q.dtype) not in ("float32", "float16") or \
-            k.dtype != q.dtype or v.dtype != q.dtype or tuple(k.shape) != tuple(v.shape):
+    """``flash_cuda`` when q/k/v are CuPy arrays its kernels take (``flash_cuda.supports``:
+    float32/float16, compiled head dims, GQA) and the kernels load; else None, and the fused
+    Function runs instead."""
+    if get_array_module(q).__name__ == "numpy":
         return None
     try:
         from ..backend import flash_cuda  # noqa: PLC0415 - lazy: only on the GPU path
-        flash_cuda.padded_head_dim(q.shape[-1])                 # raises for unsupported D
-        return flash_cuda if flash_cuda.is_available() else None
+        return flash_cuda if flash_cuda.supports(q, k, v) and flash_cuda.is_available() else None
     except Exception:
         return None
 
