@@ -40,22 +40,36 @@ __all__ = ["flash_attention", "flash_attention_arrays", "FlashAttentionFunction"
            "FlashAttention"]
 
 
-def _cuda_kernels(xp, q=None):
+def _cuda_kernels(xp, q=None, k=None, v=None, key_mask=None):
     """The CUDA kernels module when the arrays are CuPy and it can run them, else None.
 
-    The kernels take float32/float16 with head dim ≤ 128; anything else (e.g. float64
-    gradchecks on the GPU) runs the tiled code below, which is written against ``xp`` and
-    works on CuPy arrays too.
+    The kernels take float32/float16 with head dims up to 128 (``flash_cuda.supports``
+    checks shapes, dtypes and grid limits); anything else (e.g. float64 gradchecks on the
+    GPU) runs the tiled code below, which is written against ``xp`` and works on CuPy too.
     """
     if xp.__name__ != "cupy":
         return None
-    if q is not None and (q.dtype.name not in ("float32", "float16") or q.shape[-1] > 128):
+    if q is not None and q.dtype.name not in ("float32", "float16"):
         return None
     try:
         from ..backend import flash_cuda  # noqa: PLC0415 - lazy: only on the GPU path
     except ImportError:
         return None
+    if q is not None and k is not None and v is not None \
+            and not flash_cuda.supports(q, k, v, key_mask=key_mask):
+        return None
     return flash_cuda if flash_cuda.is_available() else None
+
+
+def _repeat_heads(xp, x, h):
+    """(B, Hkv, N, D) → (B, H, N, D): query head i reads key/value head i // (H / Hkv)."""
+    return x if x.shape[1] == h else xp.repeat(x, h // x.shape[1], axis=1)
+
+
+def _sum_groups(g, hkv):
+    """(B, H, N, D) gradient of repeated heads → (B, Hkv, N, D): sum over each group."""
+    b, h, n, d = g.shape
+    return g if h == hkv else g.reshape(b, hkv, h // hkv, n, d).sum(axis=2)
 
 
 def _block_mask(xp, q0, q1, k0, k1, offset, causal, key_mask):
@@ -154,15 +168,20 @@ class FlashAttentionFunction(Function):
 
     @staticmethod
     def forward(ctx, q, k, v, *, causal, scale, key_mask, block_q, block_k):
+        # k, v keep their own head count Hkv (GQA/MQA): the CUDA kernel reads the shared
+        # heads directly; the tiled CPU code repeats them and sums the gradients back.
         xp = get_array_module(q, k, v)
-        cuda = _cuda_kernels(xp, q)
+        cuda = _cuda_kernels(xp, q, k, v, key_mask)
         if cuda is not None:
             o, lse = cuda.flash_attention_forward(q, k, v, causal=causal, scale=scale,
                                                   key_mask=key_mask)
         else:
-            o, lse = flash_attention_arrays(q, k, v, causal=causal, scale=scale,
-                                            key_mask=key_mask, block_q=block_q, block_k=block_k)
+            h = q.shape[1]
+            o, lse = flash_attention_arrays(q, _repeat_heads(xp, k, h), _repeat_heads(xp, v, h),
+                                            causal=causal, scale=scale, key_mask=key_mask,
+                                            block_q=block_q, block_k=block_k)
         ctx.save_for_backward(q, k, v, o, lse)
+        ctx.cuda = cuda                      # backward takes the same path as forward
         ctx.options = dict(causal=causal, scale=scale, key_mask=key_mask)
         ctx.blocks = dict(block_q=block_q, block_k=block_k)
         return o
@@ -171,13 +190,13 @@ class FlashAttentionFunction(Function):
     def backward(ctx, grad):
         q, k, v, o, lse = ctx.saved_tensors
         xp = get_array_module(q, k, v)
-        cuda = _cuda_kernels(xp, q)
         grad = xp.ascontiguousarray(grad).astype(q.dtype, copy=False)
-        if cuda is not None:
-            dq, dk, dv = cuda.flash_attention_backward(q, k, v, o, lse, grad, **ctx.options)
-        else:
-            dq, dk, dv = flash_backward_arrays(q, k, v, o, lse, grad, **ctx.options, **ctx.blocks)
-        return dq, dk, dv
+        if ctx.cuda is not None:
+            return ctx.cuda.flash_attention_backward(q, k, v, o, lse, grad, **ctx.options)
+        h, hkv = q.shape[1], k.shape[1]
+        dq, dk, dv = flash_backward_arrays(q, _repeat_heads(xp, k, h), _repeat_heads(xp, v, h),
+                                           o, lse, grad, **ctx.options, **ctx.blocks)
+        return dq, _sum_groups(dk, hkv), _sum_groups(dv, hkv)
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float = None, key_mask=None,
@@ -198,7 +217,6 @@ def flash_attention(q, k, v, causal: bool = False, scale: float = None, key_mask
                              f"{(q.shape[0], nk)}, got {km.dtype} {tuple(km.shape)}")
         key_mask = km
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    k, v = repeat_kv(k, h), repeat_kv(v, h)
     return FlashAttentionFunction.apply(q, k, v, causal=bool(causal), scale=scale,
                                         key_mask=key_mask, block_q=block_q, block_k=block_k)
 
