@@ -97,9 +97,6 @@ def main(argv=None):
     model = nn.EncoderClassifier(len(vocab), 2, d_model=args.d_model, nhead=args.heads,
                                  num_layers=args.layers, dropout=0.0, max_len=args.max_len,
                                  pooling="cls", position="sinusoidal", pad_idx=vocab.pad_id)
-    # unit-variance word embeddings: with the default std 0.02 the sinusoidal positions
-    # (entries of size 1) swamp word identity and training stalls for many epochs
-    nn.init.normal_(model.embed.weight, 0.0, 1.0)
     opt = optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     steps = args.epochs * ((len(xtr) + args.batch_size - 1) // args.batch_size)
     sched = optim.WarmupCosine(opt, warmup_steps=min(50, steps // 10), total_steps=steps)

@@ -8,8 +8,14 @@ from .ops import unbroadcast  # noqa: F401
 from .ops.activation import softmax_jacobian  # noqa: F401
 
 
-def __getattr__(name):  # functional attention, imported lazily (minitx.attention imports minitx.nn)
-    if name in ("scaled_dot_product_attention", "attention_weights", "dot_product_attention"):
-        from .attention import exact
-        return getattr(exact, name)
+_ATTENTION = {  # functional attention, imported lazily (minitx.attention imports minitx.nn)
+    "scaled_dot_product_attention": "exact", "attention_weights": "exact",
+    "dot_product_attention": "exact", "flash_attention": "flash",
+}
+
+
+def __getattr__(name):
+    if name in _ATTENTION:
+        import importlib
+        return getattr(importlib.import_module(f"minitx.attention.{_ATTENTION[name]}"), name)
     raise AttributeError(f"module 'minitx.functional' has no attribute {name!r}")

@@ -395,7 +395,12 @@ class EncoderClassifier(Module, _AttentionMaps):
                              f"'none', got {position!r}")
         self.pooling, self.pad_idx, self.d_model = pooling, pad_idx, d_model
         self.embed = Embedding(vocab_size, d_model, padding_idx=pad_idx)
-        init.normal_(self.embed.weight, 0.0, 0.02)
+        # Sinusoidal positions have entries of size ~1: word embeddings start at the same
+        # scale (std 1) so that word identity is not drowned by position; learned positions
+        # start small like the words (std 0.02).
+        init.normal_(self.embed.weight, 0.0, 1.0 if position == "sinusoidal" else 0.02)
+        if pad_idx is not None:
+            self.embed.weight.data[pad_idx] = 0
         if position == "learned":
             self.pos = _attn().LearnedPositionalEmbedding(max_len + 1, d_model)
         elif position == "sinusoidal":
