@@ -25,7 +25,9 @@ class Sum(Function):
     def backward(ctx, grad):
         xp = get_array_module(grad)
         grad = restore_reduced(grad, ctx.axes, ctx.keepdims)
-        return xp.broadcast_to(grad, ctx.shape)          # every element contributed once
+        # every element contributed once. A real (contiguous) array, not a stride-0
+        # broadcast view: matmul on a stride-0 operand cannot use BLAS and is many times slower.
+        return xp.ascontiguousarray(xp.broadcast_to(grad, ctx.shape))
 
 
 class Mean(Function):
@@ -42,7 +44,7 @@ class Mean(Function):
         for a in ctx.axes:
             count *= ctx.shape[a]
         grad = restore_reduced(grad, ctx.axes, ctx.keepdims) / builtins.max(count, 1)
-        return xp.broadcast_to(grad, ctx.shape).astype(grad.dtype, copy=False)
+        return xp.ascontiguousarray(xp.broadcast_to(grad, ctx.shape))   # see Sum.backward
 
 
 class Var(Function):
