@@ -346,37 +346,25 @@ class Gelu(Function):
 
 # ---- binary selections -------------------------------------------------------------------
 
-class Maximum(Function):
+class _Select(Function):
+    """maximum / minimum: the chosen input takes the gradient; a tie splits it evenly
+    (as PyTorch)."""
+
     @staticmethod
-    def forward(ctx, a, b):
+    def forward(ctx, a, b, larger):
         xp = get_array_module(a, b)
         ctx.save_for_backward(a, b)
-        return xp.maximum(a, b)
+        ctx.larger = larger
+        return xp.maximum(a, b) if larger else xp.minimum(a, b)
 
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
-        # The larger input takes the gradient; a tie splits it evenly (as PyTorch).
-        share = (a > b) + 0.5 * (a == b)
-        na, nb = ctx.needs_input_grad
+        wins = (a > b) if ctx.larger else (a < b)
+        share = wins + 0.5 * (a == b)                 # a's share of the gradient
+        na, nb = ctx.needs_input_grad[:2]
         return (unbroadcast(grad * share, a.shape, a.dtype) if na else None,
-                unbroadcast(grad * (1 - share), b.shape, b.dtype) if nb else None)
-
-
-class Minimum(Function):
-    @staticmethod
-    def forward(ctx, a, b):
-        xp = get_array_module(a, b)
-        ctx.save_for_backward(a, b)
-        return xp.minimum(a, b)
-
-    @staticmethod
-    def backward(ctx, grad):
-        a, b = ctx.saved_tensors
-        share = (a < b) + 0.5 * (a == b)
-        na, nb = ctx.needs_input_grad
-        return (unbroadcast(grad * share, a.shape, a.dtype) if na else None,
-                unbroadcast(grad * (1 - share), b.shape, b.dtype) if nb else None)
+                unbroadcast(grad * (1 - share), b.shape, b.dtype) if nb else None, None)
 
 
 class Clip(Function):
@@ -538,12 +526,12 @@ def gelu(x, approximate: str = "none"):
 
 def maximum(a, b):
     """Elementwise max of a and b, broadcasting; ties share the gradient equally."""
-    return Maximum.apply(a, b)
+    return _Select.apply(a, b, True)
 
 
 def minimum(a, b):
     """Elementwise min of a and b, broadcasting; ties share the gradient equally."""
-    return Minimum.apply(a, b)
+    return _Select.apply(a, b, False)
 
 
 def clip(x, min=None, max=None):  # noqa: A002 - NumPy/PyTorch names

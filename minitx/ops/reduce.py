@@ -27,7 +27,7 @@ class Sum(Function):
         grad = restore_reduced(grad, ctx.axes, ctx.keepdims)
         # every element contributed once. A real (contiguous) array, not a stride-0
         # broadcast view: matmul on a stride-0 operand cannot use BLAS and is many times slower.
-        return xp.ascontiguousarray(xp.broadcast_to(grad, ctx.shape))
+        return xp.broadcast_to(grad, ctx.shape).copy()
 
 
 class Mean(Function):
@@ -44,7 +44,7 @@ class Mean(Function):
         for a in ctx.axes:
             count *= ctx.shape[a]
         grad = restore_reduced(grad, ctx.axes, ctx.keepdims) / builtins.max(count, 1)
-        return xp.ascontiguousarray(xp.broadcast_to(grad, ctx.shape))   # see Sum.backward
+        return xp.broadcast_to(grad, ctx.shape).copy()                  # see Sum.backward
 
 
 class Var(Function):
