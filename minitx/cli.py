@@ -260,7 +260,11 @@ def cmd_doctor(args) -> int:
         lines = _fallback_doctor_lines()
     else:
         try:
-            lines = list(doctor_lines())
+            compile_ = not getattr(args, "quick", False)
+            if compile_:
+                print("compiling every kernel instantiation for sm_80 and sm_90 with nvcc "
+                      "(about a minute; --quick skips this) ...", flush=True)
+            lines = list(doctor_lines(compile=compile_))
         except Exception as exc:  # noqa: BLE001
             lines = [f"cuda_tools.doctor_lines failed: {type(exc).__name__}: {exc}"]
             lines += _fallback_doctor_lines()
@@ -294,7 +298,10 @@ def build_parser():
     p = sub.add_parser("patterns", help="text pictures of sparse attention patterns")
     p.add_argument("--n", type=int, default=16)
     p.add_argument("--variants", default=None, help="comma-separated registry names")
-    sub.add_parser("doctor", help="backend, NumPy/CuPy versions, GPU, nvcc")
+    p = sub.add_parser("doctor", help="backend, NumPy/CuPy versions, GPU, nvcc, and the "
+                                      "CUDA kernels' compile report for sm_80 and sm_90")
+    p.add_argument("--quick", action="store_true",
+                   help="skip compiling every kernel instantiation with nvcc (about a minute)")
     return parser
 
 
