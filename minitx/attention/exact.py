@@ -637,16 +637,37 @@ def default_kv_heads(num_heads: int) -> int:
 
 @register("mha")
 class ExactSelfAttention(AttentionBase):
-    """Multi-head self-attention, exact: softmax(Q Kᵀ/√D) V per head (Vaswani et al. 2017).
+    """Multi-head self-attention, exact: scaled dot-product softmax attention on every head.
+
+    Formula: O = softmax(Q Kᵀ/√D + M) V per head, y = merge_heads(O) W_oᵀ, with
+    Q, K, V = x W_qᵀ, x W_kᵀ, x W_vᵀ split into heads; M is 0, −inf above the diagonal when
+    causal (bottom-right aligned), plus any ``attn_mask``.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D), D = E/H. Projections ``q_proj``/``out_proj`` E → E,
+    ``k_proj``/``v_proj`` E → Hkv·D; probabilities P (B, H, N, Nk).
+
+    Options: ``causal`` (False), ``num_kv_heads`` Hkv (None → H), ``bias`` (True),
+    ``dropout`` (0.0; on the probabilities, training mode only).
+
+    Complexity: time O(B·H·N²·D), memory O(B·H·N²): the fused SDPA keeps P for backward
+    (causal with N > 64 runs by query blocks that skip the future keys, about half of both).
+
+    Exactness: exact (equals softmax attention under pattern(n)).
+
+    Reference: Vaswani, Shazeer, Parmar, Uszkoreit, Jones, Gomez, Kaiser & Polosukhin (2017),
+    "Attention Is All You Need".
 
     Beyond the registry contract it accepts ``forward(x, attn_mask=None, kv_cache=None)``:
     ``attn_mask`` bool (True = may attend) or float (added), broadcastable to (B, H, N, Nk);
     ``kv_cache`` (a ``KVCache``) receives this step's keys/values and the queries attend to
-    everything cached (bottom-right causal). Options: ``dropout`` on the probabilities (training
-    only). Set ``record_weights = True`` to keep the last map in ``last_attn_weights``
-    (B, H, Nq, Nk). Subclasses add positions by overriding ``transform_qk`` (rotate q/k),
-    ``score_bias`` (an additive bias) and ``value_term`` (a term added to the output).
+    everything cached (bottom-right causal). Set ``record_weights = True`` to keep the last map
+    in ``last_attn_weights`` (B, H, Nq, Nk). Subclasses add positions by overriding
+    ``transform_qk`` (rotate q/k), ``score_bias`` (an additive bias) and ``value_term`` (a term
+    added to the output).
     """
+
+    complexity = "time O(N²·D), memory O(N²)"
 
     kind = "exact"
     supports_kv_cache = True
@@ -709,8 +730,25 @@ class ExactSelfAttention(AttentionBase):
 
 @register("mqa")
 class MultiQueryAttention(ExactSelfAttention):
-    """Multi-query attention (Shazeer 2019, "Fast Transformer Decoding: One Write-Head is All
-    You Need"): all H query heads share ONE key/value head — the KV cache shrinks H-fold."""
+    """Multi-query attention: all H query heads share ONE key/value head (exact softmax attention).
+
+    Formula: O_h = softmax(Q_h Kᵀ/√D + M) V for h = 1 … H, with one shared K and V (Hkv = 1).
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, 1, N, D) (any Hkv dividing H is accepted) → (B, H, N, D). ``k_proj``/``v_proj``
+    map E → D, so the KV cache shrinks H-fold.
+
+    Options: ``num_kv_heads`` (must be 1; anything else raises ValueError — use "gqa"),
+    ``causal`` (False), ``bias`` (True), ``dropout`` (0.0); the rest as ``mha``.
+
+    Complexity: time O(B·H·N²·D), memory O(B·H·N²) for P; keys/values O(B·N·D).
+
+    Exactness: exact (equals softmax attention under pattern(n)).
+
+    Reference: Shazeer (2019), "Fast Transformer Decoding: One Write-Head is All You Need".
+    """
+
+    complexity = "time O(N²·D), memory O(N²)"
 
     def __init__(self, embed_dim, num_heads, causal=False, num_kv_heads=1, **options):
         if num_kv_heads != 1:
@@ -720,8 +758,27 @@ class MultiQueryAttention(ExactSelfAttention):
 
 @register("gqa")
 class GroupedQueryAttention(ExactSelfAttention):
-    """Grouped-query attention (Ainslie et al. 2023, "GQA"): Hkv key/value heads, each shared
-    by H/Hkv query heads. Default Hkv = ``default_kv_heads(H)`` (H/2 for even H)."""
+    """Grouped-query attention: Hkv key/value heads, each shared by a group of H/Hkv query heads.
+
+    Formula: O_h = softmax(Q_h K_g(h)ᵀ/√D + M) V_g(h), g(h) = ⌊h / (H/Hkv)⌋ (exact softmax
+    attention; Hkv = H is MHA, Hkv = 1 is MQA).
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D). ``k_proj``/``v_proj`` map E → Hkv·D.
+
+    Options: ``num_kv_heads`` Hkv (None → ``default_kv_heads(H)``: the largest divisor of H
+    that is ≤ H/2, i.e. H/2 for even H, 1 for H = 1 or prime H), ``causal`` (False),
+    ``bias`` (True), ``dropout`` (0.0).
+
+    Complexity: time O(B·H·N²·D), memory O(B·H·N²) for P; keys/values O(B·Hkv·N·D).
+
+    Exactness: exact (equals softmax attention under pattern(n)).
+
+    Reference: Ainslie, Lee-Thorp, de Jong, Zemlyanskiy, Lebrón & Sanghai (2023), "GQA:
+    Training Generalized Multi-Query Transformer Models from Multi-Head Checkpoints".
+    """
+
+    complexity = "time O(N²·D), memory O(N²)"
 
     def __init__(self, embed_dim, num_heads, causal=False, num_kv_heads=None, **options):
         if num_kv_heads is None and isinstance(num_heads, int) and num_heads > 0:
@@ -732,11 +789,26 @@ class GroupedQueryAttention(ExactSelfAttention):
 
 @register("dot")
 class DotProductSelfAttention(ExactSelfAttention):
-    """Luong "dot" scores per head, *unscaled*: softmax(Q Kᵀ) V. kind "score".
+    """Luong's "dot" score per head, *unscaled* (optionally his "general" score with a learned W).
 
-    With ``general=True`` a learned per-head W (H, D, D) gives Luong's "general" score
-    qᵀ W k (initialised to the identity).
+    Formula: O = softmax(Q Kᵀ + M) V ("dot"); O = softmax((Q W_h) Kᵀ + M) V ("general",
+    one W_h (D, D) per head). No 1/√D: softmax attention at temperature 1 instead of √D.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D); ``score_weight`` W (H, D, D) when general.
+
+    Options: ``general`` (False; W initialised to the identity), ``causal`` (False),
+    ``num_kv_heads`` (None → H), ``bias`` (True), ``dropout`` (0.0).
+
+    Complexity: time O(B·H·N²·D) (+ O(B·H·N·D²) for general), memory O(B·H·N²).
+
+    Exactness: a different score function (tested against its own dense formula). kind "score".
+
+    Reference: Luong, Pham & Manning (2015), "Effective Approaches to Attention-based Neural
+    Machine Translation".
     """
+
+    complexity = "time O(N²·D), memory O(N²)"
 
     kind = "score"
 
@@ -757,12 +829,28 @@ class DotProductSelfAttention(ExactSelfAttention):
 
 @register("additive")
 class AdditiveSelfAttention(ExactSelfAttention):
-    """Bahdanau's additive score inside multi-head self-attention. kind "score".
+    """Bahdanau's additive (MLP) score inside multi-head self-attention.
 
-        e_ij = wᵀ tanh(W_q q_i + W_k k_j)      (per head; W_q, W_k (A, D), w (A,) shared by heads)
+    Formula: e_ij = wᵀ tanh(W_q q_i + W_k k_j) per head, O = softmax_j(e + M) V, with
+    W_q, W_k (A, D) and w (A,) shared by the heads (no 1/√D).
 
-    Option ``hidden_dim`` A (default D). Memory O(B·H·Nq·Nk·A).
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v, attn_mask=None)``:
+    q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D); the pairwise tanh features
+    (B, H, N, Nk, A).
+
+    Options: ``hidden_dim`` A (None → D), ``causal`` (False), ``num_kv_heads`` (None → H),
+    ``bias`` (True), ``dropout`` (0.0).
+
+    Complexity: time O(B·H·N²·(A + D)), memory O(B·H·N²·A): the tanh of every (query, key)
+    pair is formed and kept for backward.
+
+    Exactness: a different score function (tested against its own dense formula). kind "score".
+
+    Reference: Bahdanau, Cho & Bengio (2015), "Neural Machine Translation by Jointly Learning
+    to Align and Translate".
     """
+
+    complexity = "time O(N²·(A+D)), memory O(N²·A)"
 
     kind = "score"
 

@@ -223,11 +223,30 @@ def flash_attention(q, k, v, causal: bool = False, scale: float = None, key_mask
 
 @register("flash")
 class FlashAttention(AttentionBase):
-    """Exact attention computed by ``flash_attention`` (Dao et al. 2022).
+    """Exact attention computed tile by tile with the online softmax (``flash_attention``).
 
-    Options: ``block_q``, ``block_k`` (tile sizes, default 64). kind "exact": equals
-    softmax(q kᵀ/√D) v under ``pattern(n)`` (all, or causal). Memory O(N·D) instead of O(N²).
+    Formula: O = softmax(Q Kᵀ/√D + M) V without forming it: per query tile Q_i and key tile
+    K_j, S = Q_i K_jᵀ/√D, m' = max(m, rowmax S), l ← e^(m−m')·l + rowsum e^(S−m'),
+    acc ← e^(m−m')·acc + e^(S−m') V_j, m ← m'; finally O_i = acc / l and lse_i = m + log l.
+    Backward recomputes P = exp(S − lse) per tile.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v, key_mask=None)``:
+    q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D); ``key_mask`` (B, N) bool (True = may
+    attend). Saved for backward: O and lse (B, H, N); tiles S (B, H, b_q, b_k).
+
+    Options: ``block_q`` b_q (64), ``block_k`` b_k (64), ``causal`` (False; tiles entirely
+    above the diagonal are skipped), ``num_kv_heads`` (None → H), ``bias`` (True).
+
+    Complexity: time O(B·H·N²·D) (like dense), memory O(B·H·(N·D + b_q·b_k)): no N × N matrix
+    in forward or backward. (On CuPy float32/float16 it runs the CUDA kernels.)
+
+    Exactness: exact (equals softmax attention under pattern(n)), up to rounding.
+
+    Reference: Dao, Fu, Ermon, Rudra & Ré (2022), "FlashAttention: Fast and Memory-Efficient
+    Exact Attention with IO-Awareness"; backward as in Dao (2023), "FlashAttention-2".
     """
+
+    complexity = "time O(N²·D), memory O(N·D)"
 
     kind = "exact"
 

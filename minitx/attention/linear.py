@@ -81,11 +81,30 @@ def linear_attention_step(state, q, k, v, feature_map: str = "elu", normalize: b
 
 @register("linear")
 class LinearAttention(AttentionBase):
-    """Linear attention (Katharopoulos et al. 2020): O(N) time, an RNN when causal.
+    """Linear attention: a feature-map similarity φ(q)·φ(k) instead of exp, linear in N; an RNN
+    when causal.
 
-    Options: ``feature_map`` ("elu" default, "relu", "identity"), ``normalize`` (default
-    True except for "identity"), ``eps`` (1e-6). ``step(state, q, k, v)`` decodes one token.
+    Formula: O_i = φ(q_i)ᵀ S / (φ(q_i)ᵀ z + ε), S = Σ_j φ(k_j) v_jᵀ, z = Σ_j φ(k_j); causal:
+    the sums run over j ≤ i (prefix sums, i.e. an RNN with state (S, z)). φ(x) = elu(x) + 1 by
+    default; with ``normalize=False``, O_i = φ(q_i)ᵀ S. No 1/√D.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D); S (B, H, D, D) bidirectional, (B, H, N, D, D) causal;
+    ``step(state, q, k, v)``: q (B, H, D), k/v (B, Hkv, D) → (out (B, H, D), state (S, z)).
+
+    Options: ``feature_map`` ("elu" default, "relu", "identity"), ``normalize`` (None → True
+    except for "identity"), ``eps`` ε (1e-6), ``causal`` (False).
+
+    Complexity: time O(B·H·N·D²); memory O(B·H·(N·D + D²)) bidirectional, O(B·H·N·D²) causal
+    (the prefix sums); ``step`` O(D²) per token, independent of the position.
+
+    Exactness: a different score function (tested against its own dense formula, ``reference``).
+
+    Reference: Katharopoulos, Vyas, Pappas & Fleuret (2020), "Transformers are RNNs: Fast
+    Autoregressive Transformers with Linear Attention".
     """
+
+    complexity = "time O(N·D²), memory O(N·D) (causal N·D²)"
 
     kind = "score"
 

@@ -44,12 +44,30 @@ def linformer_projection(k: int, max_len: int, init: str = "gaussian"):
 
 @register("linformer")
 class LinformerAttention(AttentionBase):
-    """Linformer attention (Wang et al. 2020): approximate, learned, O(N·k).
+    """Linformer: learned projections compress the sequence axis of keys and values to k rows.
 
-    Options: ``proj_dim`` k (default 16), ``max_len`` (default 256), ``share_kv`` (False:
-    separate E and F; True: F = E), ``init`` ("gaussian" or "pool"). Raises ValueError for
-    causal=True, and for N > max_len at call time.
+    Formula: O = softmax(Q (E K)ᵀ/√D) (F V), where E, F (k, N) are the first N columns of
+    learned (k, max_len) parameters (F = E when ``share_kv``).
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D), N ≤ max_len; parameters E, F (k, max_len); E K, F V
+    (B, Hkv, k, D); scores (B, H, N, k).
+
+    Options: ``proj_dim`` k (default 16), ``max_len`` (256), ``share_kv`` (False), ``init``
+    ("gaussian": N(0, 1/k) entries; "pool": mean over k equal segments of max_len). Raises
+    ValueError for causal=True (every projected row mixes future positions), and for
+    N > max_len at call time.
+
+    Complexity: time O(B·H·N·k·D), memory O(B·H·N·k): linear in N for a fixed k.
+
+    Exactness: approximate (a learned rank-k projection of the length-N attention; the error
+    falls as k grows, and with k = N = max_len and init="pool" (the identity) it is exact).
+
+    Reference: Wang, Li, Khabsa, Fang & Ma (2020), "Linformer: Self-Attention with Linear
+    Complexity".
     """
+
+    complexity = "time O(N·k·D), memory O(N·k)"
 
     kind = "approximate"
     supports_causal = False

@@ -52,11 +52,26 @@ def fourier_mix(x, axes=(-2, -1)):
 
 @register("fnet")
 class FNetMixing(AttentionBase):
-    """FNet Fourier mixing (Lee-Thorp et al. 2022). Bidirectional only (causal raises).
+    """FNet Fourier mixing: a parameter-free 2-d DFT replaces attention. Bidirectional only.
 
-    ``layer(x)`` mixes x (B, N, E) directly — no projections are used, as in the paper.
-    ``attend(q, k, v)`` mixes each head's values over (N, D): Re(FFT2(v)).
+    Formula: ``layer(x)`` = Re(FFT_seq(FFT_hidden(x))); ``attend`` = Re(FFT2 over (N, D) of v)
+    per head (q and k unused).
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E), mixed directly — no projections are used,
+    as in the paper; ``attend(q, k, v)``: q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D).
+
+    Options: none of its own; ``causal=True`` raises ValueError.
+
+    Complexity: time O(B·N·E·(log N + log E)), memory O(B·N·E) (a complex intermediate).
+
+    Exactness: a different score function (tested against its own dense formula,
+    ``reference``: explicit DFT matrices): a fixed linear map, not an approximation.
+
+    Reference: Lee-Thorp, Ainslie, Eckstein & Ontañón (2022), "FNet: Mixing Tokens with
+    Fourier Transforms".
     """
+
+    complexity = "time O(N·E·log(N·E)), memory O(N·E)"
 
     kind = "score"
     supports_causal = False
@@ -105,11 +120,30 @@ def aft(q, k, v, w=None, causal: bool = False):
 
 @register("aft")
 class AFTAttention(AttentionBase):
-    """Attention Free Transformer (Zhai et al. 2021).
+    """Attention Free Transformer: elementwise gating with learned pairwise position biases.
 
-    Options: ``variant`` ("full" default: learned pairwise biases w (max_len, max_len),
-    zero-initialised; or "simple"), ``max_len`` (default 128).
+    Formula: AFT-full y_t = σ(q_t) ⊙ Σ_t' exp(k_t' + w_tt') ⊙ v_t' / Σ_t' exp(k_t' + w_tt');
+    AFT-simple the same with w = 0; causal: t' ≤ t. Elementwise over features, no q·k
+    product; computed as exp(w) @ (exp(k) ⊙ v) with stabilising shifts that cancel.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D) (value dim must equal D); parameter w (max_len,
+    max_len) for "full", zero-initialised.
+
+    Options: ``variant`` ("full" default, or "simple"), ``max_len`` (default 128; "full"
+    raises for longer sequences), ``causal`` (False).
+
+    Complexity: full: time O(B·H·N²·D), memory O(N² + B·H·N·D); simple: time and memory
+    O(B·H·N·D) (prefix sums when causal).
+
+    Exactness: a different score function (tested against its own dense formula,
+    ``reference``); w is learned.
+
+    Reference: Zhai, Talbott, Srivastava, Huang, Goh, Zhang & Susskind (2021), "An Attention
+    Free Transformer".
     """
+
+    complexity = "time O(N²·D), memory O(N²); simple O(N·D)"
 
     kind = "score"
 

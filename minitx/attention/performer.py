@@ -119,13 +119,32 @@ def performer_attention(q, k, v, w, causal: bool = False, eps: float = 1e-12):
 
 @register("performer")
 class PerformerAttention(AttentionBase):
-    """FAVOR+ attention (Choromanski et al. 2021); approximate, O(N·m·D) time.
+    """Performer (FAVOR+): softmax attention through positive orthogonal random features.
+
+    Formula: φ(x) = exp(W x − ‖x‖²/2) / √m with W (m, D) orthogonal Gaussian rows, applied to
+    Q' = Q/D^(1/4) and K' = K/D^(1/4), so φ(q')·φ(k') estimates exp(q·k/√D);
+    O = φ(Q') (φ(K')ᵀ V) / (φ(Q') φ(K')ᵀ 1). Causal: prefix sums S_i = Σ_{j≤i} φ(k'_j) v_jᵀ,
+    z_i = Σ_{j≤i} φ(k'_j), O_i = φ(q'_i)ᵀ S_i / φ(q'_i)ᵀ z_i.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D); buffer ``features`` W (m, D); φ(Q'), φ(K')
+    (B, H, N, m); φ(K')ᵀV (B, H, m, D); causal prefix sums (B, H, N, m, D).
 
     Options: ``num_features`` m (default 64), ``orthogonal`` (True), ``redraw_in_training``
-    (False: with True, every forward in training mode draws new features). The features
-    live in a buffer ``features`` (m, D), drawn once at construction (seeded by
-    ``minitx.manual_seed``); ``redraw()`` draws new ones. Eval mode never redraws.
+    (False: with True, every forward in training mode draws new features), ``causal`` (False).
+    W is drawn once at construction (seeded by ``minitx.manual_seed``); ``redraw()`` draws new
+    ones. Eval mode never redraws.
+
+    Complexity: time O(B·H·N·m·D); memory O(B·H·N·m) bidirectional, O(B·H·N·m·D) causal.
+
+    Exactness: approximate (φ(q)·φ(k) is an unbiased estimate of exp(q·k/√D); the output
+    converges to exact softmax attention as the number of features m grows).
+
+    Reference: Choromanski, Likhosherstov, Dohan et al. (2021), "Rethinking Attention with
+    Performers".
     """
+
+    complexity = "time O(N·m·D), memory O(N·m) (causal N·m·D)"
 
     kind = "approximate"
 

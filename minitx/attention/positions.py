@@ -129,18 +129,32 @@ def relative_position_index(nq: int, nk: int, max_distance: int, xp=None):
 
 @register("relative")
 class RelativePositionAttention(ExactSelfAttention):
-    """Shaw, Uszkoreit & Vaswani (2018), "Self-Attention with Relative Position
-    Representations". kind "score".
+    """Multi-head attention with learned relative position representations on keys and values.
 
-        r_ij = clip(j − i, −k, k)
+    Formula: with pos_i = i + Nk − Nq (bottom-right aligned),
+
+        r_ij = clip(j − pos_i, −k, k)
         e_ij = (q_i · k_j + q_i · a^K_{r_ij}) / √D
-        z_i  = Σ_j α_ij (v_j + a^V_{r_ij}),       α = softmax_j(e)
+        z_i  = Σ_j α_ij (v_j + a^V_{r_ij}),       α = softmax_j(e + M)
 
-    Parameters ``rel_k``, ``rel_v`` (2k + 1, D), shared by the heads (as in the paper).
-    Option ``max_relative_position`` k (default 8). The key term enters ``scaled_dot_product_
-    attention`` as a differentiable float bias. Extra memory O(Nq·Nk·D) for the gathered
-    embeddings.
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D). Parameters ``rel_k``, ``rel_v`` (2k + 1, D), shared by
+    the heads (as in the paper); gathered a^K, a^V (N, Nk, D).
+
+    Options: ``max_relative_position`` k (default 8), plus ``mha``'s (``causal``,
+    ``num_kv_heads``, ``bias``, ``dropout``).
+
+    Complexity: time O(B·H·N²·D), memory O(B·H·N² + N²·D) (P is kept, and the gathered
+    embeddings once, shared by batch and heads). The key term enters
+    ``scaled_dot_product_attention`` as a differentiable float bias.
+
+    Exactness: a different score function (tested against its own dense formula). kind "score".
+
+    Reference: Shaw, Uszkoreit & Vaswani (2018), "Self-Attention with Relative Position
+    Representations".
     """
+
+    complexity = "time O(N²·D), memory O(N²·D)"
 
     kind = "score"
     needs_weights = True
@@ -237,12 +251,28 @@ def apply_rope(x, positions=None, offset: int = 0, base: float = 10000.0):
 
 @register("rope")
 class RoPEAttention(ExactSelfAttention):
-    """Multi-head attention with rotary positions on q and k (Su et al. 2021). kind "score".
+    """Multi-head attention with rotary position embeddings (RoPE) applied to q and k.
 
-    Keys sit at positions 0 … Nk − 1, queries at the last Nq of them, so cached decoding
-    (unrotated keys in the cache) gives the same result as the full forward. Option ``base``
-    (default 10000). Needs an even head dim.
+    Formula: O = softmax((R Q)(R K)ᵀ/√D + M) V, where R_m rotates each pair
+    (x_{2i}, x_{2i+1}) by the angle m·θ_i, θ_i = base^(−2i/D); ⟨R_m q, R_n k⟩ depends only on
+    n − m. Keys sit at positions 0 … Nk − 1, queries at the last Nq of them, so cached decoding
+    (unrotated keys in the cache) gives the same result as the full forward.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D); angles (N, D/2). Needs an even head dim D.
+
+    Options: ``base`` (default 10000.0), plus ``mha``'s (``causal``, ``num_kv_heads``,
+    ``bias``, ``dropout``).
+
+    Complexity: time O(B·H·N²·D) (+ O(B·H·N·D) for the rotations), memory O(B·H·N²).
+
+    Exactness: a different score function (tested against its own dense formula). kind "score".
+
+    Reference: Su, Lu, Pan, Murtadha, Wen & Liu (2021), "RoFormer: Enhanced Transformer with
+    Rotary Position Embedding".
     """
+
+    complexity = "time O(N²·D), memory O(N²)"
 
     kind = "score"
 
@@ -294,8 +324,28 @@ def alibi_bias(num_heads: int, nq: int, nk: int, xp=None, dtype="float32"):
 
 @register("alibi")
 class ALiBiAttention(ExactSelfAttention):
-    """Attention with linear biases (Press et al. 2021): scores q·k/√D − m_h·|i − j|.
-    kind "score". No position parameters; extrapolates to lengths longer than training."""
+    """Attention with linear biases (ALiBi): a fixed per-head distance penalty, no position
+    parameters.
+
+    Formula: O = softmax(Q Kᵀ/√D − m_h·|pos_i − j| + M) V, pos_i = i + Nk − Nq, slopes m_h
+    from ``alibi_slopes(H)`` (2^(−8h/H), h = 1 … H, for H a power of two). The paper is causal
+    (j ≤ pos_i); bidirectional use here penalises |pos_i − j| on both sides.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D); bias (1, H, N, Nk).
+
+    Options: none of its own; ``mha``'s (``causal``, ``num_kv_heads``, ``bias``, ``dropout``).
+
+    Complexity: time O(B·H·N²·D), memory O(B·H·N²) (+ O(H·N²) for the bias). Extrapolates
+    to lengths longer than those seen in training.
+
+    Exactness: a different score function (tested against its own dense formula). kind "score".
+
+    Reference: Press, Smith & Lewis (2021; ICLR 2022), "Train Short, Test Long: Attention with
+    Linear Biases Enables Input Length Extrapolation".
+    """
+
+    complexity = "time O(N²·D), memory O(N²)"
 
     kind = "score"
 

@@ -131,13 +131,32 @@ def lsh_attention(q, v, rotations, chunk: int, causal: bool = False):
 
 @register("reformer")
 class ReformerAttention(AttentionBase):
-    """LSH attention (Kitaev et al. 2020), shared-QK; approximate.
+    """Reformer LSH attention, shared-QK: hash, sort by bucket, attend within chunks.
 
-    Options: ``n_buckets`` (default 4; even, or 1 for a single bucket), ``n_hashes`` rounds
-    (default 2), ``chunk_size`` c (default 32). The rotations (n_hashes, D, n_buckets/2) are
-    a buffer drawn once (seeded by ``minitx.manual_seed``); ``redraw()`` draws new ones.
-    ``attend`` ignores k (keys are the normalised queries, as in the paper).
+    Formula: keys are the normalised queries k̂_j = q_j/‖q_j‖; round t hashes
+    h_t(x) = argmax([x R_t ; −x R_t]); O_i^t = Σ_j softmax_j(q_i·k̂_j/√D) v_j over j in i's
+    bucket and in its sorted chunk or the previous one (causal: j ≤ i and at most c sorted
+    steps back), itself only when nothing else is allowed (score −10⁵); rounds combine as
+    O_i = Σ_t softmax_t(lse_i^t) O_i^t.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    v (B, Hkv, N, D) → (B, H, N, D) (k is unused); buffer ``rotations`` R (r, D,
+    n_buckets/2); buckets (B, H, N); chunked scores (B, H, ⌈N/c⌉, c, 2c).
+
+    Options: ``n_buckets`` (default 4; even, or 1 for a single bucket), ``n_hashes`` r
+    (rounds, default 2), ``chunk_size`` c (default 32), ``causal`` (False). R is drawn once
+    (seeded by ``minitx.manual_seed``); ``redraw()`` draws new rotations.
+
+    Complexity: time O(B·H·r·(N·c·D + N log N)), memory O(B·H·r·N·c).
+
+    Exactness: approximate (of shared-QK attention under the no-self rule: exact with one
+    bucket and c ≥ N (``pattern_reference``); more rounds lower the chance that a near key
+    falls in another bucket).
+
+    Reference: Kitaev, Kaiser & Levskaya (2020), "Reformer: The Efficient Transformer".
     """
+
+    complexity = "time O(r·N·c·D), memory O(r·N·c)"
 
     kind = "approximate"
 

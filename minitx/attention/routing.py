@@ -89,12 +89,33 @@ def routing_attention(q, k, v, q_cluster, k_cluster, num_clusters: int, window: 
 
 @register("routing")
 class RoutingAttention(AttentionBase):
-    """Routing attention (Roy et al. 2021); approximate.
+    """Routing attention: online k-means clusters decide which keys each query attends to.
 
-    Options: ``num_clusters`` C (default 2), ``window`` w keys per query (default 16; each
-    side when bidirectional), ``decay`` λ of the centroid moving average (0.999),
-    ``update_centroids`` (True: update in training mode; never in eval mode).
+    Formula: cluster c(x) = argmax_c x̂·μ_c (x̂ = x/‖x‖, centroids μ per head, shared by
+    queries and keys); O_i = Σ_j softmax_j(q_i·k_j/√D) v_j over the keys j of cluster c(q_i)
+    in i's window of the (cluster, position)-sorted keys: the w before i's place (causal: at
+    positions ≤ i) or w before and w after (bidirectional). In training, after the output,
+    μ_c ← λ μ_c + (1 − λ)·mean{x̂ : c(x) = c}, renormalised.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D); buffer ``centroids`` μ (H, C, D); clusters (B, H, N);
+    gathered K/V (B·H, N, c, D) with c = w (causal) or 2w.
+
+    Options: ``num_clusters`` C (default 2), ``window`` w (keys per query, default 16; each
+    side when bidirectional), ``decay`` λ (0.999), ``update_centroids`` (True: update in
+    training mode; never in eval mode), ``causal`` (False).
+
+    Complexity: time O(B·H·N·(w + C)·D) plus a sort of B·H·N codes, memory O(B·H·N·w·D)
+    (every query gathers its own keys and values).
+
+    Exactness: approximate (content-based sparsity: equals full attention with C = 1 and
+    w ≥ N; the centroids are learned by online k-means).
+
+    Reference: Roy, Saffar, Vaswani & Grangier (2021), "Efficient Content-Based Sparse
+    Attention with Routing Transformers".
     """
+
+    complexity = "time O(N·(w+C)·D), memory O(N·w·D)"
 
     kind = "approximate"
 

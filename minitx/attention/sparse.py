@@ -160,12 +160,28 @@ def _check_int(name, value, minimum):
 
 @register("local")
 class LocalAttention(SparseAttentionBase):
-    """Sliding-window attention: query i sees keys with |i − j| ≤ w (causal: i − w ≤ j ≤ i).
+    """Sliding-window attention: query i sees the keys within w positions of it.
 
-    As in Image Transformer / Longformer's local part (Parmar et al. 2018; Beltagy et al.
-    2020). Exact under ``local_mask``. Time O(N·(b + 2w)·D), memory O(N·(b + 2w)).
-    Options: ``window`` w (default 4), ``block_size`` b (query block, default 16).
+    Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where |i − j| ≤ w (causal:
+    0 ≤ i − j ≤ w) and −inf elsewhere — computed on gathered key blocks, never N × N.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D); key table (⌈N/b⌉, b + 2w) (causal: b + w), scores
+    (B, H, ⌈N/b⌉, b, b + 2w).
+
+    Options: ``window`` w (default 4), ``block_size`` b (query block, default 16),
+    ``causal`` (False).
+
+    Complexity: time O(B·H·N·(b + 2w)·D), memory O(B·H·N·(b + 2w)) for the scores (the
+    gathered keys/values are O(B·H·N·(1 + 2w/b)·D)).
+
+    Exactness: exact under its sparsity mask (``local_mask`` / ``pattern(n)``).
+
+    Reference: Beltagy, Peters & Cohan (2020), "Longformer: The Long-Document Transformer"
+    (its sliding window); local attention also in Parmar et al. (2018), "Image Transformer".
     """
+
+    complexity = "time O(N·(b+2w)·D), memory O(N·(b+2w))"
 
     def __init__(self, embed_dim, num_heads, causal=False, window: int = 4, **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
@@ -183,12 +199,28 @@ class LocalAttention(SparseAttentionBase):
 
 @register("dilated")
 class DilatedAttention(SparseAttentionBase):
-    """Dilated sliding window: keys i ± t·d for t ≤ w (Beltagy et al. 2020, §3.1).
+    """Dilated sliding window: query i sees the keys i ± t·d for t = 0 … w.
 
-    Exact under ``dilated_mask``. The key list per block spans b + 2·w·d positions (the rule
-    masks the ones off the stride): time and memory O(N·(b + 2wd)).
-    Options: ``window`` w (default 2), ``dilation`` d (default 2), ``block_size``.
+    Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where |i − j| ≤ w·d and
+    (i − j) mod d = 0 (causal: also j ≤ i), −inf elsewhere.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D); key table (⌈N/b⌉, b + 2wd) (causal: b + wd).
+
+    Options: ``window`` w (default 2), ``dilation`` d (default 2), ``block_size`` b (16),
+    ``causal`` (False).
+
+    Complexity: time O(B·H·N·(b + 2wd)·D), memory O(B·H·N·(b + 2wd)): the key list per block
+    spans the whole reach b + 2wd and the rule masks the off-stride keys, so only 2w + 1 of
+    them count.
+
+    Exactness: exact under its sparsity mask (``dilated_mask`` / ``pattern(n)``).
+
+    Reference: Beltagy, Peters & Cohan (2020), "Longformer: The Long-Document Transformer",
+    §3.1 (dilated sliding window).
     """
+
+    complexity = "time O(N·(b+2wd)·D), memory O(N·(b+2wd))"
 
     def __init__(self, embed_dim, num_heads, causal=False, window: int = 2, dilation: int = 2,
                  **options):
@@ -208,15 +240,30 @@ class DilatedAttention(SparseAttentionBase):
 
 @register("longformer")
 class LongformerAttention(SparseAttentionBase):
-    """Longformer (Beltagy, Peters & Cohan 2020): (dilated) window + global tokens.
+    """Longformer attention: a (dilated) sliding window plus global tokens.
 
-    Global tokens (``global_tokens``, default (0,): a [CLS]-like first token) attend to all
-    positions and all positions attend to them (causal: only to earlier ones). Exact under
-    ``longformer_mask``. Time O(N·(b + 2wd + g)·D + g·N·D).
-    Options: ``window`` (4), ``global_tokens`` (indices, negative allowed), ``dilation`` (1;
-    or one dilation per head, as the paper does — e.g. (1, 2) for 2 heads — and then
-    ``pattern(n)`` is (H, n, n), one mask per head), ``block_size``.
+    Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where (|i − j| ≤ w·d and
+    (i − j) mod d = 0) or i ∈ G or j ∈ G (G = the global tokens: they attend to all positions
+    and all positions attend to them); causal: also j ≤ i.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D); key table (⌈N/b⌉, b + 2wd + g); the g global query
+    rows are computed densely, (B, H, g, N). ``pattern(n)`` is (n, n), or (H, n, n) with a
+    dilation per head.
+
+    Options: ``window`` w (4), ``global_tokens`` G (indices, default (0,): a [CLS]-like first
+    token; negative allowed), ``dilation`` d (1; or one dilation per head, as the paper does —
+    e.g. (1, 2) for 2 heads), ``block_size`` b (16), ``causal`` (False).
+
+    Complexity: time O(B·H·N·(b + 2wd + 2g)·D), memory O(B·H·N·(b + 2wd + 2g)) (b + 2wd + g
+    keys per query block row, plus g dense global rows of N).
+
+    Exactness: exact under its sparsity mask (``longformer_mask`` / ``pattern(n)``).
+
+    Reference: Beltagy, Peters & Cohan (2020), "Longformer: The Long-Document Transformer".
     """
+
+    complexity = "time O(N·(b+2wd+2g)·D), memory O(N·(b+2wd+2g))"
 
     def __init__(self, embed_dim, num_heads, causal=False, window: int = 4,
                  global_tokens=(0,), dilation=1, **options):
@@ -269,14 +316,30 @@ class LongformerAttention(SparseAttentionBase):
 
 @register("bigbird")
 class BigBirdAttention(SparseAttentionBase):
-    """BigBird (Zaheer et al. 2020), block form: window + random + global blocks.
+    """BigBird, block form: window blocks + random blocks + global blocks.
 
-    Positions are grouped in blocks of ``block`` (default 4). Query block t sees blocks
-    t − 1, t, t + 1, ``num_random`` (default 1) random blocks drawn once per sequence
-    length from a generator seeded by ``seed`` (deterministic: a pure function of the
-    options), and the first ``num_global`` (default 1) blocks, whose queries in turn see
-    everything. Exact under ``bigbird_mask``. Time O(N·(3 + r + g)·block·D + g·block·N·D).
+    Formula: O = softmax(Q Kᵀ/√D + M) V on blocks of b positions, β(i) = ⌊i/b⌋: M_ij = 0
+    where |β(i) − β(j)| ≤ 1, or β(j) ∈ R[β(i)] (r random blocks), or β(i) < g or β(j) < g
+    (the first g blocks are global); causal: also j ≤ i.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D); random table R (⌈N/b⌉, r) (−1 = none), key table
+    (⌈N/b⌉, (3 + r + g)·b); global query rows (B, H, g·b, N).
+
+    Options: ``block`` b (default 4), ``num_random`` r (1), ``num_global`` g (1), ``seed`` (0;
+    R is drawn once per sequence length from a private generator, the same for every batch
+    and head: a pure function of the options), ``causal`` (False). ``block_size`` defaults to
+    ``block`` and is not used by the layout.
+
+    Complexity: time O(B·H·N·b·(3 + r + 2g)·D), memory O(B·H·N·b·(3 + r + 2g)).
+
+    Exactness: exact under its sparsity mask (``bigbird_mask`` / ``pattern(n)``).
+
+    Reference: Zaheer, Guruganesh, Dubey, Ainslie, Alberti, Ontañón et al. (2020), "Big Bird:
+    Transformers for Longer Sequences".
     """
+
+    complexity = "time O(N·b·(3+r+2g)·D), memory O(N·b·(3+r+2g))"
 
     def __init__(self, embed_dim, num_heads, causal=False, block: int = 4, num_random: int = 1,
                  num_global: int = 1, seed: int = 0, **options):
@@ -315,14 +378,28 @@ class BigBirdAttention(SparseAttentionBase):
 
 @register("strided")
 class StridedAttention(SparseAttentionBase):
-    """Sparse Transformer, strided pattern (Child, Gray, Radford & Sutskever 2019).
+    """Sparse Transformer, strided pattern: the nearest l positions and every l-th position.
 
-    Query i sees the previous ``stride`` l positions and every l-th position before it
-    (both heads of the paper's factorisation merged into one pattern; bidirectional when
-    causal=False). The key list is per query (block of 1): c = 2l − 1 + 2⌈N/l⌉ entries, so
-    time and memory are O(N·(l + N/l)) — O(N√N) at l = √N, as in the paper.
-    Options: ``stride`` l (default 4).
+    Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where |i − j| < l or (i − j) mod l = 0
+    (causal: also j ≤ i) — both heads of the paper's factorisation merged into one pattern;
+    bidirectional when causal=False.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D); a key list per query (query block of 1) of
+    c = 2l − 1 + 2⌈N/l⌉ entries, gathered K/V (B, H, N, c, D).
+
+    Options: ``stride`` l (default 4), ``causal`` (False). (``block_size`` is not used.)
+
+    Complexity: time O(B·H·N·(l + N/l)·D), memory O(B·H·N·(l + N/l)·D) — each query gathers
+    its own keys and values; O(N√N·D) at l = √N, as in the paper.
+
+    Exactness: exact under its sparsity mask (``strided_mask`` / ``pattern(n)``).
+
+    Reference: Child, Gray, Radford & Sutskever (2019), "Generating Long Sequences with Sparse
+    Transformers".
     """
+
+    complexity = "time O(N·(l+N/l)·D), memory O(N·(l+N/l)·D)"
 
     def __init__(self, embed_dim, num_heads, causal=False, stride: int = 4, **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
@@ -344,13 +421,29 @@ class StridedAttention(SparseAttentionBase):
 
 @register("fixed")
 class FixedAttention(SparseAttentionBase):
-    """Sparse Transformer, fixed pattern (Child et al. 2019).
+    """Sparse Transformer, fixed pattern: own block of l positions plus the summary cells of
+    every block.
 
-    Query i sees its own block of ``stride`` l positions and the last ``summary`` c
-    positions of every block (the cells that summarise a block for the others). Query block
-    = pattern block, key list = own block + all summary positions: c_keys = l + ⌈N/l⌉·c,
-    so time O(N·(l + N·c/l)·D) — O(N√N) at l = √N.
+    Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where ⌊i/l⌋ = ⌊j/l⌋ or
+    j mod l ≥ l − c (the last c "summary" positions of each block); causal: also j ≤ i.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D); query block = pattern block l, key table
+    (⌈N/l⌉, l + ⌈N/l⌉·c) (own block + all summary positions).
+
+    Options: ``stride`` l (default 4), ``summary`` c (default 1, ≤ l), ``causal`` (False).
+    (``block_size`` is not used.)
+
+    Complexity: time O(B·H·N·(l + N·c/l)·D), memory O(B·H·N·(l + N·c/l)) for the scores —
+    O(N√N) at l = √N. Causal masks the future summary cells but still computes them.
+
+    Exactness: exact under its sparsity mask (``fixed_mask`` / ``pattern(n)``).
+
+    Reference: Child, Gray, Radford & Sutskever (2019), "Generating Long Sequences with Sparse
+    Transformers".
     """
+
+    complexity = "time O(N·(l+N·c/l)·D), memory O(N·(l+N·c/l))"
 
     def __init__(self, embed_dim, num_heads, causal=False, stride: int = 4, summary: int = 1,
                  **options):

@@ -38,12 +38,31 @@ def _normal(shape, std):
 
 @register("synthesizer")
 class SynthesizerAttention(AttentionBase):
-    """Synthesizer attention (Tay et al. 2021).
+    """Synthesizer: attention logits synthesised without (or besides) query–key dot products.
 
-    Options: ``synthesis`` ("dense" default, "random", "factorized", "mixture"),
-    ``max_len`` (default 128), ``trainable`` (random: parameter or fixed buffer, default
-    True), ``rank`` k (factorized, default 8).
+    Formula: O = softmax(S + M) V with S per ``synthesis``: "dense" S = relu(Q W₁ + b₁) W₂ + b₂
+    (columns cut to N; the head's query plays the token); "random" S = R[:N, :N]; "factorized"
+    S = R₁[:N] R₂[:N]ᵀ; "mixture" S = α₁ S_dense + α₂ Q Kᵀ/√D, α = softmax(a).
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D), N ≤ L = max_len; parameters w1 (H, D, D), b1
+    (H, 1, D), w2 (H, D, L), b2 (H, 1, L) (dense, mixture); R (H, L, L) (random); R1, R2
+    (H, L, k) (factorized); mix a (2,) (mixture); logits S (B or 1, H, N, N).
+
+    Options: ``synthesis`` ("dense" default, "random", "factorized", "mixture"), ``max_len``
+    L (default 128), ``trainable`` (random: parameter or fixed buffer, default True),
+    ``rank`` k (factorized, default 8), ``causal`` (False).
+
+    Complexity: time O(B·H·N·(L + N)·D) dense/mixture, O(B·H·N²·D) random/factorized; memory
+    O(B·H·N·L) for the dense logits before the cut, O(B·H·N²) otherwise.
+
+    Exactness: learned: a different score function (tested against its own dense formula).
+
+    Reference: Tay, Bahri, Metzler, Juan, Zhao & Zheng (2021), "Synthesizer: Rethinking
+    Self-Attention for Transformer Models".
     """
+
+    complexity = "time O(N·L·D), memory O(N·L), L=max_len"
 
     kind = "score"
 
