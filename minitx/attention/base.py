@@ -33,7 +33,8 @@ from ..nn.layers import Linear
 from ..nn.module import Module
 
 __all__ = ["REGISTRY", "register", "AttentionBase", "split_heads", "merge_heads",
-           "repeat_kv", "check_heads", "dense_attention_array", "causal_pattern"]
+           "repeat_kv", "check_heads", "dense_attention_array", "causal_pattern",
+           "softmax_rows_array"]
 
 REGISTRY: dict = {}
 
@@ -134,6 +135,19 @@ def dense_attention_array(q, k, v, allowed=None, scale=None):
     total = p.sum(axis=-1, keepdims=True)
     p = p / xp.where(total > 0, total, 1)
     return p @ v
+
+
+def softmax_rows_array(s, allowed=None):
+    """Raw arrays: softmax over the last axis of scores ``s``, keys outside ``allowed``
+    (broadcastable to ``s``, True = may attend) get probability 0; rows with no allowed key
+    give zeros. The dense softmax the "score" variants' ``reference`` methods share."""
+    xp = get_array_module(s)
+    if allowed is not None:
+        s = xp.where(allowed, s, -xp.inf)
+    m = s.max(axis=-1, keepdims=True)
+    p = xp.exp(s - xp.where(xp.isfinite(m), m, 0))
+    total = p.sum(axis=-1, keepdims=True)
+    return p / xp.where(total > 0, total, 1)
 
 
 # ---- the Module base ---------------------------------------------------------------------

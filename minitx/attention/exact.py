@@ -42,7 +42,7 @@ from ..ops.linalg import matmul
 from ..ops.shape import broadcast_to, expand_dims, reshape, swapaxes
 from ..ops._util import unbroadcast
 from .base import (AttentionBase, causal_pattern, check_heads, merge_heads, register, repeat_kv,
-                   split_heads)
+                   softmax_rows_array, split_heads)
 
 __all__ = ["scaled_dot_product_attention", "attention_weights", "SDPAFunction",
            "CausalSDPAFunction",
@@ -826,6 +826,17 @@ class DotProductSelfAttention(ExactSelfAttention):
             q = matmul(q, self.score_weight)
         return q, k
 
+    def reference(self, q, k, v):
+        """Raw arrays: softmax(Q Kᵀ + M) V unscaled ((Q W_h) Kᵀ when general), (B, H, Nq, D)."""
+        xp = get_array_module(q)
+        k = xp.repeat(k, q.shape[1] // k.shape[1], axis=1)
+        v = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        if self.general:
+            q = xp.einsum("bhid,hde->bhie", q, self.score_weight.data.astype(q.dtype))
+        s = xp.einsum("bhid,bhjd->bhij", q, k)                  # no 1/√D
+        nq, nk = s.shape[-2:]
+        return softmax_rows_array(s, causal_pattern(nq, nk, xp) if self.causal else None) @ v
+
 
 @register("additive")
 class AdditiveSelfAttention(ExactSelfAttention):
@@ -883,3 +894,16 @@ class AdditiveSelfAttention(ExactSelfAttention):
         if self.record_weights:
             self.last_attn_weights = w.data
         return matmul(w, v)                                      # (B, H, Nq, Nk) @ (B, H, Nk, D)
+
+    def reference(self, q, k, v):
+        """Raw arrays: e_ij = wᵀ tanh(W_q q_i + W_k k_j) with explicit (i, j) loops folded into
+        broadcasting, softmax_j(e + M) V, (B, H, Nq, D)."""
+        xp = get_array_module(q)
+        k = xp.repeat(k, q.shape[1] // k.shape[1], axis=1)
+        v = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        w_q, w_k = self.W_q.weight.data.astype(q.dtype), self.W_k.weight.data.astype(q.dtype)
+        w = self.w.weight.data.astype(q.dtype)[0]                 # (A,)
+        hid = xp.tanh((q @ w_q.T)[:, :, :, None, :] + (k @ w_k.T)[:, :, None, :, :])
+        e = (hid * w).sum(axis=-1)                                # (B, H, Nq, Nk)
+        nq, nk = e.shape[-2:]
+        return softmax_rows_array(e, causal_pattern(nq, nk, xp) if self.causal else None) @ v

@@ -31,7 +31,7 @@ from ..nn.module import Module, Parameter
 from ..ops.dropout import dropout
 from ..ops.indexing import getitem
 from ..ops.linalg import einsum
-from .base import register
+from .base import causal_pattern, register, softmax_rows_array
 from .exact import ExactSelfAttention
 
 __all__ = ["sinusoidal_positions", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding",
@@ -187,6 +187,21 @@ class RelativePositionAttention(ExactSelfAttention):
         # (B, H, Nq, Nk) · (Nq, Nk, D) -> (B, H, Nq, D):  Σ_j α_ij a^V_ij
         return einsum("bhqk,qkd->bhqd", weights, a_v)
 
+    def reference(self, q, k, v):
+        """Raw arrays: Shaw's formula with an explicit clipped-distance table, (B, H, Nq, D)."""
+        xp = get_array_module(q)
+        k = xp.repeat(k, q.shape[1] // k.shape[1], axis=1)
+        v = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
+        pos = xp.arange(nq)[:, None] + (nk - nq)                 # query i sits at i + Nk − Nq
+        r = xp.clip(xp.arange(nk)[None, :] - pos, -self.max_relative_position,
+                    self.max_relative_position)                  # clip(j − pos_i, −k, k)
+        a_k = self.rel_k.data.astype(q.dtype)[r + self.max_relative_position]   # (Nq, Nk, D)
+        a_v = self.rel_v.data.astype(q.dtype)[r + self.max_relative_position]
+        e = (xp.einsum("bhid,bhjd->bhij", q, k) + xp.einsum("bhid,ijd->bhij", q, a_k)) / math.sqrt(d)
+        p = softmax_rows_array(e, causal_pattern(nq, nk, xp) if self.causal else None)
+        return p @ v + xp.einsum("bhij,ijd->bhid", p, a_v)       # Σ_j α_ij (v_j + a^V_ij)
+
 
 # ---- 4. RoPE (Su et al. 2021) ------------------------------------------------------------
 
@@ -289,6 +304,22 @@ class RoPEAttention(ExactSelfAttention):
         return (apply_rope(q, _query_positions(nq, nk, xp), base=self.base),
                 apply_rope(k, xp.arange(nk), base=self.base))
 
+    def reference(self, q, k, v):
+        """Raw arrays: each pair (x_{2i}, x_{2i+1}) as the complex number x_{2i} + i·x_{2i+1},
+        multiplied by e^{i·m·θ_i} (a rotation by m·θ_i); then Re⟨R q, conj(R k)⟩ is the real
+        dot product of the rotated vectors, and a dense softmax. (B, H, Nq, D)."""
+        xp = get_array_module(q)
+        k = xp.repeat(k, q.shape[1] // k.shape[1], axis=1)
+        v = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
+        theta = self.base ** (-2.0 * xp.arange(d // 2) / d)              # θ_i, (D/2,)
+        rot_q = xp.exp(1j * (xp.arange(nq) + (nk - nq))[:, None] * theta)   # (Nq, D/2)
+        rot_k = xp.exp(1j * xp.arange(nk)[:, None] * theta)                 # (Nk, D/2)
+        qc = (q[..., 0::2] + 1j * q[..., 1::2]) * rot_q
+        kc = (k[..., 0::2] + 1j * k[..., 1::2]) * rot_k
+        s = xp.einsum("bhid,bhjd->bhij", qc, kc.conj()).real / math.sqrt(d)
+        return softmax_rows_array(s, causal_pattern(nq, nk, xp) if self.causal else None) @ v
+
 
 # ---- 5. ALiBi (Press et al. 2021) --------------------------------------------------------
 
@@ -352,3 +383,14 @@ class ALiBiAttention(ExactSelfAttention):
     def score_bias(self, q, k):
         xp = get_array_module(q.data)
         return alibi_bias(self.num_heads, q.shape[2], k.shape[2], xp, q.dtype)[None]
+
+    def reference(self, q, k, v):
+        """Raw arrays: scores q·kᵀ/√D − m_h·|pos_i − j| per head, dense softmax. (B, H, Nq, D)."""
+        xp = get_array_module(q)
+        k = xp.repeat(k, q.shape[1] // k.shape[1], axis=1)
+        v = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
+        slopes = xp.asarray(alibi_slopes(q.shape[1]), dtype=q.dtype)          # m_h, (H,)
+        dist = xp.abs(xp.arange(nq)[:, None] + (nk - nq) - xp.arange(nk)[None, :])
+        s = xp.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(d) - slopes[:, None, None] * dist
+        return softmax_rows_array(s, causal_pattern(nq, nk, xp) if self.causal else None) @ v

@@ -25,7 +25,7 @@ from .. import functional as F
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, rng, xp as active_xp
 from ..nn.module import Parameter
-from .base import AttentionBase, check_heads, register, repeat_kv
+from .base import AttentionBase, check_heads, register, repeat_kv, softmax_rows_array
 
 __all__ = ["SYNTHESES", "SynthesizerAttention"]
 
@@ -126,3 +126,26 @@ class SynthesizerAttention(AttentionBase):
             xp = get_array_module(q.data)
             s = F.masked_fill(s, ~xp.tri(nq, dtype=bool), -math.inf)
         return F.matmul(F.softmax(s, axis=-1), v)                   # (B, H, N, N) @ (B, H, N, Dv)
+
+    def reference(self, q, k, v):
+        """Raw arrays: the synthesised logits per ``synthesis`` written out, then a dense
+        softmax (lower-triangular mask when causal). (B, H, N, D)."""
+        xp = get_array_module(q)
+        k = xp.repeat(k, q.shape[1] // k.shape[1], axis=1)
+        v = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        n = q.shape[2]
+        par = {name: p.data.astype(q.dtype) for name, p in self.named_parameters(recurse=False)}
+        if self.synthesis in ("dense", "mixture"):
+            hidden = xp.maximum(xp.einsum("bhid,hde->bhie", q, par["w1"]) + par["b1"], 0)
+            s = (xp.einsum("bhie,hel->bhil", hidden, par["w2"]) + par["b2"])[..., :n]
+            if self.synthesis == "mixture":
+                a = xp.exp(par["mix"] - par["mix"].max())
+                a = a / a.sum()                                      # softmax of the 2 weights
+                s = a[0] * s + a[1] * xp.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(q.shape[-1])
+        elif self.synthesis == "random":
+            table = self.R.data if isinstance(self.R, Tensor) else self.R
+            s = table.astype(q.dtype)[None, :, :n, :n]
+        else:
+            s = xp.einsum("hik,hjk->hij", par["R1"][:, :n], par["R2"][:, :n])[None]
+        allowed = xp.tri(n, dtype=bool) if self.causal else None
+        return softmax_rows_array(s, allowed) @ v
