@@ -13,9 +13,12 @@ Transformer":
     AFT-simple:  y_t = σ(q_t) ⊙ Σ_t' softmax_t'(k)_t' ⊙ v_t'         (w = 0)
 
 elementwise over features (no q·k dot product); w (max_len, max_len) learned pairwise
-position biases. Computed as exp(w) @ (exp(k) ⊙ v) — O(N²·D) time, O(N² + N·D) memory for
-full; O(N·D) for simple (prefix sums when causal). Stabilised by subtracting constants that
-cancel in the ratio: max over positions of k per feature, and the row max of w.
+position biases. Bidirectional: computed as exp(w) @ (exp(k) ⊙ v) — O(N²·D) time, O(N² + N·D)
+memory for full; O(N·D) for simple. Stabilised by subtracting constants that cancel in the
+ratio: max over positions of k per feature, and the row max of w. Causal: the (N, N, D)
+exponents are formed and each row is shifted by its max over the visible positions t' ≤ t
+only (a shift shared by prefix sums would have to include future positions; see ``aft``),
+O(N²·D) time and memory for both variants.
 Both are kind "score" (a different mixing rule, tested against its own dense formula).
 """
 from __future__ import annotations
@@ -57,8 +60,8 @@ class FNetMixing(AttentionBase):
     Formula: ``layer(x)`` = Re(FFT_seq(FFT_hidden(x))); ``attend`` = Re(FFT2 over (N, D) of v)
     per head (q and k unused).
 
-    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E), mixed directly — no projections are used,
-    as in the paper; ``attend(q, k, v)``: q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D).
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E), mixed directly — no projections, as in
+    the paper (the layer has no parameters at all); ``attend(q, k, v)``: q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D).
 
     Options: none of its own; ``causal=True`` raises ValueError.
 
@@ -75,6 +78,13 @@ class FNetMixing(AttentionBase):
 
     kind = "score"
     supports_causal = False
+
+    def __init__(self, embed_dim, num_heads, causal=False, **base):
+        super().__init__(embed_dim, num_heads, causal=causal, **base)
+        # Nothing here uses the q/k/v/out projections AttentionBase builds: drop them, so
+        # parameters() (and the state dict) hold no 4·E² weights that never get a gradient.
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            delattr(self, name)
 
     def forward(self, x):
         """x (B, N, E) → Re(FFT_seq(FFT_hidden(x))) (B, N, E)."""
@@ -100,21 +110,51 @@ class FNetMixing(AttentionBase):
 
 def aft(q, k, v, w=None, causal: bool = False):
     """AFT on heads: q, k (B, H, N, D), v (B, H, N, Dv=D) Tensors; w (N, N) Tensor or None
-    (AFT-simple). Returns (B, H, N, D)."""
+    (AFT-simple). Returns (B, H, N, D).
+
+    Stabilising shifts. y_td = Σ_t' e^(k_t'd + w_tt') v_t'd / Σ_t' e^(k_t'd + w_tt') is a
+    ratio in which every term of the output (t, d) carries the same factor e^(−s_td) for any
+    s_td that does not depend on t', so subtracting s_td from all its exponents changes
+    nothing mathematically; numerically, s_td should be the largest exponent *among the terms
+    that row t may see*, so that the biggest visible term is e^0 = 1 and the denominator is
+    ≥ 1 (no 0/0 = NaN, no overflow).
+
+    - Bidirectional: every position is visible to every row, so the factorised shift
+      s_td = max_t' k_t'd + max_t' w_tt' (a per-feature max of k, a row max of w) is a max
+      over allowed positions, and the fast forms exp(w) @ (exp(k) ⊙ v) (full) and plain sums
+      (simple) can be used. (For full, the visible maximum of k + w can still sit far below
+      max k + max w when large k and large w never coincide — the paper's shift, kept for its
+      O(N² + N·D) memory.)
+    - Causal: the visible terms of row t are t' ≤ t. A shift shared by the prefix sums /
+      the exp(w) @ (exp(k) ⊙ v) product must be one constant for every row, i.e. it would have
+      to include the future positions' maxima, and a large future k_t'd or w_tt' then
+      underflows every visible term of the early rows (0/0). A prefix (running) max of k is
+      no way out: it is a different shift per *key*, which does not cancel in a prefix sum
+      shared by all later rows. So the causal path forms the (B, H, N, N, D) exponents
+      k_t'd + w_tt' explicitly, masks t' > t to −∞ and subtracts s_td = max_{t' ≤ t} of them:
+      each row's shift depends on visible positions only, and is treated as a constant in
+      backward (its true derivative contribution is zero, since the output does not depend
+      on it). Cost: O(B·H·N²·D) time and memory, also for AFT-simple.
+    """
     xp = get_array_module(k.data)
     n = k.shape[2]
-    ek = F.exp(k - Tensor._wrap(k.data.max(axis=2, keepdims=True)))    # constant shift: cancels
-    if w is None:                                                        # AFT-simple
-        if causal:
-            num, den = F.cumsum(ek * v, axis=2), F.cumsum(ek, axis=2)    # (B, H, N, D)
-        else:
+    if not causal:
+        ek = F.exp(k - Tensor._wrap(k.data.max(axis=2, keepdims=True)))    # per-feature shift
+        if w is None:                                                        # AFT-simple
             num, den = (ek * v).sum(axis=2, keepdims=True), ek.sum(axis=2, keepdims=True)
-    else:                                                                # AFT-full
-        ew = F.exp(w - Tensor._wrap(w.data.max(axis=-1, keepdims=True)))   # (N, N)
-        if causal:
-            ew = ew * Tensor._wrap(xp.tri(n, dtype=w.dtype))
-        num = F.matmul(ew, ek * v)                                       # (N, N) @ (B, H, N, D)
-        den = F.matmul(ew, ek)
+        else:                                                                # AFT-full
+            ew = F.exp(w - Tensor._wrap(w.data.max(axis=-1, keepdims=True)))   # row shift
+            num = F.matmul(ew, ek * v)                                   # (N, N) @ (B, H, N, D)
+            den = F.matmul(ew, ek)
+        return F.sigmoid(q) * (num / den)
+    bias = Tensor._wrap(xp.zeros((n, n), dtype=k.dtype)) if w is None else w
+    logits = F.expand_dims(k, 2) + F.reshape(bias, (n, n, 1))            # (B, H, t, t', D)
+    future = ~xp.tri(n, dtype=bool)[:, :, None]                          # t' > t, (N, N, 1)
+    logits = F.masked_fill(logits, future, -math.inf)
+    shift = logits.data.max(axis=3, keepdims=True)                       # visible max, finite
+    e = F.exp(logits - Tensor._wrap(shift))                              # future terms: 0
+    num = (e * F.expand_dims(v, 2)).sum(axis=3)                          # (B, H, N, D)
+    den = e.sum(axis=3)                                                  # ≥ 1
     return F.sigmoid(q) * (num / den)
 
 
@@ -124,7 +164,9 @@ class AFTAttention(AttentionBase):
 
     Formula: AFT-full y_t = σ(q_t) ⊙ Σ_t' exp(k_t' + w_tt') ⊙ v_t' / Σ_t' exp(k_t' + w_tt');
     AFT-simple the same with w = 0; causal: t' ≤ t. Elementwise over features, no q·k
-    product; computed as exp(w) @ (exp(k) ⊙ v) with stabilising shifts that cancel.
+    product; bidirectional: computed as exp(w) @ (exp(k) ⊙ v) with stabilising shifts that
+    cancel; causal: explicit (N, N, D) exponents, each row shifted by its max over the
+    visible positions only (so large future values cannot underflow the past to 0/0).
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D) (value dim must equal D); parameter w (max_len,
@@ -134,7 +176,7 @@ class AFTAttention(AttentionBase):
     raises for longer sequences), ``causal`` (False).
 
     Complexity: full: time O(B·H·N²·D), memory O(N² + B·H·N·D); simple: time and memory
-    O(B·H·N·D) (prefix sums when causal).
+    O(B·H·N·D); causal (both): time and memory O(B·H·N²·D).
 
     Exactness: a different score function (tested against its own dense formula,
     ``reference``); w is learned.
@@ -143,7 +185,7 @@ class AFTAttention(AttentionBase):
     Free Transformer".
     """
 
-    complexity = "time O(N²·D), memory O(N²); simple O(N·D)"
+    complexity = "time O(N²·D), memory O(N²); simple O(N·D); causal memory O(N²·D)"
 
     kind = "score"
 

@@ -28,6 +28,17 @@ i alike, and multiplying *every* φ(k_j) by the same e^(−c) does too (also und
 sums). The constants are treated as such in backward (the output does not depend on them,
 so their true derivative contribution is zero).
 
+Why the causal key shift stays global (over all keys, future ones included): the prefix sum
+S_i = Σ_{j≤i} φ(k_j) v_jᵀ is shared by every row i ≥ j, so the factor e^(−c_j) a key carries
+must be the same in every prefix it enters — i.e. the same for all keys. A per-key (running,
+prefix-max) shift would weight key j by e^(−c_j) differently from key j' and change the ratio;
+a shift from the past only (e.g. the first keys' max) lets a larger later key overflow. So
+the global max is the only constant that is both exact and overflow-free. Mathematically the
+output of row i still does not depend on future keys (c cancels); numerically, a future key
+far larger than every key up to i can make row i's φ(k_j) underflow, and then ε (added to
+the denominator) keeps the output finite — it is what ε is for: those rows degrade towards
+0 instead of 0/0 = NaN. (Rows shifted per query, c_i, depend on that query only.)
+
 Causal: out_i = φ(q_i)ᵀ S_i / φ(q_i)ᵀ z_i with S_i = Σ_{j≤i} φ(k_j) v_jᵀ, z_i = Σ_{j≤i} φ(k_j),
 computed with prefix sums (cumsum) over positions. Time O(N·m·D); memory O(N·m) bidirectional,
 O(N·m·Dv) causal. Approximate (unbiased kernel estimate; the ratio is consistent as m → ∞).
@@ -70,7 +81,8 @@ def favor_features(x, w, is_query: bool, stabilize: bool = True):
     """φ(x) = exp(W x − ‖x‖²/2 − c) / √m for x (B, H, N, D) already scaled by D^(−1/4).
 
     c = per-row max (queries) or one max per (batch, head) over all keys (see the module
-    docstring for why it cancels); c = 0 when ``stabilize`` is False. Returns (B, H, N, m).
+    docstring for why it cancels, and why the key max must be global even when causal);
+    c = 0 when ``stabilize`` is False. Returns (B, H, N, m).
     """
     m = w.shape[0]
     proj = F.matmul(x, Tensor._wrap(w.T.astype(x.dtype)))          # (B, H, N, D) @ (D, m)
