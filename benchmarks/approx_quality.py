@@ -10,7 +10,7 @@ against exact softmax attention A* = softmax(q kᵀ/√D). Every variant here is
 so its effective attention matrix is read off by attending to v = I_N (out = A I = A).
 Reformer is shared-QK, so its exact reference is shared-QK attention under its own
 no-self rule (its one-bucket limit). Errors should fall as the budget grows; the trend is
-asserted (at small sizes) in tests/test_approx.py, not here.
+asserted (at small sizes) in tests/test_approx.py, not here. The measurement lives in\n``minitx.metrics`` and is shared with examples/efficient_report.py.
 
     python benchmarks/approx_quality.py [--n 128] [--d 16] [--seeds 3] [--scale 0.5]
 
@@ -22,60 +22,9 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
-import minitx
-from minitx.attention import REGISTRY, dense_attention_array
-
-# variant -> (budget option, budgets, fixed options)
-BUDGETS = {
-    "performer": ("num_features", [8, 32, 128, 512], {}),
-    "linformer": ("proj_dim", [4, 16, 64, 128], {"init": "pool", "max_len": 128}),
-    "reformer": ("n_hashes", [1, 2, 4, 8], {"n_buckets": 8, "chunk_size": 16}),
-    "routing": ("num_clusters", [16, 4, 2, 1], {"window": 128}),   # fewer clusters = more budget
-}
-
-
-def _identity_values(q):
-    b, h, n, _ = q.shape
-    return np.broadcast_to(np.eye(n), (b, h, n, n)).copy()
-
-
-def distances(name, budget_option, budget, n=128, d=16, heads=2, seed=0, fixed=None, scale=0.5):
-    """(attention distance, output distance) of one variant at one budget, float64."""
-    minitx.manual_seed(seed)
-    layer = REGISTRY[name](d * heads, heads, **{budget_option: budget, **(fixed or {})}).eval()
-    for p in layer.parameters():
-        p.data = p.data.astype(np.float64)
-    rng = np.random.default_rng(seed)
-    q, k = (rng.standard_normal((1, heads, n, d)) * scale for _ in range(2))
-    v = rng.standard_normal((1, heads, n, d))
-    if name == "linformer":            # smooth keys/values: what pooling projections assume
-        k, v = (np.cumsum(x, axis=2) / np.sqrt(np.arange(1, n + 1))[:, None] for x in (k, v))
-    if name == "reformer":
-        allowed, keys = layer.pattern_reference(q, v)
-        exact_a = dense_attention_array(q, keys, _identity_values(q), allowed)
-        exact_o = dense_attention_array(q, keys, v, allowed)
-    else:
-        exact_a = dense_attention_array(q, k, _identity_values(q))
-        exact_o = dense_attention_array(q, k, v)
-    t = [minitx.tensor(x, dtype="float64") for x in (q, k, v, _identity_values(q))]
-    with minitx.no_grad():
-        a = layer.attend(t[0], t[1], t[3]).data
-        o = layer.attend(t[0], t[1], t[2]).data
-    rel = lambda x, y: float(np.linalg.norm(x - y) / np.linalg.norm(y))  # noqa: E731
-    return rel(a, exact_a), rel(o, exact_o)
-
-
-def quality_table(n=128, d=16, seeds=3, budgets=BUDGETS, scale=0.5):
-    """rows of (variant, option, budget, attention distance, output distance), seed-averaged."""
-    rows = []
-    for name, (option, values, fixed) in budgets.items():
-        for budget in values:
-            ds = np.array([distances(name, option, budget, n, d, seed=s, fixed=fixed, scale=scale)
-                           for s in range(seeds)])
-            rows.append((name, option, budget, *ds.mean(axis=0)))
-    return rows
+from minitx.metrics import APPROX_BUDGETS as BUDGETS  # noqa: F401 - re-exported
+from minitx.metrics import approx_distances as distances  # noqa: F401 - re-exported
+from minitx.metrics import quality_table
 
 
 def main(argv=None):
