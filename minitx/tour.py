@@ -184,7 +184,7 @@ def _gradcheck_variant(cls, name, embed=8, heads=2, n=6):
 
 def _reference_error(cls, embed=16, heads=2, n=32):
     """Relative error ‖out − ref‖/‖ref‖ of ``attend`` against the variant's reference."""
-    from .attention import dense_attention_array
+    from .attention import causal_pattern, dense_attention_array
     layer = cls(embed, heads, **_init_options(cls, n))
     layer.to(dtype="float64")
     layer.eval()
@@ -197,10 +197,17 @@ def _reference_error(cls, embed=16, heads=2, n=32):
         ref = dense_attention_array(q.data, k.data, v.data, allowed=layer.pattern(n))
         label = "vs dense" if kind == "exact" else "vs dense∘pattern"
     elif kind == "approximate":
-        allowed = None
-        if layer.causal:
-            from .attention import causal_pattern
-            allowed = causal_pattern(n)
+        # The regime of benchmarks/approx_quality.py (minitx.metrics): a mid-sized budget,
+        # q, k ~ N(0, 0.5²), N = 128; output distance ‖O − O*‖/‖O*‖ from exact attention.
+        from .metrics import APPROX_BUDGETS, approx_distances
+        if cls.name in APPROX_BUDGETS:
+            option, budgets, fixed = APPROX_BUDGETS[cls.name]
+            budget = budgets[-2]
+            _, err = approx_distances(cls.name, option, budget, fixed=fixed)
+            short = {"num_features": "m", "proj_dim": "k", "n_hashes": "rounds",
+                     "num_clusters": "clusters"}.get(option, option)
+            return f"{err:.1e} vs exact, {short}={budget}"
+        allowed = causal_pattern(n) if layer.causal else None
         ref = dense_attention_array(q.data, k.data, v.data, allowed=allowed)
         label = "vs exact"
     elif hasattr(layer, "reference"):
@@ -275,7 +282,7 @@ def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) ->
         rows = variant_rows(names, n, embed, heads)
     except Exception as exc:  # noqa: BLE001 - e.g. the attention package failed to import
         return ["3. Every registered attention variant", "   " + _short(exc)]
-    head = (f"   {'variant':<12} {'kind':<12} {'gradcheck':<10} {'error vs reference':<24} "
+    head = (f"   {'variant':<12} {'kind':<12} {'gradcheck':<10} {'error vs reference':<30} "
             f"{'time':>9} {'peak mem':>10}  complexity")
     lines = [f"3. Every registered attention variant (forward at N = {n:,}, B = 1, E = {embed}, "
              f"H = {heads}; gradcheck in float64 on N = 6)",
@@ -287,7 +294,7 @@ def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) ->
         t = f"{r['time_s'] * 1e3:7.1f} ms" if r["time_s"] is not None else "-"
         mem = fmt_bytes(r["peak_bytes"])
         gc = r["gradcheck"] if len(r["gradcheck"]) <= 10 else r["gradcheck"][:60]
-        line = (f"   {r['name']:<12} {r['kind']:<12} {gc:<10} {r['error']:<24} {t:>9} "
+        line = (f"   {r['name']:<12} {r['kind']:<12} {gc:<10} {r['error']:<30} {t:>9} "
                 f"{mem:>10}  {r['complexity']}")
         if r["note"]:
             line += f"   [{r['note']}]"
