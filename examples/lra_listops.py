@@ -1,15 +1,25 @@
 """Mini Long-Range-Arena ListOps: the same small model trained with several attention variants.
 
-    python examples/lra_listops.py                          # sequences of 100–300 tokens
-    python examples/lra_listops.py --variants mha,local,performer --steps 400
+    python examples/lra_listops.py                          # 60–150 tokens, a few minutes
+    python examples/lra_listops.py --variants mha,local,performer --steps 600
+    python examples/lra_listops.py --min-len 100 --max-len 300 --max-depth 10   # LRA-like
     python examples/lra_listops.py --quick                  # short sequences, seconds
 
 ListOps (``minitx.data.listops``) asks for the value (0–9) of a nested expression such as
 ``[MAX 2 9 [MIN 4 7 ] 0 ]``: the answer depends on tokens far apart. Every variant gets the
 same data, model size, optimizer, steps and seed; only ``attention=`` changes. Sequences are
-padded to one length and no padding mask is used (most efficient variants take none), so the
-comparison is like for like. Prints accuracy and time per training step as one table and
-ends with ``RESULT {json}``.
+padded to the longest generated one and no padding mask is used (most efficient variants take
+none), so the comparison is like for like. Prints accuracy (against the majority-class
+baseline) and time per training step as one table and ends with ``RESULT {json}``.
+
+Defaults are a *simplified* ListOps, sized so that a 2-core CPU shows learning in a few
+minutes: expressions of 60–150 tokens (about 75 on average), nesting depth ≤ 3 and ≤ 6
+arguments per operator (LRA uses depth 10, up to 10 arguments and up to 2,000 tokens, which
+a model this small does not learn in a few hundred steps: every variant stays at chance).
+The generator and evaluator are the same; only ``--max-depth``/``--max-args``/lengths change.
+Even this version is not solved here — a 2-layer, d_model 32 model after 600 steps of 16
+reaches roughly 0.22–0.30 test accuracy against a majority class of ~0.15 (chance 0.10);
+the table shows each variant's margin over the majority class.
 """
 from __future__ import annotations
 
@@ -47,19 +57,24 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(p, "minitx_out/lra_listops")
     p.add_argument("--variants", default=DEFAULT_VARIANTS)
-    p.add_argument("--min-len", type=int, default=100)
-    p.add_argument("--max-len", type=int, default=300)
+    p.add_argument("--min-len", type=int, default=60)
+    p.add_argument("--max-len", type=int, default=150)
+    p.add_argument("--max-depth", type=int, default=3,
+                   help="deepest nesting of operators in the generated expressions")
+    p.add_argument("--max-args", type=int, default=6, help="most arguments per operator")
+    p.add_argument("--warmup", type=float, default=0.1,
+                   help="warm-up as a fraction of the steps")
     p.add_argument("--train-size", type=int, default=3000)
     p.add_argument("--test-size", type=int, default=300)
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--d-model", type=int, default=32)
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=3e-3)
     args = p.parse_args(argv)
     if args.quick:
-        args.min_len, args.max_len, args.steps = 10, 40, 12
+        args.min_len, args.max_len, args.steps = 10, 40, 80
         args.train_size, args.test_size, args.batch_size = 400, 200, 16
     return args
 
@@ -78,7 +93,7 @@ def run_variant(name, args, data, seq_len):
                                  attention_options=variant_options(name, seq_len) or None)
     nn.init.normal_(model.embed.weight, 0.0, 1.0)
     opt = optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    sched = optim.WarmupCosine(opt, warmup_steps=max(1, args.steps // 10),
+    sched = optim.WarmupCosine(opt, warmup_steps=max(1, int(args.warmup * args.steps)),
                                total_steps=args.steps)
     gen = np.random.default_rng(args.seed)
     bar = Progress(args.steps, f"{name:>10}")
@@ -112,13 +127,18 @@ def main(argv=None):
     out = setup_run(args, "lra_listops: one model, many attention variants")
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     t0 = time.perf_counter()
-    train = listops_dataset(args.train_size, args.min_len, args.max_len, seed=args.seed)
-    test = listops_dataset(args.test_size, args.min_len, args.max_len, seed=args.seed + 1)
-    seq_len = train[0].shape[1]
+    gen_kw = {"max_depth": args.max_depth, "max_args": args.max_args}
+    train = listops_dataset(args.train_size, args.min_len, args.max_len, seed=args.seed, **gen_kw)
+    test = listops_dataset(args.test_size, args.min_len, args.max_len, seed=args.seed + 1,
+                           **gen_kw)
+    # pad to the longest generated expression (+ <cls>), not to --max-len + 1
+    seq_len = int(max((train[0] != 0).sum(1).max(), (test[0] != 0).sum(1).max()))
+    train, test = (train[0][:, :seq_len], train[1]), (test[0][:, :seq_len], test[1])
     majority = float(np.bincount(test[1], minlength=10).max() / len(test[1]))
     lengths = (train[0] != 0).sum(1)
     print(f"data: {args.train_size} train / {args.test_size} test expressions, {args.min_len}–"
-          f"{args.max_len} tokens (mean {lengths.mean():.0f}), padded to {seq_len}; generated in "
+          f"{args.max_len} tokens (mean {lengths.mean():.0f}, depth ≤ {args.max_depth}, ≤ "
+          f"{args.max_args} arguments), padded to {seq_len}; generated in "
           f"{time.perf_counter() - t0:.1f} s; majority-class accuracy {majority:.3f}")
     print(f"model: {args.layers} layers, d_model {args.d_model}, {args.heads} heads; "
           f"{args.steps} steps of {args.batch_size} per variant")
@@ -130,15 +150,20 @@ def main(argv=None):
             results[name] = {"error": f"{type(exc).__name__}: {exc}"[:120]}
             print(f"{name}: error: {results[name]['error']}")
     print()
-    print(f"  {'variant':<12} {'accuracy':>9} {'ms/step':>9} {'loss first→last':>18}")
-    print("  " + "-" * 51)
+    print(f"  {'variant':<12} {'accuracy':>9} {'vs major.':>9} {'ms/step':>9} "
+          f"{'loss first→last':>18}")
+    print("  " + "-" * 61)
     for name, r in results.items():
         if "error" in r:
             print(f"  {name:<12} error: {r['error']}")
         else:
-            print(f"  {name:<12} {r['accuracy']:>9.3f} {r['step_ms']:>9.1f} "
+            print(f"  {name:<12} {r['accuracy']:>9.3f} {r['accuracy'] - majority:>+9.3f} "
+                  f"{r['step_ms']:>9.1f} "
                   f"{r['first_loss']:>8.3f} → {r['final_loss']:<7.3f}")
-    print(f"  (majority class {majority:.3f}; chance 0.100)")
+    ok = [n for n, r in results.items() if "error" not in r]
+    beat = sum(results[n]["accuracy"] > majority for n in ok)
+    print(f"  (majority class {majority:.3f}; chance 0.100; {beat} of {len(ok)} variants above "
+          f"the majority class; total {time.perf_counter() - t0:.0f} s)")
     curves = {n: (np.arange(10, len(r['losses']) + 1),
                   np.convolve(r["losses"], np.ones(10) / 10, mode="valid"))
               for n, r in results.items() if "losses" in r and len(r["losses"]) >= 10}
@@ -147,11 +172,14 @@ def main(argv=None):
                         xlabel="step", ylabel="cross-entropy (10-step mean)",
                         quiet=True) if curves else None
     print(f"loss curves: {picture}")
-    summary = {n: ({"accuracy": round(r["accuracy"], 4), "step_ms": round(r["step_ms"], 1),
+    summary = {n: ({"accuracy": round(r["accuracy"], 4),
+                    "vs_majority": round(r["accuracy"] - majority, 4),
+                    "step_ms": round(r["step_ms"], 1),
                     "first_loss": round(r["first_loss"], 4),
                     "final_loss": round(r["final_loss"], 4)} if "error" not in r else r)
                for n, r in results.items()}
     result_line({"variants": summary, "majority": majority, "seq_len": seq_len,
+                 "wall_s": round(time.perf_counter() - t0, 1),
                  "pictures": [picture] if picture else [], "out": out})
     return 0
 

@@ -1,6 +1,7 @@
 """Every example with --quick (subprocess, tmp output folder): what it reports, not only that it
 exits. Each parses the final ``RESULT {json}`` line."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -82,7 +83,12 @@ def test_lra_listops(tmp_path):
         v = r["variants"][name]
         assert "error" not in v, (name, v)
         assert 0.0 <= v["accuracy"] <= 1.0 and v["step_ms"] > 0
-    assert "ms/step" in out
+        assert math.isfinite(v["first_loss"]) and math.isfinite(v["final_loss"]), (name, v)
+        # 80 seeded steps: every variant's training loss falls (first 5 vs last 10 steps)
+        assert v["final_loss"] < v["first_loss"], (name, v)
+        assert v["vs_majority"] == pytest.approx(v["accuracy"] - r["majority"], abs=1e-3)
+    assert 0.0 < r["majority"] < 1.0
+    assert "ms/step" in out and "vs major." in out
     _files_exist(r)
 
 
