@@ -89,6 +89,20 @@ def text_heatmap(matrix, row_labels=None, col_labels=None, title=None,
     return "\n".join(lines)
 
 
+def _text_fallback(text: str, path, quiet: bool):
+    """Without matplotlib (or without a path): print ``text`` and, given a path, write it
+    next to where the picture would have gone, as ``.txt``; returns that path or None."""
+    if not quiet:
+        print(text)
+    if path is None:
+        return None
+    out = _txt_path(path)
+    _ensure_dir(out)
+    with open(out, "w", encoding="utf-8") as fh:
+        fh.write(text + "\n")
+    return out
+
+
 def heatmap(matrix, row_labels=None, col_labels=None, path=None, title=None,
             cmap: str = "viridis", quiet: bool = False):
     """Draw ``matrix`` (rows × columns) with labels.
@@ -118,15 +132,7 @@ def heatmap(matrix, row_labels=None, col_labels=None, path=None, title=None,
         plt.close(fig)
         return path
     text = text_heatmap(m, row_labels, col_labels, title)
-    if not quiet:
-        print(text)
-    if path is None:
-        return None
-    out = _txt_path(path)
-    _ensure_dir(out)
-    with open(out, "w", encoding="utf-8") as fh:
-        fh.write(text + "\n")
-    return out
+    return _text_fallback(text, path, quiet)
 
 
 def heatmap_grid(matrices, titles=None, path=None, suptitle=None, labels=None,
@@ -163,15 +169,7 @@ def heatmap_grid(matrices, titles=None, path=None, suptitle=None, labels=None,
     text = "\n\n".join(text_heatmap(m, labels, labels, t) for m, t in zip(mats, titles))
     if suptitle:
         text = suptitle + "\n" + text
-    if not quiet:
-        print(text)
-    if path is None:
-        return None
-    out = _txt_path(path)
-    _ensure_dir(out)
-    with open(out, "w", encoding="utf-8") as fh:
-        fh.write(text + "\n")
-    return out
+    return _text_fallback(text, path, quiet)
 
 
 def _series(series):
@@ -255,12 +253,4 @@ def line_plot(series, path=None, title=None, xlabel=None, ylabel=None, logx=Fals
         plt.close(fig)
         return path
     text = text_line_plot(ser, title=title, logx=logx, logy=logy)
-    if not quiet:
-        print(text)
-    if path is None:
-        return None
-    out = _txt_path(path)
-    _ensure_dir(out)
-    with open(out, "w", encoding="utf-8") as fh:
-        fh.write(text + "\n")
-    return out
+    return _text_fallback(text, path, quiet)
