@@ -57,6 +57,8 @@ def test_sentiment_rules(text, label):
 def test_sentiment_generator_follows_rules_and_needs_order():
     items = generate_reviews(500, seed=0)
     assert all(rule_label(t) == y for t, y in items)
+    # roughly balanced labels: if the 500 labels were fair coin flips the standard error would
+    # be √(0.25/500) ≈ 0.022, so ±0.15 is ~7 of them; it catches a generator stuck on one class
     assert 0.35 < np.mean([y for _, y in items]) < 0.65
     # negation and contrast actually occur, with both labels for the same adjective
     assert any(" not " in t for t, _ in items) and any(" but " in t for t, _ in items)

@@ -230,9 +230,11 @@ def test_flash_attention_keeps_the_numpy_path_where_the_kernels_do_not_apply(emu
 
 def test_flash_attention_large_dv_keeps_the_numpy_path(emu):
     q, k, v, _ = _qkv(1, 1, 1, 3, 3, 16, Dv=136)
+    ref = flash.flash_attention(*[minitx.tensor(x) for x in (q, k, v)]).data
     with gpu_path(emu):
         out = flash.flash_attention(*[minitx.tensor(x) for x in (q, k, v)])
     assert emu.calls == [] and out.shape == (1, 1, 3, 136)
+    _close("out", out.data, ref)                   # and the NumPy path's values, not just shape
 
 
 # ------------------------------------------------------------------ SDPA (exact.py)
@@ -325,9 +327,11 @@ def test_sdpa_without_grad_runs_only_the_forward(emu):
 
 def test_sdpa_large_head_dim_keeps_the_numpy_path(emu):
     q, k, v, _ = _sdpa_arrays((1,), 1, 1, 3, 3, 136, 136)
+    ref = F.scaled_dot_product_attention(*[minitx.tensor(x) for x in (q, k, v)]).data
     with gpu_path(emu):
         out = F.scaled_dot_product_attention(*[minitx.tensor(x) for x in (q, k, v)])
     assert emu.calls == [] and out.shape == (1, 1, 3, 136)
+    _close("out", out.data, ref)                   # and the NumPy path's values, not just shape
 
 
 def test_sdpa_value_dim_other_than_query_dim(emu):
