@@ -127,27 +127,18 @@ def dense_attention_array(q, k, v, allowed=None, scale=None):
         v = xp.repeat(v, h // hk, axis=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = (q @ xp.swapaxes(k, -1, -2)) * scale
-    if allowed is not None:
-        s = xp.where(allowed, s, -xp.inf)
-    m = s.max(axis=-1, keepdims=True)
-    m = xp.where(xp.isfinite(m), m, 0)
-    p = xp.exp(s - m)
-    total = p.sum(axis=-1, keepdims=True)
-    p = p / xp.where(total > 0, total, 1)
-    return p @ v
+    return softmax_rows_array(s, allowed) @ v
 
 
 def softmax_rows_array(s, allowed=None):
     """Raw arrays: softmax over the last axis of scores ``s``, keys outside ``allowed``
     (broadcastable to ``s``, True = may attend) get probability 0; rows with no allowed key
-    give zeros. The dense softmax the "score" variants' ``reference`` methods share."""
-    xp = get_array_module(s)
+    give zeros. The dense softmax ``dense_attention_array`` and the "score" variants'
+    ``reference`` methods share."""
+    from ..ops.activation import softmax_array      # the one raw-array safe softmax
     if allowed is not None:
-        s = xp.where(allowed, s, -xp.inf)
-    m = s.max(axis=-1, keepdims=True)
-    p = xp.exp(s - xp.where(xp.isfinite(m), m, 0))
-    total = p.sum(axis=-1, keepdims=True)
-    return p / xp.where(total > 0, total, 1)
+        s = get_array_module(s).where(allowed, s, -get_array_module(s).inf)
+    return softmax_array(s, axis=-1)
 
 
 # ---- the Module base ---------------------------------------------------------------------
