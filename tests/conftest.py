@@ -8,8 +8,20 @@ Tests create tensors with ``minitx.tensor(numpy_array)`` and read results with
 ``.numpy()``; both go through the active backend, so the same tests exercise CuPy arrays
 when run with ``MINITX_BACKEND=cupy``.
 """
+import os
+
 import numpy as np
 import pytest
+
+# MINITX_TEST_BACKEND=strict-cupy: run the whole suite on the strict CuPy stand-in
+# (tests/strict_cupy.py), installed as `cupy` before minitx is imported, with the cupy backend
+# selected — so every host/device mix fails here the way it fails on a GPU.
+STRICT_CUPY = os.environ.get("MINITX_TEST_BACKEND", "").strip().lower() == "strict-cupy"
+if STRICT_CUPY:
+    import strict_cupy
+
+    strict_cupy.install()
+    os.environ["MINITX_BACKEND"] = "cupy"
 
 try:
     from hypothesis import settings
