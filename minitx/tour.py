@@ -22,6 +22,7 @@ import numpy as np
 
 import minitx
 import minitx.functional as F
+from minitx.backend import to_host
 
 __all__ = ["worked_example", "jacobian_section", "variant_rows", "variant_table",
            "scale_section", "pattern_section", "PATTERN_VARIANTS", "run_tour", "fmt_matrix",
@@ -40,7 +41,7 @@ _KIND_COMPLEXITY = {
 
 def fmt_matrix(m, decimals: int = 4, indent: str = "    ") -> list:
     """Rows of a 2-d array as text lines, fixed decimals (what the tests search for)."""
-    m = np.asarray(getattr(m, "data", m), dtype=float)
+    m = to_host(m).astype(float)
     return [indent + "[" + "  ".join(f"{v:{decimals + 3}.{decimals}f}" for v in row) + "]"
             for row in m]
 
@@ -53,11 +54,6 @@ def fmt_bytes(n) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
-
-
-def _host(a):
-    a = getattr(a, "data", a)
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
 
 
 # ---- 1. the worked example ----------------------------------------------------------------
@@ -79,9 +75,9 @@ def worked_example() -> list:
     lines += fmt_matrix(weights)
     lines += ["", "   output = weights · V   (each token becomes a weighted mix of the values)"]
     lines += fmt_matrix(out)
-    w = _host(weights)
+    w = to_host(weights)
     lines += ["",
-              f"   Token 3 matches itself best (score {float(_host(scores)[2, 2]):.4f}), so it "
+              f"   Token 3 matches itself best (score {float(to_host(scores)[2, 2]):.4f}), so it "
               f"keeps weight {w[2, 2]:.4f} on itself;",
               f"   tokens 1 and 2 split theirs between themselves and token 3 "
               f"({w[0, 0]:.4f} / {w[0, 1]:.4f} / {w[0, 2]:.4f})."]
@@ -94,14 +90,14 @@ def jacobian_section() -> list:
     """J = diag(s) − s sᵀ from ``softmax_jacobian``, row i against autograd's ∂s_i/∂x."""
     values = [1.0, 2.0, 0.5, -1.0]
     x = minitx.tensor(values, dtype="float64")
-    J = _host(F.softmax_jacobian(x))
+    J = to_host(F.softmax_jacobian(x))
     rows = []
     for i in range(len(values)):
         xi = minitx.tensor(values, dtype="float64", requires_grad=True)
         F.softmax(xi, axis=-1)[i].backward()
-        rows.append(_host(xi.grad))
+        rows.append(to_host(xi.grad))
     auto = np.stack(rows)
-    s = _host(F.softmax(x))
+    s = to_host(F.softmax(x))
     lines = ["2. The softmax Jacobian, checked against autograd",
              f"   x = {values},  s = softmax(x) = [" + ", ".join(f"{v:.4f}" for v in s) + "]",
              "   J = diag(s) − s sᵀ   (F.softmax_jacobian):"]
@@ -191,7 +187,7 @@ def _reference_error(cls, embed=16, heads=2, n=32):
     gen = np.random.default_rng(2)
     q, k, v = _qkv(gen, 1, heads, n, embed // heads)
     with minitx.no_grad():
-        out = _host(layer.attend(q, k, v))
+        out = to_host(layer.attend(q, k, v))
     kind = layer.kind
     if kind in ("exact", "masked"):
         ref = dense_attention_array(q.data, k.data, v.data, allowed=layer.pattern(n))
@@ -215,7 +211,7 @@ def _reference_error(cls, embed=16, heads=2, n=32):
         label = "vs formula"
     else:
         return "n/a"
-    ref = _host(ref)
+    ref = to_host(ref)
     err = np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300)
     return f"{err:.1e} {label}"
 
@@ -329,8 +325,8 @@ def scale_section(dims=(4, 16, 64, 256), samples: int = 20000, n_keys: int = 16)
         out = {}
         for label, s in (("raw", raw), ("scaled", raw / math.sqrt(d))):
             x = minitx.tensor(s, dtype="float64")
-            w = _host(F.softmax(x, axis=-1))
-            J = _host(F.softmax_jacobian(x))
+            w = to_host(F.softmax(x, axis=-1))
+            J = to_host(F.softmax_jacobian(x))
             # ‖J‖F per query, then the median: the typical query's sensitivity
             out[label] = (w.max(-1).mean(), np.median(np.sqrt((J ** 2).sum(axis=(-2, -1)))))
         lines.append(f"   {d:>5} {var_raw:>10.2f} {var_scaled:>14.3f} {out['raw'][0]:>12.3f} "
@@ -356,7 +352,7 @@ def pattern_section(n: int = 16, names=PATTERN_VARIANTS) -> list:
             continue
         try:
             layer = cls(16, 2, **_init_options(cls, n), **_PATTERN_OPTIONS.get(name, {}))
-            mask = _host(layer.pattern(n)).astype(bool)
+            mask = to_host(layer.pattern(n)).astype(bool)
             opts = _describe_options(layer)
             lines += ["", f"   {name} ({opts}; {mask.sum()} of {n * n} pairs, "
                           f"{mask.sum() / n:.1f} keys per query)"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from ..backend import get_array_module, xp as active_xp
+from ..backend import get_array_module, host_xp, to_device_of
 from ..nn.layers import Linear
 from ..nn.module import Module
 
@@ -107,9 +107,11 @@ def check_heads(q, k, v, name: str = "attend"):
 
 # ---- the reference every exact/masked variant is tested against -------------------------
 
-def causal_pattern(nq: int, nk: int = None, xp=None):
-    """(nq, nk) bool: query i may see key j iff j ≤ i + (nk − nq) (bottom-right aligned)."""
-    xp = xp or active_xp()
+def causal_pattern(nq: int, nk: int = None, xp=host_xp):
+    """(nq, nk) bool: query i may see key j iff j ≤ i + (nk − nq) (bottom-right aligned).
+
+    Built with ``xp`` (default NumPy, on the host: pass the data's array module for a mask
+    that meets device arrays)."""
     nk = nq if nk is None else nk
     return xp.tri(nq, nk, nk - nq, dtype=bool)
 
@@ -137,7 +139,8 @@ def softmax_rows_array(s, allowed=None):
     ``reference`` methods share."""
     from ..ops.activation import softmax_array      # the one raw-array safe softmax
     if allowed is not None:
-        s = get_array_module(s).where(allowed, s, -get_array_module(s).inf)
+        xp = get_array_module(s)
+        s = xp.where(to_device_of(allowed, s), s, -xp.inf)
     return softmax_array(s, axis=-1)
 
 
@@ -195,9 +198,9 @@ class AttentionBase(Module):
         raise NotImplementedError
 
     def pattern(self, n: int):
-        """(n, n) bool allowed-positions mask: all True, or lower-triangular when causal."""
-        xp = active_xp()
-        return causal_pattern(n, n, xp) if self.causal else xp.ones((n, n), dtype=bool)
+        """(n, n) bool allowed-positions mask, a host NumPy array (a picture and a test
+        reference): all True, or lower-triangular when causal."""
+        return causal_pattern(n, n, host_xp) if self.causal else host_xp.ones((n, n), dtype=bool)
 
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "

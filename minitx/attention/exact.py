@@ -31,7 +31,7 @@ import math
 
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
-from ..backend import get_array_module, xp as active_xp
+from ..backend import get_array_module, to_device_of, xp as active_xp
 from ..nn.layers import Linear
 from ..nn.module import Module, Parameter
 from ..ops.activation import softmax
@@ -385,9 +385,9 @@ def _prepare(fn, query, key, value, attn_mask, is_causal, scale, enable_gqa):
             raise TypeError(f"{fn}: attn_mask must be an array or Tensor, got "
                             f"{type(attn_mask).__name__}")
         if mdata.dtype == bool:
-            allowed = _mask_to_4d(fn, mdata, lead, h, nq, nk)
+            allowed = _mask_to_4d(fn, to_device_of(mdata, query.data), lead, h, nq, nk)
         elif mdata.dtype.kind == "f":
-            bias = _mask_to_4d(fn, attn_mask, lead, h, nq, nk)
+            bias = _mask_to_4d(fn, to_device_of(attn_mask, query.data), lead, h, nq, nk)
         else:
             raise TypeError(f"{fn}: attn_mask must be bool (True = may attend) or float "
                             f"(added to the scores), got dtype {mdata.dtype}")

@@ -33,7 +33,7 @@ import math
 
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
-from ..backend import get_array_module
+from ..backend import get_array_module, to_device_of
 from .base import AttentionBase, check_heads, register, repeat_kv
 
 __all__ = ["flash_attention", "flash_attention_arrays", "FlashAttentionFunction",
@@ -215,7 +215,7 @@ def flash_attention(q, k, v, causal: bool = False, scale: float = None, key_mask
         if km.dtype != bool or tuple(km.shape) != (q.shape[0], nk):
             raise ValueError(f"flash_attention: key_mask must be bool of shape "
                              f"{(q.shape[0], nk)}, got {km.dtype} {tuple(km.shape)}")
-        key_mask = km
+        key_mask = to_device_of(km, q.data)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     return FlashAttentionFunction.apply(q, k, v, causal=bool(causal), scale=scale,
                                         key_mask=key_mask, block_q=block_q, block_k=block_k)

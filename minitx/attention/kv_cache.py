@@ -18,7 +18,7 @@ Caches hold raw arrays: they are for inference (gradients do not flow through th
 from __future__ import annotations
 
 from ..autograd.tensor import Tensor
-from ..backend import get_array_module, xp as active_xp
+from ..backend import get_array_module, to_device_of, xp as active_xp
 
 __all__ = ["KVCache", "PagedKVCache", "PagedCacheView"]
 
@@ -161,8 +161,10 @@ class PagedKVCache:
         return table
 
     def append(self, seq, k, v):
-        """Store k (Hkv, n, D), v (Hkv, n, Dv) after ``seq``'s tokens; return its full (k, v)."""
-        k, v = _raw(k), _raw(v)
+        """Store k (Hkv, n, D), v (Hkv, n, Dv) after ``seq``'s tokens; return its full (k, v).
+
+        Host arrays are copied to the pool's device (once, here)."""
+        k, v = (to_device_of(_raw(a), self.k_pages) for a in (k, v))
         expect_k = (self.num_kv_heads, k.shape[1] if k.ndim == 3 else "n", self.head_dim)
         if k.ndim != 3 or tuple(k.shape) != expect_k:
             raise ValueError(f"PagedKVCache.append: k must be (Hkv, n, D) = {expect_k}, got "

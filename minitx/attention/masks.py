@@ -5,7 +5,8 @@ Every pattern is written once, as a *rule* evaluated elementwise on broadcast in
 serves two purposes:
 
 - ``*_mask(n, ...)`` evaluates it on the full grid, i = arange(n)[:, None], j = arange(n)[None]
-  → an (n, n) bool array, for tests and pictures (O(n²) memory — never used by the kernels);
+  → an (n, n) bool NumPy array on the host, for tests and pictures (O(n²) memory — never
+  used by the kernels);
 - the sparse kernels in ``sparse.py`` evaluate it only on the (query, key) pairs they
   gathered, so the efficient path and the reference cannot disagree.
 
@@ -28,7 +29,7 @@ mask with ■ (may attend) and · (masked).
 """
 from __future__ import annotations
 
-from ..backend import xp as active_xp
+from ..backend import host_xp, to_device_of
 
 __all__ = ["local_rule", "dilated_rule", "longformer_rule", "bigbird_rule", "strided_rule",
            "fixed_rule", "bigbird_random_blocks", "grid_mask", "local_mask", "dilated_mask",
@@ -65,6 +66,7 @@ def longformer_rule(i, j, window: int, global_mask, dilation: int = 1, causal: b
     ``global_mask`` is a bool array over positions (True = global), indexed by i and j.
     """
     allowed = dilated_rule(i, j, window, dilation, causal)
+    global_mask = to_device_of(global_mask, i)                # a host table meets device indices
     allowed = allowed | global_mask[i] | global_mask[j]
     if causal:
         allowed = allowed & (j <= i)
@@ -79,6 +81,7 @@ def bigbird_random_blocks(num_blocks: int, num_random: int, num_global: int, see
     are seen anyway), and for causal, every block after b − 1. When there are fewer
     candidates than ``num_random`` the row is padded with −1 (no block). Drawn from a
     private generator seeded by ``seed``, so the pattern is a pure function of its options.
+    A host (NumPy) table: the rule moves it to the indices' device when it meets them.
     """
     import random  # noqa: PLC0415 - a private, seeded stdlib generator: same table everywhere
     gen = random.Random(seed)
@@ -89,8 +92,7 @@ def bigbird_random_blocks(num_blocks: int, num_random: int, num_global: int, see
         take = min(num_random, len(candidates))
         row = sorted(gen.sample(candidates, take))
         table.append(row + [-1] * (max(num_random, 0) - take))
-    xp = active_xp()
-    return xp.asarray(table, dtype=xp.int64).reshape(num_blocks, max(num_random, 0))
+    return host_xp.asarray(table, dtype=host_xp.int64).reshape(num_blocks, max(num_random, 0))
 
 
 def bigbird_rule(i, j, block: int, random_table, num_global: int, causal: bool = False):
@@ -98,13 +100,11 @@ def bigbird_rule(i, j, block: int, random_table, num_global: int, causal: bool =
 
     ``random_table`` is the (num_blocks, r) table from ``bigbird_random_blocks``.
     """
-    xp = active_xp()
     bi, bj = i // block, j // block
     allowed = (bi - bj <= 1) & (bj - bi <= 1)
     allowed = allowed | (bi < num_global) | (bj < num_global)
     if random_table.shape[1]:
-        table = xp.asarray(random_table)
-        rand = table[bi]                                            # (..., r)
+        rand = to_device_of(random_table, i)[bi]                    # (..., r)
         allowed = allowed | (rand == bj[..., None]).any(axis=-1)
     if causal:
         allowed = allowed & (j <= i)
@@ -132,11 +132,11 @@ def fixed_rule(i, j, stride: int, summary: int = 1, causal: bool = True):
 # ---- (n, n) masks ------------------------------------------------------------------------
 
 def grid_mask(n: int, rule, **options):
-    """Evaluate ``rule(i, j, **options)`` on the full (n, n) grid (for tests and pictures)."""
-    xp = active_xp()
-    i = xp.arange(n)[:, None]
-    j = xp.arange(n)[None, :]
-    return xp.broadcast_to(rule(i, j, **options), (n, n)).copy()
+    """Evaluate ``rule(i, j, **options)`` on the full (n, n) grid: a host NumPy bool array
+    (for tests and pictures; the kernels evaluate the rule on their own index pairs)."""
+    i = host_xp.arange(n)[:, None]
+    j = host_xp.arange(n)[None, :]
+    return host_xp.broadcast_to(rule(i, j, **options), (n, n)).copy()
 
 
 def local_mask(n: int, window: int, causal: bool = False):
@@ -153,8 +153,7 @@ def dilated_mask(n: int, window: int, dilation: int = 1, causal: bool = False):
 
 
 def _global_mask(n, global_tokens):
-    xp = active_xp()
-    g = xp.zeros(n, dtype=bool)
+    g = host_xp.zeros(n, dtype=bool)
     for t in global_tokens:
         if not -n <= int(t) < n:
             raise ValueError(f"global token index {t} out of range for sequence length {n}")

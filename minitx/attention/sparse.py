@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from .. import functional as F
-from ..backend import get_array_module, xp as active_xp
+from ..backend import get_array_module, host_xp, to_device_of
 from .base import AttentionBase, check_heads, register, repeat_kv
 from .masks import (bigbird_random_blocks, bigbird_rule, dilated_rule, fixed_rule, grid_mask,
                     local_rule, longformer_rule, strided_rule)
@@ -110,10 +110,9 @@ def blocked_sparse_attention(q, k, v, *, block: int, key_index, rule, global_row
 
 def _window_index(n, block, before, after):
     """(nb, block + before + after): positions [t·b − before, t·b + b − 1 + after] per block."""
-    xp = active_xp()
     nb = -(-n // block)
-    start = xp.arange(nb)[:, None] * block - before
-    return start + xp.arange(block + before + after)[None, :]
+    start = host_xp.arange(nb)[:, None] * block - before
+    return start + host_xp.arange(block + before + after)[None, :]
 
 
 class SparseAttentionBase(AttentionBase):
@@ -135,6 +134,7 @@ class SparseAttentionBase(AttentionBase):
         raise NotImplementedError
 
     def _layout(self, n):  # pragma: no cover - abstract
+        # host (NumPy) index tables: blocked_sparse_attention moves them to the data once
         raise NotImplementedError
 
     def pattern(self, n: int):
@@ -279,20 +279,19 @@ class LongformerAttention(SparseAttentionBase):
         self.global_tokens = tuple(int(t) for t in global_tokens)
 
     def _globals(self, n):
-        xp = active_xp()
         rows = sorted({t % n for t in self.global_tokens if -n <= t < n})
-        mask = xp.zeros(n, dtype=bool)
+        mask = host_xp.zeros(n, dtype=bool)
         mask[rows] = True
-        return xp.asarray(rows, dtype=xp.int64), mask
+        return host_xp.asarray(rows, dtype=host_xp.int64), mask
 
     def _rule(self, n):
         _, mask = self._globals(n)
         if not isinstance(self.dilation, tuple):
             return lambda i, j: longformer_rule(i, j, self.window, mask, self.dilation, self.causal)
-        per_head = active_xp().asarray(self.dilation)
+        per_head = host_xp.asarray(self.dilation)
 
         def rule(i, j):                       # a leading head axis: (H, ...) masks
-            d = per_head.reshape((-1,) + (1,) * max(i.ndim, j.ndim))
+            d = to_device_of(per_head, i).reshape((-1,) + (1,) * max(i.ndim, j.ndim))
             return longformer_rule(i, j, self.window, mask, d, self.causal)
         return rule
 
@@ -300,18 +299,16 @@ class LongformerAttention(SparseAttentionBase):
         """(n, n) bool mask, or (H, n, n) with a dilation per head."""
         if not isinstance(self.dilation, tuple):
             return super().pattern(n)
-        xp = active_xp()
-        return self._rule(n)(xp.arange(n)[:, None], xp.arange(n)[None, :])
+        return self._rule(n)(host_xp.arange(n)[:, None], host_xp.arange(n)[None, :])
 
     def _layout(self, n):
-        xp = active_xp()
         rows, _ = self._globals(n)
         b = min(self.block_size, n)
         dil = max(self.dilation) if isinstance(self.dilation, tuple) else self.dilation
         reach = self.window * dil
         window = _window_index(n, b, reach, 0 if self.causal else reach)
-        extra = xp.broadcast_to(rows[None, :], (window.shape[0], rows.shape[0]))
-        return b, xp.concatenate([window, extra], axis=1), rows
+        extra = host_xp.broadcast_to(rows[None, :], (window.shape[0], rows.shape[0]))
+        return b, host_xp.concatenate([window, extra], axis=1), rows
 
 
 @register("bigbird")
@@ -363,16 +360,16 @@ class BigBirdAttention(SparseAttentionBase):
         return lambda i, j: bigbird_rule(i, j, self.block, table, self.num_global, self.causal)
 
     def _layout(self, n):
-        xp = active_xp()
         b = self.block
         nb = -(-n // b)
-        t = xp.arange(nb)[:, None]
-        blocks = [t - 1, t, t + 1, xp.asarray(self._table(n)),
-                  xp.broadcast_to(xp.arange(self.num_global)[None, :], (nb, self.num_global))]
-        blocks = xp.concatenate([xp.broadcast_to(x, (nb, x.shape[1])) for x in blocks], axis=1)
-        blocks = xp.where((blocks >= 0) & (blocks < nb), blocks, -(n + b))   # out of range
-        index = (blocks[:, :, None] * b + xp.arange(b)[None, None, :]).reshape(nb, -1)
-        rows = xp.arange(min(self.num_global * b, n))
+        t = host_xp.arange(nb)[:, None]
+        hx = host_xp
+        blocks = [t - 1, t, t + 1, hx.asarray(self._table(n)),
+                  hx.broadcast_to(hx.arange(self.num_global)[None, :], (nb, self.num_global))]
+        blocks = hx.concatenate([hx.broadcast_to(x, (nb, x.shape[1])) for x in blocks], axis=1)
+        blocks = host_xp.where((blocks >= 0) & (blocks < nb), blocks, -(n + b))   # out of range
+        index = (blocks[:, :, None] * b + host_xp.arange(b)[None, None, :]).reshape(nb, -1)
+        rows = host_xp.arange(min(self.num_global * b, n))
         return b, index, rows
 
 
@@ -410,12 +407,11 @@ class StridedAttention(SparseAttentionBase):
         return lambda i, j: strided_rule(i, j, self.stride, self.causal)
 
     def _layout(self, n):
-        xp = active_xp()
         l = self.stride
-        i = xp.arange(n)[:, None]
-        near = i + xp.arange(-(l - 1), l)[None, :]                  # |i − j| < l
-        steps = xp.arange(1, -(-n // l) + 1)[None, :] * l
-        index = xp.concatenate([near, i - steps, i + steps], axis=1)   # (N, 2l − 1 + 2⌈N/l⌉)
+        i = host_xp.arange(n)[:, None]
+        near = i + host_xp.arange(-(l - 1), l)[None, :]                  # |i − j| < l
+        steps = host_xp.arange(1, -(-n // l) + 1)[None, :] * l
+        index = host_xp.concatenate([near, i - steps, i + steps], axis=1)   # (N, 2l − 1 + 2⌈N/l⌉)
         return 1, index, None
 
 
@@ -458,9 +454,8 @@ class FixedAttention(SparseAttentionBase):
         return lambda i, j: fixed_rule(i, j, self.stride, self.summary, self.causal)
 
     def _layout(self, n):
-        xp = active_xp()
         l, c = self.stride, self.summary
         nb = -(-n // l)
         own = _window_index(n, l, 0, 0)                                          # (nb, l)
-        cells = (xp.arange(nb)[:, None] * l + xp.arange(l - c, l)[None, :]).reshape(1, -1)
-        return l, xp.concatenate([own, xp.broadcast_to(cells, (nb, cells.shape[1]))], axis=1), None
+        cells = (host_xp.arange(nb)[:, None] * l + host_xp.arange(l - c, l)[None, :]).reshape(1, -1)
+        return l, host_xp.concatenate([own, host_xp.broadcast_to(cells, (nb, cells.shape[1]))], axis=1), None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy
 
+from .. import backend
 from . import grad_mode
 from .tensor import Tensor
 
@@ -78,8 +79,10 @@ class Function:
             needs = (False,) * len(inputs)
             record = False
         ctx = Context(needs)
-        out = cls.forward(ctx, *[a.data if isinstance(a, Tensor) else a for a in inputs],
-                          **kwargs)
+        arrays = [a.data if isinstance(a, Tensor) else a for a in inputs]
+        if backend._cupy["module"] is not None:                 # only when CuPy is loaded
+            arrays, kwargs = _one_device(cls, inputs, arrays, kwargs)
+        out = cls.forward(ctx, *arrays, **kwargs)
         if isinstance(out, numpy.generic):      # NumPy reductions return scalars, not arrays
             out = numpy.asarray(out)
         result = Tensor._wrap(out, record)
@@ -88,3 +91,36 @@ class Function:
             ctx.parents = inputs
             result._ctx = ctx
         return result
+
+
+def _one_device(fn, inputs, arrays, kwargs):
+    """The device rule, enforced here for every op: Tensors of one call live on one device;
+    a NumPy array given with device Tensors (a mask, an index array, a constant) is copied to
+    the device once; a device array given with host Tensors is an error."""
+    devices = {a.device for a in inputs if isinstance(a, Tensor)}
+    if len(devices) > 1:
+        where = ", ".join(f"input {i} on {a.device}" for i, a in enumerate(inputs)
+                          if isinstance(a, Tensor))
+        raise RuntimeError(f"{fn.__name__}: expected all tensors on one device, got {where}; "
+                           "move them with .to('cuda') or .to('cpu')")
+    if devices == {"cuda"}:
+        move = backend.to_device_of
+        like = next(a for a in arrays if backend.device_of(a) == "cuda")
+        arrays = [_deep(move, a, like) for a in arrays]
+        kwargs = {k: _deep(move, v, like) for k, v in kwargs.items()}
+    elif devices == {"cpu"}:
+        for a in list(arrays) + list(kwargs.values()):
+            if backend.device_of(a) == "cuda":
+                raise RuntimeError(f"{fn.__name__}: a CUDA array was given with CPU tensors; "
+                                   "move it with minitx.backend.to_host(...) or the tensors "
+                                   "with .to('cuda')")
+    return arrays, kwargs
+
+
+def _deep(move, value, like):
+    """``move`` applied to ``value`` and to the arrays inside a tuple/list (an index)."""
+    if isinstance(value, tuple):
+        return tuple(_deep(move, v, like) for v in value)
+    if isinstance(value, list):
+        return [_deep(move, v, like) for v in value]
+    return move(value, like)

@@ -169,6 +169,25 @@ class Tensor:
         self.requires_grad = bool(mode)
         return self
 
+    def copy_(self, src) -> "Tensor":
+        """Write ``src`` (a Tensor, a NumPy/CuPy array or a nested list) into this tensor in
+        place, on this tensor's device and in its dtype (PyTorch's ``copy_``); ``src`` must
+        broadcast to this tensor's shape. Not recorded in the graph: for loading weights and
+        setting test values. Returns ``self``."""
+        data = src.data if isinstance(src, Tensor) else src
+        if not hasattr(data, "shape"):
+            data = numpy.asarray(data)
+        data = backend.to_device(data, self.device)
+        try:
+            shape = numpy.broadcast_shapes(tuple(data.shape), self.shape)
+        except ValueError:
+            shape = None
+        if shape != tuple(self.shape):
+            raise ValueError(f"copy_: src of shape {tuple(data.shape)} does not broadcast to "
+                             f"this tensor's shape {tuple(self.shape)}")
+        self.data[...] = data.astype(self.dtype, copy=False)
+        return self
+
     def to(self, device: str) -> "Tensor":
         """A copy on "cpu" or "cuda" (differentiable: gradients flow back to this device)."""
         if device == self.device:

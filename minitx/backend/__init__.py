@@ -22,7 +22,7 @@ import numpy
 
 __all__ = [
     "get_backend", "set_backend", "get_array_module", "xp", "cupy_or_none", "gpu_available",
-    "to_device", "device_of", "manual_seed", "rng", "as_dtype", "default_float",
+    "to_device", "device_of", "to_host", "to_device_of", "host_xp", "manual_seed", "rng", "as_dtype", "default_float",
     "is_float_dtype", "scatter_add", "tune_host_allocator",
 ]
 
@@ -92,13 +92,13 @@ def xp():
 def get_array_module(*arrays):
     """The array module that ``arrays`` live in: ``cupy`` if any is a CuPy array, else ``numpy``.
 
-    Tensors are accepted too (their ``.data`` is inspected).
+    Tensors are accepted too (their ``.data`` array is inspected). A CuPy array is tested
+    first: its own ``.data`` is a device memory pointer, not an array.
     """
     cp = _cupy["module"]
     if cp is not None:
         for a in arrays:
-            a = getattr(a, "data", a)
-            if isinstance(a, cp.ndarray):
+            if isinstance(a, cp.ndarray) or isinstance(getattr(a, "data", None), cp.ndarray):
                 return cp
     return numpy
 
@@ -119,6 +119,35 @@ def to_device(array, device: str):
     if device in ("cuda", "gpu"):
         return _require_cupy().asarray(array)
     raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+
+host_xp = numpy
+"""The host array module, named for what it is: compute code writes ``host_xp.arange(n)`` for
+host-only metadata (pattern pictures, index tables that are moved to the data once), and never
+``numpy`` directly (``tests/test_backend.py`` scans for it)."""
+
+
+def to_host(x):
+    """A NumPy array of ``x`` (a NumPy/CuPy array, a Tensor, a Python scalar or list): the one
+    explicit device → host transfer, for printing, plotting and test references."""
+    if not isinstance(x, numpy.ndarray) and callable(getattr(x, "numpy", None)):
+        return x.numpy()                                       # a Tensor
+    return to_device(x, "cpu")
+
+
+def to_device_of(array, *like):
+    """``array`` on the device of ``like`` (arrays or Tensors): a host array meeting device data
+    is copied there once; anything already in place (or not an array) is returned as is.
+
+    This is how host data (masks, token ids, index arrays, constants) enters the GPU: once, at
+    the boundary of the op or function that receives it.
+    """
+    cp = _cupy["module"]
+    if cp is None or not isinstance(array, numpy.ndarray):
+        return array
+    if get_array_module(*like) is cp:
+        return cp.asarray(array)
+    return array
 
 
 # --- dtypes ---------------------------------------------------------------------------------

@@ -426,7 +426,8 @@ class EncoderClassifier(Module, _AttentionMaps):
         pad = key_padding_mask
         if pad is None and self.pad_idx is not None:
             pad = tokens == self.pad_idx
-        pad = None if pad is None else xp.asarray(getattr(pad, "data", pad))
+        if pad is not None:                                       # a host mask enters once
+            pad = xp.asarray(pad.data if isinstance(pad, Tensor) else pad)
         x = self.embed(tokens)                                    # (B, N, E)
         if self.pooling == "cls":
             cls = broadcast_to(self.cls_token, (b, 1, self.d_model))

@@ -14,6 +14,8 @@ import os
 
 import numpy as np
 
+from ..backend import to_host
+
 __all__ = ["have_matplotlib", "text_heatmap", "heatmap", "heatmap_grid", "line_plot",
            "text_line_plot", "render_mask", "SHADES"]
 
@@ -38,13 +40,6 @@ def _plt():
     return plt
 
 
-def _host(matrix):
-    m = getattr(matrix, "data", matrix)
-    if hasattr(m, "get") and not isinstance(m, np.ndarray):   # CuPy array
-        m = m.get()
-    return np.asarray(m, dtype=float)
-
-
 def _txt_path(path):
     root, _ = os.path.splitext(path)
     return root + ".txt"
@@ -57,7 +52,7 @@ def _ensure_dir(path):
 
 def render_mask(mask, on: str = "■", off: str = "·") -> str:
     """An (n, m) bool mask as text: one line per query, ■ = may attend, · = masked."""
-    m = _host(mask).astype(bool)
+    m = to_host(mask).astype(bool)
     return "\n".join(" ".join(on if x else off for x in row) for row in m)
 
 
@@ -67,7 +62,7 @@ def text_heatmap(matrix, row_labels=None, col_labels=None, title=None,
 
     Each cell is two characters wide; column labels are written vertically above the grid.
     """
-    m = _host(matrix)
+    m = to_host(matrix).astype(float)
     if m.ndim != 2:
         raise ValueError(f"text_heatmap: matrix must be 2-d, got shape {m.shape}")
     lo, hi = float(np.nanmin(m)) if m.size else 0.0, float(np.nanmax(m)) if m.size else 1.0
@@ -111,7 +106,7 @@ def heatmap(matrix, row_labels=None, col_labels=None, path=None, title=None,
     (unless ``quiet``) and, when ``path`` is given, writes it to ``path`` with a ``.txt``
     suffix and returns that path. Returns None when nothing was written.
     """
-    m = _host(matrix)
+    m = to_host(matrix).astype(float)
     if path is not None and have_matplotlib():
         plt = _plt()
         _ensure_dir(path)
@@ -138,7 +133,7 @@ def heatmap(matrix, row_labels=None, col_labels=None, path=None, title=None,
 def heatmap_grid(matrices, titles=None, path=None, suptitle=None, labels=None,
                  cmap: str = "viridis", quiet: bool = False):
     """Several heatmaps side by side (e.g. one per attention head); same fallback rules."""
-    mats = [_host(m) for m in matrices]
+    mats = [to_host(m).astype(float) for m in matrices]
     titles = titles or [str(i) for i in range(len(mats))]
     if path is not None and have_matplotlib():
         plt = _plt()
