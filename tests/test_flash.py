@@ -7,7 +7,7 @@ import pytest
 import minitx
 import minitx.functional as F
 from minitx.attention import REGISTRY, causal_pattern, dense_attention_array
-from minitx.attention.flash import _cuda_kernels, flash_attention, flash_attention_arrays
+from minitx.ops.flash import flash_attention, flash_attention_arrays
 
 
 def arrays(nq, nk=None, b=2, h=2, hkv=None, d=16, dtype=np.float64, seed=0):
@@ -110,50 +110,6 @@ def test_layer_is_exact_and_grouped():
         REGISTRY["flash"](16, 4, block_q=0)
     with pytest.raises(ValueError, match="key_mask"):
         flash_attention(*[minitx.tensor(x) for x in (q, k, v)], key_mask=np.ones((2, 5), bool))
-
-
-def test_cuda_path_is_only_taken_for_cupy_arrays():
-    assert _cuda_kernels(np) is None
-
-
-def test_cuda_dispatch_plumbing(monkeypatch):
-    """With CuPy arrays (faked here) and usable kernels, forward and backward go to
-    minitx.backend.flash_cuda with the same saved statistics (O, lse)."""
-    import types
-
-    import minitx.attention.flash as flash
-    from minitx.backend import flash_cuda
-    calls = []
-
-    def fake_forward(q, k, v, *, causal, scale, key_mask=None, lengths=None):
-        calls.append("forward")
-        return flash.flash_attention_arrays(q, k, v, causal=causal, scale=scale, key_mask=key_mask)
-
-    def fake_backward(q, k, v, o, lse, do, *, causal, scale, key_mask=None, lengths=None):
-        calls.append(("backward", o.shape, lse.shape))
-        return flash.flash_backward_arrays(q, k, v, o, lse, do, causal=causal, scale=scale,
-                                           key_mask=key_mask)
-
-    class FakeCupy(types.ModuleType):          # named "cupy", computes with NumPy
-        def __getattr__(self, name):
-            return getattr(np, name)
-
-    fake_xp = FakeCupy("cupy")
-    monkeypatch.setattr(flash, "get_array_module", lambda *a: fake_xp)
-    monkeypatch.setattr(flash_cuda, "is_available", lambda: True)
-    monkeypatch.setattr(flash_cuda, "flash_attention_forward", fake_forward)
-    monkeypatch.setattr(flash_cuda, "flash_attention_backward", fake_backward)
-    q, k, v = arrays(6, d=8, dtype=np.float32)
-    t = [minitx.tensor(x, requires_grad=True) for x in (q, k, v)]
-    out = flash.FlashAttentionFunction.apply(*t, causal=True, scale=0.5, key_mask=None,
-                                             block_q=4, block_k=4)
-    out.sum().backward()
-    assert calls == ["forward", ("backward", (2, 2, 6, 8), (2, 2, 6))]
-    calls.clear()
-    t64 = [minitx.tensor(x.astype(np.float64), requires_grad=True) for x in (q, k, v)]
-    flash.FlashAttentionFunction.apply(*t64, causal=True, scale=0.5, key_mask=None,
-                                       block_q=4, block_k=4)
-    assert calls == []                        # float64: the kernels do not take it
 
 
 def peak_bytes(fn):

@@ -270,46 +270,6 @@ def test_self_attention_is_permutation_equivariant(perm):
     np.testing.assert_allclose(layer(T(x[:, perm], False)).numpy(), y[:, perm], atol=1e-12)
 
 
-def test_gpu_flash_dispatch_branch(rng, monkeypatch):
-    """The CuPy branch, wired to CPU stand-ins for the CUDA kernels: same values and grads,
-    and it is taken only without mask, dropout or weights."""
-    from minitx.attention import exact, flash
-    calls = []
-
-    class FakeKernels:                                          # flash_cuda's signatures
-        @staticmethod
-        def flash_attention_forward(q, k, v, *, causal, scale):
-            calls.append("fwd")
-            g = q.shape[1] // k.shape[1]
-            return flash.flash_attention_arrays(q, np.repeat(k, g, 1), np.repeat(v, g, 1),
-                                                causal=causal, scale=scale)
-
-        @staticmethod
-        def flash_attention_backward(q, k, v, o, lse, do, *, causal, scale):
-            calls.append("bwd")
-            b, hkv, n, d = k.shape
-            g = q.shape[1] // hkv
-            dq, dk, dv = flash.flash_backward_arrays(q, np.repeat(k, g, 1), np.repeat(v, g, 1),
-                                                     o, lse, do, causal=causal, scale=scale)
-            return dq, dk.reshape(b, hkv, g, n, d).sum(2), dv.reshape(b, hkv, g, n, d).sum(2)
-
-    q, k, v = qkv(rng, 2, 4, 2, 3, 6)
-    ref = [T(a) for a in (q, k, v)]
-    out_ref = sdpa(*ref, is_causal=True, enable_gqa=True)
-    out_ref.sum().backward()
-    monkeypatch.setattr(exact, "_flash_kernels", lambda q, k, v: FakeKernels)
-    got = [T(a) for a in (q, k, v)]
-    out = sdpa(*got, is_causal=True, enable_gqa=True)
-    out.sum().backward()
-    assert calls == ["fwd", "bwd"]
-    np.testing.assert_allclose(out.numpy(), out_ref.numpy(), atol=1e-12)
-    for a, b in zip(got, ref):
-        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), atol=1e-12)
-    sdpa(*got, np.ones((3, 6), bool), enable_gqa=True)
-    sdpa(*got, enable_gqa=True, return_weights=True)
-    assert calls == ["fwd", "bwd"]                              # masks/weights: fused path
-
-
 # ---- the causal block path: the same numbers as the dense fused path -----------------------
 
 @pytest.mark.parametrize("b,h,hkv,nq,nk,d,dv", [
@@ -319,17 +279,18 @@ def test_gpu_flash_dispatch_branch(rng, monkeypatch):
     (2, 2, 2, 65, 65, 3, 3),        # one row past a block boundary
 ])
 def test_causal_block_path_equals_dense_fused_path(monkeypatch, b, h, hkv, nq, nk, d, dv):
-    from minitx.attention import exact
+    from minitx.ops import attention as ops_attention
     r = np.random.default_rng(7)
     arrays = (r.standard_normal((b, h, nq, d)), r.standard_normal((b, hkv, nk, d)),
               r.standard_normal((b, hkv, nk, dv)))
     g = r.standard_normal((b, h, nq, dv))
     results = {}
     for path, block in (("blocked", 32), ("dense", 10 ** 9)):
-        monkeypatch.setattr(exact, "_CAUSAL_BLOCK", block)
+        monkeypatch.setattr(ops_attention, "CAUSAL_BLOCK", block)
         ts = [minitx.tensor(x, requires_grad=True) for x in arrays]
         o = F.scaled_dot_product_attention(*ts, is_causal=True, enable_gqa=True)
-        assert o._ctx.fn is (exact.CausalSDPAFunction if path == "blocked" else exact.SDPAFunction)
+        assert o._ctx.fn is ops_attention.SDPAFunction
+        assert (len(o._ctx.blocks) > 1) == (path == "blocked")
         (o * minitx.tensor(g)).sum().backward()
         results[path] = [o.numpy()] + [t.grad.numpy() for t in ts]
     for got, want in zip(results["blocked"], results["dense"]):
@@ -347,8 +308,8 @@ def test_causal_block_path_equals_dense_fused_path(monkeypatch, b, h, hkv, nq, n
 
 
 def test_causal_block_path_gradcheck(monkeypatch):
-    from minitx.attention import exact
-    monkeypatch.setattr(exact, "_CAUSAL_BLOCK", 16)
+    from minitx.ops import attention as ops_attention
+    monkeypatch.setattr(ops_attention, "CAUSAL_BLOCK", 16)
     r = np.random.default_rng(3)
     q, k, v = [minitx.tensor(r.standard_normal((1, 2, 40, 3)), requires_grad=True) for _ in range(3)]
     assert minitx.gradcheck(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),

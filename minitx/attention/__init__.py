@@ -4,17 +4,27 @@
     layer = REGISTRY["local"](embed_dim=64, num_heads=4, causal=True, window=16)
     y = layer(x)                      # (B, N, E) -> (B, N, E)
 
-See ``base.py`` for the contract every variant follows.
+See ``base.py`` for the contract every variant follows; ``classic.py`` for the forms readers
+meet first (start with ``simple_attention``). The fused functional ops the variants call live
+one layer down, in ``minitx.ops`` (``ops/attention.py``, ``ops/flash.py``); they are re-exported
+here and in ``minitx.functional``.
 """
-from .base import (REGISTRY, AttentionBase, causal_pattern, check_heads,  # noqa: F401
-                   dense_attention_array, merge_heads, register, repeat_kv, split_heads)
+from ..nn.positional import (LearnedPositionalEmbedding,  # noqa: F401 - where users look
+                             SinusoidalPositionalEncoding, sinusoidal_positions)
+from ..ops.attention import (attention_weights, merge_masks,  # noqa: F401
+                             scaled_dot_product_attention, why_not_flash)
+from ..ops.flash import flash_attention, flash_attention_arrays  # noqa: F401
+from .base import (PROJECTIONS, REGISTRY, AttentionBase, causal_pattern,  # noqa: F401
+                   check_heads, dense_attention_array, merge_heads, register, repeat_kv,
+                   repeat_kv_array, softmax_rows_array, split_heads)
 
-# Exact attention, the forms readers meet first, positions, caches (exact-attention issue).
+# The forms readers meet first, exact attention, positions, caches.
+from .classic import *  # noqa: F401,F403
 from .exact import *  # noqa: F401,F403
 from .positions import *  # noqa: F401,F403
 from .kv_cache import *  # noqa: F401,F403
 
-# Efficient, sparse and approximate variants (efficient-attention issue).
+# Efficient, sparse and approximate variants.
 from .masks import *  # noqa: F401,F403
 from .sparse import *  # noqa: F401,F403
 from .linformer import *  # noqa: F401,F403

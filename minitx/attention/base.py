@@ -28,81 +28,36 @@ from __future__ import annotations
 
 import math
 
+from .. import validate
 from ..backend import get_array_module, host_xp, to_device_of
 from ..nn.layers import Linear
 from ..nn.module import Module
+from ..ops.activation import softmax_array
+from ..ops.attention import check_heads, merge_heads, repeat_kv, split_heads
 
 __all__ = ["REGISTRY", "register", "AttentionBase", "split_heads", "merge_heads",
-           "repeat_kv", "check_heads", "dense_attention_array", "causal_pattern",
-           "softmax_rows_array"]
+           "repeat_kv", "repeat_kv_array", "check_heads", "dense_attention_array",
+           "causal_pattern", "softmax_rows_array", "PROJECTIONS"]
 
 REGISTRY: dict = {}
+PROJECTIONS = ("q", "k", "v", "out")
 
 
 def register(name: str):
-    """Class decorator: add an attention Module to ``REGISTRY`` under ``name``."""
+    """Class decorator: add an attention Module to ``REGISTRY`` under ``name``.
+
+    The class docstring shows the ``complexity`` attribute where it says ``{complexity}``
+    (the fact is stated once, in the attribute)."""
     def deco(cls):
         if name in REGISTRY and REGISTRY[name] is not cls:
             raise ValueError(f"attention variant {name!r} is already registered "
                              f"({REGISTRY[name].__name__})")
         cls.name = name
+        if cls.__doc__ and "{complexity}" in cls.__doc__:
+            cls.__doc__ = cls.__doc__.replace("{complexity}", vars(cls)["complexity"])
         REGISTRY[name] = cls
         return cls
     return deco
-
-
-# ---- head bookkeeping --------------------------------------------------------------------
-
-def split_heads(x, num_heads: int):
-    """(B, N, H·D) → (B, H, N, D)."""
-    b, n, e = x.shape
-    return x.reshape(b, n, num_heads, e // num_heads).transpose(0, 2, 1, 3)
-
-
-def merge_heads(x):
-    """(B, H, N, D) → (B, N, H·D)."""
-    b, h, n, d = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b, n, h * d)
-
-
-def repeat_kv(x, num_heads: int):
-    """Repeat key/value heads so (B, Hkv, N, D) becomes (B, H, N, D) (for MQA/GQA).
-
-    Head h of the query uses key/value head h // (H / Hkv), as in PyTorch's enable_gqa.
-    Differentiable: the gradient of a shared head is the sum over the query heads using it.
-    """
-    from ..ops.shape import broadcast_to, reshape
-    b, hkv, n, d = x.shape
-    if hkv == num_heads:
-        return x
-    group = num_heads // hkv
-    x = reshape(x, (b, hkv, 1, n, d))
-    x = broadcast_to(x, (b, hkv, group, n, d))
-    return reshape(x, (b, num_heads, n, d))
-
-
-def check_heads(q, k, v, name: str = "attend"):
-    """Validate (B, H, Nq, D) / (B, Hkv, Nk, D) / (B, Hkv, Nk, Dv) and return the sizes.
-
-    Raises ValueError naming the argument, the expected and the given shape.
-    """
-    for arg, t in (("query", q), ("key", k), ("value", v)):
-        if len(t.shape) != 4:
-            raise ValueError(f"{name}: {arg} must be 4-d (B, H, N, D), got shape {tuple(t.shape)}")
-    b, h, nq, d = q.shape
-    bk, hk, nk, dk = k.shape
-    bv, hv, nv, _ = v.shape
-    if bk != b or bv != b:
-        raise ValueError(f"{name}: batch sizes differ: query {b}, key {bk}, value {bv}")
-    if dk != d:
-        raise ValueError(f"{name}: key head dim must equal query head dim {d}, got {dk}")
-    if hk != hv or nk != nv:
-        raise ValueError(f"{name}: key {tuple(k.shape)} and value {tuple(v.shape)} must share "
-                         "heads and length")
-    if h % hk:
-        raise ValueError(f"{name}: key/value head count {hk} must divide the query head "
-                         f"count {h}")
-    return b, h, hk, nq, nk, d
 
 
 # ---- the reference every exact/masked variant is tested against -------------------------
@@ -116,17 +71,24 @@ def causal_pattern(nq: int, nk: int = None, xp=host_xp):
     return xp.tri(nq, nk, nk - nq, dtype=bool)
 
 
+def repeat_kv_array(x, num_heads: int):
+    """Raw arrays: (B, Hkv, N, D) → (B, H, N, D), head h reading key/value head h // (H/Hkv)
+    (``repeat_kv`` for the dense ``reference`` formulas)."""
+    if x.shape[1] == num_heads:
+        return x
+    return get_array_module(x).repeat(x, num_heads // x.shape[1], axis=1)
+
+
 def dense_attention_array(q, k, v, allowed=None, scale=None):
     """softmax(q kᵀ · scale, masked to ``allowed``) v on raw arrays — the reference.
 
     q (B, H, Nq, D), k/v (B, Hkv, Nk, D); ``allowed`` broadcastable to (B, H, Nq, Nk),
-    True = may attend. Rows with no allowed key give zeros. Not differentiable.
+    True = may attend (a host mask is moved to the data's device). Rows with no allowed key
+    give zeros. Not differentiable.
     """
     xp = get_array_module(q, k, v)
-    h, hk = q.shape[1], k.shape[1]
-    if hk != h:
-        k = xp.repeat(k, h // hk, axis=1)
-        v = xp.repeat(v, h // hk, axis=1)
+    h = q.shape[1]
+    k, v = repeat_kv_array(k, h), repeat_kv_array(v, h)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = (q @ xp.swapaxes(k, -1, -2)) * scale
     return softmax_rows_array(s, allowed) @ v
@@ -137,7 +99,6 @@ def softmax_rows_array(s, allowed=None):
     (broadcastable to ``s``, True = may attend) get probability 0; rows with no allowed key
     give zeros. The dense softmax ``dense_attention_array`` and the "score" variants'
     ``reference`` methods share."""
-    from ..ops.activation import softmax_array      # the one raw-array safe softmax
     if allowed is not None:
         xp = get_array_module(s)
         s = xp.where(to_device_of(allowed, s), s, -xp.inf)
@@ -151,48 +112,84 @@ class AttentionBase(Module):
 
     Parameters: ``embed_dim`` E, ``num_heads`` H (E divisible by H; D = E/H),
     ``causal``, ``num_kv_heads`` Hkv (default H; H divisible by Hkv), ``bias``.
-    Subclasses implement ``attend(q, k, v)`` and set ``kind``; they may set
-    ``supports_causal = False`` to refuse ``causal=True`` at construction.
+
+    A subclass implements ``attend(q, k, v)`` and declares:
+
+    - ``kind`` ("exact" | "masked" | "approximate" | "score") and ``complexity``;
+    - ``projections``: the input/output maps it owns, a subset of ("q", "k", "v", "out") →
+      ``q_proj`` (E → E), ``k_proj``/``v_proj`` (E → Hkv·D), ``out_proj`` (E → E). A variant
+      that ignores q or k (Reformer's shared-QK, a synthesizer without dot products) leaves
+      it out, so it carries no parameter that never learns; ``forward`` then hands ``attend``
+      the values in that place (they are not read);
+    - ``supports_causal = False`` to refuse ``causal=True`` at construction;
+    - ``supports_attn_mask`` / ``supports_kv_cache`` when ``attend`` takes ``attn_mask`` and
+      ``forward`` may take a ``kv_cache``.
     """
 
     kind = "exact"
-    supports_causal = True
     name = "base"
+    projections = PROJECTIONS
+    supports_causal = True
+    supports_attn_mask = False
+    supports_kv_cache = False
 
     def __init__(self, embed_dim: int, num_heads: int, causal: bool = False,
                  num_kv_heads: int = None, bias: bool = True):
         super().__init__()
-        if not isinstance(embed_dim, int) or embed_dim <= 0:
-            raise ValueError(f"embed_dim must be a positive int, got {embed_dim!r}")
-        if not isinstance(num_heads, int) or num_heads <= 0:
-            raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+        who = type(self).__name__
+        embed_dim = validate.positive_int(embed_dim, "embed_dim", owner=who)
+        num_heads = validate.positive_int(num_heads, "num_heads", owner=who)
         if embed_dim % num_heads:
-            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads "
+            raise ValueError(f"{who}: embed_dim ({embed_dim}) must be divisible by num_heads "
                              f"({num_heads})")
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if not isinstance(num_kv_heads, int) or num_kv_heads <= 0 or num_heads % num_kv_heads:
-            raise ValueError(f"num_heads ({num_heads}) must be divisible by num_kv_heads "
+        num_kv_heads = num_heads if num_kv_heads is None else \
+            validate.positive_int(num_kv_heads, "num_kv_heads", owner=who)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{who}: num_heads ({num_heads}) must be divisible by num_kv_heads "
                              f"({num_kv_heads})")
-        if causal and not self.supports_causal:
-            raise ValueError(f"{type(self).__name__} ({self.name}) does not support causal=True")
+        if validate.boolean(causal, "causal", owner=who) and not self.supports_causal:
+            raise ValueError(f"{who} ({self.name}) does not support causal=True")
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
         self.causal = bool(causal)
         kv_dim = self.head_dim * num_kv_heads
-        self.q_proj = Linear(embed_dim, embed_dim, bias=bias)
-        self.k_proj = Linear(embed_dim, kv_dim, bias=bias)
-        self.v_proj = Linear(embed_dim, kv_dim, bias=bias)
-        self.out_proj = Linear(embed_dim, embed_dim, bias=bias)
+        sizes = {"q": embed_dim, "k": kv_dim, "v": kv_dim, "out": embed_dim}
+        for p in self.projections:
+            setattr(self, f"{p}_proj", Linear(embed_dim, sizes[p], bias=bias))
 
-    def forward(self, x):
-        """Self-attention: x (B, N, E) → (B, N, E)."""
+    def project(self, x):
+        """x (B, N, E) → q (B, H, N, D), k, v (B, Hkv, N, D) through the owned projections
+        (a projection the variant does not own is stood in for by the values)."""
+        v = split_heads(self.v_proj(x), self.num_kv_heads)               # (B, Hkv, N, D)
+        k = split_heads(self.k_proj(x), self.num_kv_heads) if "k" in self.projections else v
+        q = split_heads(self.q_proj(x), self.num_heads) if "q" in self.projections else \
+            repeat_kv(v, self.num_heads)                                 # (B, H, N, D)
+        return q, k, v
+
+    def forward(self, x, attn_mask=None, kv_cache=None):
+        """Self-attention: x (B, N, E) → (B, N, E): project, ``attend`` on heads, merge, project.
+
+        ``attn_mask`` (bool True = may attend, or float added; broadcastable to
+        (B, H, N, Nk)) and ``kv_cache`` (a ``KVCache``: this step's keys/values are appended
+        and the queries attend to all cached ones, bottom-right causal) are taken by the
+        variants that declare ``supports_attn_mask`` / ``supports_kv_cache``.
+        """
+        who = type(self).__name__
         if len(x.shape) != 3 or x.shape[-1] != self.embed_dim:
-            raise ValueError(f"{type(self).__name__}: x must be (B, N, {self.embed_dim}), "
-                             f"got shape {tuple(x.shape)}")
-        q = split_heads(self.q_proj(x), self.num_heads)        # (B, H, N, D)
-        k = split_heads(self.k_proj(x), self.num_kv_heads)     # (B, Hkv, N, D)
-        v = split_heads(self.v_proj(x), self.num_kv_heads)
-        return self.out_proj(merge_heads(self.attend(q, k, v)))
+            raise ValueError(f"{who}: x must be (B, N, {self.embed_dim}), got shape "
+                             f"{tuple(x.shape)}")
+        if attn_mask is not None and not self.supports_attn_mask:
+            raise ValueError(f"{who} ({self.name}) does not take an attn_mask")
+        if kv_cache is not None and not self.supports_kv_cache:
+            raise ValueError(f"{who} ({self.name}) does not take a kv_cache")
+        q, k, v = self.project(x)
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)                                 # (B, Hkv, Nk, D)
+        if attn_mask is None:
+            y = self.attend(q, k, v)
+        else:
+            y = self.attend(q, k, v, attn_mask=attn_mask)
+        return self.out_proj(merge_heads(y))
 
     def attend(self, q, k, v):  # pragma: no cover - abstract
         raise NotImplementedError

@@ -6,6 +6,9 @@ the outputs the same way. Five ways to break the symmetry:
 1. **Sinusoidal** (Vaswani et al. 2017): add a fixed code to each embedding,
    PE(pos, 2i) = sin(pos / base^(2i/d)),  PE(pos, 2i+1) = cos(pos / base^(2i/d)).
 2. **Learned absolute**: add a trained vector per position (GPT-2, BERT).
+
+(1 and 2 act on the embeddings, before attention: they are layers, in ``nn/positional.py``.
+3–5 act inside attention: they are the registered variants below.)
 3. **Relative position representations** (Shaw, Uszkoreit & Vaswani 2018): learned vectors
    for the clipped distance r = clip(j − i, −k, k), added on the key side of the score and to
    the values:  e_ij = q_i·(k_j + a^K_r)/√D,   z_i = Σ_j α_ij (v_j + a^V_r).
@@ -34,88 +37,13 @@ from ..ops.linalg import einsum
 from .base import causal_pattern, register, softmax_rows_array
 from .exact import ExactSelfAttention
 
-__all__ = ["sinusoidal_positions", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding",
-           "relative_position_index", "RelativePositionAttention", "rope_angles", "apply_rope",
+__all__ = ["relative_position_index", "RelativePositionAttention", "rope_angles", "apply_rope",
            "RoPEFunction", "RoPEAttention", "alibi_slopes", "alibi_bias", "ALiBiAttention"]
 
 
 def _query_positions(nq: int, nk: int, xp):
     """Absolute positions of the queries: the last Nq of Nk (bottom-right alignment)."""
     return xp.arange(nk - nq, nk)
-
-
-# ---- 1. sinusoidal -----------------------------------------------------------------------
-
-def sinusoidal_positions(n: int, d: int, base: float = 10000.0, offset: int = 0, xp=None,
-                         dtype="float32"):
-    """The (n, d) table PE[pos, 2i] = sin(pos·ω_i), PE[pos, 2i+1] = cos(pos·ω_i),
-    ω_i = base^(−2i/d), for pos = offset … offset + n − 1 (Vaswani et al. 2017, §3.5).
-
-    Each pair is a clock of wavelength 2π/ω_i (from 2π to 2π·base): PE(pos + k) is a fixed
-    linear (rotation) function of PE(pos). Odd d: the last column is a sine.
-    """
-    if not isinstance(d, int) or d <= 0:
-        raise ValueError(f"sinusoidal_positions: d must be a positive int, got {d!r}")
-    xp = xp or active_xp()
-    pos = xp.arange(offset, offset + n, dtype="float64")[:, None]        # (n, 1)
-    omega = base ** (-xp.arange(0, d, 2, dtype="float64") / d)           # (⌈d/2⌉,)
-    angles = pos * omega                                                 # (n, ⌈d/2⌉)
-    pe = xp.empty((n, d), dtype="float64")
-    pe[:, 0::2] = xp.sin(angles)
-    pe[:, 1::2] = xp.cos(angles[:, : d // 2])
-    return pe.astype(dtype)
-
-
-class SinusoidalPositionalEncoding(Module):
-    """x + PE[offset : offset + N] (then dropout): fixed sinusoidal positions, no parameters.
-
-    x (B, N, E) → (B, N, E). ``offset`` is the position of the first token (for cached
-    decoding). No length limit: the table is computed on demand.
-    """
-
-    def __init__(self, d_model: int, dropout: float = 0.0, base: float = 10000.0):
-        super().__init__()
-        if not isinstance(d_model, int) or d_model <= 0:
-            raise ValueError(f"SinusoidalPositionalEncoding: d_model must be a positive int, "
-                             f"got {d_model!r}")
-        self.d_model, self.p, self.base = d_model, float(dropout), float(base)
-
-    def forward(self, x, offset: int = 0):
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"SinusoidalPositionalEncoding: x must end in d_model="
-                             f"{self.d_model}, got shape {tuple(x.shape)}")
-        xp = get_array_module(x.data)
-        pe = sinusoidal_positions(x.shape[-2], self.d_model, self.base, offset, xp, x.dtype)
-        return dropout(x + pe, self.p, self.training)
-
-
-# ---- 2. learned absolute -----------------------------------------------------------------
-
-class LearnedPositionalEmbedding(Module):
-    """x + W[offset : offset + N] with a trained table W (max_len, E) (GPT-2's ``wpe``).
-
-    Parameter ``weight`` (max_len, E), initialised N(0, 0.02²). Positions ≥ max_len raise.
-    """
-
-    def __init__(self, max_len: int, d_model: int):
-        super().__init__()
-        for name, val in (("max_len", max_len), ("d_model", d_model)):
-            if not isinstance(val, int) or val <= 0:
-                raise ValueError(f"LearnedPositionalEmbedding: {name} must be a positive int, "
-                                 f"got {val!r}")
-        self.max_len, self.d_model = max_len, d_model
-        self.weight = Parameter(active_xp().zeros((max_len, d_model), dtype="float32"))
-        init.normal_(self.weight, 0.0, 0.02)
-
-    def positions(self, n: int, offset: int = 0):
-        """The (n, E) slice of the table for positions offset … offset + n − 1."""
-        if offset < 0 or offset + n > self.max_len:
-            raise ValueError(f"LearnedPositionalEmbedding: positions {offset}…{offset + n - 1} "
-                             f"exceed max_len={self.max_len}")
-        return getitem(self.weight, slice(offset, offset + n))
-
-    def forward(self, x, offset: int = 0):
-        return x + self.positions(x.shape[-2], offset)
 
 
 # ---- 3. relative position representations (Shaw et al. 2018) -----------------------------

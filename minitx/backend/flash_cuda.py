@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import numpy
 
 __all__ = [
-    "flash_attention_forward", "flash_attention_backward", "is_available", "supports", "kernel_source",
+    "flash_attention_forward", "flash_attention_backward", "is_available", "supports",
+    "decline_reason", "unavailable_reason", "kernel_source",
     "kernel_path", "padded_head_dim", "smem_bytes", "kernel_name", "all_kernel_names",
     "plan_launch", "validate_inputs", "check_shared_memory", "SUPPORTED_HEAD_DIMS",
     "THREADS", "BLOCK_M", "BLOCK_N", "DEFAULT_SMEM_LIMIT",
@@ -208,17 +209,25 @@ def compiled_head_dim(q, v) -> int:
     return padded_head_dim(max(int(q.shape[-1]), int(v.shape[-1])))
 
 
-def supports(q, k, v, key_mask=None, lengths=None) -> bool:
-    """True when the kernels take these arrays (shapes, dtypes, D and Dv <= 128, B*H grid limit).
+def decline_reason(q, k, v, key_mask=None, lengths=None):
+    """None when the kernels take these arrays, else why not (shapes, dtypes, D and Dv <= 128,
+    the B*H grid limit), as a short sentence.
 
     Pure Python on ``.shape``/``.dtype``: works for NumPy and CuPy arrays, needs no GPU and does
-    not check that a GPU is present (that is :func:`is_available`). Never raises.
+    not check that a GPU is present (that is :func:`unavailable_reason`).
     """
     try:
         B, H = validate_inputs(q, k, v, key_mask, lengths)[:2]
-        return B * H <= 65535
-    except Exception:
-        return False
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    if B * H > 65535:
+        return f"B*H = {B * H} exceeds the grid limit 65535"
+    return None
+
+
+def supports(q, k, v, key_mask=None, lengths=None) -> bool:
+    """True when the kernels take these arrays (see :func:`decline_reason`)."""
+    return decline_reason(q, k, v, key_mask, lengths) is None
 
 
 def resolve_scale(scale, D: int) -> float:
@@ -313,16 +322,23 @@ def _cupy():
     return cupy_or_none()
 
 
-def is_available() -> bool:
-    """True when CuPy imports, a CUDA device is usable and NVRTC loads; never raises."""
+def unavailable_reason():
+    """None when CuPy imports, a CUDA device is usable and NVRTC loads, else why not."""
+    cp = _cupy()
+    if cp is None:
+        return "CuPy is not installed"
     try:
-        cp = _cupy()
-        if cp is None or not cp.is_available():
-            return False
+        if not cp.is_available():
+            return "no CUDA device is available (cupy.is_available() is False)"
         cp.cuda.nvrtc.getVersion()
-        return True
-    except Exception:
-        return False
+    except (RuntimeError, OSError, ImportError, AttributeError) as exc:
+        return f"NVRTC cannot be used: {type(exc).__name__}: {exc}"
+    return None
+
+
+def is_available() -> bool:
+    """True when the kernels can be compiled and launched here (see :func:`unavailable_reason`)."""
+    return unavailable_reason() is None
 
 
 @functools.lru_cache(maxsize=None)

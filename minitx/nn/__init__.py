@@ -6,30 +6,42 @@
     model.state_dict().keys()   # odict_keys(['0.weight', '0.bias', '2.weight', '2.bias'])
 
 Layout: ``module.py`` (Module, Parameter, Sequential, ModuleList, ModuleDict), ``layers.py``
-(Linear, Embedding, LayerNorm, RMSNorm, Dropout, activations), ``init.py`` (initialisers).
+(Linear, Embedding, LayerNorm, RMSNorm, Dropout, activations), ``positional.py`` (sinusoidal
+and learned absolute position encodings), ``reversible.py`` (reversible residual layers),
+``init.py`` (initialisers).
+
+The attention modules, transformer blocks and models live one layer up, in ``minitx.models``
+(they are built from ``minitx.attention``, which is built from this package). For PyTorch's
+habits their names are importable from here too — ``nn.MultiheadAttention``,
+``nn.TransformerEncoderLayer``, ``nn.GPT`` … — resolved on first use (``__getattr__`` below):
+the one place where a name is reached upward, and only on request, so importing ``minitx.nn``
+never imports attention or models.
 """
 from . import init  # noqa: F401
 from .module import *  # noqa: F401,F403
 from .layers import *  # noqa: F401,F403
+from .positional import *  # noqa: F401,F403
+from .reversible import *  # noqa: F401,F403
 from .module import __all__ as _module_all
 from .layers import __all__ as _layers_all
+from .positional import __all__ as _positional_all
+from .reversible import __all__ as _reversible_all
 
-__all__ = ["init", *_module_all, *_layers_all]
+__all__ = ["init", *_module_all, *_layers_all, *_positional_all, *_reversible_all]
 
-# ---- further building blocks: each file appends its names to __all__ here ----------------------
+# Names of minitx.models offered here (PyTorch keeps them in torch.nn).
+_FROM_MODELS = ("MultiheadAttention", "torch_masks_to_sdpa", "TransformerEncoderLayer",
+                "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder",
+                "build_self_attention", "get_activation", "GPTConfig", "GPT", "GPTBlock",
+                "sample_next", "Transformer", "EncoderClassifier")
 
-# ---- attention modules, transformer blocks, models (exact-attention issue) ---------------------
-from .attention import *  # noqa: F401,F403,E402
-from .transformer import *  # noqa: F401,F403,E402
-from .models import *  # noqa: F401,F403,E402
-from .attention import __all__ as _attention_all  # noqa: E402
-from .transformer import __all__ as _transformer_all  # noqa: E402
-from .models import __all__ as _models_all  # noqa: E402
 
-__all__ += [*_attention_all, *_transformer_all, *_models_all]
+def __getattr__(name):
+    if name in _FROM_MODELS:
+        import importlib
+        return getattr(importlib.import_module("minitx.models"), name)
+    raise AttributeError(f"module 'minitx.nn' has no attribute {name!r}")
 
-# ---- reversible residual layers and chunked feed-forward (efficient-attention issue) -----------
-from .reversible import *  # noqa: F401,F403,E402
-from .reversible import __all__ as _reversible_all  # noqa: E402
 
-__all__ += [*_reversible_all]
+def __dir__():
+    return sorted(list(globals()) + list(_FROM_MODELS))

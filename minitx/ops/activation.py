@@ -17,19 +17,43 @@ from ..autograd.function import Function
 from ..backend import get_array_module
 from ._util import normalize_axis
 
-__all__ = ["softmax", "log_softmax", "softmax_jacobian", "softmax_array"]
+__all__ = ["softmax", "log_softmax", "softmax_jacobian", "softmax_array",
+           "softmax_backward_array"]
 
 
-def softmax_array(x, axis: int = -1):
-    """softmax on a raw array; rows that are all −inf give zeros."""
+def softmax_array(x, axis: int = -1, inplace: bool = False):
+    """softmax on a raw array; rows that are all −inf give zeros.
+
+    ``inplace=True`` overwrites ``x`` (a fresh scores array nobody else holds) instead of
+    allocating one more array of its size.
+    """
     xp = get_array_module(x)
     m = x.max(axis=axis, keepdims=True)
     m = xp.where(xp.isfinite(m), m, 0)        # all −inf: shift by 0, exp gives 0s
-    e = x - m                                 # one new array, then updated in place
+    if inplace:
+        e = x
+        e -= m
+    else:
+        e = x - m                             # one new array, then updated in place
     xp.exp(e, out=e)
     total = e.sum(axis=axis, keepdims=True)
     e /= xp.where(total > 0, total, 1)
     return e
+
+
+def softmax_backward_array(s, grad, axis: int = -1, delta=None):
+    """The softmax VJP on raw arrays: dx = s ⊙ (g − δ), δ = Σ g ⊙ s along ``axis``.
+
+    ``delta`` may be given when it is known more cheaply (attention: δ = rowsum(dO ⊙ O), an
+    O(N·D) sum instead of O(N²)). A fresh array; masked entries (s = 0) get 0.
+    """
+    if delta is None:
+        gs = grad * s                                     # = s ⊙ g, reused in place
+        gs -= s * gs.sum(axis=axis, keepdims=True)
+        return gs
+    ds = grad - delta
+    ds *= s
+    return ds
 
 
 class Softmax(Function):
@@ -44,9 +68,7 @@ class Softmax(Function):
     def backward(ctx, grad):
         (s,) = ctx.saved_tensors
         # dx = s ⊙ (g − Σ g ⊙ s): the Jacobian-vector product without forming diag(s) − s sᵀ
-        gs = grad * s                                     # = s ⊙ g, reused in place
-        gs -= s * gs.sum(axis=ctx.axis, keepdims=True)
-        return gs, None
+        return softmax_backward_array(s, grad, ctx.axis), None
 
 
 class LogSoftmax(Function):

@@ -2,11 +2,10 @@
 
 The GPU path is entered exactly as on a machine with CuPy, except for three stand-ins:
 
-* ``get_array_module`` in ``minitx.attention.flash`` and ``minitx.attention.exact`` returns a
-  module *named* ``cupy`` that computes with NumPy (``FakeCupy``), so the real dispatch tests
-  (``flash._cuda_kernels``: ``xp.__name__ == "cupy"``, dtype, D; ``exact._flash_kernels``) run
-  unchanged and decide on their own whether to take the kernel path;
-* ``flash_cuda.is_available`` returns True;
+* the active backend is the strict CuPy stand-in (``tests/strict_cupy.py``): tensors hold
+  "device" arrays that refuse any host mix, and the one dispatcher (``minitx/ops/dispatch.py``)
+  decides on its own — dtype, head dims, masks, weights, dropout — whether the kernel runs;
+* ``flash_cuda.unavailable_reason`` returns None (a GPU with NVRTC is "there");
 * ``flash_cuda.flash_attention_forward`` / ``flash_attention_backward`` are replaced by
   ``EmulatedFlashCuda`` methods that run the *real* public functions in a forked child (the
   harness' timeout machinery, ``run_isolated``) where only the innermost CuPy pieces are swapped
@@ -15,11 +14,11 @@ The GPU path is entered exactly as on a machine with CuPy, except for three stan
   the real launcher would have compiled into that module), ``_device_smem_limit`` -> A100's.
 
 So validation, padding (D and Dv), masks, launch plans, the four kernels, the GQA group sums
-and the casts all run for real; the autograd Functions (``FlashAttentionFunction``,
-exact.py's ``_FlashCUDAFunction``) call them with the arguments they would pass on a GPU.
-Results and gradients are compared with the same calls on the plain NumPy path (no stand-ins).
+and the casts all run for real; the autograd node (``dispatch.FlashKernelFunction``) calls them
+with the arguments it would pass on a GPU. The device arrays cross to the host explicitly at
+the emulation's boundary (``.get()``, as data would cross a PCIe bus) and come back as device
+arrays. Results and gradients are compared with the same calls on the plain NumPy path.
 """
-import types
 from contextlib import contextmanager
 
 import numpy as np
@@ -27,20 +26,13 @@ import pytest
 
 import cuda_emu_harness as H
 import minitx
-import minitx.attention.exact as exact
-import minitx.attention.flash as flash
 import minitx.functional as F
-from minitx.backend import flash_cuda as fc
+import strict_cupy
+from minitx import backend
+from minitx.backend import flash_cuda as fc, to_host
 
 TIMEOUT = 120.0
 _REAL = {name: getattr(fc, name) for name in ("flash_attention_forward", "flash_attention_backward")}
-
-
-class FakeCupy(types.ModuleType):
-    """A module named "cupy" whose attributes are NumPy's."""
-
-    def __getattr__(self, name):
-        return getattr(np, name)
 
 
 class EmulatedFlashCuda:
@@ -80,15 +72,26 @@ class EmulatedFlashCuda:
                                key_mask=None if km is None else (km.shape, str(km.dtype)),
                                launched=launched))
 
+    @staticmethod
+    def _to_host(args, kwargs):
+        """Device arrays cross to the host for the emulation (and report that they did)."""
+        cp = strict_cupy.make_modules()[0]
+        on_device = any(isinstance(a, cp.ndarray) for a in args)
+        move = lambda a: to_host(a) if isinstance(a, cp.ndarray) else a  # noqa: E731
+        return ([move(a) for a in args], {k: move(v) for k, v in kwargs.items()},
+                (lambda a: cp.asarray(a)) if on_device else (lambda a: a))
+
     def flash_attention_forward(self, q, k, v, **kwargs):
-        (o, lse), launched = self._run("flash_attention_forward", (q, k, v), kwargs)
-        self._record("forward", q, k, v, kwargs, launched)
-        return o, lse
+        args, kw, back = self._to_host((q, k, v), kwargs)
+        (o, lse), launched = self._run("flash_attention_forward", tuple(args), kw)
+        self._record("forward", *args, kw, launched)
+        return back(o), back(lse)
 
     def flash_attention_backward(self, q, k, v, o, lse, do, **kwargs):
-        grads, launched = self._run("flash_attention_backward", (q, k, v, o, lse, do), kwargs)
-        self._record("backward", q, k, v, kwargs, launched)
-        return grads
+        args, kw, back = self._to_host((q, k, v, o, lse, do), kwargs)
+        grads, launched = self._run("flash_attention_backward", tuple(args), kw)
+        self._record("backward", *args[:3], kw, launched)
+        return tuple(back(g) for g in grads)
 
     def count(self, fn):
         return sum(c["fn"] == fn for c in self.calls)
@@ -101,14 +104,26 @@ def emu(emu_lib):
 
 @contextmanager
 def gpu_path(emu):
-    """Inside: flash.py and exact.py see "CuPy" arrays and usable kernels (the emulation)."""
-    fake = FakeCupy("cupy")
+    """Inside: the cupy backend is the strict stand-in and the kernels are "available" (the
+    emulation); new tensors are device arrays, as on a GPU."""
+    cp = strict_cupy.make_modules()[0]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(flash, "get_array_module", lambda *a: fake)
-        mp.setattr(exact, "get_array_module", lambda *a: fake)
-        mp.setattr(fc, "is_available", lambda: True)
+        mp.setitem(backend._cupy, "module", cp)
+        mp.setitem(backend._cupy, "tried", True)
+        mp.setattr(backend, "_state", {"name": "cupy", "xp": cp})
+        mp.setenv("MINITX_FLASH", "auto")
+        mp.setattr(fc, "unavailable_reason", lambda: None)
         mp.setattr(fc, "flash_attention_forward", emu.flash_attention_forward)
         mp.setattr(fc, "flash_attention_backward", emu.flash_attention_backward)
+        yield
+
+
+@contextmanager
+def host_path():
+    """Inside: the NumPy backend and the array code (the references)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(backend, "_state", {"name": "numpy", "xp": np})
+        mp.setenv("MINITX_FLASH", "off")
         yield
 
 
@@ -122,15 +137,20 @@ def _close(name, got, ref, rel=2e-5):
 
 
 def _run_graph(fn, arrays, upstream):
-    """out = fn(*tensors); out.backward(upstream); returns (out, grads) as arrays."""
+    """out = fn(*tensors); out.backward(upstream); returns (out, grads) as host arrays."""
     ts = [minitx.tensor(x, requires_grad=True) for x in arrays]
     out = fn(*ts)
     out.backward(minitx.tensor(upstream))
-    return out.data, [t.grad.data for t in ts]
+    return out.numpy(), [t.grad.numpy() for t in ts]
+
+
+def _reference(fn, arrays, upstream):
+    with host_path():
+        return _run_graph(fn, arrays, upstream)
 
 
 def _compare(fn, arrays, upstream, emu, rel=2e-5):
-    ref_out, ref_grads = _run_graph(fn, arrays, upstream)
+    ref_out, ref_grads = _reference(fn, arrays, upstream)
     n0 = len(emu.calls)
     with gpu_path(emu):
         out, grads = _run_graph(fn, arrays, upstream)
@@ -153,7 +173,7 @@ def _qkv(B, Hh, Hkv, Nq, Nk, D, Dv=None, dtype=np.float32, seed=0):
     return q, k, v, do
 
 
-# ------------------------------------------------------------------ flash_attention (flash.py)
+# ------------------------------------------------------------------ flash_attention (ops/flash.py)
 # (B, H, Hkv, Nq, Nk, D, Dv, causal, masking)
 FLASH_CASES = [
     (1, 2, 2, 1, 1, 32, 32, False, None),
@@ -180,7 +200,7 @@ def test_flash_attention_through_the_kernel_path(emu, case):
         key_mask[1] = False                        # every row of batch 1 fully masked
 
     def fn(qt, kt, vt):
-        return flash.flash_attention(qt, kt, vt, causal=causal, key_mask=key_mask,
+        return F.flash_attention(qt, kt, vt, causal=causal, key_mask=key_mask,
                                      block_q=16, block_k=16)
 
     out, grads = _compare(fn, (q, k, v), do, emu)
@@ -203,9 +223,9 @@ def test_flash_attention_float16_through_the_kernel_path(emu):
     q, k, v, do = _qkv(1, 2, 2, 33, 33, 32, dtype=np.float16, seed=3)
 
     def fn(qt, kt, vt):
-        return flash.flash_attention(qt, kt, vt, causal=True)
+        return F.flash_attention(qt, kt, vt, causal=True)
 
-    ref_out, ref_grads = _run_graph(fn, [x.astype(np.float32) for x in (q, k, v)],
+    ref_out, ref_grads = _reference(fn, [x.astype(np.float32) for x in (q, k, v)],
                                     do.astype(np.float32))
     with gpu_path(emu):
         out, grads = _run_graph(fn, (q, k, v), do)
@@ -221,23 +241,24 @@ def test_flash_attention_keeps_the_numpy_path_where_the_kernels_do_not_apply(emu
     with gpu_path(emu):
         # float64 (gradchecks): the tiled code, written against xp, runs instead
         t = [minitx.tensor(x.astype(np.float64), requires_grad=True) for x in (q, k, v)]
-        flash.flash_attention(*t).sum().backward()
+        F.flash_attention(*t).sum().backward()
         # D > 128
         q2, k2, v2, _ = _qkv(1, 1, 1, 3, 3, 136)
-        flash.flash_attention(*[minitx.tensor(x) for x in (q2, k2, v2)])
+        F.flash_attention(*[minitx.tensor(x) for x in (q2, k2, v2)])
     assert emu.calls == []
 
 
 def test_flash_attention_large_dv_keeps_the_numpy_path(emu):
     q, k, v, _ = _qkv(1, 1, 1, 3, 3, 16, Dv=136)
-    ref = flash.flash_attention(*[minitx.tensor(x) for x in (q, k, v)]).data
+    with host_path():
+        ref = F.flash_attention(*[minitx.tensor(x) for x in (q, k, v)]).numpy()
     with gpu_path(emu):
-        out = flash.flash_attention(*[minitx.tensor(x) for x in (q, k, v)])
+        out = F.flash_attention(*[minitx.tensor(x) for x in (q, k, v)]).numpy()
     assert emu.calls == [] and out.shape == (1, 1, 3, 136)
-    _close("out", out.data, ref)                   # and the NumPy path's values, not just shape
+    _close("out", out, ref)                        # and the NumPy path's values, not just shape
 
 
-# ------------------------------------------------------------------ SDPA (exact.py)
+# ------------------------------------------------------------------ SDPA (ops/attention.py)
 # (shape of q as (lead..., H, N, D) pieces: lead, H, Hkv, Nq, Nk, D, Dv, is_causal)
 SDPA_CASES = [
     ((2,), 2, 2, 1, 1, 32, 32, False),
@@ -285,11 +306,11 @@ def test_sdpa_dispatches_to_the_kernel(emu, case):
 
 def _no_dispatch_cases():
     rng = np.random.default_rng(7)
-    bool_mask = rng.random((2, 1, 1, 9)) < 0.8
+    bool_mask = rng.random((2, 2, 7, 9)) < 0.8              # per query: not a key-padding mask
     bias = rng.standard_normal((2, 2, 7, 9)).astype(np.float32)
     return {
         "return_weights": dict(return_weights=True),
-        "bool_key_mask": dict(attn_mask=bool_mask),
+        "bool_general_mask": dict(attn_mask=bool_mask),
         "float_bias": dict(attn_mask=bias),
         "dropout": dict(dropout_p=0.25),
         "float64": dict(dtype=np.float64),
@@ -307,7 +328,7 @@ def test_sdpa_does_not_dispatch(emu, name):
         res = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, **kw)
         return res[0] if kw.get("return_weights") else res
 
-    ref_out, ref_grads = _run_graph(fn, (q, k, v), do)
+    ref_out, ref_grads = _reference(fn, (q, k, v), do)
     with gpu_path(emu):
         out, grads = _run_graph(fn, (q, k, v), do)
     assert emu.calls == []
@@ -316,36 +337,52 @@ def test_sdpa_does_not_dispatch(emu, name):
         np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-6)
 
 
+def test_sdpa_with_a_key_padding_mask_dispatches_with_the_mask(emu):
+    """A bool (B, 1, 1, Nk) attn_mask is key padding: it reaches the kernel as key_mask."""
+    q, k, v, do = _sdpa_arrays((2,), 2, 2, 7, 9, 16, 16)
+    allowed = np.random.default_rng(5).random((2, 1, 1, 9)) < 0.7
+    allowed[1] = False                                      # batch 1: every row fully masked
+
+    def fn(qt, kt, vt):
+        return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=allowed, is_causal=True)
+
+    out, grads = _compare(fn, (q, k, v), do, emu)
+    assert emu.calls[0]["key_mask"] == ((2, 9), "bool") and emu.calls[0]["causal"] is True
+    assert np.all(out[1] == 0) and all(np.all(g[1] == 0) for g in grads)
+
+
 def test_sdpa_without_grad_runs_only_the_forward(emu):
     q, k, v, _ = _sdpa_arrays((1,), 2, 2, 33, 33, 32, 32)
-    ref = F.scaled_dot_product_attention(*[minitx.tensor(x) for x in (q, k, v)]).data
+    with host_path():
+        ref = F.scaled_dot_product_attention(*[minitx.tensor(x) for x in (q, k, v)]).numpy()
     with gpu_path(emu):
-        out = F.scaled_dot_product_attention(*[minitx.tensor(x) for x in (q, k, v)]).data
+        out = F.scaled_dot_product_attention(*[minitx.tensor(x) for x in (q, k, v)]).numpy()
     assert [c["fn"] for c in emu.calls] == ["forward"]
     _close("out", out, ref)
 
 
 def test_sdpa_large_head_dim_keeps_the_numpy_path(emu):
     q, k, v, _ = _sdpa_arrays((1,), 1, 1, 3, 3, 136, 136)
-    ref = F.scaled_dot_product_attention(*[minitx.tensor(x) for x in (q, k, v)]).data
+    with host_path():
+        ref = F.scaled_dot_product_attention(*[minitx.tensor(x) for x in (q, k, v)]).numpy()
     with gpu_path(emu):
-        out = F.scaled_dot_product_attention(*[minitx.tensor(x) for x in (q, k, v)])
+        out = F.scaled_dot_product_attention(*[minitx.tensor(x) for x in (q, k, v)]).numpy()
     assert emu.calls == [] and out.shape == (1, 1, 3, 136)
-    _close("out", out.data, ref)                   # and the NumPy path's values, not just shape
+    _close("out", out, ref)                        # and the NumPy path's values, not just shape
 
 
 def test_sdpa_value_dim_other_than_query_dim(emu):
-    """Dv != D: flash_cuda takes it (pads to the compiled dim >= max(D, Dv)); exact.py's guard
-    currently keeps the NumPy path for it. Either way the results must equal the NumPy path."""
+    """Dv != D: flash_cuda takes it (pads to the compiled dim >= max(D, Dv)), and the results
+    equal the NumPy path."""
     q, k, v, do = _sdpa_arrays((2,), 4, 2, 33, 40, 40, 24)
 
     def fn(qt, kt, vt):
         return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
 
-    ref_out, ref_grads = _run_graph(fn, (q, k, v), do)
+    ref_out, ref_grads = _reference(fn, (q, k, v), do)
     with gpu_path(emu):
         out, grads = _run_graph(fn, (q, k, v), do)
-    assert [c["fn"] for c in emu.calls] in ([], ["forward", "backward"])
+    assert [c["fn"] for c in emu.calls] == ["forward", "backward"]
     _close("out", out, ref_out)
     for name, g, r in zip("qkv", grads, ref_grads):
         _close(f"d{name}", g, r)

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import copy
 
+from ..attention import REGISTRY, ExactSelfAttention
+from ..nn.layers import Dropout, LayerNorm, Linear
+from ..nn.module import Module, ModuleList
 from ..ops.elementwise import gelu, relu
 from ..ops.shape import transpose
 from .attention import MultiheadAttention, torch_masks_to_sdpa
-from .layers import Dropout, LayerNorm, Linear
-from .module import Module, ModuleList
 
 __all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
            "TransformerDecoder", "build_self_attention", "get_activation"]
@@ -56,7 +57,6 @@ def build_self_attention(attention, d_model, nhead, dropout, bias, batch_first, 
                              "name>")
         return MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
                                   batch_first=batch_first)
-    from ..attention import REGISTRY, ExactSelfAttention  # noqa: PLC0415 - circular import
     if attention not in REGISTRY:
         raise ValueError(f"attention must be None or one of {sorted(REGISTRY)}, got "
                          f"{attention!r}")

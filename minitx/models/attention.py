@@ -14,27 +14,24 @@ with E = embed_dim, H = num_heads, D = E/H. Load a trained ``torch.nn.MultiheadA
 allowed** (the opposite of ``scaled_dot_product_attention``'s bool masks); float masks are
 added to the scores. Rows with every key masked give zeros (PyTorch gives NaN).
 
-The attention itself is ``minitx.attention.scaled_dot_product_attention`` (one fused node).
+The attention itself is ``minitx.functional.scaled_dot_product_attention`` (one fused node):
+``is_causal`` and a bool ``key_padding_mask`` reach it as the causal flag and a key mask, so on a
+GPU the CUDA flash kernel runs them; any other ``attn_mask`` runs the array code.
 """
 from __future__ import annotations
 
-
 from .. import backend
+from ..attention import causal_pattern
 from ..autograd.tensor import Tensor
+from ..nn import init
+from ..nn.layers import Linear
+from ..nn.module import Module, Parameter
+from ..ops.attention import merge_heads, scaled_dot_product_attention, split_heads
 from ..ops.indexing import getitem
 from ..ops.linalg import linear
 from ..ops.shape import expand_dims, squeeze, transpose
-from . import init
-from .layers import Linear
-from .module import Module, Parameter
 
 __all__ = ["MultiheadAttention", "torch_masks_to_sdpa"]
-
-
-def _attn():
-    """``minitx.attention`` (imported lazily: it imports minitx.nn itself)."""
-    from .. import attention  # noqa: PLC0415
-    return attention
 
 
 def _raw(x):
@@ -67,7 +64,7 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
                              f"{(n * num_heads, nq, nk)}, got {tuple(m.shape)}")
         (allowed if m.dtype == bool else bias).append(~m if m.dtype == bool else m)
     elif is_causal:
-        allowed.append(_attn().causal_pattern(nq, nk, xp))
+        allowed.append(causal_pattern(nq, nk, xp))
     if key_padding_mask is not None:
         m = xp.asarray(_raw(key_padding_mask))
         if m.shape != (n, nk):
@@ -113,7 +110,7 @@ class MultiheadAttention(Module):
     and attends to all cached ones (incremental decoding).
 
     Set ``record_weights = True`` to keep the per-head map of every call in
-    ``last_attn_weights`` (N, H, L, S) (a raw array) for visualisation.
+    ``last_attn_weights`` (N, H, L, S) (a detached Tensor) for visualisation.
 
     Differences from PyTorch: returned weights are the probabilities *before* dropout
     (PyTorch returns them after, which only differs in training); rows with no allowed key give
@@ -224,25 +221,26 @@ class MultiheadAttention(Module):
                 key_padding_mask = _raw(key_padding_mask)[None]
         elif not self.batch_first:                      # (L, N, E) -> (N, L, E)
             query, key, value = (transpose(t, (1, 0, 2)) for t in (query, key, value))
-        attn = _attn()
         n, nq = query.shape[0], query.shape[1]
         (wq, wk, wv), (bq, bk, bv) = self._weights()
-        q = attn.split_heads(linear(query, wq, bq), self.num_heads)       # (N, H, L, D)
-        k = attn.split_heads(linear(key, wk, bk), self.num_kv_heads)      # (N, Hkv, S, D)
-        v = attn.split_heads(linear(value, wv, bv), self.num_kv_heads)
+        q = split_heads(linear(query, wq, bq), self.num_heads)            # (N, H, L, D)
+        k = split_heads(linear(key, wk, bk), self.num_kv_heads)           # (N, Hkv, S, D)
+        v = split_heads(linear(value, wv, bv), self.num_kv_heads)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)                                  # (N, Hkv, S_all, D)
         xp = backend.get_array_module(q.data)
-        mask = torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, self.num_heads,
+        # is_causal without attn_mask goes to SDPA as a flag (the kernel takes it), not a mask
+        causal = bool(is_causal) and attn_mask is None
+        mask = torch_masks_to_sdpa(attn_mask, key_padding_mask, False, n, self.num_heads,
                                    nq, k.shape[2], q.dtype, xp)
         want = bool(need_weights) or self.record_weights
-        res = attn.scaled_dot_product_attention(
+        res = scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-            enable_gqa=True, return_weights=want)
+            is_causal=causal, enable_gqa=True, return_weights=want)
         out, w = res if want else (res, None)
         if self.record_weights:
-            self.last_attn_weights = w.data
-        out = self.out_proj(attn.merge_heads(out))                        # (N, L, E)
+            self.last_attn_weights = w.detach()
+        out = self.out_proj(merge_heads(out))                             # (N, L, E)
         if unbatched:
             out = squeeze(out, 0)
         elif not self.batch_first:

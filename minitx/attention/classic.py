@@ -1,0 +1,166 @@
+"""The forms of attention readers meet first, before the fused op and the variants.
+
+- ``simple_attention``: the whole idea in five differentiable lines — start here;
+- ``dot_product_attention``: Luong, Pham & Manning (2015), "dot" and "general" scores;
+- ``AdditiveAttention``: Bahdanau, Cho & Bengio (2015), the MLP score;
+- ``SelfAttention`` / ``CausalSelfAttention``: single-head self-attention, the smallest
+  complete layer (projections + the fused ``scaled_dot_product_attention``).
+
+Everything here is built from differentiable ops (no hand-written backward): read it next to
+``ops/attention.py``, which computes the same ``softmax(Q Kᵀ/√D + M) V`` as one fused node.
+"""
+from __future__ import annotations
+
+import math
+
+from ..autograd.tensor import Tensor
+from ..nn.layers import Linear
+from ..nn.module import Module
+from ..ops.activation import softmax
+from ..ops.attention import scaled_dot_product_attention
+from ..ops.elementwise import tanh
+from ..ops.indexing import masked_fill
+from ..ops.linalg import matmul
+from ..ops.shape import expand_dims, reshape, swapaxes
+
+__all__ = ["simple_attention", "dot_product_attention", "additive_scores", "AdditiveAttention",
+           "SelfAttention", "CausalSelfAttention"]
+
+
+def _shape(t):
+    return tuple(t.shape)
+
+
+def simple_attention(q, k, v, mask=None):
+    """softmax(q kᵀ / √d + M) v in five lines — the formula, before any engineering.
+
+    q (…, Nq, d), k (…, Nk, d), v (…, Nk, dv) Tensors; ``mask`` broadcastable to (…, Nq, Nk),
+    True = may attend. Differentiable through its ops. Time and memory O(Nq·Nk).
+    """
+    scores = matmul(q, swapaxes(k, -1, -2)) * (1.0 / math.sqrt(q.shape[-1]))   # (…, Nq, Nk)
+    if mask is not None:
+        scores = masked_fill(scores, ~(mask.data if isinstance(mask, Tensor) else mask),
+                             -math.inf)                                         # never look here
+    weights = softmax(scores, axis=-1)                                           # rows sum to 1
+    return matmul(weights, v)                                                    # (…, Nq, dv)
+
+
+def _masked_softmax(scores, mask):
+    """softmax over keys; ``mask`` True = may attend (fully masked rows give zeros)."""
+    if mask is not None:
+        m = mask.data if isinstance(mask, Tensor) else mask
+        scores = masked_fill(scores, ~m, -math.inf)
+    return softmax(scores, axis=-1)
+
+
+def dot_product_attention(query, key, value, weight=None, mask=None):
+    """Luong et al. (2015), "Effective Approaches to Attention-based NMT": unscaled scores.
+
+        "dot":      score(q, k) = qᵀ k
+        "general":  score(q, k) = qᵀ W k          (``weight`` W of shape (Dq, Dk))
+        α = softmax(scores) over keys,   context = α V
+
+    query (…, Nq, Dq), key (…, Nk, Dk), value (…, Nk, Dv); ``mask`` broadcastable to
+    (…, Nq, Nk), True = may attend. Returns ``(context (…, Nq, Dv), weights (…, Nq, Nk))``.
+    Time O(Nq·Nk·D).
+    """
+    if weight is None:
+        if query.shape[-1] != key.shape[-1]:
+            raise ValueError(f"dot_product_attention: 'dot' scores need equal query/key dims, "
+                             f"got query {_shape(query)} and key {_shape(key)} (pass weight "
+                             "for 'general')")
+        qw = query
+    else:
+        if _shape(weight) != (query.shape[-1], key.shape[-1]):
+            raise ValueError(f"dot_product_attention: weight must be (Dq, Dk) = "
+                             f"{(query.shape[-1], key.shape[-1])}, got {_shape(weight)}")
+        qw = matmul(query, weight)                              # (…, Nq, Dq) @ (Dq, Dk)
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"dot_product_attention: key and value must have the same length, "
+                         f"got key {_shape(key)} and value {_shape(value)}")
+    scores = matmul(qw, swapaxes(key, -1, -2))                  # (…, Nq, Dk) @ (…, Dk, Nk)
+    weights = _masked_softmax(scores, mask)                     # (…, Nq, Nk)
+    return matmul(weights, value), weights                      # (…, Nq, Nk) @ (…, Nk, Dv)
+
+
+def additive_scores(q, k, w_q, w_k, w):
+    """Bahdanau score e_ij = wᵀ tanh(W_q q_i + W_k k_j) for every (i, j).
+
+    q (…, Nq, Dq), k (…, Nk, Dk), W_q (A, Dq), W_k (A, Dk), w (A,) → (…, Nq, Nk).
+    Memory O(Nq·Nk·A): the tanh of every pair is formed.
+    """
+    qa = expand_dims(matmul(q, swapaxes(w_q, 0, 1)), -2)         # (…, Nq, 1, A)
+    ka = expand_dims(matmul(k, swapaxes(w_k, 0, 1)), -3)         # (…, 1, Nk, A)
+    return matmul(tanh(qa + ka), w)                             # (…, Nq, Nk, A) @ (A,)
+
+
+class AdditiveAttention(Module):
+    """Bahdanau, Cho & Bengio (2015), "Neural Machine Translation by Jointly Learning to
+    Align and Translate": additive (MLP) attention.
+
+        e_ij = vᵀ tanh(W_q q_i + W_k k_j),   α = softmax_j(e),   c_i = Σ_j α_ij v_j
+
+    Parameters ``W_q.weight`` (A, Dq), ``W_k.weight`` (A, Dk), ``v.weight`` (1, A).
+    ``forward(query (B, Nq, Dq), key (B, Nk, Dk), value (B, Nk, Dv), mask=None)`` with
+    ``mask`` broadcastable to (B, Nq, Nk), True = may attend; returns
+    ``(context (B, Nq, Dv), weights (B, Nq, Nk))``. Time and memory O(Nq·Nk·A).
+    """
+
+    def __init__(self, query_dim: int, key_dim: int = None, hidden_dim: int = None):
+        super().__init__()
+        key_dim = query_dim if key_dim is None else key_dim
+        hidden_dim = query_dim if hidden_dim is None else hidden_dim
+        for name, val in (("query_dim", query_dim), ("key_dim", key_dim),
+                          ("hidden_dim", hidden_dim)):
+            if not isinstance(val, int) or val <= 0:
+                raise ValueError(f"AdditiveAttention: {name} must be a positive int, got {val!r}")
+        self.W_q = Linear(query_dim, hidden_dim, bias=False)
+        self.W_k = Linear(key_dim, hidden_dim, bias=False)
+        self.v = Linear(hidden_dim, 1, bias=False)
+
+    def forward(self, query, key, value, mask=None):
+        if key.shape[-2] != value.shape[-2]:
+            raise ValueError(f"AdditiveAttention: key and value must have the same length, "
+                             f"got key {_shape(key)} and value {_shape(value)}")
+        scores = additive_scores(query, key, self.W_q.weight, self.W_k.weight,
+                                 reshape(self.v.weight, (-1,)))     # (B, Nq, Nk)
+        weights = _masked_softmax(scores, mask)
+        return matmul(weights, value), weights
+
+
+class SelfAttention(Module):
+    """Single-head self-attention: the smallest complete example.
+
+        Q = X W_Qᵀ, K = X W_Kᵀ, V = X W_Vᵀ,   Y = softmax(Q Kᵀ/√E + M) V
+
+    x (B, N, E) → (B, N, E); ``mask`` broadcastable to (B, N, N), True = may attend.
+    ``causal=True`` adds the causal mask (position i sees j ≤ i). The last attention map is
+    kept in ``last_attn_weights`` (B, N, N) (a raw array) for visualisation. O(N²·E).
+    """
+
+    def __init__(self, embed_dim: int, causal: bool = False, bias: bool = True):
+        super().__init__()
+        if not isinstance(embed_dim, int) or embed_dim <= 0:
+            raise ValueError(f"SelfAttention: embed_dim must be a positive int, got {embed_dim!r}")
+        self.embed_dim, self.causal = embed_dim, bool(causal)
+        self.query = Linear(embed_dim, embed_dim, bias=bias)
+        self.key = Linear(embed_dim, embed_dim, bias=bias)
+        self.value = Linear(embed_dim, embed_dim, bias=bias)
+        self.last_attn_weights = None
+
+    def forward(self, x, mask=None):
+        if len(x.shape) != 3 or x.shape[-1] != self.embed_dim:
+            raise ValueError(f"{type(self).__name__}: x must be (B, N, {self.embed_dim}), got "
+                             f"shape {_shape(x)}")
+        q, k, v = self.query(x), self.key(x), self.value(x)          # (B, N, E) each
+        y, w = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal,
+                                            return_weights=True)     # (B, N, E), (B, N, N)
+        self.last_attn_weights = w.data
+        return y
+
+
+class CausalSelfAttention(SelfAttention):
+    """``SelfAttention`` with the causal mask: position i attends to positions j ≤ i only."""
+
+    def __init__(self, embed_dim: int, bias: bool = True):
+        super().__init__(embed_dim, causal=True, bias=bias)

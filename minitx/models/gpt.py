@@ -1,0 +1,233 @@
+"""A decoder-only ``GPT`` (Radford et al. 2018/2019), small enough to read in one sitting.
+
+Token + position embeddings, ``n_layer`` pre-norm causal blocks, final LayerNorm, a
+language-model head tied to the token embedding (Press & Wolf 2017). ``generate`` decodes
+through a KV cache.
+
+Attention maps for visualisation: ``model.record_attention(True)``, run the model, then
+``model.attention_maps()`` → {module name: (B, H, Nq, Nk) Tensor} for every attention module
+that keeps its weights (MultiheadAttention and the exact/position variants).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .. import backend
+from ..attention import REGISTRY, ExactSelfAttention, KVCache, PagedKVCache
+from ..autograd.grad_mode import no_grad
+from ..autograd.tensor import Tensor
+from ..nn import init
+from ..nn.layers import Dropout, Embedding, LayerNorm, Linear
+from ..nn.module import Module, ModuleList
+from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from ..ops.linalg import linear
+from ..ops.loss import cross_entropy
+from ..ops.shape import reshape
+from .common import AttentionMaps, token_ids
+from .transformer import get_activation
+
+__all__ = ["GPTConfig", "GPT", "GPTBlock", "sample_next"]
+
+_POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
+
+
+def _attn():
+    from .. import attention  # noqa: PLC0415 - minitx.attention imports minitx.nn
+    return attention
+
+
+def sample_next(logits, temperature: float = 1.0, top_k: int = None):
+    """Pick the next token per row of ``logits`` (B, V) (raw array): argmax when
+    ``temperature == 0``, else sample softmax(logits / temperature) restricted to the ``top_k``
+    largest (drawn from ``minitx.manual_seed``'s generator). Returns (B, 1) ints."""
+    xp = backend.get_array_module(logits)
+    if temperature == 0 or top_k == 1:
+        return logits.argmax(axis=-1)[:, None]
+    if not temperature > 0:
+        raise ValueError(f"temperature must be ≥ 0, got {temperature!r}")
+    z = logits.astype("float64") / temperature
+    if top_k is not None:
+        if not isinstance(top_k, int) or top_k <= 0:
+            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        kth = xp.sort(z, axis=-1)[:, -min(top_k, z.shape[-1])][:, None]
+        z = xp.where(z < kth, -xp.inf, z)
+    p = xp.exp(z - z.max(axis=-1, keepdims=True))
+    cdf = xp.cumsum(p / p.sum(axis=-1, keepdims=True), axis=-1)
+    r = backend.to_device(backend.rng().random((z.shape[0], 1)), backend.device_of(z))
+    return xp.minimum((cdf < r).sum(axis=-1), z.shape[-1] - 1)[:, None]
+
+
+# ---- GPT ---------------------------------------------------------------------------------
+
+@dataclass
+class GPTConfig:
+    """Hyper-parameters of ``GPT``.
+
+    ``attention``: a ``minitx.attention.REGISTRY`` name (built causal). ``position``:
+    "learned" (GPT-2's ``wpe``), "sinusoidal", "none", or "rope" | "alibi" | "relative",
+    which select the matching attention variant (then ``attention`` must be "mha" or the
+    same name). ``num_kv_heads``: MQA/GQA key/value heads (exact variants).
+    """
+
+    vocab_size: int = 256
+    block_size: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = True
+    attention: str = "mha"
+    num_kv_heads: int = None
+    position: str = "learned"
+    attention_options: dict = field(default_factory=dict)
+    tie_weights: bool = True
+
+
+class GPTBlock(Module):
+    """Pre-norm causal block: x + Attn(LN₁(x)), then x + MLP(LN₂(x)), MLP = W₂ GELU(W₁ x)."""
+
+    def __init__(self, config: GPTConfig, attention: str):
+        super().__init__()
+        c = config
+        cls = REGISTRY[attention]
+        options = dict(c.attention_options)
+        if issubclass(cls, ExactSelfAttention):
+            options.setdefault("dropout", c.dropout)
+        if c.num_kv_heads is not None:
+            options["num_kv_heads"] = c.num_kv_heads
+        self.ln_1 = LayerNorm(c.n_embd, bias=c.bias)
+        self.attn = cls(c.n_embd, c.n_head, causal=True, bias=c.bias, **options)
+        self.ln_2 = LayerNorm(c.n_embd, bias=c.bias)
+        self.c_fc = Linear(c.n_embd, 4 * c.n_embd, bias=c.bias)
+        self.c_proj = Linear(4 * c.n_embd, c.n_embd, bias=c.bias)
+        self.drop = Dropout(c.dropout)
+        self.gelu = get_activation("gelu")
+
+    def forward(self, x, kv_cache=None):
+        """x (B, T, E) → (B, T, E)."""
+        a = self.ln_1(x)
+        x = x + (self.attn(a, kv_cache=kv_cache) if kv_cache is not None else self.attn(a))
+        return x + self.drop(self.c_proj(self.gelu(self.c_fc(self.ln_2(x)))))
+
+
+class GPT(Module, AttentionMaps):
+    """A decoder-only transformer language model (GPT-2's layout, Radford et al. 2019).
+
+        h₀ = wte[idx] + positions,  h_l = Block_l(h_{l−1}),  logits = LN_f(h_L) wteᵀ
+
+    ``forward(idx (B, T), targets=None, kv_caches=None)`` → ``(logits (B, T, V), loss or
+    None)``; loss = mean cross-entropy of ``targets`` (B, T) (−100 ignored). Keys:
+    ``wte.weight``, ``wpe.weight`` (learned positions), ``h.{i}.ln_1/attn/ln_2/c_fc/c_proj.*``,
+    ``ln_f.*`` (and ``lm_head.weight`` only when ``tie_weights=False``). Initialisation as
+    GPT-2: N(0, 0.02²), residual projections N(0, 0.02²/(2·n_layer)), zero biases.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        c = config
+        if c.position not in _POSITIONS:
+            raise ValueError(f"GPTConfig.position must be one of {_POSITIONS}, got "
+                             f"{c.position!r}")
+        name = c.attention
+        if c.position in ("rope", "alibi", "relative"):
+            if c.attention not in ("mha", c.position):
+                raise ValueError(f"GPTConfig: position={c.position!r} selects the "
+                                 f"{c.position!r} attention variant; attention must be 'mha' "
+                                 f"or {c.position!r}, got {c.attention!r}")
+            name = c.position
+        if name not in REGISTRY:
+            raise ValueError(f"GPTConfig.attention must be one of {sorted(REGISTRY)}, "
+                             f"got {name!r}")
+        self.config = c
+        self.wte = Embedding(c.vocab_size, c.n_embd)
+        if c.position == "learned":
+            self.wpe = LearnedPositionalEmbedding(c.block_size, c.n_embd)
+        elif c.position == "sinusoidal":
+            self.wpe = SinusoidalPositionalEncoding(c.n_embd)
+        else:
+            self.wpe = None
+        self.drop = Dropout(c.dropout)
+        self.h = ModuleList([GPTBlock(c, name) for _ in range(c.n_layer)])
+        self.ln_f = LayerNorm(c.n_embd, bias=c.bias)
+        self.lm_head = None if c.tie_weights else Linear(c.n_embd, c.vocab_size, bias=False)
+        self._init_weights()
+
+    def _init_weights(self):
+        for name, p in self.named_parameters():
+            if name.startswith("ln") or ".ln_" in name or name.startswith("wpe"):
+                continue
+            if name.endswith("bias"):
+                init.zeros_(p)
+            elif name.endswith("c_proj.weight") or name.endswith("out_proj.weight"):
+                init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.config.n_layer))
+            elif name.endswith("weight") and len(p.shape) == 2 and "rel_" not in name:
+                init.normal_(p, 0.0, 0.02)
+
+    @property
+    def supports_kv_cache(self) -> bool:
+        return all(getattr(b.attn, "supports_kv_cache", False) for b in self.h)
+
+    def new_caches(self):
+        """One empty ``KVCache`` per block."""
+        return [KVCache() for _ in self.h]
+
+    def forward(self, idx, targets=None, kv_caches=None):
+        tokens = token_ids(idx)
+        b, t = tokens.shape
+        offset = len(kv_caches[0]) if kv_caches is not None else 0
+        if self.config.position == "learned" and offset + t > self.config.block_size:
+            raise ValueError(f"GPT: sequence of {offset + t} tokens exceeds block_size="
+                             f"{self.config.block_size}")
+        x = self.wte(tokens)                                       # (B, T, E)
+        if self.wpe is not None:
+            x = self.wpe(x, offset=offset)
+        x = self.drop(x)
+        for i, block in enumerate(self.h):
+            x = block(x, None if kv_caches is None else kv_caches[i])
+        x = self.ln_f(x)
+        w = self.wte.weight if self.lm_head is None else self.lm_head.weight
+        logits = linear(x, w)                                      # (B, T, E) @ (E, V)
+        if targets is None:
+            return logits, None
+        tgt = token_ids(targets, "targets")
+        loss = cross_entropy(reshape(logits, (b * t, -1)), tgt.reshape(-1))
+        return logits, loss
+
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int = None,
+                 use_cache: bool = True, paged: bool = False):
+        """Extend idx (B, T) by ``max_new_tokens`` tokens, one at a time; returns (B, T + n).
+
+        With ``use_cache`` (and attention variants that support it) each step feeds only the
+        new token through the model, reading earlier keys/values from per-block KV caches
+        (``paged=True``: a ``PagedKVCache`` pool). As in nanoGPT the context is cropped to
+        the last ``block_size`` tokens; once it would be, steps fall back to a full forward, so
+        cached and uncached generation give the same tokens. ``temperature=0`` or
+        ``top_k=1`` is greedy.
+        """
+        tokens = token_ids(idx).copy()
+        xp = backend.get_array_module(tokens)
+        bs = self.config.block_size
+        caches = None
+        with no_grad():
+            for step in range(max_new_tokens):
+                t = tokens.shape[1]
+                if use_cache and self.supports_kv_cache and t <= bs:
+                    if caches is None:
+                        caches = self._paged_caches(tokens.shape[0]) if paged else \
+                            self.new_caches()
+                        logits, _ = self(tokens, kv_caches=caches)
+                    else:
+                        logits, _ = self(tokens[:, -1:], kv_caches=caches)
+                else:
+                    logits, _ = self(tokens[:, -bs:])
+                nxt = sample_next(logits.data[:, -1, :], temperature, top_k)
+                tokens = xp.concatenate([tokens, nxt.astype(tokens.dtype)], axis=1)
+        return tokens
+
+    def _paged_caches(self, batch, page_size: int = 16):
+        c = self.config
+        hkv = self.h[0].attn.num_kv_heads
+        pages = batch * (-(-c.block_size // page_size) + 1)
+        return [PagedKVCache(pages, page_size, hkv, c.n_embd // c.n_head).view(
+            range(batch)) for _ in self.h]

@@ -1,0 +1,182 @@
+"""FlashAttention on the CPU: exact attention in tiles, never holding the N × N matrix.
+
+Dao, Fu, Ermon, Rudra & Ré (2022), "FlashAttention: Fast and Memory-Efficient Exact
+Attention with IO-Awareness" (backward as in FlashAttention-2, Dao 2023).
+
+Forward, for one block of queries Q_i against blocks K_j, V_j, with the *online softmax*
+(running row max m, running row sum l, unnormalised output acc):
+
+    S   = Q_i K_jᵀ · scale                      (b_q, b_k), masked entries −inf
+    m'  = max(m, rowmax S)
+    P   = exp(S − m')                           (entries of this block, rescaled to m')
+    l   = exp(m − m') · l + rowsum P
+    acc = exp(m − m') · acc + P V_j
+    m   = m'
+
+and at the end O_i = acc / l, lse_i = m + log l (the row logsumexp). Only (O, lse) are kept
+for backward — the same statistics as the CUDA kernel (``minitx.backend.flash_cuda``).
+
+Backward recomputes each tile's probabilities from the saved lse, P = exp(S − lse), and applies
+the five equations of ``ops/attention.py`` to the tile (``attention_backward``), with
+δ = rowsum(dO ⊙ O) computed once.
+
+Time O(N²·D) (like dense), memory O(N·D + b_q·b_k): exact. Causal masking is bottom-right
+aligned (key j visible to query i iff j ≤ i + Nk − Nq) and tiles entirely above the diagonal
+are skipped. ``key_mask`` (B, Nk) bool, True = may attend, masks padding keys; a row with no
+visible key gives zeros and lse = −inf (handled without NaN). Grouped key/value heads are read
+in place (no copy), through the ``grouped_*`` helpers.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import validate
+from ..autograd.function import Function
+from ..autograd.tensor import Tensor
+from ..backend import get_array_module, to_device_of
+from . import dispatch
+from .attention import (attention_backward, check_heads, check_scale, grouped_scores,
+                        grouped_values)
+
+__all__ = ["flash_attention", "flash_attention_arrays", "flash_backward_arrays",
+           "FlashAttentionFunction"]
+
+
+def _tile_mask(xp, q0, q1, k0, k1, offset, causal, key_mask):
+    """Allowed (query, key) pairs of one tile: (B or 1, 1, b_q, b_k) bool, or None (all)."""
+    mask = None
+    if causal:
+        i = xp.arange(q0, q1)[:, None]
+        j = xp.arange(k0, k1)[None, :]
+        mask = (j <= i + offset)[None, None]
+    if key_mask is not None:
+        km = key_mask[:, None, None, k0:k1]                       # (B, 1, 1, b_k)
+        mask = km if mask is None else mask & km
+    return mask
+
+
+def _tile_visible(q1, k0, offset, causal):
+    """False when the whole tile lies above the causal diagonal (skip it)."""
+    return not causal or k0 <= (q1 - 1) + offset
+
+
+def flash_attention_arrays(q, k, v, *, causal=False, scale=None, key_mask=None, block_q=64,
+                           block_k=64):
+    """Tiled forward on raw arrays: q (B, H, Nq, D), k/v (B, Hkv, Nk, D/Dv) → (O, lse).
+
+    O (B, H, Nq, Dv); lse (B, H, Nq) = log Σ_j exp(s_ij) over visible j (−inf if none).
+    ``scale`` None → 1/√D.
+    """
+    xp = get_array_module(q, k, v)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    bsz, h, nq, _ = q.shape
+    nk, dv = k.shape[2], v.shape[-1]
+    offset = nk - nq
+    out = xp.empty((bsz, h, nq, dv), dtype=q.dtype)
+    lse = xp.empty((bsz, h, nq), dtype=q.dtype)
+    for q0 in range(0, nq, block_q):
+        q1 = min(q0 + block_q, nq)
+        qi = q[:, :, q0:q1] * scale                                     # (B, H, bq, D)
+        m = xp.full((bsz, h, q1 - q0, 1), -xp.inf, dtype=q.dtype)       # running max
+        l = xp.zeros((bsz, h, q1 - q0, 1), dtype=q.dtype)               # running sum
+        acc = xp.zeros((bsz, h, q1 - q0, dv), dtype=q.dtype)
+        for k0 in range(0, nk, block_k):
+            if not _tile_visible(q1, k0, offset, causal):
+                break                                   # every later tile is above too
+            k1 = min(k0 + block_k, nk)
+            s = grouped_scores(qi, k[:, :, k0:k1])                       # (B, H, bq, bk)
+            mask = _tile_mask(xp, q0, q1, k0, k1, offset, causal, key_mask)
+            if mask is not None:
+                s = xp.where(mask, s, -xp.inf)
+            m_new = xp.maximum(m, s.max(axis=-1, keepdims=True))
+            m_safe = xp.where(xp.isfinite(m_new), m_new, 0)   # all −inf so far: shift by 0
+            p = xp.exp(s - m_safe)                            # (B, H, bq, bk)
+            alpha = xp.exp(m - m_safe)                        # rescales the old sums (0 if m=−inf)
+            l = alpha * l + p.sum(axis=-1, keepdims=True)
+            acc = alpha * acc + grouped_values(p, v[:, :, k0:k1])   # + P V_j
+            m = m_new
+        seen = l > 0
+        out[:, :, q0:q1] = acc / xp.where(seen, l, 1)
+        lse[:, :, q0:q1] = xp.where(seen, m + xp.log(xp.where(seen, l, 1)), -xp.inf)[..., 0]
+    return out, lse
+
+
+def flash_backward_arrays(q, k, v, o, lse, do, *, causal=False, scale=None, key_mask=None,
+                          block_q=64, block_k=64):
+    """Tiled backward on raw arrays: recompute P per tile from lse → (dq, dk, dv)."""
+    xp = get_array_module(q, k, v)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    nq, nk = q.shape[2], k.shape[2]
+    offset = nk - nq
+    dq = xp.zeros_like(q)
+    dk = xp.zeros_like(k)
+    dv = xp.zeros_like(v)
+    delta = (do * o).sum(axis=-1, keepdims=True)                  # δ = rowsum(dO ⊙ O)
+    lse_safe = xp.where(xp.isfinite(lse), lse, xp.inf)[..., None]  # no key: P = exp(−inf) = 0
+    for k0 in range(0, nk, block_k):
+        k1 = min(k0 + block_k, nk)
+        kj, vj = k[:, :, k0:k1], v[:, :, k0:k1]
+        for q0 in range(0, nq, block_q):
+            q1 = min(q0 + block_q, nq)
+            if not _tile_visible(q1, k0, offset, causal):
+                continue
+            qs = q[:, :, q0:q1] * scale
+            s = grouped_scores(qs, kj)                                  # (B, H, bq, bk)
+            mask = _tile_mask(xp, q0, q1, k0, k1, offset, causal, key_mask)
+            if mask is not None:
+                s = xp.where(mask, s, -xp.inf)
+            p = xp.exp(s - lse_safe[:, :, q0:q1])                       # P recomputed
+            tq, tk, tv, _ = attention_backward(do[:, :, q0:q1], p, qs, kj, vj,
+                                               delta[:, :, q0:q1], scale)
+            dq[:, :, q0:q1] += tq
+            dk[:, :, k0:k1] += tk
+            dv[:, :, k0:k1] += tv
+    return dq, dk, dv
+
+
+class FlashAttentionFunction(Function):
+    """The tiled algorithm as one node: saves only (q, k, v, O, lse); backward recomputes P."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, *, causal, scale, key_mask, block_q, block_k):
+        o, lse = flash_attention_arrays(q, k, v, causal=causal, scale=scale, key_mask=key_mask,
+                                        block_q=block_q, block_k=block_k)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.options = dict(causal=causal, scale=scale, key_mask=key_mask, block_q=block_q,
+                           block_k=block_k)
+        return o
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, o, lse = ctx.saved_tensors
+        grad = grad.astype(q.dtype, copy=False)
+        return flash_backward_arrays(q, k, v, o, lse, grad, **ctx.options)
+
+
+def flash_attention(q, k, v, causal: bool = False, scale: float = None, key_mask=None,
+                    block_q: int = 64, block_k: int = 64):
+    """Exact softmax(q kᵀ·scale) v by tiles: q (B, H, Nq, D), k/v (B, Hkv, Nk, D/Dv) Tensors.
+
+    ``key_mask`` (B, Nk) bool (True = may attend; a NumPy mask is moved to the data's device).
+    Returns (B, H, Nq, Dv). Memory O(N·D + block_q·block_k) in forward and backward; exact
+    (the same result as dense up to rounding). On CuPy float32/float16 the CUDA kernel runs
+    (``ops/dispatch.py``); the tiles are the CPU's version of the same algorithm.
+    """
+    fn = "flash_attention"
+    _, h, _, nq, nk, d = check_heads(q, k, v, fn)
+    block_q = validate.positive_int(block_q, "block_q", owner=fn)
+    block_k = validate.positive_int(block_k, "block_k", owner=fn)
+    causal = validate.boolean(causal, "causal", owner=fn)
+    if key_mask is not None:
+        km = key_mask.data if isinstance(key_mask, Tensor) else key_mask
+        if getattr(km, "dtype", None) != bool or tuple(km.shape) != (q.shape[0], nk):
+            raise ValueError(f"{fn}: key_mask must be bool of shape {(q.shape[0], nk)}, got "
+                             f"{getattr(km, 'dtype', type(km).__name__)} "
+                             f"{tuple(getattr(km, 'shape', ()))}")
+        key_mask = to_device_of(km, q.data)
+    scale = check_scale(fn, scale, d)
+    if dispatch.choose_kernel(fn, q.data, k.data, v.data, key_mask=key_mask):
+        return dispatch.FlashKernelFunction.apply(q, k, v, causal=causal, scale=scale,
+                                                  key_mask=key_mask)
+    return FlashAttentionFunction.apply(q, k, v, causal=causal, scale=scale, key_mask=key_mask,
+                                        block_q=block_q, block_k=block_k)

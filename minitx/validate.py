@@ -1,0 +1,129 @@
+"""One place for option checks: every public function and constructor validates here.
+
+A bad value gets the same kind of message everywhere — who refused it, the argument, what was
+expected, what was given::
+
+    >>> validate.positive_int(0, "window", owner="local")
+    OptionError: local: window must be an int ≥ 1, got 0
+
+``OptionError`` is both a ``ValueError`` and a ``TypeError`` (a wrong type and a wrong value
+of an option are the same mistake to a caller; scikit-learn's parameter validation does the
+same), so ``except ValueError`` and ``except TypeError`` both catch it. ``bool`` is never
+accepted as a number (``True`` is an int to Python, but ``window=True`` is a bug), and NaN never
+passes a range check. Each function returns the value in its canonical type (``int`` / ``float``).
+
+This module imports nothing from minitx: any layer may use it.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+__all__ = ["OptionError", "integer", "positive_int", "nonnegative_int", "real", "positive_real",
+           "nonnegative_real", "probability", "choice", "boolean", "int_tuple"]
+
+
+class OptionError(ValueError, TypeError):
+    """An argument with the wrong type or value (see the module docstring)."""
+
+
+def _who(owner) -> str:
+    return f"{owner}: " if owner else ""
+
+
+def _fail(owner, name, expected, value):
+    raise OptionError(f"{_who(owner)}{name} must be {expected}, got {value!r}"
+                      + ("" if isinstance(value, (int, float, str, type(None))) else
+                         f" ({type(value).__name__})"))
+
+
+def integer(value, name: str, *, minimum: int = None, maximum: int = None, owner=None,
+            expected: str = None) -> int:
+    """An int (NumPy integers too, never bool) in [minimum, maximum]."""
+    bounds = ("" if minimum is None else f" ≥ {minimum}") + \
+             ("" if maximum is None else f"{' and' if minimum is not None else ''} ≤ {maximum}")
+    expected = expected or "an int" + bounds
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        _fail(owner, name, expected, value)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        _fail(owner, name, expected, value)
+    return int(value)
+
+
+def positive_int(value, name: str, *, owner=None) -> int:
+    """An int ≥ 1 (a size, a count, a dimension)."""
+    return integer(value, name, minimum=1, owner=owner, expected="a positive int")
+
+
+def nonnegative_int(value, name: str, *, owner=None) -> int:
+    """An int ≥ 0 (a window half-width, an offset)."""
+    return integer(value, name, minimum=0, owner=owner)
+
+
+def real(value, name: str, *, minimum: float = None, maximum: float = None,
+         min_open: bool = False, max_open: bool = False, finite: bool = True,
+         owner=None, expected: str = None) -> float:
+    """A real number (int, float, NumPy scalar; never bool or NaN) in the given range.
+
+    ``min_open`` / ``max_open`` exclude the bound itself; ``finite`` refuses ±inf.
+    """
+    lo = "" if minimum is None else f"{'>' if min_open else '≥'} {minimum}"
+    hi = "" if maximum is None else f"{'<' if max_open else '≤'} {maximum}"
+    expected = expected or "a " + ("finite " if finite else "") + "number" + \
+        (f" {lo}" if lo else "") + (" and" if lo and hi else "") + (f" {hi}" if hi else "")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        _fail(owner, name, expected, value)
+    v = float(value)
+    if math.isnan(v) or (finite and math.isinf(v)):
+        _fail(owner, name, expected, value)
+    if minimum is not None and (v < minimum or (min_open and v == minimum)):
+        _fail(owner, name, expected, value)
+    if maximum is not None and (v > maximum or (max_open and v == maximum)):
+        _fail(owner, name, expected, value)
+    return v
+
+
+def positive_real(value, name: str, *, owner=None) -> float:
+    """A finite number > 0 (a scale, a temperature, a base, a learning rate)."""
+    return real(value, name, minimum=0.0, min_open=True, owner=owner,
+                expected="a positive finite number")
+
+
+def nonnegative_real(value, name: str, *, owner=None) -> float:
+    """A finite number ≥ 0 (an epsilon, a weight decay, a norm bound)."""
+    return real(value, name, minimum=0.0, owner=owner)
+
+
+def probability(value, name: str, *, allow_one: bool = False, owner=None) -> float:
+    """A probability in [0, 1) (a dropout rate), or [0, 1] with ``allow_one``."""
+    return real(value, name, minimum=0.0, maximum=1.0, max_open=not allow_one, owner=owner,
+                expected="in [0, 1]" if allow_one else "in [0, 1)")
+
+
+def choice(value, name: str, options, *, owner=None):
+    """One of ``options`` (compared with ``==``; strings are case-sensitive)."""
+    options = tuple(options)
+    if isinstance(value, bool) and not any(isinstance(o, bool) for o in options):
+        _fail(owner, name, f"one of {options}", value)
+    try:
+        ok = value in options
+    except TypeError:
+        ok = False
+    if not ok:
+        _fail(owner, name, f"one of {options}", value)
+    return value
+
+
+def boolean(value, name: str, *, owner=None) -> bool:
+    """``True`` or ``False`` (a NumPy bool too), not a truthy string or number."""
+    if type(value).__name__ not in ("bool", "bool_"):
+        _fail(owner, name, "True or False", value)
+    return bool(value)
+
+
+def int_tuple(value, name: str, *, minimum: int = None, owner=None) -> tuple:
+    """A tuple/list of ints (each ≥ ``minimum`` when given) → a tuple of Python ints."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+        _fail(owner, name, "a tuple of ints", value)
+    return tuple(integer(v, f"{name}[{i}]", minimum=minimum, owner=owner)
+                 for i, v in enumerate(value))
