@@ -14,12 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import runpy
-import shutil
 import sys
 
+import numpy as np
+
 import minitx
+from minitx import backend
+
+from .attention import REGISTRY
+from .backend.cuda_tools import doctor_lines
+from .tour import PATTERN_VARIANTS, _short, _time_and_memory, fmt_bytes, pattern_section, run_tour
+from .viz import line_plot
 
 __all__ = ["main", "add_common_args", "setup_run", "select_backend", "result_line",
            "EXAMPLES", "examples_dir", "Progress"]
@@ -58,15 +64,17 @@ def add_common_args(parser, default_out: str):
 
 
 def setup_run(args, title: str) -> str:
-    """Select the backend, seed minitx and NumPy, create and print the output folder."""
-    import numpy as np
+    """Select the backend, seed minitx and NumPy, create and print the output folder, and say
+    where the run computes (the CPU, or which GPU)."""
     select_backend(args.backend)
+    backend.tune_host_allocator()
     minitx.manual_seed(args.seed)
     np.random.seed(args.seed)
     os.makedirs(args.out, exist_ok=True)
     out = os.path.abspath(args.out)
     print(f"{title} — backend {minitx.get_backend()}, seed {args.seed}"
           f"{', quick run' if getattr(args, 'quick', False) else ''}")
+    print(f"running on: {backend.describe_device()}")
     print(f"output folder: {out}")
     return out
 
@@ -121,13 +129,11 @@ def examples_dir():
 # ---- subcommands --------------------------------------------------------------------------
 
 def cmd_tour(args) -> int:
-    from .tour import run_tour
     run_tour(n=args.n)
     return 0
 
 
 def cmd_patterns(args) -> int:
-    from .tour import PATTERN_VARIANTS, pattern_section
     names = args.variants.split(",") if args.variants else PATTERN_VARIANTS
     print("\n".join(pattern_section(n=args.n, names=names)))
     return 0
@@ -135,8 +141,6 @@ def cmd_patterns(args) -> int:
 
 def bench_rows(names, sizes, embed=32, heads=2, batch=1, on_row=None):
     """[{variant, n, time_s, peak_bytes, error}] — forward time and traced peak memory."""
-    from .attention import REGISTRY
-    from .tour import _short, _time_and_memory
     rows = []
     for name in names:
         cls = REGISTRY.get(name)
@@ -157,7 +161,6 @@ def bench_rows(names, sizes, embed=32, heads=2, batch=1, on_row=None):
 
 
 def bench_table(rows, sizes) -> list:
-    from .tour import fmt_bytes
     names = list(dict.fromkeys(r["variant"] for r in rows))
     cell = {(r["variant"], r["n"]): r for r in rows}
     lines = []
@@ -179,7 +182,6 @@ def bench_table(rows, sizes) -> list:
 
 
 def cmd_bench(args) -> int:
-    from .viz import line_plot
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     sizes = []
     n = args.min_n
@@ -232,44 +234,13 @@ def cmd_train(args, extra) -> int:
     return 0
 
 
-def _fallback_doctor_lines() -> list:
-    import numpy
-    from .backend import cupy_or_none, gpu_available
-    lines = [f"minitx {minitx.__version__}", f"python {platform.python_version()} "
-             f"({platform.platform()})", f"active backend: {minitx.get_backend()} "
-             f"(MINITX_BACKEND={os.environ.get('MINITX_BACKEND', '') or 'unset'})",
-             f"numpy {numpy.__version__}"]
-    cp = cupy_or_none()
-    lines.append(f"cupy {cp.__version__}" if cp is not None else "cupy: not installed")
-    lines.append(f"GPU available: {'yes' if gpu_available() else 'no'}")
-    nvcc = shutil.which("nvcc")
-    lines.append(f"nvcc: {nvcc}" if nvcc else "nvcc: not found")
-    for mod in ("matplotlib", "tqdm"):
-        try:
-            m = __import__(mod)
-            lines.append(f"{mod} {getattr(m, '__version__', '?')} (pictures/progress bars on)")
-        except Exception:
-            lines.append(f"{mod}: not installed (text fallback)")
-    return lines
-
-
 def cmd_doctor(args) -> int:
-    try:
-        from .backend.cuda_tools import doctor_lines  # noqa: PLC0415
-    except Exception:
-        lines = _fallback_doctor_lines()
-    else:
-        try:
-            compile_ = not getattr(args, "quick", False)
-            if compile_:
-                print("compiling every kernel instantiation for sm_80 and sm_90 with nvcc "
-                      "(about a minute; --quick skips this) ...", flush=True)
-            lines = list(doctor_lines(compile=compile_))
-        except Exception as exc:  # noqa: BLE001
-            lines = [f"cuda_tools.doctor_lines failed: {type(exc).__name__}: {exc}"]
-            lines += _fallback_doctor_lines()
+    compile_ = not getattr(args, "quick", False)
+    if compile_:
+        print("compiling every kernel instantiation for sm_80 and sm_90 with nvcc "
+              "(about a minute; --quick skips this) ...", flush=True)
     print(f"minitx {minitx.__version__}, active backend {minitx.get_backend()}")
-    print("\n".join(str(line) for line in lines))
+    print("\n".join(str(line) for line in doctor_lines(compile=compile_)))
     return 0
 
 
@@ -314,6 +285,7 @@ def main(argv=None) -> int:
     command = args.command or "tour"
     if command == "tour" and not hasattr(args, "n"):
         args.n = 1024
+    backend.tune_host_allocator()             # a caching host allocator for the run
     if command != "doctor":
         select_backend(args.backend)
     elif args.backend:

@@ -22,21 +22,17 @@ import numpy as np
 
 import minitx
 import minitx.functional as F
+from minitx.attention import REGISTRY, causal_pattern, dense_attention_array
 from minitx.backend import to_host
+from minitx.metrics import APPROX_BUDGETS, approx_distances
+from minitx.viz import render_mask
 
 __all__ = ["worked_example", "jacobian_section", "variant_rows", "variant_table",
            "scale_section", "pattern_section", "PATTERN_VARIANTS", "run_tour", "fmt_matrix",
-           "complexity_of", "fmt_bytes"]
+           "fmt_bytes"]
 
 PATTERN_VARIANTS = ("local", "dilated", "longformer", "bigbird", "strided", "fixed")
 _PATTERN_OPTIONS = {"bigbird": {"block": 2}}      # the default block (4) fills n = 16
-
-_KIND_COMPLEXITY = {
-    "exact": "O(N²) time, O(N²) memory",
-    "masked": "O(N·w) (w = keys per query)",
-    "approximate": "O(N·r) (r = features/rank/buckets)",
-    "score": "O(N²) (dense score function)",
-}
 
 
 def fmt_matrix(m, decimals: int = 4, indent: str = "    ") -> list:
@@ -111,45 +107,6 @@ def jacobian_section() -> list:
 
 # ---- 3. every registered variant ----------------------------------------------------------
 
-_KNOWN_COMPLEXITY = {
-    "mha": "O(N²·D)", "mqa": "O(N²·D)", "gqa": "O(N²·D)", "dot": "O(N²·D)",
-    "alibi": "O(N²·D)", "rope": "O(N²·D)", "relative": "O(N²·D)", "additive": "O(N²·A)",
-    "synthesizer": "O(N²·D)", "aft": "O(N²·D)", "fnet": "O(N log N·D)",
-    "reformer": "O(N log N·D)", "routing": "O(N√N·D)", "flash": "O(N²·D), memory O(N·D)",
-}
-
-
-def _big_o(text):
-    """The first O(...) expression in ``text`` (parentheses balanced), or None."""
-    start = text.find("O(")
-    while start != -1:
-        depth, i = 0, start + 1
-        while i < len(text):
-            depth += {"(": 1, ")": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start:i + 1]
-            i += 1
-        start = text.find("O(", start + 2)
-    return None
-
-
-def complexity_of(layer_or_cls) -> str:
-    """The variant's own ``complexity`` attribute; else a table of well-known time costs by
-    name; else the first O(...) its docstring states; else a default derived from its kind."""
-    c = getattr(layer_or_cls, "complexity", None)
-    if isinstance(c, str) and c:
-        return c
-    name = getattr(layer_or_cls, "name", None)
-    if name in _KNOWN_COMPLEXITY:
-        return _KNOWN_COMPLEXITY[name]
-    doc = getattr(layer_or_cls, "__doc__", None) or ""
-    found = _big_o(" ".join(doc.split()))
-    if found:
-        return found
-    kind = getattr(layer_or_cls, "kind", "exact")
-    return _KIND_COMPLEXITY.get(kind, "?")
-
-
 def _init_options(cls, n):
     """Options a variant needs to accept sequences of length ``n`` (e.g. ``max_len``)."""
     try:
@@ -180,7 +137,6 @@ def _gradcheck_variant(cls, name, embed=8, heads=2, n=6):
 
 def _reference_error(cls, embed=16, heads=2, n=32):
     """Relative error ‖out − ref‖/‖ref‖ of ``attend`` against the variant's reference."""
-    from .attention import causal_pattern, dense_attention_array
     layer = cls(embed, heads, **_init_options(cls, n))
     layer.to(dtype="float64")
     layer.eval()
@@ -195,7 +151,6 @@ def _reference_error(cls, embed=16, heads=2, n=32):
     elif kind == "approximate":
         # The regime of benchmarks/approx_quality.py (minitx.metrics): a mid-sized budget,
         # q, k ~ N(0, 0.5²), N = 128; output distance ‖O − O*‖/‖O*‖ from exact attention.
-        from .metrics import APPROX_BUDGETS, approx_distances
         if cls.name in APPROX_BUDGETS:
             option, budgets, fixed = APPROX_BUDGETS[cls.name]
             budget = budgets[-2]
@@ -245,7 +200,6 @@ def _short(exc) -> str:
 def variant_rows(names=None, n: int = 1024, embed: int = 32, heads: int = 2):
     """One dict per registered variant: name, kind, gradcheck, error, time_s, peak_bytes,
     complexity. A failing step puts "error: …" in its cell instead of raising."""
-    from .attention import REGISTRY
     rows = []
     for name in (names or sorted(REGISTRY)):
         row = {"name": name, "kind": "?", "gradcheck": "-", "error": "-", "time_s": None,
@@ -256,7 +210,7 @@ def variant_rows(names=None, n: int = 1024, embed: int = 32, heads: int = 2):
             rows.append(row)
             continue
         row["kind"] = getattr(cls, "kind", "?")
-        row["complexity"] = complexity_of(cls)
+        row["complexity"] = cls.complexity
         try:
             row["gradcheck"] = _gradcheck_variant(cls, name)
         except Exception as exc:  # noqa: BLE001 - the tour reports, never crashes
@@ -274,10 +228,7 @@ def variant_rows(names=None, n: int = 1024, embed: int = 32, heads: int = 2):
 
 
 def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) -> list:
-    try:
-        rows = variant_rows(names, n, embed, heads)
-    except Exception as exc:  # noqa: BLE001 - e.g. the attention package failed to import
-        return ["3. Every registered attention variant", "   " + _short(exc)]
+    rows = variant_rows(names, n, embed, heads)
     head = (f"   {'variant':<12} {'kind':<12} {'gradcheck':<10} {'error vs reference':<30} "
             f"{'time':>9} {'peak mem':>10}  complexity")
     lines = [f"3. Every registered attention variant (forward at N = {n:,}, B = 1, E = {embed}, "
@@ -338,13 +289,8 @@ def scale_section(dims=(4, 16, 64, 256), samples: int = 20000, n_keys: int = 16)
 # ---- 5. sparsity patterns -----------------------------------------------------------------
 
 def pattern_section(n: int = 16, names=PATTERN_VARIANTS) -> list:
-    from .viz import render_mask
     lines = [f"5. Sparse attention patterns at n = {n} (■ = query row may attend to key "
              "column, · = masked)"]
-    try:
-        from .attention import REGISTRY
-    except Exception as exc:  # noqa: BLE001
-        return lines + ["   " + _short(exc)]
     for name in names:
         cls = REGISTRY.get(name)
         if cls is None:

@@ -78,13 +78,7 @@ class FNetMixing(AttentionBase):
 
     kind = "score"
     supports_causal = False
-
-    def __init__(self, embed_dim, num_heads, causal=False, **base):
-        super().__init__(embed_dim, num_heads, causal=causal, **base)
-        # Nothing here uses the q/k/v/out projections AttentionBase builds: drop them, so
-        # parameters() (and the state dict) hold no 4·E² weights that never get a gradient.
-        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            delattr(self, name)
+    projections = ()               # no projections at all, as in the paper
 
     def forward(self, x):
         """x (B, N, E) → Re(FFT_seq(FFT_hidden(x))) (B, N, E)."""

@@ -159,6 +159,7 @@ class ReformerAttention(AttentionBase):
     complexity = "time O(r·N·c·D), memory O(r·N·c)"
 
     kind = "approximate"
+    projections = ("q", "v", "out")        # shared-QK: the keys are the normalised queries
 
     def __init__(self, embed_dim, num_heads, causal=False, n_buckets: int = 4,
                  n_hashes: int = 2, chunk_size: int = 32, **base):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from .. import functional as F
+from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, rng, xp as active_xp
 from ..nn.module import Parameter
@@ -68,9 +69,11 @@ class SynthesizerAttention(AttentionBase):
 
     def __init__(self, embed_dim, num_heads, causal=False, synthesis: str = "dense",
                  max_len: int = 128, trainable: bool = True, rank: int = 8, **base):
+        validate.choice(synthesis, "synthesis", SYNTHESES, owner="synthesizer")
+        # dense reads the queries, mixture also the keys, random/factorized only the values
+        self.projections = {"dense": ("q", "v", "out"), "mixture": ("q", "k", "v", "out")}.get(
+            synthesis, ("v", "out"))
         super().__init__(embed_dim, num_heads, causal=causal, **base)
-        if synthesis not in SYNTHESES:
-            raise ValueError(f"synthesis must be one of {SYNTHESES}, got {synthesis!r}")
         for name, value in (("max_len", max_len), ("rank", rank)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")

@@ -211,8 +211,7 @@ class Tensor:
         ``grad`` defaults to 1 for a one-element tensor. Unless ``retain_graph`` is True the
         arrays saved for backward are freed, and a second backward raises.
         """
-        from .engine import backward
-        backward(self, grad, retain_graph=retain_graph)
+        _engine.backward(self, grad, retain_graph=retain_graph)
 
     def zero_grad(self) -> None:
         self.grad = None
@@ -387,4 +386,8 @@ def tensor(data, requires_grad: bool = False, dtype=None) -> Tensor:
     return Tensor(data, requires_grad=requires_grad, dtype=dtype)
 
 
-from .. import ops as _F  # noqa: E402  (ops import Tensor from this module)
+# Bound last, because both import Tensor from this module: the engine (backward) and the ops
+# (Tensor's operators and methods are thin calls into minitx.ops — autograd and ops are one
+# layer, the core).
+from . import engine as _engine  # noqa: E402
+from .. import ops as _F  # noqa: E402

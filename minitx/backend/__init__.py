@@ -22,8 +22,8 @@ import numpy
 
 __all__ = [
     "get_backend", "set_backend", "get_array_module", "xp", "cupy_or_none", "gpu_available",
-    "to_device", "device_of", "to_host", "to_device_of", "host_xp", "manual_seed", "rng", "as_dtype", "default_float",
-    "is_float_dtype", "scatter_add", "tune_host_allocator",
+    "to_device", "device_of", "to_host", "to_device_of", "host_xp", "manual_seed", "rng",
+    "as_dtype", "default_float", "scatter_add", "tune_host_allocator", "describe_device",
 ]
 
 _BACKENDS = ("numpy", "cupy")
@@ -168,10 +168,6 @@ def as_dtype(dtype):
         raise TypeError(f"dtype must be a NumPy dtype or its name, got {dtype!r}") from exc
 
 
-def is_float_dtype(dtype) -> bool:
-    return numpy.dtype(dtype).kind == "f"
-
-
 # --- random numbers -------------------------------------------------------------------------
 
 _rng = {"gen": numpy.random.default_rng(0)}
@@ -200,8 +196,9 @@ def tune_host_allocator() -> bool:
     measured here as about 40% of a fused attention forward+backward. Raising the mmap
     threshold to its maximum (32 MiB) and the trim threshold to 1 GiB makes ``free`` keep
     the memory in the heap for the next step (a caching allocator, as PyTorch has).
-    The cost: the process keeps its peak heap. Called on import unless
-    ``MINITX_MALLOC_TUNING=0``; returns True when the settings were applied.
+    The cost: the process keeps its peak heap. Not a side effect of importing minitx: the CLI,
+    the examples and the benchmarks call it (``MINITX_MALLOC_TUNING=0`` turns it off); returns
+    True when the settings were applied.
     """
     if os.environ.get("MINITX_MALLOC_TUNING", "1") == "0":
         return False
@@ -225,7 +222,17 @@ def _init_from_env() -> None:
 
 
 _init_from_env()
-_ALLOCATOR_TUNED = tune_host_allocator()
+
+
+def describe_device() -> str:
+    """Where new arrays compute: "CPU (NumPy x.y)" or "GPU <id>: <name> (CuPy x.y)"."""
+    if _state["name"] == "numpy":
+        return f"CPU (NumPy {numpy.__version__})"
+    cp = _state["xp"]
+    dev = cp.cuda.Device()
+    name = cp.cuda.runtime.getDeviceProperties(dev.id).get("name", b"?")
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return f"GPU {dev.id}: {name} (CuPy {cp.__version__})"
 
 
 def scatter_add(target, index, values) -> None:

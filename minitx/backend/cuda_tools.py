@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-from . import flash_cuda
+from . import _cupy, cupy_or_none, flash_cuda, gpu_available
 
 __all__ = ["find_nvcc", "nvcc_version", "nvrtc_available", "instantiation_source",
            "compile_arch", "parse_ptxas", "demangle", "compile_report", "report_from_outputs",
@@ -55,7 +55,6 @@ def nvcc_version(nvcc=None):
 def nvrtc_available() -> bool:
     """True when CuPy imports and its NVRTC binding works (never raises; no GPU needed)."""
     try:
-        from . import cupy_or_none
         cp = cupy_or_none()
         if cp is None:
             return False
@@ -244,7 +243,6 @@ def _safe(fn, default):
 
 
 def _gpu_line() -> str:
-    from . import cupy_or_none, gpu_available
     cp = cupy_or_none()
     if cp is None or not gpu_available():
         return "GPU: none usable (CuPy missing or no CUDA device)"
@@ -271,7 +269,6 @@ def doctor_lines(compile: bool = False, archs=("sm_80", "sm_90"), jobs: int = 2)
 
     import numpy
 
-    from . import _cupy, cupy_or_none
 
     lines = [f"python {platform.python_version()}, numpy {numpy.__version__}"]
     cp = _safe(cupy_or_none, "")

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy
 
+from . import cupy_or_none  # the backend module owns the CuPy import
+
 __all__ = [
     "flash_attention_forward", "flash_attention_backward", "is_available", "supports",
     "decline_reason", "unavailable_reason", "kernel_source",
@@ -318,7 +320,6 @@ def _backward(xp, launch, q, k, v, o, lse, do, *, causal=False, scale=None, key_
 
 # ------------------------------------------------------------------------ CuPy side
 def _cupy():
-    from . import cupy_or_none  # the backend module owns the CuPy import
     return cupy_or_none()
 
 

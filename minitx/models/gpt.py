@@ -32,11 +32,6 @@ __all__ = ["GPTConfig", "GPT", "GPTBlock", "sample_next"]
 _POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
 
 
-def _attn():
-    from .. import attention  # noqa: PLC0415 - minitx.attention imports minitx.nn
-    return attention
-
-
 def sample_next(logits, temperature: float = 1.0, top_k: int = None):
     """Pick the next token per row of ``logits`` (B, V) (raw array): argmax when
     ``temperature == 0``, else sample softmax(logits / temperature) restricted to the ``top_k``

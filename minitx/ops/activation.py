@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from ..autograd.function import Function
 from ..backend import get_array_module
+from . import elementwise as E
 from ._util import normalize_axis
+from .shape import swapaxes
 
 __all__ = ["softmax", "log_softmax", "softmax_jacobian", "softmax_array",
            "softmax_backward_array"]
@@ -118,8 +120,6 @@ def softmax_jacobian(x, axis: int = -1):
     differentiable ops (so it has a gradient too). Each row sums to zero, because Σᵢ sᵢ = 1
     for every x. O(n²) memory: for teaching and tests, not for attention.
     """
-    from . import elementwise as E
-    from .shape import swapaxes
     xp = get_array_module(x)
     axis = normalize_axis(axis, len(x.shape))
     if axis != len(x.shape) - 1:

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from ..autograd.function import Function
-from ..backend import get_array_module, rng, to_device, device_of
+from ..backend import device_of, get_array_module, rng, to_device
+from .elementwise import mul
 
 __all__ = ["dropout", "dropout_mask"]
 
@@ -41,6 +42,5 @@ def dropout(x, p: float = 0.5, training: bool = True):
     if not training or p == 0.0:
         return x
     if p == 1.0:
-        from .elementwise import mul
         return mul(x, 0.0)
     return Dropout.apply(x, p)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ..autograd.function import Function
-from ..backend import get_array_module
+from ..backend import as_dtype, device_of, get_array_module, to_device
 from ._util import unbroadcast
 
 __all__ = ["add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "abs", "tanh",
@@ -411,13 +411,11 @@ class AsType(Function):
 class ToDevice(Function):
     @staticmethod
     def forward(ctx, x, device):
-        from ..backend import device_of, to_device
         ctx.source = device_of(x)
         return to_device(x, device)
 
     @staticmethod
     def backward(ctx, grad):
-        from ..backend import to_device
         return to_device(grad, ctx.source), None
 
 
@@ -548,7 +546,6 @@ def clone(x):
 
 def astype(x, dtype):
     """x cast to ``dtype``; the gradient is cast back to x's dtype."""
-    from ..backend import as_dtype
     return AsType.apply(x, as_dtype(dtype))
 
 

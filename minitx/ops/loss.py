@@ -4,6 +4,8 @@ from __future__ import annotations
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module
+from . import elementwise as E
+from . import reduce as R
 from .activation import softmax_array
 
 __all__ = ["cross_entropy", "mse_loss"]
@@ -86,8 +88,6 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
 
 def mse_loss(input, target, reduction: str = "mean"):  # noqa: A002 - PyTorch's name
     """Mean squared error: mean((input − target)²) (or its sum, or elementwise)."""
-    from . import elementwise as E
-    from . import reduce as R
     if tuple(input.shape) != tuple(target.shape):
         raise ValueError(f"mse_loss: input shape {tuple(input.shape)} and target shape "
                          f"{tuple(target.shape)} differ")

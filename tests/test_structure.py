@@ -1,0 +1,164 @@
+"""The package's structure, as tests: layers import only downward, imports sit at the top of
+their files, and every registered attention variant's every parameter learns.
+
+The layers (README, "Architecture"), bottom up — a module may import from its own layer or
+any layer below, never above:
+
+    0  validate                          option checks (imports nothing from minitx)
+    1  backend                           the array module, devices, the CUDA launcher
+    2  autograd, ops, functional         the core: Tensor, Function, engine, the ops
+    3  nn, optim                         Module, layers, init, positional encodings; optimizers
+    4  attention                         the registry and every variant
+    5  models                            MultiheadAttention, transformer blocks, models
+    6  pretrained, interop, metrics,     built from models: checkpoints, PyTorch hand-off,
+       data, viz                         measures, data sets, pictures
+    7  tour, cli, __main__               the programs
+
+Two deliberate exceptions, both documented where they are: ``autograd/tensor.py`` binds the
+engine and ``minitx.ops`` at its end (the core is one layer: Tensor's operators are calls into
+ops, and both import Tensor), and ``minitx.nn.__getattr__`` offers the names of
+``minitx.models`` on request, as PyTorch's ``torch.nn`` does (nothing is imported upward until a
+user asks for such a name).
+"""
+import ast
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minitx
+from minitx.attention import REGISTRY
+
+ROOT = pathlib.Path(minitx.__file__).parent
+LAYERS = [("validate",), ("backend",), ("autograd", "ops", "functional", "__init__"),
+          ("nn", "optim"),
+          ("attention",), ("models",), ("pretrained", "interop", "metrics", "data", "viz"),
+          ("tour", "cli", "__main__")]
+LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def _top(module_path: pathlib.Path) -> str:
+    """The first component under minitx/ ("ops", "nn", "tour", "__init__" for the root)."""
+    rel = module_path.relative_to(ROOT).with_suffix("")
+    return rel.parts[0]
+
+
+def _minitx_imports(path: pathlib.Path):
+    """(line, target top-level name, inside a def/class?) for each import of a minitx module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = path.relative_to(ROOT.parent).with_suffix("").parts[:-1]   # ("minitx", "ops")
+    nested = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            nested.update(id(n) for n in ast.walk(node) if n is not node)
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level:                                   # relative: resolve against package
+                base = list(package[:len(package) - node.level + 1])
+                full = base + (node.module.split(".") if node.module else [])
+                if len(full) == 1:                           # "from .. import nn, validate"
+                    targets = [["minitx", a.name] for a in node.names]
+                else:
+                    targets = [full]
+            elif node.module and node.module.split(".")[0] == "minitx":
+                targets = [node.module.split(".")]
+        elif isinstance(node, ast.Import):
+            targets = [a.name.split(".") for a in node.names if a.name.split(".")[0] == "minitx"]
+        for t in targets:
+            if len(t) > 1:
+                yield node.lineno, t[1], id(node) in nested
+
+
+FILES = sorted(ROOT.rglob("*.py"))
+
+
+def test_every_module_is_placed_in_a_layer():
+    assert {_top(p) for p in FILES} <= set(LAYER), {_top(p) for p in FILES} - set(LAYER)
+
+
+def test_imports_point_down_the_layers():
+    upward = []
+    for path in FILES:
+        own = LAYER[_top(path)]
+        for line, target, _ in _minitx_imports(path):
+            if LAYER.get(target, -1) > own:
+                upward.append(f"{path.relative_to(ROOT.parent)}:{line} imports minitx.{target} "
+                              f"(layer {LAYER[target]} above {own})")
+    assert not upward, "\n".join(upward)
+
+
+# the one allowed upward shim: minitx.nn offers minitx.models' names on request
+SHIMS = {("nn/__init__.py", "models")}
+
+
+def test_imports_are_at_the_top_of_their_files():
+    late = []
+    for path in FILES:
+        rel = path.relative_to(ROOT).as_posix()
+        for line, target, inside in _minitx_imports(path):
+            if inside and (rel, target) not in SHIMS:
+                late.append(f"{rel}:{line} imports minitx.{target} inside a function or class")
+    assert not late, "\n".join(late)
+
+
+def _fresh_import(module: str) -> set:
+    code = (f"import sys, {module}; "
+            "print('\\n'.join(m for m in sys.modules if m == 'minitx' or m.startswith('minitx.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=str(ROOT.parent))
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("module,forbidden", [
+    ("minitx", ("nn", "attention", "models", "pretrained", "data", "viz", "tour", "cli")),
+    ("minitx.functional", ("nn", "attention", "models", "tour")),
+    ("minitx.nn", ("attention", "models", "pretrained", "tour", "cli")),
+    ("minitx.attention", ("models", "pretrained", "tour", "cli")),
+    ("minitx.models", ("pretrained", "tour", "cli")),
+])
+def test_importing_a_layer_pulls_in_nothing_above_it(module, forbidden):
+    loaded = _fresh_import(module)
+    above = sorted(m for m in loaded if m.split(".")[1:2] and m.split(".")[1] in forbidden)
+    assert not above, f"import {module} loaded {above}"
+
+
+def test_nn_still_offers_the_models_by_their_pytorch_names():
+    import minitx.nn as nn
+    from minitx import models
+    assert nn.MultiheadAttention is models.MultiheadAttention
+    assert nn.TransformerEncoderLayer is models.TransformerEncoderLayer
+    assert nn.GPT is models.GPT and nn.GPTConfig is models.GPTConfig
+    with pytest.raises(AttributeError, match="no attribute 'NotAModule'"):
+        nn.NotAModule  # noqa: B018
+
+
+# ---- every parameter of every registered variant learns ----------------------------------
+
+def _variants():
+    for name in sorted(REGISTRY):
+        yield name, {}
+    for synthesis in ("random", "factorized", "mixture"):
+        yield "synthesizer", {"synthesis": synthesis}
+
+
+@pytest.mark.parametrize("name,options", list(_variants()),
+                         ids=[f"{n}-{o.get('synthesis', '')}".rstrip("-") for n, o in _variants()])
+def test_every_parameter_of_every_variant_gets_a_gradient(name, options):
+    minitx.manual_seed(0)
+    layer = REGISTRY[name](16, 2, **options).to(dtype="float64")
+    x = minitx.tensor(np.random.default_rng(1).standard_normal((2, 12, 16)), dtype="float64")
+    y = layer(x)
+    params = dict(layer.named_parameters())
+    if not params:                                   # FNet: a fixed transform, nothing to learn
+        assert name == "fnet" and layer.projections == () and not y.requires_grad
+        return
+    (y * minitx.tensor(np.random.default_rng(2).standard_normal(y.shape))).sum().backward()
+    dead = [n for n, p in params.items() if p.grad is None or not np.any(p.grad.numpy())]
+    assert not dead, f"{name}: parameters that never receive a gradient: {dead}"
+    expected = {f"{p}_proj" for p in layer.projections}
+    owned = {n.split(".")[0] for n in params if n.endswith("_proj.weight")} | \
+        {n.split(".")[0] for n in params if "_proj." in n}
+    assert owned == expected, (name, owned, expected)
