@@ -4,7 +4,7 @@ A bad value gets the same kind of message everywhere — who refused it, the arg
 expected, what was given::
 
     >>> validate.positive_int(0, "window", owner="local")
-    OptionError: local: window must be an int ≥ 1, got 0
+    OptionError: local: window must be a positive int, got 0
 
 ``OptionError`` is both a ``ValueError`` and a ``TypeError`` (a wrong type and a wrong value
 of an option are the same mistake to a caller; scikit-learn's parameter validation does the
@@ -40,8 +40,8 @@ def _fail(owner, name, expected, value):
 def integer(value, name: str, *, minimum: int = None, maximum: int = None, owner=None,
             expected: str = None) -> int:
     """An int (NumPy integers too, never bool) in [minimum, maximum]."""
-    bounds = ("" if minimum is None else f" ≥ {minimum}") + \
-             ("" if maximum is None else f"{' and' if minimum is not None else ''} ≤ {maximum}")
+    bounds = ("" if minimum is None else f" >= {minimum}") + \
+             ("" if maximum is None else f"{' and' if minimum is not None else ''} <= {maximum}")
     expected = expected or "an int" + bounds
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         _fail(owner, name, expected, value)
@@ -51,12 +51,12 @@ def integer(value, name: str, *, minimum: int = None, maximum: int = None, owner
 
 
 def positive_int(value, name: str, *, owner=None) -> int:
-    """An int ≥ 1 (a size, a count, a dimension)."""
+    """An int >= 1 (a size, a count, a dimension)."""
     return integer(value, name, minimum=1, owner=owner, expected="a positive int")
 
 
 def nonnegative_int(value, name: str, *, owner=None) -> int:
-    """An int ≥ 0 (a window half-width, an offset)."""
+    """An int >= 0 (a window half-width, an offset)."""
     return integer(value, name, minimum=0, owner=owner)
 
 
@@ -67,8 +67,8 @@ def real(value, name: str, *, minimum: float = None, maximum: float = None,
 
     ``min_open`` / ``max_open`` exclude the bound itself; ``finite`` refuses ±inf.
     """
-    lo = "" if minimum is None else f"{'>' if min_open else '≥'} {minimum}"
-    hi = "" if maximum is None else f"{'<' if max_open else '≤'} {maximum}"
+    lo = "" if minimum is None else f"{'>' if min_open else '>='} {minimum}"
+    hi = "" if maximum is None else f"{'<' if max_open else '<='} {maximum}"
     expected = expected or "a " + ("finite " if finite else "") + "number" + \
         (f" {lo}" if lo else "") + (" and" if lo and hi else "") + (f" {hi}" if hi else "")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -90,7 +90,7 @@ def positive_real(value, name: str, *, owner=None) -> float:
 
 
 def nonnegative_real(value, name: str, *, owner=None) -> float:
-    """A finite number ≥ 0 (an epsilon, a weight decay, a norm bound)."""
+    """A finite number >= 0 (an epsilon, a weight decay, a norm bound)."""
     return real(value, name, minimum=0.0, owner=owner)
 
 
@@ -122,7 +122,7 @@ def boolean(value, name: str, *, owner=None) -> bool:
 
 
 def int_tuple(value, name: str, *, minimum: int = None, owner=None) -> tuple:
-    """A tuple/list of ints (each ≥ ``minimum`` when given) → a tuple of Python ints."""
+    """A tuple/list of ints (each >= ``minimum`` when given) → a tuple of Python ints."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
         _fail(owner, name, "a tuple of ints", value)
     return tuple(integer(v, f"{name}[{i}]", minimum=minimum, owner=owner)

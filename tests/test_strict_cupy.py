@@ -27,7 +27,8 @@ def test_device_array_is_not_a_numpy_array(x):
     assert type(x).__module__ == "cupy" and type(x).__name__ == "ndarray"
 
 
-@pytest.mark.parametrize("convert", [np.asarray, np.array, lambda a: np.testing.assert_allclose(a, 0)],
+@pytest.mark.parametrize("convert", [np.asarray, np.array,
+                                     lambda a: np.testing.assert_allclose(a, 0)],
                          ids=["asarray", "array", "assert_allclose"])
 def test_implicit_conversion_to_numpy_is_refused(x, convert):
     with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed"):
@@ -95,7 +96,7 @@ def test_ufunc_at_needs_a_device_target(x):
         cpx.scatter_add(np.zeros(3), np.array([0, 0]), cp.asarray([1.0, 2.0]))
     with pytest.raises(AttributeError, match="_scatter_op"):
         np.add.at(np.zeros(3), cp.asarray([0, 0]), cp.asarray([1.0, 2.0]))
-    with pytest.raises(TypeError, match="NotImplemented"):              # tuple index: NotImplemented
+    with pytest.raises(TypeError, match="NotImplemented"):          # a tuple index: NotImplemented
         np.add.at(np.zeros(3), (np.array([0]),), cp.asarray([1.0]))
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from .. import functional as F
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module
-from .base import AttentionBase, check_heads, register, repeat_kv
+from .base import AttentionBase, check_heads, register, repeat_kv, repeat_kv_array
 
 __all__ = ["FEATURE_MAPS", "linear_attention", "linear_attention_step", "LinearAttention"]
 
@@ -135,8 +135,8 @@ class LinearAttention(AttentionBase):
         xp = get_array_module(q)
         phi = FEATURE_MAPS[self.feature_map]
         fq = phi(Tensor._wrap(q)).data
-        fk = phi(Tensor._wrap(xp.repeat(k, q.shape[1] // k.shape[1], axis=1))).data
-        vv = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        fk = phi(Tensor._wrap(repeat_kv_array(k, q.shape[1]))).data
+        vv = repeat_kv_array(v, q.shape[1])
         a = fq @ xp.swapaxes(fk, -1, -2)                            # (B, H, N, N)
         if self.causal:
             a = a * xp.tri(a.shape[-2], a.shape[-1], dtype=a.dtype)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 
 from .. import functional as F
+from .. import validate
 from ..backend import rng, xp as active_xp
 from ..nn.module import Parameter
 from .base import AttentionBase, check_heads, register, repeat_kv
@@ -75,10 +76,9 @@ class LinformerAttention(AttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, proj_dim: int = 16,
                  max_len: int = 256, share_kv: bool = False, init: str = "gaussian", **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
-        for name, value in (("proj_dim", proj_dim), ("max_len", max_len)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        self.proj_dim, self.max_len, self.share_kv = proj_dim, max_len, bool(share_kv)
+        self.proj_dim = validate.positive_int(proj_dim, "proj_dim", owner="linformer")
+        self.max_len = validate.positive_int(max_len, "max_len", owner="linformer")
+        self.share_kv = validate.boolean(share_kv, "share_kv", owner="linformer")
         self.E = Parameter(linformer_projection(proj_dim, max_len, init))
         self.F = None if share_kv else Parameter(linformer_projection(proj_dim, max_len, init))
 

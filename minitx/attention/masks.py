@@ -29,18 +29,13 @@ mask with ■ (may attend) and · (masked).
 """
 from __future__ import annotations
 
+from .. import validate
 from ..backend import host_xp, to_device_of
 
 __all__ = ["local_rule", "dilated_rule", "longformer_rule", "bigbird_rule", "strided_rule",
            "fixed_rule", "bigbird_random_blocks", "grid_mask", "local_mask", "dilated_mask",
            "longformer_mask", "bigbird_mask", "strided_mask", "fixed_mask", "render_pattern",
            "PATTERNS"]
-
-
-def _positive_int(name, value, minimum=1):
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int ≥ {minimum}, got {value!r}")
-    return value
 
 
 # ---- rules: (i, j) broadcast integer arrays -> bool -------------------------------------
@@ -141,14 +136,14 @@ def grid_mask(n: int, rule, **options):
 
 def local_mask(n: int, window: int, causal: bool = False):
     """(n, n) sliding-window mask (see ``local_rule``)."""
-    _positive_int("window", window, 0)
+    validate.nonnegative_int(window, "window")
     return grid_mask(n, local_rule, window=window, causal=causal)
 
 
 def dilated_mask(n: int, window: int, dilation: int = 1, causal: bool = False):
     """(n, n) dilated-window mask (see ``dilated_rule``)."""
-    _positive_int("window", window, 0)
-    _positive_int("dilation", dilation)
+    validate.nonnegative_int(window, "window")
+    validate.positive_int(dilation, "dilation")
     return grid_mask(n, dilated_rule, window=window, dilation=dilation, causal=causal)
 
 
@@ -171,7 +166,7 @@ def longformer_mask(n: int, window: int, global_tokens=(0,), dilation: int = 1,
 def bigbird_mask(n: int, block: int = 4, num_random: int = 1, num_global: int = 1,
                  seed: int = 0, causal: bool = False):
     """(n, n) BigBird mask (see ``bigbird_rule``); random blocks seeded by ``seed``."""
-    _positive_int("block", block)
+    validate.positive_int(block, "block")
     nb = -(-n // block)
     table = bigbird_random_blocks(nb, num_random, num_global, seed, causal)
     return grid_mask(n, bigbird_rule, block=block, random_table=table, num_global=num_global,
@@ -180,14 +175,14 @@ def bigbird_mask(n: int, block: int = 4, num_random: int = 1, num_global: int = 
 
 def strided_mask(n: int, stride: int, causal: bool = True):
     """(n, n) strided Sparse Transformer mask (see ``strided_rule``)."""
-    _positive_int("stride", stride)
+    validate.positive_int(stride, "stride")
     return grid_mask(n, strided_rule, stride=stride, causal=causal)
 
 
 def fixed_mask(n: int, stride: int, summary: int = 1, causal: bool = True):
     """(n, n) fixed Sparse Transformer mask (see ``fixed_rule``)."""
-    _positive_int("stride", stride)
-    _positive_int("summary", summary)
+    validate.positive_int(stride, "stride")
+    validate.positive_int(summary, "summary")
     if summary > stride:
         raise ValueError(f"summary ({summary}) must be ≤ stride ({stride})")
     return grid_mask(n, fixed_rule, stride=stride, summary=summary, causal=causal)

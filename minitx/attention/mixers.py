@@ -26,11 +26,12 @@ from __future__ import annotations
 import math
 
 from .. import functional as F
+from .. import validate
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, xp as active_xp
 from ..nn.module import Parameter
-from .base import AttentionBase, check_heads, register, repeat_kv
+from .base import AttentionBase, check_heads, register, repeat_kv, repeat_kv_array
 
 __all__ = ["fourier_mix", "FNetMixing", "aft", "AFTAttention"]
 
@@ -95,7 +96,7 @@ class FNetMixing(AttentionBase):
     def reference(self, q, k, v):
         """Raw arrays: the same transform with explicit DFT matrices."""
         xp = get_array_module(v)
-        v = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        v = repeat_kv_array(v, q.shape[1])
         n, d = v.shape[-2:]
         fn = xp.exp(-2j * math.pi * xp.outer(xp.arange(n), xp.arange(n)) / n)
         fd = xp.exp(-2j * math.pi * xp.outer(xp.arange(d), xp.arange(d)) / d)
@@ -186,11 +187,8 @@ class AFTAttention(AttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, variant: str = "full",
                  max_len: int = 128, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
-        if variant not in ("full", "simple"):
-            raise ValueError(f"variant must be 'full' or 'simple', got {variant!r}")
-        if not isinstance(max_len, int) or max_len < 1:
-            raise ValueError(f"max_len must be a positive int, got {max_len!r}")
-        self.variant, self.max_len = variant, max_len
+        self.variant = validate.choice(variant, "variant", ("full", "simple"), owner="aft")
+        self.max_len = validate.positive_int(max_len, "max_len", owner="aft")
         if variant == "full":
             self.w = Parameter(active_xp().zeros((max_len, max_len), dtype="float32"))
 
@@ -212,8 +210,8 @@ class AFTAttention(AttentionBase):
     def reference(self, q, k, v):
         """Raw arrays: the (N, N, D) formula of the paper, (B, H, N, D)."""
         xp = get_array_module(q)
-        k = xp.repeat(k, q.shape[1] // k.shape[1], axis=1)
-        v = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        k = repeat_kv_array(k, q.shape[1])
+        v = repeat_kv_array(v, q.shape[1])
         n = q.shape[2]
         w = xp.zeros((n, n)) if self.variant == "simple" else self.w.data[:n, :n].astype(q.dtype)
         logits = k[:, :, None, :, :] + w[None, None, :, :, None]        # (B, H, t, t', D)

@@ -48,6 +48,7 @@ from __future__ import annotations
 import math
 
 from .. import functional as F
+from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, rng, xp as active_xp
 from .base import AttentionBase, check_heads, register, repeat_kv
@@ -163,10 +164,10 @@ class PerformerAttention(AttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, num_features: int = 64,
                  orthogonal: bool = True, redraw_in_training: bool = False, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
-        if not isinstance(num_features, int) or num_features < 1:
-            raise ValueError(f"num_features must be a positive int, got {num_features!r}")
-        self.num_features, self.orthogonal = num_features, bool(orthogonal)
-        self.redraw_in_training = bool(redraw_in_training)
+        self.num_features = validate.positive_int(num_features, "num_features", owner="performer")
+        self.orthogonal = validate.boolean(orthogonal, "orthogonal", owner="performer")
+        self.redraw_in_training = validate.boolean(redraw_in_training, "redraw_in_training",
+                                                   owner="performer")
         self.register_buffer("features", Tensor(orthogonal_gaussian(
             num_features, self.head_dim, self.orthogonal)))
 

@@ -34,7 +34,7 @@ from ..nn.module import Module, Parameter
 from ..ops.dropout import dropout
 from ..ops.indexing import getitem
 from ..ops.linalg import einsum
-from .base import causal_pattern, register, softmax_rows_array
+from .base import causal_pattern, register, repeat_kv_array, softmax_rows_array
 from .exact import ExactSelfAttention
 
 __all__ = ["relative_position_index", "RelativePositionAttention", "rope_angles", "apply_rope",
@@ -118,8 +118,8 @@ class RelativePositionAttention(ExactSelfAttention):
     def reference(self, q, k, v):
         """Raw arrays: Shaw's formula with an explicit clipped-distance table, (B, H, Nq, D)."""
         xp = get_array_module(q)
-        k = xp.repeat(k, q.shape[1] // k.shape[1], axis=1)
-        v = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        k = repeat_kv_array(k, q.shape[1])
+        v = repeat_kv_array(v, q.shape[1])
         nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
         pos = xp.arange(nq)[:, None] + (nk - nq)                 # query i sits at i + Nk − Nq
         r = xp.clip(xp.arange(nk)[None, :] - pos, -self.max_relative_position,
@@ -237,8 +237,8 @@ class RoPEAttention(ExactSelfAttention):
         multiplied by e^{i·m·θ_i} (a rotation by m·θ_i); then Re⟨R q, conj(R k)⟩ is the real
         dot product of the rotated vectors, and a dense softmax. (B, H, Nq, D)."""
         xp = get_array_module(q)
-        k = xp.repeat(k, q.shape[1] // k.shape[1], axis=1)
-        v = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        k = repeat_kv_array(k, q.shape[1])
+        v = repeat_kv_array(v, q.shape[1])
         nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
         theta = self.base ** (-2.0 * xp.arange(d // 2) / d)              # θ_i, (D/2,)
         rot_q = xp.exp(1j * (xp.arange(nq) + (nk - nq))[:, None] * theta)   # (Nq, D/2)
@@ -315,8 +315,8 @@ class ALiBiAttention(ExactSelfAttention):
     def reference(self, q, k, v):
         """Raw arrays: scores q·kᵀ/√D − m_h·|pos_i − j| per head, dense softmax. (B, H, Nq, D)."""
         xp = get_array_module(q)
-        k = xp.repeat(k, q.shape[1] // k.shape[1], axis=1)
-        v = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        k = repeat_kv_array(k, q.shape[1])
+        v = repeat_kv_array(v, q.shape[1])
         nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
         slopes = xp.asarray(alibi_slopes(q.shape[1]), dtype=q.dtype)          # m_h, (H,)
         dist = xp.abs(xp.arange(nq)[:, None] + (nk - nq) - xp.arange(nk)[None, :])

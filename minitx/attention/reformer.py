@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 
 from .. import functional as F
+from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, rng, xp as active_xp
 from .base import AttentionBase, check_heads, register, repeat_kv
@@ -164,12 +165,13 @@ class ReformerAttention(AttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, n_buckets: int = 4,
                  n_hashes: int = 2, chunk_size: int = 32, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
-        if not isinstance(n_buckets, int) or n_buckets < 1 or (n_buckets > 1 and n_buckets % 2):
-            raise ValueError(f"n_buckets must be 1 or a positive even int, got {n_buckets!r}")
-        for name, value in (("n_hashes", n_hashes), ("chunk_size", chunk_size)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        self.n_buckets, self.n_hashes, self.chunk_size = n_buckets, n_hashes, chunk_size
+        n_buckets = validate.positive_int(n_buckets, "n_buckets", owner="reformer")
+        if n_buckets > 1 and n_buckets % 2:
+            raise validate.OptionError(f"reformer: n_buckets must be 1 or a positive even int, "
+                                       f"got {n_buckets!r}")
+        self.n_buckets = n_buckets
+        self.n_hashes = validate.positive_int(n_hashes, "n_hashes", owner="reformer")
+        self.chunk_size = validate.positive_int(chunk_size, "chunk_size", owner="reformer")
         self.register_buffer("rotations", Tensor(self._draw()))
 
     def _draw(self):

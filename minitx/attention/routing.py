@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 from .. import functional as F
+from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, rng, xp as active_xp
 from .base import AttentionBase, check_heads, register, repeat_kv
@@ -122,12 +123,9 @@ class RoutingAttention(AttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, num_clusters: int = 2,
                  window: int = 16, decay: float = 0.999, update_centroids: bool = True, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
-        for name, value in (("num_clusters", num_clusters), ("window", window)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"decay must be in [0, 1), got {decay!r}")
-        self.num_clusters, self.window, self.decay = num_clusters, window, float(decay)
+        self.num_clusters = validate.positive_int(num_clusters, "num_clusters", owner="routing")
+        self.window = validate.positive_int(window, "window", owner="routing")
+        self.decay = validate.probability(decay, "decay", owner="routing")
         self.update_centroids = bool(update_centroids)
         init = rng().standard_normal((num_heads, num_clusters, self.head_dim))
         self.register_buffer("centroids", Tensor(_unit(active_xp().asarray(init))))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 
 from .. import functional as F
+from .. import validate
 from ..backend import get_array_module, host_xp, to_device_of
 from .base import AttentionBase, check_heads, register, repeat_kv
 from .masks import (bigbird_random_blocks, bigbird_rule, dilated_rule, fixed_rule, grid_mask,
@@ -153,11 +154,6 @@ class SparseAttentionBase(AttentionBase):
                                         rule=self._rule(nq), global_rows=global_rows)
 
 
-def _check_int(name, value, minimum):
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int ≥ {minimum}, got {value!r}")
-
-
 @register("local")
 class LocalAttention(SparseAttentionBase):
     """Sliding-window attention: query i sees the keys within w positions of it.
@@ -185,7 +181,7 @@ class LocalAttention(SparseAttentionBase):
 
     def __init__(self, embed_dim, num_heads, causal=False, window: int = 4, **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
-        _check_int("window", window, 0)
+        validate.integer(window, "window", minimum=0, owner=self.name)
         self.window = window
 
     def _rule(self, n):
@@ -225,8 +221,8 @@ class DilatedAttention(SparseAttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, window: int = 2, dilation: int = 2,
                  **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
-        _check_int("window", window, 0)
-        _check_int("dilation", dilation, 1)
+        validate.integer(window, "window", minimum=0, owner=self.name)
+        validate.integer(dilation, "dilation", minimum=1, owner=self.name)
         self.window, self.dilation = window, dilation
 
     def _rule(self, n):
@@ -268,13 +264,13 @@ class LongformerAttention(SparseAttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, window: int = 4,
                  global_tokens=(0,), dilation=1, **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
-        _check_int("window", window, 0)
+        validate.integer(window, "window", minimum=0, owner=self.name)
         per_head = isinstance(dilation, (tuple, list))
         dilations = tuple(dilation) if per_head else (dilation,)
         if per_head and len(dilations) != num_heads:
             raise ValueError(f"dilation per head needs {num_heads} values, got {len(dilations)}")
         for d in dilations:
-            _check_int("dilation", d, 1)
+            validate.integer(d, "dilation", minimum=1, owner=self.name)
         self.window, self.dilation = window, (dilations if per_head else dilation)
         self.global_tokens = tuple(int(t) for t in global_tokens)
 
@@ -342,9 +338,9 @@ class BigBirdAttention(SparseAttentionBase):
                  num_global: int = 1, seed: int = 0, **options):
         options.setdefault("block_size", block)
         super().__init__(embed_dim, num_heads, causal=causal, **options)
-        _check_int("block", block, 1)
-        _check_int("num_random", num_random, 0)
-        _check_int("num_global", num_global, 0)
+        validate.integer(block, "block", minimum=1, owner=self.name)
+        validate.integer(num_random, "num_random", minimum=0, owner=self.name)
+        validate.integer(num_global, "num_global", minimum=0, owner=self.name)
         self.block, self.num_random, self.num_global, self.seed = block, num_random, num_global, seed
         self._tables = {}
 
@@ -400,7 +396,7 @@ class StridedAttention(SparseAttentionBase):
 
     def __init__(self, embed_dim, num_heads, causal=False, stride: int = 4, **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
-        _check_int("stride", stride, 1)
+        validate.integer(stride, "stride", minimum=1, owner=self.name)
         self.stride = stride
 
     def _rule(self, n):
@@ -444,8 +440,8 @@ class FixedAttention(SparseAttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, stride: int = 4, summary: int = 1,
                  **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
-        _check_int("stride", stride, 1)
-        _check_int("summary", summary, 1)
+        validate.integer(stride, "stride", minimum=1, owner=self.name)
+        validate.integer(summary, "summary", minimum=1, owner=self.name)
         if summary > stride:
             raise ValueError(f"summary ({summary}) must be ≤ stride ({stride})")
         self.stride, self.summary = stride, summary
@@ -458,4 +454,6 @@ class FixedAttention(SparseAttentionBase):
         nb = -(-n // l)
         own = _window_index(n, l, 0, 0)                                          # (nb, l)
         cells = (host_xp.arange(nb)[:, None] * l + host_xp.arange(l - c, l)[None, :]).reshape(1, -1)
-        return l, host_xp.concatenate([own, host_xp.broadcast_to(cells, (nb, cells.shape[1]))], axis=1), None
+        table = host_xp.concatenate([own, host_xp.broadcast_to(cells, (nb, cells.shape[1]))],
+                                    axis=1)
+        return l, table, None

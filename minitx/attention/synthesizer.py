@@ -26,7 +26,8 @@ from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, rng, xp as active_xp
 from ..nn.module import Parameter
-from .base import AttentionBase, check_heads, register, repeat_kv, softmax_rows_array
+from .base import (AttentionBase, check_heads, register, repeat_kv, repeat_kv_array,
+                   softmax_rows_array)
 
 __all__ = ["SYNTHESES", "SynthesizerAttention"]
 
@@ -134,8 +135,8 @@ class SynthesizerAttention(AttentionBase):
         """Raw arrays: the synthesised logits per ``synthesis`` written out, then a dense
         softmax (lower-triangular mask when causal). (B, H, N, D)."""
         xp = get_array_module(q)
-        k = xp.repeat(k, q.shape[1] // k.shape[1], axis=1)
-        v = xp.repeat(v, q.shape[1] // v.shape[1], axis=1)
+        k = repeat_kv_array(k, q.shape[1])
+        v = repeat_kv_array(v, q.shape[1])
         n = q.shape[2]
         par = {name: p.data.astype(q.dtype) for name, p in self.named_parameters(recurse=False)}
         if self.synthesis in ("dense", "mixture"):

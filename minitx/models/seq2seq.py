@@ -29,8 +29,9 @@ class Transformer(Module, AttentionMaps):
 
     Batch-first: src (B, S), tgt (B, T) token ids. ``pad_idx`` (optional) derives the key
     padding masks from the tokens. Embeddings start N(0, 1/d_model) (fairseq), so that
-    E·√d_model and the sinusoidal code have the same scale. Keys: ``src_embed.weight``, ``tgt_embed.weight``,
-    ``encoder.layers.{i}.*``, ``encoder.norm.*``, ``decoder.layers.{i}.*``, ``decoder.norm.*``,
+    E·√d_model and the sinusoidal code have the same scale. Keys: ``src_embed.weight``,
+    ``tgt_embed.weight``, ``encoder.layers.{i}.*``, ``encoder.norm.*``, ``decoder.layers.{i}.*``,
+    ``decoder.norm.*``,
     ``generator.*``. Cross-attention maps: ``record_attention(True)`` then
     ``attention_maps()`` (keys ``decoder.layers.{i}.multihead_attn``).
     """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .. import backend
+from .. import backend, validate
 from .. import functional as F
 from ..autograd.tensor import Tensor
 from . import init
@@ -16,12 +16,6 @@ from .module import Module, Parameter
 
 __all__ = ["Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout", "Identity", "ReLU",
            "GELU", "SiLU", "Tanh", "Sigmoid"]
-
-
-def _positive_int(value, name: str, layer: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{layer}: {name} must be a positive int, got {value!r}")
-    return value
 
 
 def _float_dtype(dtype, layer: str):
@@ -54,8 +48,8 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=None):
         super().__init__()
-        self.in_features = _positive_int(in_features, "in_features", "Linear")
-        self.out_features = _positive_int(out_features, "out_features", "Linear")
+        self.in_features = validate.positive_int(in_features, "in_features", owner="Linear")
+        self.out_features = validate.positive_int(out_features, "out_features", owner="Linear")
         dt = _float_dtype(dtype, "Linear")
         self.weight = _empty_parameter((out_features, in_features), dt)
         if bias:
@@ -89,8 +83,9 @@ class Embedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
                  dtype=None):
         super().__init__()
-        self.num_embeddings = _positive_int(num_embeddings, "num_embeddings", "Embedding")
-        self.embedding_dim = _positive_int(embedding_dim, "embedding_dim", "Embedding")
+        who = "Embedding"
+        self.num_embeddings = validate.positive_int(num_embeddings, "num_embeddings", owner=who)
+        self.embedding_dim = validate.positive_int(embedding_dim, "embedding_dim", owner=who)
         if padding_idx is not None:
             n = num_embeddings
             if not isinstance(padding_idx, int) or not -n <= padding_idx < n:

@@ -23,6 +23,7 @@ graph unless combined with checkpointing/reversibility).
 from __future__ import annotations
 
 from .. import functional as F
+from .. import validate
 from ..autograd.function import Function
 from ..autograd.grad_mode import enable_grad, no_grad
 from ..autograd.tensor import Tensor
@@ -121,8 +122,7 @@ def chunked_feed_forward(ff, x, chunks: int, axis: int = 1):
     Equal to ff(x) when ff acts on each position independently; the hidden activation of
     only one chunk exists at a time in forward (Kitaev et al. 2020, §3 "Chunking").
     """
-    if not isinstance(chunks, int) or chunks < 1:
-        raise ValueError(f"chunks must be a positive int, got {chunks!r}")
+    chunks = validate.positive_int(chunks, "chunks", owner="chunked_feed_forward")
     n = x.shape[axis]
     size = -(-n // chunks)
     pieces = []

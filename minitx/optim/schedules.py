@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
+from .. import validate
 from .optimizers import Optimizer
 
 __all__ = ["LRScheduler", "LambdaLR", "WarmupCosine", "InverseSqrtWarmup", "warmup_cosine",
@@ -97,21 +98,16 @@ class LambdaLR(LRScheduler):
         return [base * f(self.last_epoch) for base, f in zip(self.base_lrs, self.lr_lambdas)]
 
 
-def _check_int(value, name: str, sched: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{sched}: {name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
 class WarmupCosine(LRScheduler):
     """Linear warm-up from 0 to the base lr over ``warmup_steps`` steps, then a half cosine
     down to ``min_lr`` at ``total_steps``, then ``min_lr`` (formula in the module docstring)."""
 
     def __init__(self, optimizer: Optimizer, warmup_steps: int, total_steps: int,
                  min_lr: float = 0.0):
-        self.warmup_steps = _check_int(warmup_steps, "warmup_steps", "warmup_cosine", 0)
-        self.total_steps = _check_int(total_steps, "total_steps", "warmup_cosine",
-                                      warmup_steps + 1)
+        who = "warmup_cosine"
+        self.warmup_steps = validate.integer(warmup_steps, "warmup_steps", minimum=0, owner=who)
+        self.total_steps = validate.integer(total_steps, "total_steps",
+                                            minimum=self.warmup_steps + 1, owner=who)
         if not min_lr >= 0:
             raise ValueError(f"warmup_cosine: min_lr must be >= 0, got {min_lr!r}")
         self.min_lr = float(min_lr)
@@ -133,8 +129,9 @@ class InverseSqrtWarmup(LRScheduler):
 
     def __init__(self, optimizer: Optimizer, d_model: int, warmup_steps: int,
                  factor: float = 1.0):
-        self.d_model = _check_int(d_model, "d_model", "inverse_sqrt_warmup", 1)
-        self.warmup_steps = _check_int(warmup_steps, "warmup_steps", "inverse_sqrt_warmup", 1)
+        who = "inverse_sqrt_warmup"
+        self.d_model = validate.integer(d_model, "d_model", minimum=1, owner=who)
+        self.warmup_steps = validate.integer(warmup_steps, "warmup_steps", minimum=1, owner=who)
         if not factor > 0:
             raise ValueError(f"inverse_sqrt_warmup: factor must be > 0, got {factor!r}")
         self.factor = float(factor)
