@@ -97,7 +97,7 @@ def nonnegative_real(value, name: str, *, owner=None) -> float:
 def probability(value, name: str, *, allow_one: bool = False, owner=None) -> float:
     """A probability in [0, 1) (a dropout rate), or [0, 1] with ``allow_one``."""
     return real(value, name, minimum=0.0, maximum=1.0, max_open=not allow_one, owner=owner,
-                expected="in [0, 1]" if allow_one else "in [0, 1)")
+                expected="a probability in [0, 1]" if allow_one else "a probability in [0, 1)")
 
 
 def choice(value, name: str, options, *, owner=None):

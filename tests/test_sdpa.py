@@ -185,7 +185,7 @@ def test_mask_and_option_errors(rng):
         sdpa(q, k, v, np.ones((3, 3), bool))
     with pytest.raises(TypeError, match="attn_mask must be bool"):
         sdpa(q, k, v, np.ones((3, 4), np.int64))
-    with pytest.raises(ValueError, match="dropout_p must be in"):
+    with pytest.raises(ValueError, match=r"dropout_p must be a probability in \[0, 1\)"):
         sdpa(q, k, v, dropout_p=1.0)
     with pytest.raises(ValueError, match="scale must be a positive"):
         sdpa(q, k, v, scale=-1.0)

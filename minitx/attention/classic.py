@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from .. import validate
 from ..autograd.tensor import Tensor
 from ..nn.layers import Linear
 from ..nn.module import Module
@@ -112,8 +113,7 @@ class AdditiveAttention(Module):
         hidden_dim = query_dim if hidden_dim is None else hidden_dim
         for name, val in (("query_dim", query_dim), ("key_dim", key_dim),
                           ("hidden_dim", hidden_dim)):
-            if not isinstance(val, int) or val <= 0:
-                raise ValueError(f"AdditiveAttention: {name} must be a positive int, got {val!r}")
+            validate.positive_int(val, name, owner="AdditiveAttention")
         self.W_q = Linear(query_dim, hidden_dim, bias=False)
         self.W_k = Linear(key_dim, hidden_dim, bias=False)
         self.v = Linear(hidden_dim, 1, bias=False)
@@ -135,14 +135,13 @@ class SelfAttention(Module):
 
     x (B, N, E) → (B, N, E); ``mask`` broadcastable to (B, N, N), True = may attend.
     ``causal=True`` adds the causal mask (position i sees j ≤ i). The last attention map is
-    kept in ``last_attn_weights`` (B, N, N) (a raw array) for visualisation. O(N²·E).
+    kept in ``last_attn_weights`` (B, N, N) (a detached Tensor) for visualisation. O(N²·E).
     """
 
     def __init__(self, embed_dim: int, causal: bool = False, bias: bool = True):
         super().__init__()
-        if not isinstance(embed_dim, int) or embed_dim <= 0:
-            raise ValueError(f"SelfAttention: embed_dim must be a positive int, got {embed_dim!r}")
-        self.embed_dim, self.causal = embed_dim, bool(causal)
+        self.embed_dim = validate.positive_int(embed_dim, "embed_dim", owner=type(self).__name__)
+        self.causal = validate.boolean(causal, "causal", owner=type(self).__name__)
         self.query = Linear(embed_dim, embed_dim, bias=bias)
         self.key = Linear(embed_dim, embed_dim, bias=bias)
         self.value = Linear(embed_dim, embed_dim, bias=bias)
@@ -155,7 +154,7 @@ class SelfAttention(Module):
         q, k, v = self.query(x), self.key(x), self.value(x)          # (B, N, E) each
         y, w = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal,
                                             return_weights=True)     # (B, N, E), (B, N, N)
-        self.last_attn_weights = w.data
+        self.last_attn_weights = w.detach()
         return y
 
 

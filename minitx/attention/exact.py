@@ -262,9 +262,8 @@ class AdditiveSelfAttention(ExactSelfAttention):
 
     def __init__(self, embed_dim, num_heads, causal=False, hidden_dim: int = None, **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
-        a = self.head_dim if hidden_dim is None else hidden_dim
-        if not isinstance(a, int) or a <= 0:
-            raise ValueError(f"additive: hidden_dim must be a positive int, got {hidden_dim!r}")
+        a = self.head_dim if hidden_dim is None else \
+            validate.positive_int(hidden_dim, "hidden_dim", owner="additive")
         self.W_q = Linear(self.head_dim, a, bias=False)
         self.W_k = Linear(self.head_dim, a, bias=False)
         self.w = Linear(a, 1, bias=False)

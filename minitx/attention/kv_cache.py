@@ -17,6 +17,7 @@ Caches hold raw arrays: they are for inference (gradients do not flow through th
 """
 from __future__ import annotations
 
+from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of, xp as active_xp
 
@@ -36,9 +37,8 @@ class KVCache:
     """
 
     def __init__(self, max_len: int = None):
-        if max_len is not None and (not isinstance(max_len, int) or max_len <= 0):
-            raise ValueError(f"KVCache: max_len must be a positive int or None, got {max_len!r}")
-        self.max_len = max_len
+        self.max_len = None if max_len is None else \
+            validate.positive_int(max_len, "max_len", owner="KVCache")
         self.reset()
 
     def reset(self) -> None:
@@ -122,9 +122,9 @@ class PagedKVCache:
                  value_dim: int = None, dtype="float32", xp=None):
         for name, val in (("num_pages", num_pages), ("page_size", page_size),
                           ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            if not isinstance(val, int) or val <= 0:
-                raise ValueError(f"PagedKVCache: {name} must be a positive int, got {val!r}")
-        value_dim = head_dim if value_dim is None else value_dim
+            validate.positive_int(val, name, owner="PagedKVCache")
+        value_dim = head_dim if value_dim is None else \
+            validate.positive_int(value_dim, "value_dim", owner="PagedKVCache")
         xp = xp or active_xp()
         self.num_pages, self.page_size = num_pages, page_size
         self.num_kv_heads, self.head_dim, self.value_dim = num_kv_heads, head_dim, value_dim

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+from .. import validate
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, xp as active_xp
@@ -90,10 +91,8 @@ class RelativePositionAttention(ExactSelfAttention):
     def __init__(self, embed_dim, num_heads, causal=False, max_relative_position: int = 8,
                  **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
-        if not isinstance(max_relative_position, int) or max_relative_position < 0:
-            raise ValueError(f"relative: max_relative_position must be a non-negative int, "
-                             f"got {max_relative_position!r}")
-        self.max_relative_position = max_relative_position
+        self.max_relative_position = validate.nonnegative_int(
+            max_relative_position, "max_relative_position", owner="relative")
         r = 2 * max_relative_position + 1
         self.rel_k = Parameter(active_xp().zeros((r, self.head_dim), dtype="float32"))
         self.rel_v = Parameter(active_xp().zeros((r, self.head_dim), dtype="float32"))
@@ -135,8 +134,9 @@ class RelativePositionAttention(ExactSelfAttention):
 
 def rope_angles(positions, d: int, base: float = 10000.0):
     """(N, D/2) angles m·θ_i for positions m (N,) and θ_i = base^(−2i/D), i = 0 … D/2 − 1."""
-    if not isinstance(d, int) or d <= 0 or d % 2:
-        raise ValueError(f"rope: head dim D must be a positive even int, got {d!r}")
+    if isinstance(d, bool) or not isinstance(d, int) or d <= 0 or d % 2:
+        raise validate.OptionError(f"rope: head dim D must be a positive even int, got {d!r}")
+    base = validate.positive_real(base, "base", owner="rope")
     xp = get_array_module(positions)
     theta = base ** (-xp.arange(0, d, 2, dtype="float64") / d)            # (D/2,)
     return xp.asarray(positions, dtype="float64")[:, None] * theta[None, :]
@@ -258,8 +258,7 @@ def alibi_slopes(num_heads: int):
     2^(−8)). Otherwise: the slopes for the closest power of two 2^⌊log₂H⌋, then every other
     slope of the sequence for 2^(⌊log₂H⌋+1) until H slopes are listed (the paper's rule).
     """
-    if not isinstance(num_heads, int) or num_heads <= 0:
-        raise ValueError(f"alibi_slopes: num_heads must be a positive int, got {num_heads!r}")
+    num_heads = validate.positive_int(num_heads, "num_heads", owner="alibi_slopes")
 
     def power_of_two(n):
         return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]

@@ -127,9 +127,7 @@ class SparseAttentionBase(AttentionBase):
 
     def __init__(self, embed_dim, num_heads, causal=False, block_size: int = 16, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
-        if not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-        self.block_size = block_size
+        self.block_size = validate.positive_int(block_size, "block_size", owner=self.name)
 
     def _rule(self, n):  # pragma: no cover - abstract
         raise NotImplementedError

@@ -75,10 +75,10 @@ class SynthesizerAttention(AttentionBase):
         self.projections = {"dense": ("q", "v", "out"), "mixture": ("q", "k", "v", "out")}.get(
             synthesis, ("v", "out"))
         super().__init__(embed_dim, num_heads, causal=causal, **base)
-        for name, value in (("max_len", max_len), ("rank", rank)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        self.synthesis, self.max_len, self.trainable, self.rank = synthesis, max_len, trainable, rank
+        self.synthesis = synthesis
+        self.max_len = validate.positive_int(max_len, "max_len", owner="synthesizer")
+        self.rank = validate.positive_int(rank, "rank", owner="synthesizer")
+        self.trainable = validate.boolean(trainable, "trainable", owner="synthesizer")
         h, d = num_heads, self.head_dim
         if synthesis in ("dense", "mixture"):
             self.w1 = Parameter(_normal((h, d, d), 1 / math.sqrt(d)))

@@ -20,7 +20,7 @@ GPU the CUDA flash kernel runs them; any other ``attn_mask`` runs the array code
 """
 from __future__ import annotations
 
-from .. import backend
+from .. import backend, validate
 from ..attention import causal_pattern
 from ..autograd.tensor import Tensor
 from ..nn import init
@@ -121,20 +121,19 @@ class MultiheadAttention(Module):
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int = None,
                  vdim: int = None, batch_first: bool = False, num_kv_heads: int = None):
         super().__init__()
-        for name, val in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
-                raise ValueError(f"MultiheadAttention: {name} must be a positive int, got {val!r}")
+        who = "MultiheadAttention"
+        embed_dim = validate.positive_int(embed_dim, "embed_dim", owner=who)
+        num_heads = validate.positive_int(num_heads, "num_heads", owner=who)
         if embed_dim % num_heads:
             raise ValueError(f"MultiheadAttention: embed_dim ({embed_dim}) must be divisible "
                              f"by num_heads ({num_heads})")
         if add_bias_kv or add_zero_attn:
             raise ValueError("MultiheadAttention: add_bias_kv / add_zero_attn are not "
                              "supported by minitx (pass False)")
-        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"MultiheadAttention: dropout must be in [0, 1), got {dropout!r}")
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or \
-                num_kv_heads <= 0 or num_heads % num_kv_heads:
+        dropout = validate.probability(dropout, "dropout", owner=who)
+        num_kv_heads = num_heads if num_kv_heads is None else \
+            validate.positive_int(num_kv_heads, "num_kv_heads", owner=who)
+        if num_heads % num_kv_heads:
             raise ValueError(f"MultiheadAttention: num_heads ({num_heads}) must be divisible "
                              f"by num_kv_heads ({num_kv_heads})")
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .. import backend
+from .. import backend, validate
 from ..attention import REGISTRY, ExactSelfAttention, KVCache, PagedKVCache
 from ..autograd.grad_mode import no_grad
 from ..autograd.tensor import Tensor
@@ -34,26 +34,30 @@ _POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
 
 def sample_next(logits, temperature: float = 1.0, top_k: int = None):
     """Pick the next token per row of ``logits`` (B, V) (raw array): argmax when
-    ``temperature == 0``, else sample softmax(logits / temperature) restricted to the ``top_k``
-    largest (drawn from ``minitx.manual_seed``'s generator). Returns (B, 1) ints."""
+    ``temperature == 0`` (or ``top_k == 1``), else sample softmax(logits / temperature)
+    restricted to the ``top_k`` largest (drawn from ``minitx.manual_seed``'s generator).
+    Returns (B, 1) ints.
+
+    Computed as exp((logits − max) / temperature), so a tiny temperature tends to the argmax
+    instead of overflowing (no NaN for any finite temperature ≥ 0).
+    """
+    temperature = validate.nonnegative_real(temperature, "temperature", owner="sample_next")
+    vocab = logits.shape[-1]
+    if top_k is not None:
+        top_k = validate.integer(top_k, "top_k", minimum=1, maximum=vocab, owner="sample_next")
     xp = backend.get_array_module(logits)
     if temperature == 0 or top_k == 1:
         return logits.argmax(axis=-1)[:, None]
-    if not temperature > 0:
-        raise ValueError(f"temperature must be ≥ 0, got {temperature!r}")
-    z = logits.astype("float64") / temperature
+    z = logits.astype("float64")
+    z = (z - z.max(axis=-1, keepdims=True)) / temperature               # ≤ 0, max at 0
     if top_k is not None:
-        if not isinstance(top_k, int) or top_k <= 0:
-            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
-        kth = xp.sort(z, axis=-1)[:, -min(top_k, z.shape[-1])][:, None]
+        kth = xp.sort(z, axis=-1)[:, -top_k][:, None]
         z = xp.where(z < kth, -xp.inf, z)
-    p = xp.exp(z - z.max(axis=-1, keepdims=True))
+    p = xp.exp(z)                                                       # the max entry is 1
     cdf = xp.cumsum(p / p.sum(axis=-1, keepdims=True), axis=-1)
     r = backend.to_device(backend.rng().random((z.shape[0], 1)), backend.device_of(z))
-    return xp.minimum((cdf < r).sum(axis=-1), z.shape[-1] - 1)[:, None]
+    return xp.minimum((cdf < r).sum(axis=-1), vocab - 1)[:, None]
 
-
-# ---- GPT ---------------------------------------------------------------------------------
 
 @dataclass
 class GPTConfig:
@@ -198,9 +202,17 @@ class GPT(Module, AttentionMaps):
         (``paged=True``: a ``PagedKVCache`` pool). As in nanoGPT the context is cropped to
         the last ``block_size`` tokens; once it would be, steps fall back to a full forward, so
         cached and uncached generation give the same tokens. ``temperature=0`` or
-        ``top_k=1`` is greedy.
+        ``top_k=1`` is greedy. Returns the tokens as an int Tensor on the model's device.
         """
+        who = "GPT.generate"
         tokens = token_ids(idx).copy()
+        if tokens.shape[1] == 0:
+            raise ValueError(f"{who}: idx is empty (shape {tuple(tokens.shape)}): the first new "
+                             "token needs a prompt of at least one token")
+        max_new_tokens = validate.nonnegative_int(max_new_tokens, "max_new_tokens", owner=who)
+        validate.nonnegative_real(temperature, "temperature", owner=who)
+        if top_k is not None:
+            validate.integer(top_k, "top_k", minimum=1, maximum=self.config.vocab_size, owner=who)
         xp = backend.get_array_module(tokens)
         bs = self.config.block_size
         caches = None
@@ -218,7 +230,7 @@ class GPT(Module, AttentionMaps):
                     logits, _ = self(tokens[:, -bs:])
                 nxt = sample_next(logits.data[:, -1, :], temperature, top_k)
                 tokens = xp.concatenate([tokens, nxt.astype(tokens.dtype)], axis=1)
-        return tokens
+        return Tensor(tokens)
 
     def _paged_caches(self, batch, page_size: int = 16):
         c = self.config

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 
-from .. import backend
+from .. import backend, validate
 from ..attention import KVCache
 from ..autograd.grad_mode import no_grad
+from ..autograd.tensor import Tensor
 from ..nn import init
 from ..nn.layers import Embedding, LayerNorm, Linear
 from ..nn.module import Module
@@ -98,9 +99,10 @@ class Transformer(Module, AttentionMaps):
     def greedy_decode(self, src, max_len: int, bos_idx: int, eos_idx: int = None,
                       src_key_padding_mask=None, use_cache: bool = True):
         """Greedy decoding: start from ``bos_idx``, append the argmax token until ``max_len``
-        tokens (or every row produced ``eos_idx``). Returns (B, ≤ max_len) ids incl. BOS.
-        With ``use_cache`` each step feeds one token through per-layer KV caches."""
+        tokens (or every row produced ``eos_idx``). Returns (B, ≤ max_len) ids incl. BOS, an
+        int Tensor. With ``use_cache`` each step feeds one token through per-layer KV caches."""
         src_tokens = token_ids(src, "src")
+        max_len = validate.positive_int(max_len, "max_len", owner="Transformer.greedy_decode")
         xp = backend.get_array_module(src_tokens)
         pad = self._padding(src_tokens, src_key_padding_mask)
         ys = xp.full((src_tokens.shape[0], 1), bos_idx, dtype=src_tokens.dtype)
@@ -119,6 +121,6 @@ class Transformer(Module, AttentionMaps):
                     done |= nxt[:, 0] == eos_idx
                     if bool(done.all()):
                         break
-        return ys
+        return Tensor(ys)
 
     generate = greedy_decode

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 
+from .. import validate
 from ..attention import REGISTRY, ExactSelfAttention
 from ..nn.layers import Dropout, LayerNorm, Linear
 from ..nn.module import Module, ModuleList
@@ -76,9 +77,7 @@ class _Block(Module):
                      batch_first, norm_first, bias, attention, attention_options, causal_default):
         for name, val in (("d_model", d_model), ("nhead", nhead),
                           ("dim_feedforward", dim_feedforward)):
-            if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
-                raise ValueError(f"{type(self).__name__}: {name} must be a positive int, got "
-                                 f"{val!r}")
+            validate.positive_int(val, name, owner=type(self).__name__)
         self.batch_first, self.norm_first = bool(batch_first), bool(norm_first)
         self.attention = attention
         self.self_attn = build_self_attention(attention, d_model, nhead, dropout, bias,

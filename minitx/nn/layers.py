@@ -31,11 +31,13 @@ def _empty_parameter(shape, dtype) -> Parameter:
 
 
 def _as_shape(normalized_shape, layer: str) -> tuple:
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if not shape or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in shape):
-        raise ValueError(f"{layer}: normalized_shape must be a positive int or a non-empty "
-                         f"tuple of positive ints, got {normalized_shape!r}")
-    return shape
+    if isinstance(normalized_shape, (tuple, list)):
+        shape = validate.int_tuple(normalized_shape, "normalized_shape", minimum=1, owner=layer)
+        if not shape:
+            raise validate.OptionError(f"{layer}: normalized_shape must be a positive int or a "
+                                       "non-empty tuple of positive ints, got ()")
+        return shape
+    return (validate.positive_int(normalized_shape, "normalized_shape", owner=layer),)
 
 
 class Linear(Module):
@@ -87,11 +89,9 @@ class Embedding(Module):
         self.num_embeddings = validate.positive_int(num_embeddings, "num_embeddings", owner=who)
         self.embedding_dim = validate.positive_int(embedding_dim, "embedding_dim", owner=who)
         if padding_idx is not None:
-            n = num_embeddings
-            if not isinstance(padding_idx, int) or not -n <= padding_idx < n:
-                raise ValueError(f"Embedding: padding_idx must be an int in "
-                                 f"[{-num_embeddings}, {num_embeddings}), got {padding_idx!r}")
-            padding_idx %= num_embeddings
+            n = self.num_embeddings
+            padding_idx = validate.integer(padding_idx, "padding_idx", minimum=-n, maximum=n - 1,
+                                           owner=who) % n
         self.padding_idx = padding_idx
         self.weight = _empty_parameter((num_embeddings, embedding_dim),
                                        _float_dtype(dtype, "Embedding"))
@@ -195,9 +195,7 @@ class Dropout(Module):
 
     def __init__(self, p: float = 0.5):
         super().__init__()
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise ValueError(f"Dropout: p must be a probability in [0, 1], got {p!r}")
-        self.p = float(p)
+        self.p = validate.probability(p, "p", allow_one=True, owner="Dropout")
 
     def forward(self, x: Tensor) -> Tensor:
         return F.dropout(x, self.p, training=self.training)
