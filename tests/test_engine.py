@@ -151,10 +151,29 @@ def test_engine_shape_check_names_the_function(rng):
         WrongShape.apply(x).sum().backward()
 
 
-def test_engine_dtype_check_names_the_function(rng):
+class IntGrad(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (grad * 2).astype("int64")
+
+
+def test_engine_casts_a_float_gradient_to_its_inputs_dtype(rng):
+    """The dtype rule: a float32 gradient for a float64 input arrives as float64, exactly the
+    float32 values (here 2.0), cast in the engine."""
     x = leaf(rng.standard_normal((3, 2)))
-    with pytest.raises(RuntimeError, match=r"WrongDtype\.backward.*dtype float32.*float64"):
-        WrongDtype.apply(x).sum().backward()
+    WrongDtype.apply(x).sum().backward()
+    assert x.grad.dtype == np.float64
+    np.testing.assert_array_equal(arr(x.grad), np.full((3, 2), 2.0))
+
+
+def test_engine_still_refuses_a_non_float_gradient_and_names_the_function(rng):
+    x = leaf(rng.standard_normal((3, 2)))
+    with pytest.raises(RuntimeError, match=r"IntGrad\.backward.*dtype int64.*float64"):
+        IntGrad.apply(x).sum().backward()
 
 
 def test_backward_grad_argument_is_checked(rng):

@@ -123,7 +123,7 @@ def test_mha_dropout_only_in_training(rng):
      r"num_heads \(4\) must be divisible by num_kv_heads \(3\)"),
     (dict(embed_dim=8, num_heads=2, add_bias_kv=True), "add_bias_kv"),
     (dict(embed_dim=0, num_heads=2), "embed_dim must be a positive int"),
-    (dict(embed_dim=8, num_heads=2, dropout=1.5), "dropout must be in"),
+    (dict(embed_dim=8, num_heads=2, dropout=1.5), r"dropout must be a probability in \[0, 1\)"),
 ])
 def test_mha_construction_errors(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -39,15 +39,21 @@ def topological_order(root):
 
 
 def _check(fn, index, parent, grad):
+    """The gradient for input ``index`` of ``fn``: its shape must be the input's; its dtype is
+    made the input's (the dtype rule: forward promotes like NumPy, each input's gradient comes
+    back in that input's own dtype — cast here, in one place, for every op)."""
     shape, dtype = parent.data.shape, parent.data.dtype
     if getattr(grad, "shape", None) != shape:
         raise RuntimeError(
             f"{fn.__name__}.backward returned a gradient of shape {getattr(grad, 'shape', None)} "
             f"for input {index}, expected {shape}")
     if grad.dtype != dtype:
-        raise RuntimeError(
-            f"{fn.__name__}.backward returned a gradient of dtype {grad.dtype} for input "
-            f"{index}, expected {dtype}")
+        if grad.dtype.kind != "f" or dtype.kind != "f":
+            raise RuntimeError(
+                f"{fn.__name__}.backward returned a gradient of dtype {grad.dtype} for input "
+                f"{index}, expected {dtype}")
+        grad = grad.astype(dtype)
+    return grad
 
 
 def _accumulate_leaf(leaf, grad):
@@ -97,7 +103,7 @@ def backward(tensor, grad=None, retain_graph: bool = False) -> None:
                                                    input_grads)):
             if not need or ig is None:
                 continue
-            _check(ctx.fn, i, parent, ig)
+            ig = _check(ctx.fn, i, parent, ig)
             node = parent._ctx
             if node is None:
                 _accumulate_leaf(parent, ig)

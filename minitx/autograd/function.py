@@ -23,6 +23,8 @@ dtypes. Keyword arguments of ``apply`` are passed to ``forward`` and are not dif
 """
 from __future__ import annotations
 
+import re
+
 import numpy
 
 from .. import backend
@@ -52,8 +54,11 @@ class Context:
         self.saved_tensors = arrays
 
     def free(self) -> None:
-        """Drop everything saved for backward (called by the engine unless retain_graph)."""
+        """Drop everything saved for backward, and the links to the inputs (called by the
+        engine unless retain_graph): after backward the graph holds no array any more — the
+        intermediate tensors are freed as soon as the caller lets go of them."""
         self.saved_tensors = None
+        self.parents = ()
         self.__dict__.clear()
         self.freed = True
 
@@ -82,7 +87,12 @@ class Function:
         arrays = [a.data if isinstance(a, Tensor) else a for a in inputs]
         if backend._cupy["module"] is not None:                 # only when CuPy is loaded
             arrays, kwargs = _one_device(cls, inputs, arrays, kwargs)
-        out = cls.forward(ctx, *arrays, **kwargs)
+        try:
+            out = cls.forward(ctx, *arrays, **kwargs)
+        except (ValueError, IndexError, TypeError) as exc:
+            if _NAMED.match(str(exc)):                           # already says who refused
+                raise
+            raise _in_op(cls, exc, arrays) from exc              # NumPy's words, with the op
         if isinstance(out, numpy.generic):      # NumPy reductions return scalars, not arrays
             out = numpy.asarray(out)
         result = Tensor._wrap(out, record)
@@ -91,6 +101,27 @@ class Function:
             ctx.parents = inputs
             result._ctx = ctx
         return result
+
+
+_NAMED = re.compile(r"[A-Za-z_][\w.]*: ")     # "var: …", "Embedding: …" — minitx's own errors
+
+
+def _describe(a) -> str:
+    if hasattr(a, "shape") and hasattr(a, "dtype"):
+        return f"{a.dtype}{tuple(a.shape)}"
+    if isinstance(a, (tuple, list)):
+        return "(" + ", ".join(_describe(v) for v in a) + ")"
+    return type(a).__name__
+
+
+def _in_op(fn, exc, arrays):
+    """The error ``exc`` raised inside ``fn.forward``, re-raised once, here, with the op's name
+    and its inputs' dtypes and shapes (so a user never reads a bare NumPy message)."""
+    kind = next(k for k in (TypeError, IndexError, ValueError) if isinstance(exc, k))
+    base = type(exc) if type(exc) in (ValueError, IndexError, TypeError) or \
+        type(exc).__name__ == "OptionError" else kind
+    inputs = ", ".join(_describe(a) for a in arrays)
+    return base(f"{fn.__name__}: {exc} (inputs: {inputs})")
 
 
 def _one_device(fn, inputs, arrays, kwargs):

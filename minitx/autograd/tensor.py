@@ -19,6 +19,9 @@ from . import grad_mode
 __all__ = ["Tensor", "tensor"]
 
 
+_KINDS = "biuf"          # bool, signed/unsigned ints, floats: what a Tensor holds
+
+
 def _to_array(data, dtype):
     """Turn ``data`` into an array of the active backend, applying minitx's dtype rules."""
     xp = backend.xp()
@@ -28,16 +31,24 @@ def _to_array(data, dtype):
         array = data
     else:
         # Python scalars and (nested) lists: floats become float32, like PyTorch.
-        array = numpy.asarray(data)
+        try:
+            array = numpy.asarray(data)
+        except ValueError as exc:                     # ragged nested lists
+            raise ValueError(f"tensor: data must be a rectangular nested list or an array, "
+                             f"got {type(data).__name__}: {exc}") from exc
         if array.dtype == numpy.float64 and dtype is None:
             array = array.astype(numpy.float32)
-        elif array.dtype.kind in "OUS":
-            raise TypeError(f"tensor data must be numeric or bool, got {type(data).__name__} "
-                            f"holding dtype {array.dtype}")
+    if array.dtype.kind not in _KINDS:
+        raise TypeError(f"tensor: data must be bool, integer or floating point, got dtype "
+                        f"{array.dtype} (from {type(data).__name__}); complex, string and "
+                        "object arrays are not supported")
     if backend.get_array_module(array) is not xp:
         array = backend.to_device(array, "cuda" if xp is not numpy else "cpu")
     if dtype is not None:
-        array = array.astype(backend.as_dtype(dtype), copy=False)
+        target = backend.as_dtype(dtype)
+        if target.kind not in _KINDS:
+            raise TypeError(f"tensor: dtype must be bool, integer or floating point, got {target}")
+        array = array.astype(target, copy=False)
     elif not hasattr(array, "shape"):
         array = xp.asarray(array)
     return xp.asarray(array)
@@ -48,8 +59,13 @@ class Tensor:
 
     ``Tensor(data, requires_grad=False, dtype=None)``: ``data`` is a Python scalar, a nested
     list, a NumPy/CuPy array or a Tensor. Python floats become float32; arrays keep their
-    dtype (bool masks stay bool); ``dtype`` (a NumPy dtype or its name) overrides. Only
-    floating-point tensors may require gradients.
+    dtype (bool masks stay bool); ``dtype`` (a NumPy dtype or its name) overrides. Complex,
+    string and object data are refused. Only floating-point tensors may require gradients.
+
+    **The dtype rule.** Ops combine dtypes as NumPy does (float32 with float64 computes in
+    float64; a Python float does not widen a float32 tensor), and every input's gradient comes
+    back in that input's own dtype: the engine casts it, in one place, for every op — so a
+    float32 parameter always gets a float32 ``.grad``, whatever it was combined with.
     """
 
     __slots__ = ("data", "grad", "requires_grad", "_ctx", "__weakref__")

@@ -30,6 +30,8 @@ def softmax_array(x, axis: int = -1, inplace: bool = False):
     allocating one more array of its size.
     """
     xp = get_array_module(x)
+    if x.shape[axis] == 0:                    # softmax over nothing: nothing
+        return x if inplace else x.copy()
     m = x.max(axis=axis, keepdims=True)
     m = xp.where(xp.isfinite(m), m, 0)        # all −inf: shift by 0, exp gives 0s
     if inplace:
@@ -77,6 +79,10 @@ class LogSoftmax(Function):
     @staticmethod
     def forward(ctx, x, axis):
         xp = get_array_module(x)
+        if x.shape[axis] == 0:                # nothing to normalise
+            ctx.save_for_backward(x)
+            ctx.axis = axis
+            return x.copy()
         m = x.max(axis=axis, keepdims=True)
         m = xp.where(xp.isfinite(m), m, 0)
         shifted = x - m

@@ -54,9 +54,13 @@ class Var(Function):
         count = 1
         for a in ctx.axes:
             count *= x.shape[a]
+        if count - ddof <= 0:
+            raise ValueError(f"var: ddof={ddof} needs more than {ddof} elements per reduced "
+                             f"slice, got {count} (the denominator n − ddof would be "
+                             f"{count - ddof})")
         centered = x - x.mean(axis=ctx.axes, keepdims=True)
         ctx.save_for_backward(centered)
-        ctx.keepdims, ctx.denominator = keepdims, builtins.max(count - ddof, 1)
+        ctx.keepdims, ctx.denominator = keepdims, count - ddof
         return (centered * centered).sum(axis=ctx.axes, keepdims=keepdims) / ctx.denominator
 
     @staticmethod
@@ -68,17 +72,19 @@ class Var(Function):
             None, None, None
 
 
-class _Extreme(Function):
-    """max / min: the gradient goes to the extreme elements, split evenly between ties."""
+class MaxMin(Function):
+    """max / min: the gradient goes to the extreme elements, split evenly between ties; where
+    a slice holds a NaN, the max/min is NaN and the gradient goes to the NaN (as PyTorch)."""
 
     @staticmethod
     def forward(ctx, x, axis, keepdims, use_max):
         xp = get_array_module(x)
-        if x.size == 0:
-            raise ValueError("max/min of an empty tensor is undefined")
         ctx.axes = normalize_axes(axis, x.ndim)
+        if any(x.shape[a] == 0 for a in ctx.axes) or x.size == 0:
+            raise ValueError(f"{'max' if use_max else 'min'} over an empty axis is undefined "
+                             f"(shape {tuple(x.shape)}, axis {axis})")
         out = (xp.max if use_max else xp.min)(x, axis=ctx.axes, keepdims=True)
-        hits = x == out
+        hits = (x == out) | (xp.isnan(x) & xp.isnan(out))
         ctx.save_for_backward(hits / hits.sum(axis=ctx.axes, keepdims=True))
         ctx.keepdims = keepdims
         return out if keepdims else out.reshape([n for i, n in enumerate(x.shape)
@@ -96,9 +102,13 @@ class LogSumExp(Function):
     def forward(ctx, x, axis, keepdims):
         xp = get_array_module(x)
         ctx.axes = normalize_axes(axis, x.ndim)
-        m = xp.max(x, axis=ctx.axes, keepdims=True)
-        m = xp.where(xp.isfinite(m), m, 0)              # all −inf: avoid (−inf) − (−inf)
-        out = xp.log(xp.exp(x - m).sum(axis=ctx.axes, keepdims=True)) + m
+        if any(x.shape[a] == 0 for a in ctx.axes):      # log of an empty sum: log 0 = −inf
+            out = xp.full([1 if i in ctx.axes else n for i, n in enumerate(x.shape)], -xp.inf,
+                          dtype=x.dtype)
+        else:
+            m = xp.max(x, axis=ctx.axes, keepdims=True)
+            m = xp.where(xp.isfinite(m), m, 0)          # all −inf: avoid (−inf) − (−inf)
+            out = xp.log(xp.exp(x - m).sum(axis=ctx.axes, keepdims=True)) + m
         ctx.save_for_backward(x, out)
         ctx.keepdims = keepdims
         return out if keepdims else xp.squeeze(out, axis=ctx.axes)
@@ -142,18 +152,19 @@ def var(x, axis=None, keepdims: bool = False, ddof: int = 0):
 
 def max(x, axis=None, keepdims: bool = False):  # noqa: A001
     """Maximum over ``axis``; ties share the gradient equally."""
-    return _Extreme.apply(x, axis, keepdims, True)
+    return MaxMin.apply(x, axis, keepdims, True)
 
 
 def min(x, axis=None, keepdims: bool = False):  # noqa: A001
     """Minimum over ``axis``; ties share the gradient equally."""
-    return _Extreme.apply(x, axis, keepdims, False)
+    return MaxMin.apply(x, axis, keepdims, False)
 
 
 def logsumexp(x, axis=None, keepdims: bool = False):
     """log Σ exp(x) over ``axis``, computed as m + log Σ exp(x − m) with m = max x.
 
-    Gradient: softmax(x) along ``axis``. A slice that is all −inf gives −inf (not NaN).
+    Gradient: softmax(x) along ``axis``. A slice that is all −inf, or empty, gives −inf (not
+    NaN, not an error).
     """
     return LogSumExp.apply(x, axis=axis, keepdims=keepdims)
 
