@@ -12,10 +12,11 @@ that shape, matches the float64 bottom-right reference to fp32 rounding; the tes
 O, 1.4 dQ, 1.3 dK, 2.9 dV) are those of top-left vs bottom-right.
 
 What stays pinned here, for every kernel family (fp32 CUDA-core and fp16 tensor-core):
-hypothesis draws (Nq, Nk) pairs from both regimes with the long side spanning 3..7 key or
-query tiles (tiles are 32..64 rows), forward and backward against the float64 reference.
+hypothesis draws (Nq, Nk) pairs from both regimes: the short side 1..24, the long side
+130..300, i.e. 3..10 key or query tiles (tiles are 32..64 rows), forward and backward against the float64 reference.
 Examples are few and derandomized (each one is an emulated forward + backward in a child
-process); the evidence shape (5, 300) and its transpose are always run as explicit examples.
+process: 6 + 4 + 3 + 3 drawn pairs, and the evidence shape (5, 300) and its transpose as explicit
+examples for both dtypes).
 """
 import warnings
 
@@ -28,7 +29,7 @@ import cuda_emu_harness as H
 TIMEOUT = 240.0
 
 SHORT = st.integers(1, 24)
-LONG = st.integers(130, 400)
+LONG = st.integers(130, 300)
 # Nq << Nk (decoding against a long cache) or Nq >> Nk (leading rows see no key at all)
 PAIRS = st.one_of(st.tuples(SHORT, LONG), st.tuples(LONG, SHORT))
 
@@ -68,7 +69,7 @@ def test_causal_far_from_square_float32(emu_lib, pair):
     _run_case(emu_lib, *pair, "float32")
 
 
-@settings(max_examples=5, derandomize=True, deadline=None)
+@settings(max_examples=4, derandomize=True, deadline=None)
 @given(pair=PAIRS)
 @example(pair=(5, 300))
 @example(pair=(300, 5))

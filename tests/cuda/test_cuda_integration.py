@@ -6,7 +6,7 @@ The GPU path is entered exactly as on a machine with CuPy, except for three stan
   module *named* ``cupy`` that computes with NumPy (``FakeCupy``), so the real dispatch tests
   (``flash._cuda_kernels``: ``xp.__name__ == "cupy"``, dtype, D; ``exact._flash_kernels``) run
   unchanged and decide on their own whether to take the kernel path;
-* ``flash_cuda.is_available`` returns True;
+* ``flash_cuda.is_available`` returns True (and ``unavailable_reason`` None);
 * ``flash_cuda.flash_attention_forward`` / ``flash_attention_backward`` are replaced by
   ``EmulatedFlashCuda`` methods that run the *real* public functions in a forked child (the
   harness' timeout machinery, ``run_isolated``) where only the innermost CuPy pieces are swapped
@@ -107,6 +107,7 @@ def gpu_path(emu):
         mp.setattr(flash, "get_array_module", lambda *a: fake)
         mp.setattr(exact, "get_array_module", lambda *a: fake)
         mp.setattr(fc, "is_available", lambda: True)
+        mp.setattr(fc, "unavailable_reason", lambda: None)
         mp.setattr(fc, "flash_attention_forward", emu.flash_attention_forward)
         mp.setattr(fc, "flash_attention_backward", emu.flash_attention_backward)
         yield
@@ -401,5 +402,5 @@ def test_public_functions_with_value_dim_larger_than_query_dim(emu):
                           H.ref_backward(q, k, v, o, do, causal=True, scale=0.3)):
         assert g.shape == r.shape and g.dtype == np.float32
         _close(f"d{name}", g, r, 1e-5)
-    assert [c["launched"][0] for c in emu.calls] == ["flash_fwd<float, 64, true>",
+    assert [c["launched"][0] for c in emu.calls] == ["flash_fwd_simt<64, true>",
                                                      "flash_bwd_dot<float>"]
