@@ -73,6 +73,36 @@ __device__ __forceinline__ void warp_gemm_smem_nt(float (&acc)[NT][4], const __h
     }
 }
 
+// Load a warp's 16 x 16KS fp16 A operand (rows a[r * sa + k]) into register fragments: the forward
+// keeps Q's fragments in registers for the whole key loop (Q K^T is the loop's shared-memory-bound
+// part: without it every k-step reads A again next to the B fragments).
+template <int KS>
+__device__ __forceinline__ void load_a_frags(unsigned (&af)[KS][4], const __half* a, int sa) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) ldmatrix_x4(af[ks], a + (lane % 16) * sa + ks * 16 + (lane / 16) * 8);
+}
+
+// acc[NT] (16 x 8NT fp32) += A * B^T with A as register fragments a[KS][4] and B as in
+// warp_gemm_smem_nt ("[n][k]" rows in shared memory).
+template <int KS, int NT>
+__device__ __forceinline__ void warp_gemm_reg_nt(float (&acc)[NT][4], const unsigned (&a)[KS][4],
+                                                 const __half* b, int sb) {
+    static_assert(NT % 2 == 0, "n-tiles come in pairs");
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            unsigned bf[4];
+            ldmatrix_x4(bf, b + (np * 16 + lane % 8 + (lane / 16) * 8) * sb + ks * 16 +
+                                ((lane / 8) % 2) * 8);
+            mma_16816(acc[2 * np], a[ks], bf);
+            mma_16816(acc[2 * np + 1], a[ks], bf + 2);
+        }
+    }
+}
+
 // acc[NT] (16 x 8NT fp32) += A * B, where
 //   A: 16 x 16KS fp16 as register fragments a[KS][4] (P or dS, from acc_to_a_frags),
 //   B: 16KS x 8NT fp16, rows b[k * sb + n] in shared memory ("[k][n]": V for P V) -> .trans.
@@ -136,9 +166,10 @@ __device__ __forceinline__ void store_rows_f16(__half* dst, int r0, int n_rows, 
 // ------------------------------------------------------------------------------------------
 // Forward. Block: 64 query rows q0 .. q0 + 63, warp w owns rows q0 + 16w .. q0 + 16w + 15, thread
 // (g, t) owns rows q0 + 16w + g and + 8 (index hh = 0, 1) and, of every 8-key / 8-column tile,
-// the columns 2t and 2t + 1. Per thread: S tile s[8][4] (64 keys), O accumulator o[D/8][4],
-// running max m[2] and partial row sums l[2] (its own 16 columns; the quad sum is taken once at
-// the end). Shared: Q (64 x D) once, K and V (64 x D) one tile each, overlapped as
+// the columns 2t and 2t + 1. Per thread: Q fragments qf[D/16][4] (loaded once), S tile s[8][4]
+// (64 keys), O accumulator o[D/8][4], running max m[2] and partial row sums l[2] (its own 16
+// columns; the quad sum is taken once at the end). Shared: Q (64 x D) once, K and V (64 x D) one
+// tile each, overlapped as
 //     top:    wait K(t); barrier; start V(t)           V(t) lands while S = Q K(t)^T is computed
 //     middle: wait V(t); barrier; start K(t + 1)       K(t+1) lands while O += P V(t)
 // ------------------------------------------------------------------------------------------
@@ -174,6 +205,7 @@ flash_fwd_tc(const __half* __restrict__ q, const __half* __restrict__ k,
     float oacc[DT][4];
     zero(oacc);
     float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};
+    unsigned qf[KS][4];   // this warp's 16 Q rows as mma A fragments, loaded once
 
     if (n_tiles > 0) {
         load_tile_async<__half, D>(Qs, S, qb, q0, Nq, BM);
@@ -186,11 +218,12 @@ flash_fwd_tc(const __half* __restrict__ q, const __half* __restrict__ k,
         __syncthreads();  // [tc_fwd:k-landed] K(it) (and Q) visible; every warp is done with V(it-1)
         load_tile_async<__half, D>(Vs, S, vb, k0, Nk, BN);
         cp_async_commit();
+        if (it == 0) load_a_frags<KS>(qf, Qs + 16 * warp * S, S);
 
         // S = Q K^T for this warp's 16 rows x 64 keys
         float s[NT][4];
         zero(s);
-        warp_gemm_smem_nt<KS, NT>(s, Qs + 16 * warp * S, S, Ks, S);
+        warp_gemm_reg_nt<KS, NT>(s, qf, Ks, S);
 
         // scale to log2 units; mask (only tiles on the causal diagonal / the length cut / kmask)
         const bool need = tile_needs_mask<CAUSAL>(q0, k0, BN, kv_len, Nq, Nk, kmask);
