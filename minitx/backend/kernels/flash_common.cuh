@@ -29,7 +29,6 @@
 namespace minitx_flash {
 
 constexpr int kThreads = 128;   // threads per block, every kernel: 4 warps
-constexpr int kWarps = kThreads / 32;
 constexpr float kLog2e = 1.4426950408889634f;   // exp(x) = exp2(x * log2(e))
 constexpr float kLn2 = 0.6931471805599453f;
 
