@@ -335,15 +335,20 @@ def decline_reason(q, k, v, key_mask=None, lengths=None):
             return f"{nm} is a {type(x).__name__}, not an array"
         if x.ndim != 4:
             return f"{nm} is {x.ndim}-D (kernels take (B, H, N, D))"
-    try:
-        dt = numpy.dtype(q.dtype)
-    except TypeError:
-        return f"dtype {q.dtype} is not a NumPy dtype"
+    dts = {}
+    for nm, x in (("q", q), ("k", k), ("v", v), ("key_mask", key_mask), ("lengths", lengths)):
+        if x is None:
+            continue
+        try:
+            dts[nm] = numpy.dtype(x.dtype)
+        except (TypeError, AttributeError):
+            return f"{nm} has no NumPy dtype ({getattr(x, 'dtype', None)!r})"
+    dt = dts["q"]
     if dt.name not in _CTYPE:
         return f"dtype {dt.name} (kernels take float32/float16)"
-    for nm, x in (("k", k), ("v", v)):
-        if numpy.dtype(x.dtype) != dt:
-            return f"{nm} dtype {numpy.dtype(x.dtype).name} differs from q's {dt.name}"
+    for nm in ("k", "v"):
+        if dts[nm] != dt:
+            return f"{nm} dtype {dts[nm].name} differs from q's {dt.name}"
     B, H, Nq, D = (int(n) for n in q.shape)
     Bk, Hkv, Nk, Dk = (int(n) for n in k.shape)
     Dv = int(v.shape[3])
@@ -366,13 +371,13 @@ def decline_reason(q, k, v, key_mask=None, lengths=None):
     if key_mask is not None:
         if tuple(getattr(key_mask, "shape", ())) != (B, Nk):
             return f"key_mask shape {tuple(getattr(key_mask, 'shape', ()))} is not (B, Nk) = {(B, Nk)}"
-        if numpy.dtype(key_mask.dtype).kind not in "biu":
-            return f"key_mask dtype {numpy.dtype(key_mask.dtype).name} (bool or 0/1 integers)"
+        if dts["key_mask"].kind not in "biu":
+            return f"key_mask dtype {dts['key_mask'].name} (bool or 0/1 integers)"
     if lengths is not None:
         if tuple(getattr(lengths, "shape", ())) != (B,):
             return f"lengths shape {tuple(getattr(lengths, 'shape', ()))} is not (B,) = {(B,)}"
-        if numpy.dtype(lengths.dtype).kind not in "iu":
-            return f"lengths dtype {numpy.dtype(lengths.dtype).name} (integers)"
+        if dts["lengths"].kind not in "iu":
+            return f"lengths dtype {dts['lengths'].name} (integers)"
     if dt.name == "float16":
         return _fp16_device_reason(q)
     return None

@@ -149,6 +149,44 @@ def test_decline_reason_masks_and_accepts():
     assert "lengths dtype float32" in fc.decline_reason(q, k, v, lengths=np.ones(2, np.float32))
 
 
+def test_decline_reason_never_raises_on_odd_inputs():
+    q, k, v = _qkv()
+
+    class NoDtype:
+        shape, ndim, dtype = (2, 4, 5, 32), 4, "not a dtype"
+    assert fc.decline_reason(NoDtype(), k, v).startswith("q has no NumPy dtype")
+    assert fc.decline_reason(q, k, v, lengths=[1, 2]).startswith("lengths has no NumPy dtype")
+    assert fc.decline_reason(q, k, v, key_mask=np.ones((2, 7), object)).startswith("key_mask dtype object")
+
+
+def test_float16_is_declined_on_gpus_older_than_sm80(monkeypatch):
+    """A float16 CuPy array on an sm_75 GPU: no mma.sync m16n8k16 / cp.async -> declined, naming
+    the GPU; float32 still runs there; sm_90 takes float16."""
+    import minitx.backend as backend
+
+    class Device:
+        compute_capability = "75"
+
+    fake = type("cupy", (), {})()
+    fake.cuda = type("cuda", (), {"Device": Device})()
+    monkeypatch.setitem(backend._cupy, "tried", True)
+    monkeypatch.setitem(backend._cupy, "module", fake)
+    CupyArray = type("ndarray", (), {"__module__": "cupy._core.core"})
+
+    def arr(shape, dtype):
+        a = CupyArray()
+        a.shape, a.ndim, a.dtype = shape, len(shape), np.dtype(dtype)
+        return a
+
+    q16, k16 = arr((1, 2, 5, 64), np.float16), arr((1, 2, 7, 64), np.float16)
+    assert fc.decline_reason(q16, k16, k16) == (
+        "float16 needs the tensor-core kernels (mma.sync m16n8k16, cp.async: sm_80+); this GPU is sm_75")
+    q32, k32 = arr((1, 2, 5, 64), np.float32), arr((1, 2, 7, 64), np.float32)
+    assert fc.decline_reason(q32, k32, k32) is None
+    Device.compute_capability = "90"
+    assert fc.decline_reason(q16, k16, k16) is None
+
+
 def test_unavailable_reason_without_cupy(monkeypatch):
     import minitx.backend as backend
     monkeypatch.setitem(backend._cupy, "tried", True)
