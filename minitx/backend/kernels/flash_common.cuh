@@ -101,11 +101,14 @@ template <int N> __device__ __forceinline__ void cp_async_wait() { emu::cp_async
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-                 "r"(src_bytes));
+                 "r"(src_bytes) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// "memory": the compiler must not move shared-memory accesses across the copy or the wait
 template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 #else   // sm_70 / sm_75 (fp32 kernels only): an ordinary synchronous 16-byte copy
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
