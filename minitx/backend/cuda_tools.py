@@ -31,10 +31,18 @@ SM_LIMITS = {
 
 
 def min_blocks(name: str) -> int:
-    """The minimum-blocks-per-SM of an instantiation's __launch_bounds__(128, N)."""
+    """The minimum-blocks-per-SM of an instantiation's __launch_bounds__(128, N) (mirrors the
+    kernel sources: flash_tc.cuh, flash_simt.cuh, flash_common.cuh)."""
     if name.startswith("flash_bwd_dot<"):
         return 4
-    return 2 if "_tc<" in name else 3
+    if "_simt<" in name:
+        return 3
+    D = int(re.search(r"<(\d+),", name).group(1))
+    if name.startswith("flash_fwd_tc<"):
+        return 4 if D <= 64 else 2
+    if name.startswith("flash_bwd_dq_tc<"):
+        return 3 if D <= 64 else 2
+    return 3 if D <= 32 else 2          # flash_bwd_dkdv_tc
 
 
 def occupancy(registers: int, smem: int, arch: str, threads: int = 128) -> dict:

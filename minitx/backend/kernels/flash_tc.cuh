@@ -173,8 +173,9 @@ __device__ __forceinline__ void store_rows_f16(__half* dst, int r0, int n_rows, 
 //     top:    wait K(t); barrier; start V(t)           V(t) lands while S = Q K(t)^T is computed
 //     middle: wait V(t); barrier; start K(t + 1)       K(t+1) lands while O += P V(t)
 // ------------------------------------------------------------------------------------------
+// __launch_bounds__: D <= 64 fits in 128 registers (4 blocks = 16 warps per SM), D = 128 needs ~190
 template <int D, bool CAUSAL>
-__global__ void __launch_bounds__(128, 2)
+__global__ void __launch_bounds__(128, D <= 64 ? 4 : 2)
 flash_fwd_tc(const __half* __restrict__ q, const __half* __restrict__ k,
              const __half* __restrict__ v, __half* __restrict__ o, float* __restrict__ lse,
              const int* __restrict__ lengths, const unsigned char* __restrict__ kmask,
@@ -297,8 +298,9 @@ flash_fwd_tc(const __half* __restrict__ q, const __half* __restrict__ k,
 //     S = Q K^T, P = 2^(S log2e scale - lse log2e), dP = dO V^T, dS = P (dP - Dvec),  dQ += dS K
 // with Q and dO resident in shared memory, lse and Dvec of the thread's 2 rows in registers.
 // ------------------------------------------------------------------------------------------
+// __launch_bounds__: D <= 64 fits in 168 registers (3 blocks per SM), D = 128 needs ~180
 template <int D, bool CAUSAL>
-__global__ void __launch_bounds__(128, 2)
+__global__ void __launch_bounds__(128, D <= 64 ? 3 : 2)
 flash_bwd_dq_tc(const __half* __restrict__ q, const __half* __restrict__ k,
                 const __half* __restrict__ v, const __half* __restrict__ dout,
                 const float* __restrict__ lse, const float* __restrict__ dvec,
@@ -394,8 +396,10 @@ flash_bwd_dq_tc(const __half* __restrict__ q, const __half* __restrict__ k,
 //     dS^T = P^T (dP^T - Dvec[query]),  dV += P^T dO,  dK += dS^T Q
 // Writes per-q-head fp32 dk, dv (B, H, Nk, D); the launcher sums GQA groups (deterministic).
 // ------------------------------------------------------------------------------------------
+// __launch_bounds__: two fp32 D-wide accumulators per thread; D = 32 fits in 168 registers
+// (3 blocks per SM), D = 64 / 128 need ~220-240 (2 blocks)
 template <int D, bool CAUSAL>
-__global__ void __launch_bounds__(128, 2)
+__global__ void __launch_bounds__(128, D <= 32 ? 3 : 2)
 flash_bwd_dkdv_tc(const __half* __restrict__ q, const __half* __restrict__ k,
                   const __half* __restrict__ v, const __half* __restrict__ dout,
                   const float* __restrict__ lse, const float* __restrict__ dvec,
