@@ -10,8 +10,8 @@ float64 reference computed on exactly the fp16 input values. lse (fp32 in both) 
 relative; -inf rows must match.
 
 The emulation itself is tested too: one mma.m16n8k16 against NumPy with the fragments placed by
-the PTX ISA's layout tables (encoded here independently of the emulator), and ldmatrix's
-lane -> element mapping with and without .trans.
+the PTX ISA's layout tables (encoded here independently of the emulator), ldmatrix's
+lane -> element mapping with and without .trans, and cp.async's group semantics.
 """
 import ctypes
 
@@ -240,3 +240,33 @@ def test_emulated_ldmatrix_lane_mapping(emu_lib, trans):
             else:
                 lo, hi = ident[m, lane // 4, 2 * (lane % 4)], ident[m, lane // 4, 2 * (lane % 4) + 1]
             assert out[lane, m] == lo | (hi << 16), (lane, m)
+
+
+def test_emulated_cp_async_groups(emu_lib):
+    """cp.async semantics the kernels rely on: a copy is only guaranteed after the wait_group
+    that retires its group (before it, some lanes still see the NaN poison and some already see
+    the data: both orders happen), wait_group 1 retires all but the newest group, and src-size
+    < 16 zero fills the rest of the 16 bytes."""
+    src = np.arange(1, 64 * 4 + 1, dtype=np.uint32)
+
+    def work(launch, lib):
+        runs = []
+        for _ in range(3):
+            out = np.zeros((32, 9), np.uint32)
+            ptr = lambda x: x.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+            assert lib.emu_cp_async_probe(ptr(src), ptr(out)) == 0
+            runs.append(out)
+        return runs
+
+    runs = H.run_isolated(emu_lib, work, timeout=60)
+    early = np.concatenate([r[:, 0] for r in runs])
+    b_first = np.concatenate([src[4 * (32 + np.arange(32))]] * 3)
+    assert np.any(early == 0xFFFFFFFF) and np.any(early == b_first)   # both orders occur
+    assert np.all((early == 0xFFFFFFFF) | (early == b_first))
+    for out in runs:
+        for lane in range(32):
+            assert list(out[lane, 1:5]) == list(src[4 * lane: 4 * lane + 4])
+            b = list(src[4 * (32 + lane): 4 * (32 + lane) + 4])
+            if lane % 2:
+                b[2:] = [0, 0]                  # src-size 8: the last 8 bytes are zeros
+            assert list(out[lane, 5:9]) == b

@@ -174,6 +174,28 @@ int emu_ldmatrix_x4(const unsigned short* smem_in, int n_halves, const int* row_
     });
 }
 
+// One warp, two cp.async groups of one 16-byte copy per lane (lane l copies src[l] into chunk l
+// of buffer A, then src[32 + l] into buffer B; odd lanes give src-size 8 for B: the last 8 bytes
+// must become zeros). out[l] = {B's first word read *before* any wait, A's 4 words after
+// wait_group 1, B's 4 words after wait_group 0}: 9 words per lane.
+int emu_cp_async_probe(const unsigned* src, unsigned* out) {
+    return emu::launch(dim3(1), dim3(32), 2 * 32 * 16, [&] {
+        const int l = int(threadIdx.x);
+        auto* A = reinterpret_cast<unsigned*>(flash_smem);
+        unsigned* B = A + 32 * 4;
+        minitx_flash::cp_async_16(A + 4 * l, src + 4 * l, 16);
+        minitx_flash::cp_async_commit();
+        minitx_flash::cp_async_16(B + 4 * l, src + 4 * (32 + l), l % 2 ? 8 : 16);
+        minitx_flash::cp_async_commit();
+        unsigned* o = out + 9 * l;
+        o[0] = B[4 * l];                       // landed at once, or still poison
+        minitx_flash::cp_async_wait<1>();      // group A retired; B may still be in flight
+        for (int i = 0; i < 4; ++i) o[1 + i] = A[4 * l + i];
+        minitx_flash::cp_async_wait<0>();
+        for (int i = 0; i < 4; ++i) o[5 + i] = B[4 * l + i];
+    });
+}
+
 }  // extern "C"
 
 #ifdef EMU_MAIN
