@@ -17,10 +17,49 @@ from . import _cupy, cupy_or_none, flash_cuda, gpu_available
 
 __all__ = ["find_nvcc", "nvcc_version", "nvrtc_available", "instantiation_source",
            "compile_arch", "parse_ptxas", "demangle", "compile_report", "report_from_outputs",
-           "format_report", "doctor_lines",
-           "PTXAS_FLAGS"]
+           "format_report", "doctor_lines", "occupancy", "min_blocks",
+           "PTXAS_FLAGS", "SM_LIMITS"]
 
 PTXAS_FLAGS = "-v,-warn-spills,-warn-lmem-usage,-Werror"
+
+# Per-SM resources (CUDA C Programming Guide, "Compute capabilities" table): A100 = sm_80,
+# H100 = sm_90. 1 KB of shared memory per block is reserved by the system.
+SM_LIMITS = {
+    "sm_80": dict(gpu="A100", regs=65536, smem=164 * 1024, threads=2048, blocks=32),
+    "sm_90": dict(gpu="H100", regs=65536, smem=228 * 1024, threads=2048, blocks=32),
+}
+
+
+def min_blocks(name: str) -> int:
+    """The minimum-blocks-per-SM of an instantiation's __launch_bounds__(128, N) (mirrors the
+    kernel sources: flash_tc.cuh, flash_simt.cuh, flash_common.cuh)."""
+    if name.startswith("flash_bwd_dot<"):
+        return 4
+    if "_simt<" in name:
+        return 3
+    D = int(re.search(r"<(\d+),", name).group(1))
+    if name.startswith("flash_fwd_tc<"):
+        return 4 if D <= 64 else 2
+    if name.startswith("flash_bwd_dq_tc<"):
+        return 3 if D <= 64 else 2
+    return 3 if D <= 32 else 2          # flash_bwd_dkdv_tc
+
+
+def occupancy(registers: int, smem: int, arch: str, threads: int = 128) -> dict:
+    """Blocks per SM of a kernel using ``registers`` per thread and ``smem`` bytes of dynamic
+    shared memory per block: registers are allocated per warp in units of 256, and 1 KB of
+    shared memory per block is reserved. Returns blocks, warps, and each limit."""
+    lim = SM_LIMITS[arch]
+    warps = -(-threads // 32)
+    per_warp = -(-registers * 32 // 256) * 256
+    by_regs = (lim["regs"] // per_warp) // warps
+    by_smem = lim["smem"] // (smem + 1024) if smem else lim["blocks"]
+    by_threads = lim["threads"] // threads
+    blocks = min(by_regs, by_smem, by_threads, lim["blocks"])
+    limiter = "registers" if blocks == by_regs else "shared memory" if blocks == by_smem else "threads"
+    return dict(blocks=blocks, warps=blocks * warps, by_regs=by_regs, by_smem=by_smem,
+                by_threads=by_threads, limiter=limiter,
+                occupancy=blocks * warps / (lim["threads"] // 32))
 
 
 def find_nvcc():
@@ -46,7 +85,7 @@ def nvcc_version(nvcc=None):
         return None
     try:
         out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except Exception:
+    except (OSError, subprocess.SubprocessError):
         return None
     m = re.search(r"release ([\d.]+)", out)
     return m.group(1) if m else out.strip().splitlines()[-1] if out.strip() else None
@@ -54,14 +93,14 @@ def nvcc_version(nvcc=None):
 
 def nvrtc_available() -> bool:
     """True when CuPy imports and its NVRTC binding works (never raises; no GPU needed)."""
-    try:
-        cp = cupy_or_none()
-        if cp is None:
-            return False
-        cp.cuda.nvrtc.getVersion()
-        return True
-    except Exception:
+    cp = cupy_or_none()
+    if cp is None:
         return False
+    try:
+        cp.cuda.nvrtc.getVersion()
+    except (AttributeError, ImportError, RuntimeError, OSError):   # missing/broken NVRTC, a stand-in
+        return False
+    return True
 
 
 def instantiation_source(names, kernel_file=None) -> str:
@@ -205,9 +244,7 @@ def report_from_outputs(archs, outs, names=None):
     for arch, (rc, out) in zip(archs, outs):
         parsed = parse_ptxas(out)
         for n in names:
-            kind = re.match(r"flash_(\w+?)<", n).group(1)
-            D = re.search(r", (\d+),", n)
-            dyn = flash_cuda.smem_bytes(kind, int(D.group(1))) if D else 0
+            dyn = flash_cuda.smem_bytes_of(n)
             p = parsed.get(n)
             if p is None:
                 tail = out.strip().splitlines()[-5:] if out.strip() else []
@@ -282,17 +319,21 @@ def doctor_lines(compile: bool = False, archs=("sm_80", "sm_90"), jobs: int = 2)
                  else "nvcc: not found (set CUDA_HOME or put nvcc on PATH; needed only for "
                       "the ptxas check)")
     lines.append(f"NVRTC via CuPy: {'available' if nvrtc_available() else 'not available'}")
-    lines.append("flash kernel on GPU: " + ("available" if flash_cuda.is_available() else
-                                            "not available (needs CuPy + NVIDIA GPU); the NumPy "
-                                            "tiled flash attention runs instead"))
+    why = flash_cuda.unavailable_reason()
+    lines.append("flash kernel on GPU: " + ("available" if why is None else
+                                            f"not available ({why}); the NumPy tiled flash "
+                                            "attention runs instead"))
     lines.append(f"flash instantiations: {len(flash_cuda.all_kernel_names())} "
-                 f"(D in {flash_cuda.SUPPORTED_HEAD_DIMS}, fp32/fp16, causal or not; other "
-                 f"D, Dv <= 128 zero padded)")
-    smem = ", ".join(
-        f"{kind} " + "/".join(str(flash_cuda.smem_bytes(kind, D)) for D in flash_cuda.SUPPORTED_HEAD_DIMS)
-        for kind in ("fwd", "bwd_dkdv", "bwd_dq"))
-    lines.append(f"dynamic shared memory per block, D=32/64/128 (bytes): {smem}; above "
-                 f"{flash_cuda.DEFAULT_SMEM_LIMIT} needs the opt-in attribute")
+                 f"(fp16 -> tensor-core kernels *_tc, fp32 -> CUDA-core kernels *_simt; D in "
+                 f"{flash_cuda.SUPPORTED_HEAD_DIMS}, causal or not; other D, Dv <= 128 zero padded)")
+    for dt in ("float16", "float32"):
+        smem = ", ".join(
+            f"{kind} " + "/".join(str(flash_cuda.smem_bytes(kind, dt, D))
+                                  for D in flash_cuda.SUPPORTED_HEAD_DIMS)
+            for kind in ("fwd", "bwd_dkdv", "bwd_dq"))
+        lines.append(f"dynamic shared memory per block, {flash_cuda.family(dt)} ({dt}), "
+                     f"D=32/64/128 (bytes): {smem}; above {flash_cuda.DEFAULT_SMEM_LIMIT} needs "
+                     f"the opt-in attribute")
     gxx = shutil.which(os.environ.get("CXX") or "g++")
     lines.append(f"CPU emulation tests (pytest tests/cuda): {'g++ ' + gxx if gxx else 'g++ not found: skipped'}")
     if compile:

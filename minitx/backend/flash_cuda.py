@@ -1,4 +1,4 @@
-"""CuPy launcher for the hand-written flash-attention kernels in ``kernels/flash_attn.cu``.
+"""CuPy launcher for the hand-written flash-attention kernels in ``kernels/`` (``flash_attn.cu``).
 
 Public API (CuPy arrays in, CuPy arrays out)::
 
@@ -8,17 +8,29 @@ Public API (CuPy arrays in, CuPy arrays out)::
 Shapes: ``q`` (B, H, Nq, D), ``k`` (B, Hkv, Nk, D), ``v`` (B, Hkv, Nk, Dv) with ``Hkv`` dividing
 ``H`` (grouped-query attention: q head ``h`` reads kv head ``h // (H // Hkv)``). ``o`` (B, H, Nq, Dv)
 has q's dtype, ``lse`` (B, H, Nq) is float32. Inputs may be non-contiguous views (they are copied
-into contiguous, padded buffers); ``key_mask``/``lengths`` may be NumPy or CuPy arrays. Masks: ``lengths`` (B,) int keeps keys ``j < lengths[b]``; ``key_mask`` (B, Nk) bool
-keeps keys where True; ``causal`` keeps ``j <= i + (Nk - Nq)`` (bottom-right aligned). A query row
-that keeps no key gets ``o = 0`` and ``lse = -inf``; its gradients are zero.
+into contiguous, padded buffers); ``key_mask``/``lengths`` may be NumPy or CuPy arrays. Masks:
+``lengths`` (B,) int keeps keys ``j < lengths[b]``; ``key_mask`` (B, Nk) bool keeps keys where True;
+``causal`` keeps ``j <= i + (Nk - Nq)`` (bottom-right aligned, like
+``torch.nn.attention.bias.causal_lower_right``; PyTorch's ``is_causal=True`` is top-left aligned
+and differs when Nq != Nk). A query row that keeps no key gets ``o = 0`` and ``lse = -inf``; its
+gradients are zero.
+
+Two kernel families, chosen by dtype (:func:`family`):
+
+* float16 -> ``tc``: tensor cores (``mma.sync`` m16n8k16, ``ldmatrix``, ``cp.async``); needs
+  sm_80+ (:func:`decline_reason` declines float16 on an older GPU, naming it);
+* float32 -> ``simt``: register-tiled CUDA-core kernels (``cp.async`` on sm_80+, plain 16-byte
+  copies below; they run on any GPU CuPy supports).
 
 Head dims 32/64/128 are compiled; q, k and v are zero padded to the smallest one >= max(D, Dv)
 (zero columns of q/k add nothing to the scores, zero columns of v give zero output columns which
-are sliced off). ``scale`` defaults to ``1/sqrt(D)`` of the *unpadded* D. :func:`supports` says
-(without a GPU) whether given arrays can run here; dispatchers should call it.
+are sliced off). ``scale`` defaults to ``1/sqrt(D)`` of the *unpadded* D. The kernels compute
+dK/dV per *query* head into a float32 (B, H, Nk, D) buffer; for GQA the ``H // Hkv`` heads of a
+group are summed here, in Python (deterministic, no atomics anywhere).
 
-The kernels compute dK/dV per *query* head into a float32 (B, H, Nk, D) buffer; for GQA the
-``H // Hkv`` heads of a group are summed here, in Python (deterministic, no atomics).
+Dispatchers ask :func:`decline_reason` (pure Python on ``.shape``/``.dtype``; ``None`` = the kernels
+take these arrays) and :func:`unavailable_reason` (``None`` = CuPy, a GPU and NVRTC are usable);
+``supports``/``is_available`` are the boolean forms.
 
 CuPy is imported lazily inside functions only; everything that does not launch a kernel
 (validation, padding decisions, launch plans, shared-memory arithmetic) is plain Python and is
@@ -30,36 +42,71 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 from dataclasses import dataclass
 
 import numpy
 
-from . import cupy_or_none  # the backend module owns the CuPy import
+from . import _cupy as _cupy_state, cupy_or_none  # the backend module owns the CuPy import
 
 __all__ = [
     "flash_attention_forward", "flash_attention_backward", "is_available", "supports",
-    "decline_reason", "unavailable_reason", "kernel_source",
-    "kernel_path", "padded_head_dim", "smem_bytes", "kernel_name", "all_kernel_names",
-    "plan_launch", "validate_inputs", "check_shared_memory", "SUPPORTED_HEAD_DIMS",
-    "THREADS", "BLOCK_M", "BLOCK_N", "DEFAULT_SMEM_LIMIT",
+    "decline_reason", "unavailable_reason", "family", "kernel_source", "kernel_path",
+    "kernel_files", "padded_head_dim", "smem_bytes", "smem_bytes_of", "tile_rows", "kernel_name",
+    "all_kernel_names", "plan_launch", "validate_inputs", "check_shared_memory",
+    "SUPPORTED_HEAD_DIMS", "THREADS", "DEFAULT_SMEM_LIMIT", "MAX_GRID_Y", "FP16_MIN_CC",
 ]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
-THREADS = 128          # threads per block (all kernels)
-BLOCK_M = 32           # query rows per tile
-BLOCK_N = 32           # key rows per tile
+THREADS = 128          # threads per block (all kernels): 4 warps
 DEFAULT_SMEM_LIMIT = 48 * 1024   # per-block dynamic shared memory without the opt-in attribute
+MAX_GRID_Y = 65535     # grid.y holds B * H
+FP16_MIN_CC = 80       # mma.sync m16n8k16 and cp.async need sm_80
 _CTYPE = {"float32": "float", "float16": "__half"}
+_FAMILY = {"float32": "simt", "float16": "tc"}
 _KINDS = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_dot")
+_KIND_INDEX = {"fwd": 0, "bwd_dkdv": 1, "bwd_dq": 2}   # the `kind` of *_smem_bytes<D>(kind)
 
 
 def kernel_path() -> str:
+    """The kernel file NVRTC and nvcc compile (it includes the others)."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "flash_attn.cu")
 
 
+def kernel_files() -> list:
+    """Every source file of the kernels (the .cu and the .cuh it includes)."""
+    d = os.path.dirname(kernel_path())
+    return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith((".cu", ".cuh")))
+
+
+_INCLUDE = re.compile(r'^\s*#include\s+"([\w.]+\.cuh)"\s*$')
+
+
 def kernel_source() -> str:
-    with open(kernel_path(), encoding="utf-8") as fh:
-        return fh.read()
+    """The kernels as one self-contained source: ``flash_attn.cu`` with its local ``#include
+    "*.cuh"`` lines replaced by the files (once each). NVRTC gets this string, so CuPy's
+    compile cache (keyed on the source text) changes whenever any kernel file changes."""
+    kdir = os.path.dirname(kernel_path())
+    seen = set()
+
+    def expand(path):
+        out = []
+        with open(path, encoding="utf-8") as fh:
+            for line in fh.read().splitlines():
+                m = _INCLUDE.match(line)
+                if m and os.path.isfile(os.path.join(kdir, m.group(1))):
+                    if m.group(1) not in seen:
+                        seen.add(m.group(1))
+                        out.append(f"// ---- begin {m.group(1)}")
+                        out.extend(expand(os.path.join(kdir, m.group(1))))
+                        out.append(f"// ---- end {m.group(1)}")
+                    continue
+                if line.strip() == "#pragma once":
+                    continue
+                out.append(line)
+        return out
+
+    return "\n".join(expand(kernel_path())) + "\n"
 
 
 # ------------------------------------------------------------------------ pure-Python planning
@@ -74,41 +121,87 @@ def padded_head_dim(d: int) -> int:
     raise ValueError(f"head dim D must be <= {SUPPORTED_HEAD_DIMS[-1]} for the flash kernel, got {d}")
 
 
-def smem_floats(kind: str, D: int) -> int:
-    """Dynamic shared memory (in floats) of one block; mirrors ``*_smem_floats<D>()`` in the .cu."""
-    bm, bn = BLOCK_M, BLOCK_N
-    if kind == "fwd":
-        return (bm + bn) * (D + 1) + bn * D + bm * (bn + 1)
-    if kind == "bwd_dkdv":
-        return 2 * bn * (D + 1) + 2 * bm * (D + 1) + 2 * bn * (bm + 1) + 2 * bm
-    if kind == "bwd_dq":
-        return 2 * bm * (D + 1) + 2 * bn * (D + 1) + bm * (bn + 1)
-    if kind == "bwd_dot":
-        return 0
-    raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
-
-
-def smem_bytes(kind: str, D: int) -> int:
-    return 4 * smem_floats(kind, D)
-
-
-def _ctype(dtype) -> str:
+def _dtype_name(dtype) -> str:
     name = numpy.dtype(dtype).name
     if name not in _CTYPE:
         raise TypeError(f"dtype must be float32 or float16, got {name}")
-    return _CTYPE[name]
+    return name
+
+
+def family(dtype) -> str:
+    """``"tc"`` (fp16, tensor cores) or ``"simt"`` (fp32, CUDA cores)."""
+    return _FAMILY[_dtype_name(dtype)]
+
+
+# Tile shapes; mirror TcCfg<D> (flash_tc.cuh) and SimtCfg<D> (flash_simt.cuh).
+def _tc_cfg(D):
+    return dict(rows=64, stride=D + 8, fwd_bn=64, dq_bn=32 if D == 128 else 64,
+                dkdv_bq=32 if D == 128 else 64)
+
+
+def _simt_cfg(D):
+    return dict(stride=D + 4, fwd_bm=64, fwd_bn=32 if D == 128 else 64,
+                dq_bm=32 if D == 128 else 64, dq_bn=32, dkdv_bk=32 if D == 128 else 64, dkdv_bq=32)
+
+
+def tile_rows(kind: str, dtype, D: int) -> int:
+    """Rows (queries for fwd/dq, keys for dkdv) one block owns: grid.x = ceil(N / tile_rows)."""
+    if kind not in _KIND_INDEX:
+        raise ValueError(f"kind must be one of {tuple(_KIND_INDEX)}, got {kind!r}")
+    if family(dtype) == "tc":
+        return _tc_cfg(D)["rows"]
+    c = _simt_cfg(D)
+    return {"fwd": c["fwd_bm"], "bwd_dq": c["dq_bm"], "bwd_dkdv": c["dkdv_bk"]}[kind]
+
+
+def smem_bytes(kind: str, dtype, D: int) -> int:
+    """Dynamic shared memory of one block; mirrors ``tc_smem_bytes<D>`` / ``simt_smem_bytes<D>``."""
+    if kind == "bwd_dot":
+        return 0
+    if kind not in _KIND_INDEX:
+        raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+    if family(dtype) == "tc":
+        c = _tc_cfg(D)
+        S = c["stride"]
+        if kind == "fwd":        # Q | K | V, fp16
+            return 2 * (c["rows"] + 2 * c["fwd_bn"]) * S
+        if kind == "bwd_dkdv":   # K, V | 2 stages x (Q, dO) fp16 | 2 stages x (lse, Dvec) fp32
+            return 2 * (2 * c["rows"] + 4 * c["dkdv_bq"]) * S + 4 * 4 * c["dkdv_bq"]
+        return 2 * (2 * c["rows"] + 4 * c["dq_bn"]) * S   # Q, dO | 2 stages x (K, V)
+    c = _simt_cfg(D)
+    S = c["stride"]
+    if kind == "fwd":            # Q | K | V | P, fp32
+        return 4 * ((c["fwd_bm"] + 2 * c["fwd_bn"]) * S + c["fwd_bm"] * (c["fwd_bn"] + 4))
+    if kind == "bwd_dkdv":       # K, V | Q, dO | P^T/dS^T | lse, Dvec
+        return 4 * (2 * (c["dkdv_bk"] + c["dkdv_bq"]) * S + c["dkdv_bk"] * (c["dkdv_bq"] + 4)
+                    + 2 * c["dkdv_bq"])
+    return 4 * (2 * (c["dq_bm"] + c["dq_bn"]) * S + c["dq_bm"] * (c["dq_bn"] + 4))   # Q, dO | K, V | dS
 
 
 def kernel_name(kind: str, dtype, D: int = 64, causal: bool = False) -> str:
-    """The C++ name expression of one instantiation, e.g. ``flash_fwd<float, 64, true>``."""
-    t = _ctype(dtype)
+    """The C++ name expression of one instantiation, e.g. ``flash_fwd_tc<64, true>``."""
+    name = _dtype_name(dtype)
     if kind == "bwd_dot":
-        return f"flash_bwd_dot<{t}>"
+        return f"flash_bwd_dot<{_CTYPE[name]}>"
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
     if D not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"D must be one of {SUPPORTED_HEAD_DIMS}, got {D}")
-    return f"flash_{kind}<{t}, {int(D)}, {'true' if causal else 'false'}>"
+    return f"flash_{kind}_{_FAMILY[name]}<{int(D)}, {'true' if causal else 'false'}>"
+
+
+_NAME = re.compile(r"flash_(fwd|bwd_dkdv|bwd_dq)_(tc|simt)<(\d+), (true|false)>$")
+
+
+def smem_bytes_of(name: str) -> int:
+    """Dynamic shared memory of the instantiation ``name`` (0 for ``flash_bwd_dot<T>``)."""
+    m = _NAME.match(name)
+    if m is None:
+        if name.startswith("flash_bwd_dot<"):
+            return 0
+        raise ValueError(f"not a flash kernel instantiation: {name!r}")
+    kind, fam, D = m.group(1), m.group(2), int(m.group(3))
+    return smem_bytes(kind, "float16" if fam == "tc" else "float32", D)
 
 
 def all_kernel_names(dtypes=("float32", "float16"), head_dims=SUPPORTED_HEAD_DIMS,
@@ -144,15 +237,15 @@ class LaunchPlan:
 def plan_launch(kind: str, dtype, *, B: int, H: int, Nq: int, Nk: int, D: int,
                 causal: bool = False) -> LaunchPlan:
     """Grid/block/shared memory of one kernel launch (D is the padded, compiled head dim)."""
-    if B * H > 65535:
-        raise ValueError(f"B*H must be <= 65535 (grid.y), got {B * H}")
+    if B * H > MAX_GRID_Y:
+        raise ValueError(f"B*H must be <= {MAX_GRID_Y} (grid.y), got {B * H}")
     name = kernel_name(kind, dtype, D, causal)
     if kind == "bwd_dot":
         rows = B * H * Nq
         return LaunchPlan(name, (max(1, -(-rows // (THREADS // 32))), 1, 1), (THREADS, 1, 1), 0)
-    tiles = -(-Nk // BLOCK_N) if kind == "bwd_dkdv" else -(-Nq // BLOCK_M)
-    return LaunchPlan(name, (max(tiles, 1), B * H, 1), (THREADS, 1, 1), smem_bytes(kind, D))
-
+    n = Nk if kind == "bwd_dkdv" else Nq
+    tiles = -(-n // tile_rows(kind, dtype, D))
+    return LaunchPlan(name, (max(tiles, 1), B * H, 1), (THREADS, 1, 1), smem_bytes(kind, dtype, D))
 
 def validate_inputs(q, k, v, key_mask=None, lengths=None, **extra):
     """Check shapes/dtypes (works on NumPy or CuPy arrays); returns (B, H, Hkv, Nq, Nk, D).
@@ -211,24 +304,89 @@ def compiled_head_dim(q, v) -> int:
     return padded_head_dim(max(int(q.shape[-1]), int(v.shape[-1])))
 
 
-def decline_reason(q, k, v, key_mask=None, lengths=None):
-    """None when the kernels take these arrays, else why not (shapes, dtypes, D and Dv <= 128,
-    the B*H grid limit), as a short sentence.
+def _fp16_device_reason(q):
+    """Why a float16 CuPy array cannot run here (a GPU older than sm_80), else None.
 
-    Pure Python on ``.shape``/``.dtype``: works for NumPy and CuPy arrays, needs no GPU and does
-    not check that a GPU is present (that is :func:`unavailable_reason`).
-    """
+    Only asked for CuPy arrays; without CuPy or a device there is nothing to check here
+    (:func:`unavailable_reason` says why the kernels cannot run at all)."""
+    if type(q).__module__.split(".")[0] != "cupy":
+        return None
+    cp = _cupy()
+    if cp is None:
+        return None
     try:
-        B, H = validate_inputs(q, k, v, key_mask, lengths)[:2]
-    except (ValueError, TypeError) as exc:
-        return str(exc)
-    if B * H > 65535:
-        return f"B*H = {B * H} exceeds the grid limit 65535"
+        cc = int(cp.cuda.Device().compute_capability)
+    except (AttributeError, RuntimeError, ValueError):   # no device / a CuPy stand-in
+        return None
+    if cc < FP16_MIN_CC:
+        return (f"float16 needs the tensor-core kernels (mma.sync m16n8k16, cp.async: sm_80+); "
+                f"this GPU is sm_{cc}")
+    return None
+
+
+def decline_reason(q, k, v, key_mask=None, lengths=None):
+    """``None`` when the kernels take these arrays, else a short sentence saying what declined.
+
+    Pure Python on ``.shape``/``.dtype`` (NumPy or CuPy arrays; no GPU needed, never raises):
+    4-D shapes that fit together, float32/float16, head dims <= 128, B*H within the grid limit,
+    mask/lengths shapes and dtypes; for float16 CuPy arrays also a GPU of sm_80 or newer.
+    Whether a GPU is usable at all is :func:`unavailable_reason`.
+    """
+    for nm, x in (("q", q), ("k", k), ("v", v)):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
+            return f"{nm} is a {type(x).__name__}, not an array"
+        if x.ndim != 4:
+            return f"{nm} is {x.ndim}-D (kernels take (B, H, N, D))"
+    dts = {}
+    for nm, x in (("q", q), ("k", k), ("v", v), ("key_mask", key_mask), ("lengths", lengths)):
+        if x is None:
+            continue
+        try:
+            dts[nm] = numpy.dtype(x.dtype)
+        except (TypeError, AttributeError):
+            return f"{nm} has no NumPy dtype ({getattr(x, 'dtype', None)!r})"
+    dt = dts["q"]
+    if dt.name not in _CTYPE:
+        return f"dtype {dt.name} (kernels take float32/float16)"
+    for nm in ("k", "v"):
+        if dts[nm] != dt:
+            return f"{nm} dtype {dts[nm].name} differs from q's {dt.name}"
+    B, H, Nq, D = (int(n) for n in q.shape)
+    Bk, Hkv, Nk, Dk = (int(n) for n in k.shape)
+    Dv = int(v.shape[3])
+    if tuple(v.shape[:3]) != tuple(k.shape[:3]):
+        return f"v shape {tuple(v.shape)} does not match k's (B, Hkv, Nk) = {tuple(k.shape[:3])}"
+    if Bk != B:
+        return f"k has batch {Bk}, q has {B}"
+    if Dk != D:
+        return f"k head dim {Dk} differs from q's {D}"
+    if Hkv < 1 or H % Hkv:
+        return f"{H} query heads are not a multiple of {Hkv} key/value heads"
+    if D < 1 or Dv < 1:
+        return "head dim 0"
+    if D > SUPPORTED_HEAD_DIMS[-1]:
+        return f"head dim {D} > {SUPPORTED_HEAD_DIMS[-1]}"
+    if Dv > SUPPORTED_HEAD_DIMS[-1]:
+        return f"value head dim {Dv} > {SUPPORTED_HEAD_DIMS[-1]}"
+    if B * H > MAX_GRID_Y:
+        return f"B*H = {B * H} exceeds the grid limit {MAX_GRID_Y}"
+    if key_mask is not None:
+        if tuple(getattr(key_mask, "shape", ())) != (B, Nk):
+            return f"key_mask shape {tuple(getattr(key_mask, 'shape', ()))} is not (B, Nk) = {(B, Nk)}"
+        if dts["key_mask"].kind not in "biu":
+            return f"key_mask dtype {dts['key_mask'].name} (bool or 0/1 integers)"
+    if lengths is not None:
+        if tuple(getattr(lengths, "shape", ())) != (B,):
+            return f"lengths shape {tuple(getattr(lengths, 'shape', ()))} is not (B,) = {(B,)}"
+        if dts["lengths"].kind not in "iu":
+            return f"lengths dtype {dts['lengths'].name} (integers)"
+    if dt.name == "float16":
+        return _fp16_device_reason(q)
     return None
 
 
 def supports(q, k, v, key_mask=None, lengths=None) -> bool:
-    """True when the kernels take these arrays (see :func:`decline_reason`)."""
+    """True when the kernels take these arrays: ``decline_reason(...) is None`` (never raises)."""
     return decline_reason(q, k, v, key_mask, lengths) is None
 
 
@@ -324,50 +482,59 @@ def _cupy():
 
 
 def unavailable_reason():
-    """None when CuPy imports, a CUDA device is usable and NVRTC loads, else why not."""
+    """``None`` when CuPy imports, a CUDA device is usable and NVRTC loads; else why not.
+
+    Never raises: the failures it expects (CuPy missing or failing to import, no device, a
+    CUDA/NVRTC library that does not load, a CuPy stand-in without ``cuda.nvrtc``) become the
+    returned sentence, with the underlying error's type and message.
+    """
     cp = _cupy()
     if cp is None:
-        return "CuPy is not installed"
+        err = _cupy_state.get("error") or ""
+        if err.startswith("ModuleNotFoundError"):
+            return "CuPy is not installed"
+        return f"CuPy failed to import ({err})" if err else "CuPy is not installed"
     try:
-        if not cp.is_available():
-            return "no CUDA device is available (cupy.is_available() is False)"
+        usable = bool(cp.is_available())
+    except (AttributeError, RuntimeError, OSError) as exc:
+        return f"CuPy cannot query CUDA devices ({type(exc).__name__}: {exc})"
+    if not usable:
+        return "no CUDA device (cupy.is_available() is False)"
+    try:
         cp.cuda.nvrtc.getVersion()
-    except (RuntimeError, OSError, ImportError, AttributeError) as exc:
-        return f"NVRTC cannot be used: {type(exc).__name__}: {exc}"
+    except (AttributeError, ImportError, RuntimeError, OSError) as exc:
+        return f"NVRTC failed to load: {type(exc).__name__}: {exc}"
     return None
 
 
 def is_available() -> bool:
-    """True when the kernels can be compiled and launched here (see :func:`unavailable_reason`)."""
+    """True when CuPy imports, a CUDA device is usable and NVRTC loads: ``unavailable_reason() is
+    None`` (never raises)."""
     return unavailable_reason() is None
 
 
 @functools.lru_cache(maxsize=None)
 def _module(dtype_name: str, D: int, causal: bool):
-    """Compile (once per dtype/D/causal) the four kernels of one configuration with NVRTC."""
+    """Compile (once per dtype/D/causal) the four kernels of one configuration with NVRTC.
+
+    The source is :func:`kernel_source` (every kernel file inlined), so CuPy's on-disk cache is
+    keyed on all of it; NVRTC compiles for the current device's architecture."""
     cp = _cupy()
     names = [kernel_name(kind, dtype_name, D, causal) for kind in _KINDS]
     options = ["-std=c++17"]
-    try:
-        cuda_path = cp.cuda.get_cuda_path()
-        if cuda_path:
-            options.append("-I" + os.path.join(cuda_path, "include"))  # cuda_fp16.h
-    except Exception:
-        pass
-    mod = cp.RawModule(code=kernel_source(), options=tuple(options), name_expressions=names)
-    return mod
+    cuda_path = cp.cuda.get_cuda_path()   # None when CuPy found no CUDA tree (then NVRTC's own)
+    if cuda_path:
+        options.append("-I" + os.path.join(cuda_path, "include"))  # cuda_fp16.h
+    return cp.RawModule(code=kernel_source(), options=tuple(options), name_expressions=names)
 
 
 def _device_smem_limit() -> int:
+    """cudaDevAttrMaxSharedMemoryPerBlockOptin of the current device (A100 163 KB, H100 227 KB)."""
     cp = _cupy()
-    try:
-        return int(cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
-    except Exception:
-        try:
-            # cudaDevAttrMaxSharedMemoryPerBlockOptin == 97
-            return int(cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id))
-        except Exception:
-            return DEFAULT_SMEM_LIMIT
+    attrs = cp.cuda.Device().attributes
+    if "MaxSharedMemoryPerBlockOptin" in attrs:
+        return int(attrs["MaxSharedMemoryPerBlockOptin"])
+    return int(cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id))   # the same, by number
 
 
 def _cupy_launch(dtype_name: str, D: int, causal: bool):
@@ -394,10 +561,17 @@ def _require_gpu(q):
     return cp
 
 
+def _refuse_declined(q, k, v, key_mask, lengths):
+    reason = decline_reason(q, k, v, key_mask, lengths)
+    if reason is not None:
+        raise ValueError(f"flash_cuda cannot run these arrays: {reason}")
+
+
 def flash_attention_forward(q, k, v, *, causal=False, scale=None, key_mask=None, lengths=None):
     """Flash-attention forward on CuPy arrays; returns ``(o, lse)``."""
     cp = _require_gpu(q)
     validate_inputs(q, k, v, key_mask, lengths)
+    _refuse_declined(q, k, v, key_mask, lengths)
     dt = numpy.dtype(q.dtype).name
     launch = _cupy_launch(dt, compiled_head_dim(q, v), bool(causal))
     return _forward(cp, launch, q, k, v, causal=bool(causal), scale=scale, key_mask=key_mask,
@@ -414,6 +588,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, k
     if getattr(do, "dtype", None) is not None and numpy.dtype(do.dtype) != numpy.dtype(q.dtype):
         do = do.astype(q.dtype)
     validate_inputs(q, k, v, key_mask, lengths, o=o, do=do, lse=lse)
+    _refuse_declined(q, k, v, key_mask, lengths)
     dt = numpy.dtype(q.dtype).name
     launch = _cupy_launch(dt, compiled_head_dim(q, v), bool(causal))
     return _backward(cp, launch, q, k, v, o, lse, do, causal=bool(causal), scale=scale,

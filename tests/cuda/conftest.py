@@ -52,8 +52,7 @@ class _Builds:
         if name == "tsan":
             return H.build_tsan_exe(os.path.join(self.root, "emu_tsan"))
         if name == "broken":
-            with open(flash_cuda.kernel_path(), encoding="utf-8") as fh:
-                src = fh.read()
+            src = flash_cuda.kernel_source()   # every kernel file inlined: one file to edit
             path = os.path.join(self.root, "flash_attn_broken.cu")
             with open(path, "w", encoding="utf-8") as fh:
                 fh.write(H.broken_source(src))

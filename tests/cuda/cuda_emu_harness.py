@@ -23,8 +23,9 @@ KERNEL_DIR = os.path.dirname(fc.kernel_path())
 GXX = os.environ.get("CXX") or shutil.which("g++")
 BASE_FLAGS = ["-std=c++20", "-O1", "-pthread", "-DMINITX_EMULATION", f"-I{EMU_DIR}",
               f"-I{KERNEL_DIR}"]
-# The barrier between loading a K/V tile into shared memory and computing scores from it.
-BROKEN_MARKER = "__syncthreads();  // [fwd:kv-loaded]"
+# The barrier of the fp16 tensor-core forward between waiting for a K tile's cp.async copies and
+# computing scores from it (it also keeps the V(t) copy from overwriting V(t-1) under a slow warp).
+BROKEN_MARKER = "__syncthreads();  // [tc_fwd:k-landed]"
 SMEM_LIMIT = 163 * 1024   # A100 opt-in per-block limit; the emulation arena holds 256 KiB
 
 
@@ -60,11 +61,13 @@ def build_tsan_exe(out_path, kernel_file=None):
 
 
 def broken_source(src: str) -> str:
-    """The forward kernel without the barrier between loading K/V and using them."""
+    """The kernels (``flash_cuda.kernel_source()``, every file inlined) without the fp16
+    forward's barrier after its K tile lands."""
     n = src.count(BROKEN_MARKER)
     if n != 1:
         raise AssertionError(f"expected the marker {BROKEN_MARKER!r} exactly once, found {n}")
-    return src.replace(BROKEN_MARKER, "/* barrier removed by the harness self-test */")
+    return src.replace(BROKEN_MARKER, "/* barrier removed by the harness self-test */  "
+                                      + BROKEN_MARKER[BROKEN_MARKER.index("//"):])
 
 
 # ------------------------------------------------------------------ ctypes launching
@@ -205,3 +208,84 @@ def ref_backward(q, k, v, o, do, causal=False, scale=None, key_mask=None, length
     dk = dk.reshape(B, Hkv, G, Nk, D).sum(2)
     dv = dv.reshape(B, Hkv, G, Nk, dv.shape[-1]).sum(2)
     return dq, dk, dv
+
+
+# ------------------------------------------------------------------ tolerances
+# fp16 unit roundoff (round to nearest): |fl16(x) - x| <= U16 |x|.
+U16 = 2.0 ** -11
+# Relative error of the fp32 parts of the fp16 kernels (scores accumulated in fp32 over D <= 128
+# terms, exp2 of them, fp32 sums). Worst case D * eps32 * |s| is ~1e-4 for |s| ~ 10; it is
+# 5x below U16, so the fp16 terms dominate and an O(1) bug (a wrong mask, a lost rescale) is
+# still thousands of times larger than the bound.
+C32 = 1e-4
+
+
+def error_bounds(q, k, v, o_in, do, dtype, causal=False, scale=None, key_mask=None,
+                 lengths=None):
+    """Per-element error bounds for (o, dq, dk, dv) of the kernels, as a dict of arrays.
+
+    float32: ``1e-5 * max(|ref|, 1)`` (norm-relative; fp32 accumulation, a few ulps times the
+    reduction length), broadcast to the output's shape.
+
+    float16 (tensor-core kernels: fp16 operands, exact products, fp32 accumulation), derived
+    from where the kernels round to fp16 (first order in U16; inputs are already fp16 values
+    and the reference is float64 on exactly those values):
+
+    * forward: P = exp(S - m) is rounded to fp16 before P @ V (the row sum l stays fp32), then
+      O is rounded to fp16:  |dO_i| <= (U16 + C32) (P |V|)_i + U16 |O_i|;
+    * dV = P^T dO with P rounded: (U16 + C32) (P^T |dO|)_j + U16 |dV_j|  (summed over a GQA
+      group before the final rounding);
+    * dS = P (dP - Dvec) is rounded to fp16 before dQ = dS K and dK = dS^T Q; with
+      E = U16 |dS| + C32 P (|dO| |V|^T + |Dvec|):  |ddQ| <= scale (E |K|) + U16 |dQ| and
+      |ddK| <= scale (E^T |Q|) + U16 |dK|.
+
+    Every bound is multiplied by 1.05 for second-order terms.
+    """
+    dtype = np.dtype(dtype).name
+    o_ref, _, P = ref_forward(q, k, v, causal, scale, key_mask, lengths)
+    dq_ref, dk_ref, dv_ref = ref_backward(q, k, v, o_in, do, causal, scale, key_mask, lengths)
+    if dtype == "float32":
+        return {name: np.full(ref.shape, 1e-5 * max(np.abs(ref).max(initial=0.0), 1.0))
+                for name, ref in (("o", o_ref), ("dq", dq_ref), ("dk", dk_ref), ("dv", dv_ref))}
+    q, k, v, o_in, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, o_in, do))
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    scale = 1.0 / np.sqrt(D) if scale is None else scale
+    ke, ve = np.abs(_expand(k, Hq)), np.abs(_expand(v, Hq))
+    tol_o = (U16 + C32) * (P @ ve) + U16 * np.abs(o_ref)
+    pdo = np.swapaxes(P, -1, -2) @ np.abs(do)                                # (B, H, Nk, Dv)
+    tol_dv = (U16 + C32) * pdo.reshape(B, Hkv, G, Nk, -1).sum(2) + U16 * np.abs(dv_ref)
+    dP = do @ np.swapaxes(_expand(v, Hq), -1, -2)
+    dvec = (do * o_in).sum(-1, keepdims=True)
+    dS = P * (dP - dvec)
+    E = U16 * np.abs(dS) + C32 * P * (np.abs(do) @ np.swapaxes(ve, -1, -2) + np.abs(dvec))
+    tol_dq = scale * (E @ ke) + U16 * np.abs(dq_ref)
+    tol_dk = (scale * (np.swapaxes(E, -1, -2) @ np.abs(q))).reshape(B, Hkv, G, Nk, D).sum(2)
+    tol_dk = tol_dk + U16 * np.abs(dk_ref)
+    return {"o": 1.05 * tol_o, "dq": 1.05 * tol_dq, "dk": 1.05 * tol_dk, "dv": 1.05 * tol_dv}
+
+
+def check_close(name, got, ref, bound):
+    """Every element within its bound (finite, same shape)."""
+    got = np.asarray(got, dtype=np.float64)
+    assert got.shape == ref.shape, (name, got.shape, ref.shape)
+    assert np.all(np.isfinite(got)), f"{name}: non-finite values"
+    err = np.abs(got - ref)
+    bad = err > bound
+    if bad.any():
+        i = np.unravel_index(np.argmax(err - bound), err.shape)
+        raise AssertionError(f"{name}: {int(bad.sum())} elements out of bound; worst at {i}: "
+                             f"got {got[i]:.6g}, ref {ref[i]:.6g}, error {err[i]:.3e} > bound "
+                             f"{bound[i]:.3e} (max |ref| {np.abs(ref).max(initial=0):.3e})")
+
+
+def check_lse(got, ref):
+    """lse is float32 in both families: -inf rows equal, the rest within 1e-5 relative."""
+    assert got.dtype == np.float32
+    fin = np.isfinite(ref)
+    assert np.array_equal(np.isfinite(got), fin), "lse: -inf rows differ"
+    assert np.all(got[~fin] == -np.inf)
+    if fin.any():
+        err = np.abs(got[fin] - ref[fin]).max()
+        assert err <= 1e-5 * max(np.abs(ref[fin]).max(), 1.0), f"lse: max error {err:.3e}"

@@ -438,5 +438,5 @@ def test_public_functions_with_value_dim_larger_than_query_dim(emu):
                           H.ref_backward(q, k, v, o, do, causal=True, scale=0.3)):
         assert g.shape == r.shape and g.dtype == np.float32
         _close(f"d{name}", g, r, 1e-5)
-    assert [c["launched"][0] for c in emu.calls] == ["flash_fwd<float, 64, true>",
+    assert [c["launched"][0] for c in emu.calls] == ["flash_fwd_simt<64, true>",
                                                      "flash_bwd_dot<float>"]

@@ -21,6 +21,7 @@ def test_cupy_is_not_imported_by_the_launcher_module():
 
 def test_is_available_never_raises():
     assert fc.is_available() in (True, False)
+    assert fc.is_available() == (fc.unavailable_reason() is None)
 
 
 def test_forward_without_gpu_is_a_clear_error():
@@ -55,37 +56,182 @@ def test_zero_padding_leaves_scores_and_outputs_unchanged():
 
 
 def test_shared_memory_arithmetic():
-    # fwd: Q,K (32 x (D+1)) + V (32 x D) + P (32 x 33) floats
-    assert fc.smem_bytes("fwd", 64) == 4 * (64 * 65 + 32 * 64 + 32 * 33) == 29056
-    assert fc.smem_bytes("fwd", 128) == 53632 > fc.DEFAULT_SMEM_LIMIT   # needs the opt-in
-    assert fc.smem_bytes("bwd_dkdv", 128) == 74752
-    assert fc.smem_bytes("bwd_dq", 128) == 70272
-    assert fc.smem_bytes("bwd_dot", 64) == 0
-    for D in fc.SUPPORTED_HEAD_DIMS:     # every kernel fits an A100 block (163 KB opt-in)
-        for kind in ("fwd", "bwd_dkdv", "bwd_dq"):
-            fc.check_shared_memory(fc.smem_bytes(kind, D), 163 * 1024)
+    # fp16 tensor cores: rows of D + 8 halves; fwd = Q (64) + K (64) + V (64) rows
+    assert fc.smem_bytes("fwd", np.float16, 64) == 2 * 3 * 64 * 72 == 27648
+    # dK/dV: K, V (64 rows) + 2 stages x (Q, dO) (64 rows each) + 2 stages x (lse, Dvec) floats
+    assert fc.smem_bytes("bwd_dkdv", np.float16, 64) == 2 * (128 + 256) * 72 + 4 * 4 * 64 == 56320
+    # D = 128 halves the streamed tiles (32 rows) to stay near 70 KB (2 blocks on an A100 SM)
+    assert fc.smem_bytes("bwd_dq", np.float16, 128) == 2 * (128 + 4 * 32) * 136 == 69632
+    # fp32 CUDA cores: rows of D + 4 floats; fwd = Q (64) + K, V (64 or 32) + P (64 x (BN + 4))
+    assert fc.smem_bytes("fwd", np.float32, 64) == 4 * (192 * 68 + 64 * 68) == 69632
+    assert fc.smem_bytes("fwd", np.float32, 128) == 4 * (128 * 132 + 64 * 36) == 76800
+    assert fc.smem_bytes("bwd_dot", np.float32, 64) == 0
+    assert fc.smem_bytes("fwd", np.float16, 32) < fc.DEFAULT_SMEM_LIMIT < fc.smem_bytes("fwd", np.float16, 128)
+    for dt in (np.float32, np.float16):   # every kernel fits an A100 block (163 KB opt-in)
+        for D in fc.SUPPORTED_HEAD_DIMS:
+            for kind in ("fwd", "bwd_dkdv", "bwd_dq"):
+                fc.check_shared_memory(fc.smem_bytes(kind, dt, D), 163 * 1024)
+                name = fc.kernel_name(kind, dt, D, True)
+                assert fc.smem_bytes_of(name) == fc.smem_bytes(kind, dt, D)
+    assert fc.smem_bytes_of("flash_bwd_dot<__half>") == 0
     with pytest.raises(ValueError, match="53632 bytes.*allows 49152"):
-        fc.check_shared_memory(53632, 49152, "flash_fwd<float, 128, false>")
+        fc.check_shared_memory(53632, 49152, "flash_fwd_tc<128, false>")
 
 
 def test_launch_plans():
-    p = fc.plan_launch("fwd", np.float16, B=2, H=3, Nq=70, Nk=10, D=64, causal=True)
-    assert p.name == "flash_fwd<__half, 64, true>"
-    assert p.grid == (3, 6, 1) and p.block == (128, 1, 1) and p.smem == fc.smem_bytes("fwd", 64)
+    p = fc.plan_launch("fwd", np.float16, B=2, H=3, Nq=130, Nk=10, D=64, causal=True)
+    assert p.name == "flash_fwd_tc<64, true>"
+    assert p.grid == (3, 6, 1) and p.block == (128, 1, 1) and p.smem == fc.smem_bytes("fwd", np.float16, 64)
     p = fc.plan_launch("bwd_dkdv", np.float32, B=1, H=2, Nq=5, Nk=65, D=32)
-    assert p.name == "flash_bwd_dkdv<float, 32, false>" and p.grid == (3, 2, 1)
+    assert p.name == "flash_bwd_dkdv_simt<32, false>" and p.grid == (2, 2, 1)     # 64 keys a block
+    p = fc.plan_launch("bwd_dkdv", np.float32, B=1, H=2, Nq=5, Nk=65, D=128)
+    assert p.grid == (3, 2, 1)                                                    # 32 keys a block
+    p = fc.plan_launch("bwd_dq", np.float32, B=1, H=1, Nq=65, Nk=5, D=128)
+    assert p.name == "flash_bwd_dq_simt<128, false>" and p.grid == (3, 1, 1)
     p = fc.plan_launch("bwd_dot", np.float32, B=1, H=2, Nq=5, Nk=65, D=32)
     assert p.name == "flash_bwd_dot<float>" and p.grid == (3, 1, 1) and p.smem == 0
     with pytest.raises(ValueError, match="B\\*H"):
         fc.plan_launch("fwd", np.float32, B=70000, H=1, Nq=1, Nk=1, D=32)
 
 
-def test_kernel_names():
+def test_kernel_names_and_families():
     names = fc.all_kernel_names()
     assert len(names) == len(set(names)) == 38
-    assert "flash_bwd_dq<__half, 128, true>" in names
+    assert "flash_bwd_dq_tc<128, true>" in names and "flash_fwd_simt<32, false>" in names
+    assert "flash_bwd_dot<__half>" in names and "flash_bwd_dot<float>" in names
+    assert fc.family(np.float16) == "tc" and fc.family(np.float32) == "simt"
     with pytest.raises(TypeError, match="float32 or float16.*float64"):
         fc.kernel_name("fwd", np.float64, 64)
+
+
+def test_kernel_source_inlines_every_header_once():
+    src = fc.kernel_source()
+    assert '#include "' not in src.replace('#include "cuda_emu.h"', "")   # self-contained for NVRTC
+    for name in ("flash_common.cuh", "flash_simt.cuh", "flash_tc.cuh"):
+        assert src.count(f"// ---- begin {name}") == 1
+    files = [f for f in fc.kernel_files() if f.endswith(".cuh")]
+    assert len(files) == 3
+    for kind in ("fwd", "bwd_dkdv", "bwd_dq"):
+        for fam in ("tc", "simt"):
+            assert f"flash_{kind}_{fam}(" in src
+
+
+@pytest.mark.parametrize("make,expected", [
+    (lambda q, k, v: (q.astype(np.float64), k, v), "dtype float64 (kernels take float32/float16)"),
+    (lambda q, k, v: (q, k.astype(np.float16), v), "k dtype float16 differs from q's float32"),
+    (lambda q, k, v: (np.zeros((2, 4, 5, 192), np.float32), np.zeros((2, 2, 7, 192), np.float32),
+                      np.zeros((2, 2, 7, 192), np.float32)), "head dim 192 > 128"),
+    (lambda q, k, v: (q, k, np.zeros((2, 2, 7, 200), np.float32)), "value head dim 200 > 128"),
+    (lambda q, k, v: (np.zeros((70000, 1, 1, 32), np.float32), np.zeros((70000, 1, 1, 32), np.float32),
+                      np.zeros((70000, 1, 1, 32), np.float32)), "B*H = 70000 exceeds the grid limit 65535"),
+    (lambda q, k, v: (q, np.zeros((2, 3, 7, 32), np.float32), np.zeros((2, 3, 7, 32), np.float32)),
+     "4 query heads are not a multiple of 3 key/value heads"),
+    (lambda q, k, v: (q[0], k, v), "q is 3-D"),
+    (lambda q, k, v: ([1.0], k, v), "q is a list, not an array"),
+    (lambda q, k, v: (q, k, v[:, :, :3]), "v shape"),
+    (lambda q, k, v: (q, k[:1], v[:1]), "k has batch 1, q has 2"),
+])
+def test_decline_reasons(make, expected):
+    q, k, v = make(*_qkv())
+    reason = fc.decline_reason(q, k, v)
+    assert reason is not None and reason.startswith(expected), reason
+    assert fc.supports(q, k, v) is False
+
+
+def test_decline_reason_masks_and_accepts():
+    q, k, v = _qkv()
+    assert fc.decline_reason(q, k, v) is None and fc.supports(q, k, v)
+    assert fc.decline_reason(q, k, v, key_mask=np.ones((2, 7), bool), lengths=np.ones(2, np.int32)) is None
+    assert fc.decline_reason(*_qkv(dtype=np.float16)) is None   # NumPy arrays: no device to ask
+    assert "key_mask shape (2, 6)" in fc.decline_reason(q, k, v, key_mask=np.ones((2, 6), bool))
+    assert "key_mask dtype float32" in fc.decline_reason(q, k, v, key_mask=np.ones((2, 7), np.float32))
+    assert "lengths shape (3,)" in fc.decline_reason(q, k, v, lengths=np.ones(3, np.int32))
+    assert "lengths dtype float32" in fc.decline_reason(q, k, v, lengths=np.ones(2, np.float32))
+
+
+def test_decline_reason_never_raises_on_odd_inputs():
+    q, k, v = _qkv()
+
+    class NoDtype:
+        shape, ndim, dtype = (2, 4, 5, 32), 4, "not a dtype"
+    assert fc.decline_reason(NoDtype(), k, v).startswith("q has no NumPy dtype")
+    assert fc.decline_reason(q, k, v, lengths=[1, 2]).startswith("lengths has no NumPy dtype")
+    assert fc.decline_reason(q, k, v, key_mask=np.ones((2, 7), object)).startswith("key_mask dtype object")
+
+
+def test_float16_is_declined_on_gpus_older_than_sm80(monkeypatch):
+    """A float16 CuPy array on an sm_75 GPU: no mma.sync m16n8k16 / cp.async -> declined, naming
+    the GPU; float32 still runs there; sm_90 takes float16."""
+    import minitx.backend as backend
+
+    class Device:
+        compute_capability = "75"
+
+    fake = type("cupy", (), {})()
+    fake.cuda = type("cuda", (), {"Device": Device})()
+    monkeypatch.setitem(backend._cupy, "tried", True)
+    monkeypatch.setitem(backend._cupy, "module", fake)
+    CupyArray = type("ndarray", (), {"__module__": "cupy._core.core"})
+
+    def arr(shape, dtype):
+        a = CupyArray()
+        a.shape, a.ndim, a.dtype = shape, len(shape), np.dtype(dtype)
+        return a
+
+    q16, k16 = arr((1, 2, 5, 64), np.float16), arr((1, 2, 7, 64), np.float16)
+    assert fc.decline_reason(q16, k16, k16) == (
+        "float16 needs the tensor-core kernels (mma.sync m16n8k16, cp.async: sm_80+); this GPU is sm_75")
+    q32, k32 = arr((1, 2, 5, 64), np.float32), arr((1, 2, 7, 64), np.float32)
+    assert fc.decline_reason(q32, k32, k32) is None
+    Device.compute_capability = "90"
+    assert fc.decline_reason(q16, k16, k16) is None
+
+
+def test_unavailable_reason_without_cupy(monkeypatch):
+    import minitx.backend as backend
+    monkeypatch.setitem(backend._cupy, "tried", True)
+    monkeypatch.setitem(backend._cupy, "module", None)
+    monkeypatch.setitem(backend._cupy, "error", "ModuleNotFoundError: No module named 'cupy'")
+    assert fc.unavailable_reason() == "CuPy is not installed"
+    assert fc.is_available() is False
+    monkeypatch.setitem(backend._cupy, "error", "ImportError: libcudart.so.12: cannot open")
+    assert fc.unavailable_reason().startswith("CuPy failed to import (ImportError: libcudart")
+
+
+class _StandIn:
+    """A module that looks like CuPy to the launcher (the strict-CuPy-stand-in situation)."""
+
+    def __init__(self, available=True, nvrtc=None):
+        self._available = available
+        self.cuda = type("cuda", (), {})()
+        if nvrtc is not None:
+            self.cuda.nvrtc = nvrtc
+
+    def is_available(self):
+        return self._available
+
+
+def test_unavailable_reason_with_a_cupy_stand_in(monkeypatch):
+    import minitx.backend as backend
+    monkeypatch.setitem(backend._cupy, "tried", True)
+    monkeypatch.setitem(backend._cupy, "module", _StandIn(available=False))
+    assert fc.unavailable_reason() == "no CUDA device (cupy.is_available() is False)"
+    monkeypatch.setitem(backend._cupy, "module", _StandIn())           # no cuda.nvrtc at all
+    assert fc.unavailable_reason().startswith("NVRTC failed to load: AttributeError")
+
+    class Raising:
+        @staticmethod
+        def getVersion():
+            raise RuntimeError("nvrtc64 not found")
+    monkeypatch.setitem(backend._cupy, "module", _StandIn(nvrtc=Raising))
+    assert fc.unavailable_reason() == "NVRTC failed to load: RuntimeError: nvrtc64 not found"
+
+    class Fine:
+        @staticmethod
+        def getVersion():
+            return (13, 0)
+    monkeypatch.setitem(backend._cupy, "module", _StandIn(nvrtc=Fine))
+    assert fc.unavailable_reason() is None and fc.is_available() is True
 
 
 @pytest.mark.parametrize("mutate,exc,msg", [

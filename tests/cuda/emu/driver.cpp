@@ -1,7 +1,9 @@
 // Emulation driver: compiles minitx/backend/kernels/flash_attn.cu for the CPU (cuda_emu.h) and
-// exposes extern "C" launchers for ctypes. Build (see tests/cuda/conftest.py):
+// exposes extern "C" launchers for ctypes, one per kernel family and kind
+// (flash_fwd_simt_launch, flash_fwd_tc_launch, ..., flash_bwd_dot_launch), plus two tests of the
+// emulation itself (emu_mma_m16n8k16, emu_ldmatrix_x4). Build (see tests/cuda/conftest.py):
 //   g++ -std=c++20 -O1 -pthread -shared -fPIC -DMINITX_EMULATION -I<emu> -I<kernels> driver.cpp
-// -DEMU_SMALL instantiates only float, D=32 (for the ThreadSanitizer / broken-kernel builds);
+// -DEMU_SMALL instantiates only D=32 (for the ThreadSanitizer / broken-kernel builds);
 // -DEMU_MAIN adds a main() running a small forward + backward (the TSan executable);
 // -DKERNEL_FILE="path" compiles another copy of the kernel (the deliberately broken one).
 #include <cstdio>
@@ -22,16 +24,13 @@ alignas(128) float flash_smem[kArenaBytes / sizeof(float)];
 #endif
 
 #ifdef EMU_SMALL
-#define EMU_CONFIGS(X)                                   \
-    X(float, "float", 32, false, "false")                \
-    X(float, "float", 32, true, "true")
-#define EMU_TYPES(X) X(float, "float")
+#define EMU_DIMS(X, FAM) X(FAM, 32, false, "false") X(FAM, 32, true, "true")
+#define EMU_TYPES(X) X(float, "float") X(__half, "__half")
 #else
-#define EMU_CONFIGS_T(X, T, TN)                          \
-    X(T, TN, 32, false, "false") X(T, TN, 32, true, "true") \
-    X(T, TN, 64, false, "false") X(T, TN, 64, true, "true") \
-    X(T, TN, 128, false, "false") X(T, TN, 128, true, "true")
-#define EMU_CONFIGS(X) EMU_CONFIGS_T(X, float, "float") EMU_CONFIGS_T(X, __half, "__half")
+#define EMU_DIMS(X, FAM)                                              \
+    X(FAM, 32, false, "false") X(FAM, 32, true, "true")              \
+    X(FAM, 64, false, "false") X(FAM, 64, true, "true")              \
+    X(FAM, 128, false, "false") X(FAM, 128, true, "true")
 #define EMU_TYPES(X) X(float, "float") X(__half, "__half")
 #endif
 
@@ -42,7 +41,15 @@ namespace {
 struct ArenaInit {
     ArenaInit() { emu::set_shared_arena(flash_smem, kArenaBytes); }
 } arena_init;
+
+// element type of each family's q/k/v/o/dq
+template <int FAM> struct FamT;
+template <> struct FamT<0> { using T = float; };    // simt
+template <> struct FamT<1> { using T = __half; };   // tc
 }  // namespace
+
+#define FAM_simt 0
+#define FAM_tc 1
 
 extern "C" {
 
@@ -50,35 +57,81 @@ int emu_set_yield_permille(int p) { emu::set_yield_permille(p); return 0; }
 int emu_set_seed(unsigned long long s) { emu::set_seed(s); return 0; }
 long long emu_arena_bytes() { return (long long)kArenaBytes; }
 
-// kind: 0 fwd, 1 dkdv, 2 dq -> floats of dynamic shared memory (constexpr in the kernel file)
-int emu_smem_floats(int kind, int D) {
+// family: 0 simt, 1 tc; kind: 0 fwd, 1 dkdv, 2 dq -> bytes of dynamic shared memory
+// (constexpr functions of the kernel headers)
+int emu_smem_bytes(int family, int kind, int D) {
     using namespace minitx_flash;
-#define SMEM_CASE(DD)                                                       \
-    if (D == DD) {                                                          \
-        if (kind == 0) return fwd_smem_floats<DD>();                        \
-        if (kind == 1) return dkdv_smem_floats<DD>();                       \
-        if (kind == 2) return dq_smem_floats<DD>();                         \
-    }
+#define SMEM_CASE(DD)                                                            \
+    if (D == DD) return family == 0 ? simt_smem_bytes<DD>(kind) : tc_smem_bytes<DD>(kind);
     SMEM_CASE(32) SMEM_CASE(64) SMEM_CASE(128)
 #undef SMEM_CASE
     return -1;
 }
 
-int flash_fwd_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                     unsigned by, unsigned bz, size_t smem, const void* q, const void* k,
-                     const void* v, void* o, float* lse, const int* lengths,
-                     const unsigned char* kmask, int H, int Hkv, int Nq, int Nk, float scale) {
-    dim3 grid(gx, gy, gz), block(bx, by, bz);
-#define FWD_CASE(T, TN, D, C, CN)                                                          \
-    if (!std::strcmp(name, "flash_fwd<" TN ", " #D ", " CN ">"))                          \
-        return emu::launch(grid, block, smem, [&] {                                       \
-            flash_fwd<T, D, C>((const T*)q, (const T*)k, (const T*)v, (T*)o, lse, lengths, \
-                               kmask, H, Hkv, Nq, Nk, scale);                             \
+#define DEFINE_FWD(FAM)                                                                      \
+    int flash_fwd_##FAM##_launch(const char* name, unsigned gx, unsigned gy, unsigned gz,     \
+                                 unsigned bx, unsigned by, unsigned bz, size_t smem,          \
+                                 const void* q, const void* k, const void* v, void* o,        \
+                                 float* lse, const int* lengths, const unsigned char* kmask,  \
+                                 int H, int Hkv, int Nq, int Nk, float scale) {               \
+        dim3 grid(gx, gy, gz), block(bx, by, bz);                                            \
+        using T = FamT<FAM_##FAM>::T;                                                        \
+        EMU_DIMS(FWD_CASE, FAM)                                                              \
+        return -1;                                                                           \
+    }
+#define FWD_CASE(FAM, D, C, CN)                                                              \
+    if (!std::strcmp(name, "flash_fwd_" #FAM "<" #D ", " CN ">"))                           \
+        return emu::launch(grid, block, smem, [&] {                                         \
+            flash_fwd_##FAM<D, C>((const T*)q, (const T*)k, (const T*)v, (T*)o, lse,         \
+                                  lengths, kmask, H, Hkv, Nq, Nk, scale);                    \
         });
-    EMU_CONFIGS(FWD_CASE)
-#undef FWD_CASE
-    return -1;
-}
+DEFINE_FWD(simt)
+DEFINE_FWD(tc)
+
+#define DEFINE_DKDV(FAM)                                                                     \
+    int flash_bwd_dkdv_##FAM##_launch(const char* name, unsigned gx, unsigned gy,             \
+                                      unsigned gz, unsigned bx, unsigned by, unsigned bz,     \
+                                      size_t smem, const void* q, const void* k,              \
+                                      const void* v, const void* dout, const float* lse,      \
+                                      const float* dvec, float* dk, float* dv,                \
+                                      const int* lengths, const unsigned char* kmask, int H,  \
+                                      int Hkv, int Nq, int Nk, float scale) {                 \
+        dim3 grid(gx, gy, gz), block(bx, by, bz);                                            \
+        using T = FamT<FAM_##FAM>::T;                                                        \
+        EMU_DIMS(DKDV_CASE, FAM)                                                             \
+        return -1;                                                                           \
+    }
+#define DKDV_CASE(FAM, D, C, CN)                                                             \
+    if (!std::strcmp(name, "flash_bwd_dkdv_" #FAM "<" #D ", " CN ">"))                      \
+        return emu::launch(grid, block, smem, [&] {                                         \
+            flash_bwd_dkdv_##FAM<D, C>((const T*)q, (const T*)k, (const T*)v,                \
+                                       (const T*)dout, lse, dvec, dk, dv, lengths, kmask,    \
+                                       H, Hkv, Nq, Nk, scale);                               \
+        });
+DEFINE_DKDV(simt)
+DEFINE_DKDV(tc)
+
+#define DEFINE_DQ(FAM)                                                                       \
+    int flash_bwd_dq_##FAM##_launch(const char* name, unsigned gx, unsigned gy, unsigned gz,  \
+                                    unsigned bx, unsigned by, unsigned bz, size_t smem,       \
+                                    const void* q, const void* k, const void* v,              \
+                                    const void* dout, const float* lse, const float* dvec,    \
+                                    void* dq, const int* lengths, const unsigned char* kmask, \
+                                    int H, int Hkv, int Nq, int Nk, float scale) {            \
+        dim3 grid(gx, gy, gz), block(bx, by, bz);                                            \
+        using T = FamT<FAM_##FAM>::T;                                                        \
+        EMU_DIMS(DQ_CASE, FAM)                                                               \
+        return -1;                                                                           \
+    }
+#define DQ_CASE(FAM, D, C, CN)                                                               \
+    if (!std::strcmp(name, "flash_bwd_dq_" #FAM "<" #D ", " CN ">"))                        \
+        return emu::launch(grid, block, smem, [&] {                                         \
+            flash_bwd_dq_##FAM<D, C>((const T*)q, (const T*)k, (const T*)v, (const T*)dout,  \
+                                     lse, dvec, (T*)dq, lengths, kmask, H, Hkv, Nq, Nk,      \
+                                     scale);                                                 \
+        });
+DEFINE_DQ(simt)
+DEFINE_DQ(tc)
 
 int flash_bwd_dot_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                          unsigned by, unsigned bz, size_t smem, const void* o, const void* dout,
@@ -94,82 +147,116 @@ int flash_bwd_dot_launch(const char* name, unsigned gx, unsigned gy, unsigned gz
     return -1;
 }
 
-int flash_bwd_dkdv_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                          unsigned by, unsigned bz, size_t smem, const void* q, const void* k,
-                          const void* v, const void* dout, const float* lse, const float* dvec,
-                          float* dk, float* dv, const int* lengths, const unsigned char* kmask,
-                          int H, int Hkv, int Nq, int Nk, float scale) {
-    dim3 grid(gx, gy, gz), block(bx, by, bz);
-#define DKDV_CASE(T, TN, D, C, CN)                                                         \
-    if (!std::strcmp(name, "flash_bwd_dkdv<" TN ", " #D ", " CN ">"))                     \
-        return emu::launch(grid, block, smem, [&] {                                       \
-            flash_bwd_dkdv<T, D, C>((const T*)q, (const T*)k, (const T*)v, (const T*)dout, \
-                                    lse, dvec, dk, dv, lengths, kmask, H, Hkv, Nq, Nk,    \
-                                    scale);                                               \
-        });
-    EMU_CONFIGS(DKDV_CASE)
-#undef DKDV_CASE
-    return -1;
+// ---------------------------------------------------------------- tests of the emulation itself
+// One warp (32 threads) executes one mma.m16n8k16 on register fragments given per lane:
+// a[lane][4], b[lane][2] (fp16 pairs as uint32), c[lane][4] -> d[lane][4].
+int emu_mma_m16n8k16(const unsigned* a, const unsigned* b, const float* c, float* d) {
+    return emu::launch(dim3(1), dim3(32), 0, [&] {
+        const int l = int(threadIdx.x);
+        float acc[4] = {c[4 * l], c[4 * l + 1], c[4 * l + 2], c[4 * l + 3]};
+        minitx_flash::mma_16816(acc, a + 4 * l, b + 2 * l);
+        for (int i = 0; i < 4; ++i) d[4 * l + i] = acc[i];
+    });
 }
 
-int flash_bwd_dq_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                        unsigned by, unsigned bz, size_t smem, const void* q, const void* k,
-                        const void* v, const void* dout, const float* lse, const float* dvec,
-                        void* dq, const int* lengths, const unsigned char* kmask, int H, int Hkv,
-                        int Nq, int Nk, float scale) {
-    dim3 grid(gx, gy, gz), block(bx, by, bz);
-#define DQ_CASE(T, TN, D, C, CN)                                                           \
-    if (!std::strcmp(name, "flash_bwd_dq<" TN ", " #D ", " CN ">"))                       \
-        return emu::launch(grid, block, smem, [&] {                                       \
-            flash_bwd_dq<T, D, C>((const T*)q, (const T*)k, (const T*)v, (const T*)dout,   \
-                                  lse, dvec, (T*)dq, lengths, kmask, H, Hkv, Nq, Nk,      \
-                                  scale);                                                 \
-        });
-    EMU_CONFIGS(DQ_CASE)
-#undef DQ_CASE
-    return -1;
+// One warp executes ldmatrix.x4 (trans = 0/1) on a shared-memory image `smem_in` (halves) with
+// per-lane row offsets `row_off[lane]` (in halves); out[lane][4] receives the registers.
+int emu_ldmatrix_x4(const unsigned short* smem_in, int n_halves, const int* row_off, int trans,
+                    unsigned* out) {
+    return emu::launch(dim3(1), dim3(32), std::size_t(n_halves) * 2, [&] {
+        auto* sm = reinterpret_cast<__half*>(flash_smem);   // the dynamic shared-memory arena
+        for (int i = int(threadIdx.x); i < n_halves; i += 32) sm[i] = __ushort_as_half(smem_in[i]);
+        __syncthreads();
+        unsigned r[4];
+        if (trans) minitx_flash::ldmatrix_x4_trans(r, sm + row_off[threadIdx.x]);
+        else minitx_flash::ldmatrix_x4(r, sm + row_off[threadIdx.x]);
+        for (int i = 0; i < 4; ++i) out[4 * threadIdx.x + i] = r[i];
+    });
+}
+
+// One warp, two cp.async groups of one 16-byte copy per lane (lane l copies src[l] into chunk l
+// of buffer A, then src[32 + l] into buffer B; odd lanes give src-size 8 for B: the last 8 bytes
+// must become zeros). out[l] = {B's first word read *before* any wait, A's 4 words after
+// wait_group 1, B's 4 words after wait_group 0}: 9 words per lane.
+int emu_cp_async_probe(const unsigned* src, unsigned* out) {
+    return emu::launch(dim3(1), dim3(32), 2 * 32 * 16, [&] {
+        const int l = int(threadIdx.x);
+        auto* A = reinterpret_cast<unsigned*>(flash_smem);
+        unsigned* B = A + 32 * 4;
+        minitx_flash::cp_async_16(A + 4 * l, src + 4 * l, 16);
+        minitx_flash::cp_async_commit();
+        minitx_flash::cp_async_16(B + 4 * l, src + 4 * (32 + l), l % 2 ? 8 : 16);
+        minitx_flash::cp_async_commit();
+        unsigned* o = out + 9 * l;
+        o[0] = B[4 * l];                       // landed at once, or still poison
+        minitx_flash::cp_async_wait<1>();      // group A retired; B may still be in flight
+        for (int i = 0; i < 4; ++i) o[1 + i] = A[4 * l + i];
+        minitx_flash::cp_async_wait<0>();
+        for (int i = 0; i < 4; ++i) o[5 + i] = B[4 * l + i];
+    });
 }
 
 }  // extern "C"
 
 #ifdef EMU_MAIN
-// Small forward + backward (float, D=32, causal, lengths, GQA) for the ThreadSanitizer run.
-// Prints "EMU_MAIN OK" when every launch succeeded and every output is finite.
+// Small forward + backward of both families (simt fp32 and tc fp16, D=32, causal with Nq < Nk,
+// lengths, GQA, several key tiles) for the ThreadSanitizer run. Prints "EMU_MAIN OK" when every
+// launch succeeded and every output is finite.
 #include <cmath>
-int main() {
-    const int B = 1, H = 2, Hkv = 1, Nq = 33, Nk = 40, D = 32;
+
+template <int FAM>
+static int run_family(const char* fam) {
+    using T = typename FamT<FAM>::T;
+    const int B = 1, H = 2, Hkv = 1, Nq = 33, Nk = 140, D = 32;
     const float scale = 0.17677669f;
-    std::vector<float> q(B * H * Nq * D), k(B * Hkv * Nk * D), v(k.size()), dout(q.size());
+    std::vector<T> q(B * H * Nq * D), k(B * Hkv * Nk * D), v(k.size()), dout(q.size());
     unsigned s = 1;
     auto rnd = [&] { s = s * 1664525u + 1013904223u; return float(s >> 8) / float(1 << 24) - 0.5f; };
     for (auto* a : {&q, &k, &v, &dout})
-        for (auto& x : *a) x = rnd();
-    std::vector<float> o(q.size()), lse(B * H * Nq), dvec(B * H * Nq), dq(q.size());
-    std::vector<float> dk(B * H * Nk * D), dv(dk.size());
-    int lengths[1] = {37};
-    const char* cs = "true";
+        for (auto& x : *a) x = minitx_flash::from_f<T>(rnd());
+    std::vector<T> o(q.size()), dq(q.size());
+    std::vector<float> lse(B * H * Nq), dvec(B * H * Nq), dk(B * H * Nk * D), dv(dk.size());
+    int lengths[1] = {131};
+    const int rows_fwd = FAM == 0 ? minitx_flash::SimtCfg<32>::kFwdBM : minitx_flash::TcCfg<32>::kRows;
+    const int rows_dq = FAM == 0 ? minitx_flash::SimtCfg<32>::kDqBM : minitx_flash::TcCfg<32>::kRows;
+    const int rows_kv = FAM == 0 ? minitx_flash::SimtCfg<32>::kDkdvBK : minitx_flash::TcCfg<32>::kRows;
+    auto smem = [&](int kind) {
+        return std::size_t(FAM == 0 ? minitx_flash::simt_smem_bytes<32>(kind)
+                                    : minitx_flash::tc_smem_bytes<32>(kind));
+    };
     char name[128];
     int rc = 0;
-    const unsigned qt = (Nq + 31) / 32, kt = (Nk + 31) / 32;
-    std::snprintf(name, sizeof name, "flash_fwd<float, 32, %s>", cs);
-    rc |= flash_fwd_launch(name, qt, B * H, 1, 128, 1, 1, 4 * minitx_flash::fwd_smem_floats<32>(),
-                           q.data(), k.data(), v.data(), o.data(), lse.data(), lengths, nullptr,
-                           H, Hkv, Nq, Nk, scale);
-    rc |= flash_bwd_dot_launch("flash_bwd_dot<float>", (B * H * Nq + 3) / 4, 1, 1, 128, 1, 1, 0,
-                               o.data(), dout.data(), dvec.data(), B * H * Nq, D);
-    std::snprintf(name, sizeof name, "flash_bwd_dkdv<float, 32, %s>", cs);
-    rc |= flash_bwd_dkdv_launch(name, kt, B * H, 1, 128, 1, 1, 4 * minitx_flash::dkdv_smem_floats<32>(),
-                                q.data(), k.data(), v.data(), dout.data(), lse.data(), dvec.data(),
-                                dk.data(), dv.data(), lengths, nullptr, H, Hkv, Nq, Nk, scale);
-    std::snprintf(name, sizeof name, "flash_bwd_dq<float, 32, %s>", cs);
-    rc |= flash_bwd_dq_launch(name, qt, B * H, 1, 128, 1, 1, 4 * minitx_flash::dq_smem_floats<32>(),
-                              q.data(), k.data(), v.data(), dout.data(), lse.data(), dvec.data(),
-                              dq.data(), lengths, nullptr, H, Hkv, Nq, Nk, scale);
-    if (rc != 0) { std::printf("EMU_MAIN launch error %d\n", rc); return 2; }
-    for (auto* a : {&o, &dq, &dk, &dv})
+    std::snprintf(name, sizeof name, "flash_fwd_%s<32, true>", fam);
+    rc |= (FAM == 0 ? flash_fwd_simt_launch : flash_fwd_tc_launch)(
+        name, (Nq + rows_fwd - 1) / rows_fwd, B * H, 1, 128, 1, 1, smem(0), q.data(), k.data(),
+        v.data(), o.data(), lse.data(), lengths, nullptr, H, Hkv, Nq, Nk, scale);
+    rc |= flash_bwd_dot_launch(FAM == 0 ? "flash_bwd_dot<float>" : "flash_bwd_dot<__half>",
+                               (B * H * Nq + 3) / 4, 1, 1, 128, 1, 1, 0, o.data(), dout.data(),
+                               dvec.data(), B * H * Nq, D);
+    std::snprintf(name, sizeof name, "flash_bwd_dkdv_%s<32, true>", fam);
+    rc |= (FAM == 0 ? flash_bwd_dkdv_simt_launch : flash_bwd_dkdv_tc_launch)(
+        name, (Nk + rows_kv - 1) / rows_kv, B * H, 1, 128, 1, 1, smem(1), q.data(), k.data(),
+        v.data(), dout.data(), lse.data(), dvec.data(), dk.data(), dv.data(), lengths, nullptr, H,
+        Hkv, Nq, Nk, scale);
+    std::snprintf(name, sizeof name, "flash_bwd_dq_%s<32, true>", fam);
+    rc |= (FAM == 0 ? flash_bwd_dq_simt_launch : flash_bwd_dq_tc_launch)(
+        name, (Nq + rows_dq - 1) / rows_dq, B * H, 1, 128, 1, 1, smem(2), q.data(), k.data(),
+        v.data(), dout.data(), lse.data(), dvec.data(), dq.data(), lengths, nullptr, H, Hkv, Nq,
+        Nk, scale);
+    if (rc != 0) { std::printf("EMU_MAIN %s launch error %d\n", fam, rc); return 2; }
+    for (const auto* a : {&o, &dq})
+        for (const T& x : *a)
+            if (!std::isfinite(minitx_flash::to_f(x))) { std::printf("EMU_MAIN %s non-finite\n", fam); return 3; }
+    for (const auto* a : {&lse, &dk, &dv})   // lse: every row sees keys here
         for (float x : *a)
-            if (!std::isfinite(x)) { std::printf("EMU_MAIN non-finite output\n"); return 3; }
-    std::printf("EMU_MAIN OK\n");
+            if (!std::isfinite(x)) { std::printf("EMU_MAIN %s non-finite\n", fam); return 3; }
     return 0;
+}
+
+int main() {
+    int rc = run_family<0>("simt");
+    if (rc == 0) rc = run_family<1>("tc");
+    if (rc == 0) std::printf("EMU_MAIN OK\n");
+    return rc;
 }
 #endif
