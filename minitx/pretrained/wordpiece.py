@@ -57,8 +57,9 @@ def is_cjk(ch: str) -> bool:
 
 
 def _is_control(ch: str) -> bool:
-    """Category C* (control, format, unassigned, private use, surrogate), minus \\t \\n \\r."""
-    return ch not in "\t\n\r" and unicodedata.category(ch).startswith("C")
+    """Control (Cc), format (Cf), private-use (Co) or surrogate (Cs), except \\t \\n \\r.
+    Unassigned code points (Cn) are kept, as the reference implementation keeps them."""
+    return ch not in "\t\n\r" and unicodedata.category(ch) in ("Cc", "Cf", "Co", "Cs")
 
 
 def _is_punctuation(ch: str) -> bool:
