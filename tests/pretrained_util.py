@@ -120,6 +120,40 @@ def tiny_gpt2(root):
     return folder
 
 
+def minitx_bert(root):
+    """A BERT folder written by minitx alone — no ``transformers`` needed: a hand-made
+    WordPiece vocabulary and seeded random weights, saved under HuggingFace's key names
+    (``bert_state_to_hf`` + ``save_file``). For tests that need a loadable folder (refusals,
+    the example) but no oracle."""
+    if "minitx-bert" in _BUILT:
+        return _BUILT["minitx-bert"]
+    import minitx
+    import minitx.pretrained as pt
+    from minitx.pretrained.safetensors import save_file
+
+    folder = os.path.join(os.fspath(root), "minitx-bert")
+    os.makedirs(folder, exist_ok=True)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(letters + "0123456789.,!?'")
+             + sorted({w.lower() for w in WORDS if w.isascii() and w.isalpha()})
+             + ["##" + c for c in letters] + ["##s", "##ing", "##ed", "##ly"])
+    with open(os.path.join(folder, "vocab.txt"), "w", encoding="utf-8") as fh:
+        fh.write("\n".join(vocab) + "\n")
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as fh:
+        json.dump({"do_lower_case": True, "model_max_length": 64}, fh)
+    config = dict(model_type="bert", vocab_size=len(vocab), hidden_size=32,
+                  num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                  max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu",
+                  layer_norm_eps=1e-12, pad_token_id=0)
+    with open(os.path.join(folder, "config.json"), "w") as fh:
+        json.dump(config, fh)
+    minitx.manual_seed(0)
+    model = pt.BertModel(pt.BertConfig.from_dict(config))
+    save_file(pt.bert_state_to_hf(model.state_dict()), os.path.join(folder, "model.safetensors"))
+    _BUILT["minitx-bert"] = folder
+    return folder
+
+
 def max_abs(a, b, mask=None):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     d = np.abs(a - b)
