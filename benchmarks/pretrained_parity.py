@@ -42,7 +42,8 @@ def grads(model, ref, batch, kind, dtype):
     out = out.last_hidden_state if kind == "bert" else out.logits
     (out * torch.tensor(w, dtype=out.dtype)).sum().backward()
     emb = minitx.tensor(emb_t.detach().numpy(), requires_grad=True)
-    (model(inputs_embeds=emb, attention_mask=mask) * minitx.tensor(w.astype(dtype))).sum().backward()
+    out = model(inputs_embeds=emb, attention_mask=mask)
+    (out * minitx.tensor(w.astype(dtype))).sum().backward()
     hf = {k: p.grad.numpy() for k, p in ref.named_parameters() if p.grad is not None}
     mapped = pt.bert_state_from_hf(hf) if kind == "bert" else \
         pt.gpt2_state_from_hf(hf, model.config)

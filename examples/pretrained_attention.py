@@ -215,9 +215,9 @@ def main(argv=None):
                                 ("entropy (nats)", "on [CLS]", "on [SEP]", "prev. token",
                                  "next token")) + "   (mean over heads / best head)")
     for li in range(layers):
-        print(f"{li:>5}  " + "  ".join(
-            f"{stats[k][li].mean():6.2f} / {stats[k][li].max() if k != 'entropy' else stats[k][li].min():5.2f}"
-            for k in ("entropy", "cls", "sep", "prev", "next")))
+        best = {k: stats[k][li].min() if k == "entropy" else stats[k][li].max() for k in stats}
+        print(f"{li:>5}  " + "  ".join(f"{stats[k][li].mean():6.2f} / {best[k]:5.2f}"
+                                       for k in ("entropy", "cls", "sep", "prev", "next")))
     flat = {k: v.reshape(-1) for k, v in stats.items()}
     top = {k: [(int(i // heads), int(i % heads), round(float(flat[k][i]), 3))
                for i in np.argsort(-flat[k] if k != "entropy" else flat[k])[:3]]

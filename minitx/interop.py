@@ -321,8 +321,8 @@ def from_torch(module):
             hasattr(module, "config"):
         cfg = module.config.to_dict()
         cls = BertModel if type(module).__name__ == "BertModel" else GPT2Model
-        out = cls.from_hf(cfg, state, source=type(module).__name__,
-                          dtype=next(iter(state.values())).dtype)
+        dtype = next(v.dtype for v in state.values() if v.dtype.kind == "f")
+        out = cls.from_hf(cfg, state, source=type(module).__name__, dtype=dtype)
         out.train(bool(module.training))
         return out
     else:

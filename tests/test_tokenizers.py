@@ -97,8 +97,9 @@ def _disagreements(mine, oracle, strings):
 
 
 def _report(name, bad, total):
-    return (f"{name}: {total - len(bad)}/{total} strings agree" +
-            "".join(f"; first disagreements:\n" if bad else "") + "\n".join(f"  {s!r}: minitx {a} vs tokenizers {b}" for s, a, b in bad[:5]))
+    lines = [f"  {s!r}: minitx {a} vs tokenizers {b}" for s, a, b in bad[:5]]
+    head = f"{name}: {total - len(bad)}/{total} strings agree"
+    return head + ("; first disagreements:\n" + "\n".join(lines) if bad else "")
 
 
 # ---- WordPiece -------------------------------------------------------------------------------

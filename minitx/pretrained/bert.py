@@ -289,9 +289,9 @@ def bert_state_to_hf(state: dict) -> dict:
         if inner in layer_back:
             out[prefix + layer_back[inner] + "." + leaf] = value
         elif leaf in ("in_proj_weight", "in_proj_bias"):
-            e = value.shape[0] // 3
+            e, kind = value.shape[0] // 3, leaf[len("in_proj_"):]        # "weight" / "bias"
             for j, p in enumerate(_QKV):
-                out[f"{prefix}attention.self.{p}.{leaf[len('in_proj_'):]}"] = value[j * e:(j + 1) * e]
+                out[f"{prefix}attention.self.{p}.{kind}"] = value[j * e:(j + 1) * e]
         else:
             raise ValueError(f"bert_state_to_hf: unexpected minitx key {key!r}")
     return out

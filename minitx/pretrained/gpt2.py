@@ -237,7 +237,9 @@ def gpt2_state_from_hf(tensors: dict, config: GPT2Config, source: str = "checkpo
             elif inner.rsplit(".", 1)[0] in _CONV:
                 mod, leaf = inner.rsplit(".", 1)
                 v = np.asarray(value)
-                state[f"{pre}{_CONV[mod]}.{leaf}"] = np.ascontiguousarray(v.T) if leaf == "weight" else v
+                if leaf == "weight":                       # Conv1D (in, out) → Linear (out, in)
+                    v = np.ascontiguousarray(v.T)
+                state[f"{pre}{_CONV[mod]}.{leaf}"] = v
             else:
                 unknown.append(key)
         else:
@@ -272,7 +274,9 @@ def gpt2_state_to_hf(state: dict, config: GPT2Config) -> dict:
         elif inner in ("attn.q_proj", "attn.k_proj", "attn.v_proj"):
             qkv[(i, inner[-6], leaf)] = value
         elif inner in back:
-            out[f"{pre}{back[inner]}.{leaf}"] = np.ascontiguousarray(value.T) if leaf == "weight" else value
+            if leaf == "weight":                           # Linear (out, in) → Conv1D (in, out)
+                value = np.ascontiguousarray(value.T)
+            out[f"{pre}{back[inner]}.{leaf}"] = value
         else:
             raise ValueError(f"gpt2_state_to_hf: unexpected minitx key {key!r}")
     for i in sorted({i for i, _, _ in qkv}, key=int):

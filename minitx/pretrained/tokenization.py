@@ -114,7 +114,8 @@ class PretrainedTokenizer:
 
     # ---- a batch -------------------------------------------------------------------------
     def __call__(self, text, text_pair=None, padding=True, truncation=True, max_length=None,
-                 add_special_tokens: bool = True, return_token_type_ids: bool = None):
+                 add_special_tokens: bool = True, return_token_type_ids: bool = None,
+                 return_tensors: str = "np"):
         """Tokenise a string or a list of strings (and optional second segments) into padded
         (B, N) int64 NumPy arrays (see the module docstring).
 
@@ -122,8 +123,12 @@ class PretrainedTokenizer:
         ``max_length``), False (all sequences must then have the same length).
         ``truncation``: True cuts every sequence to ``max_length`` (default
         ``model_max_length``) tokens, special tokens included; for pairs the longer segment
-        is cut first ("longest_first", as the fast tokenizers do). False: a longer sequence raises ValueError.
+        is cut first ("longest_first", as the fast tokenizers do). False: a longer sequence
+        raises ValueError. ``return_tensors``: only "np" (NumPy), accepted for HF habits.
         """
+        if return_tensors not in (None, "np"):
+            raise ValueError(f"tokenizer: return_tensors must be 'np' (minitx tokenizers return "
+                             f"NumPy arrays), got {return_tensors!r}")
         texts = [text] if isinstance(text, str) else list(text)
         pairs = None
         if text_pair is not None:
