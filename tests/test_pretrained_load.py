@@ -226,3 +226,15 @@ def test_real_minilm_matches_transformers():
     assert max_abs(emb, want) <= 1e-6
     sim = emb @ emb.T
     assert sim[0, 1] > sim[0, 2] + 0.3                # eating ≈ eating, far from the girl
+
+
+def test_load_options(bert_folder):
+    model, tok = pt.load(bert_folder, tokenizer=False)
+    assert tok is None and isinstance(model, pt.BertModel)
+    with pytest.raises(TypeError, match="float32 or float64, got float16"):
+        pt.load(bert_folder, dtype="float16")
+    model, tok = pt.load(bert_folder, dtype="float64")
+    h = model(tok("hello world")["input_ids"])
+    assert h.dtype == np.float64 and h.shape == (1, len(tok.encode("hello world")), 32)
+    with pytest.raises(ValueError, match="return_tensors must be 'np'"):
+        tok("hello", return_tensors="pt")
