@@ -111,7 +111,7 @@ def load(folder, dtype=None, tokenizer: bool = True):
         raise ValueError(f"{os.path.join(folder, 'config.json')}: model_type {kind!r} is not "
                          f"supported; minitx.pretrained loads: {', '.join(sorted(FAMILIES))}")
     target = np.dtype("float32" if dtype is None else dtype)
-    if target.kind != "f" or target.itemsize < 4:
+    if target not in (np.float32, np.float64):
         raise TypeError(f"load: dtype must be float32 or float64, got {target}")
     model_cls, tok_cls, positions_key = FAMILIES[kind]
     tensors = load_weights(folder, dtype=target)
