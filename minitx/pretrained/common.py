@@ -16,7 +16,7 @@ from .. import functional as F
 from ..autograd.tensor import Tensor
 
 __all__ = ["gelu_tanh", "activation", "ACTIVATIONS", "padding_mask", "token_array",
-           "AttentionMapsMixin", "shape_check"]
+           "AttentionMapsMixin", "device_xp"]
 
 
 def gelu_tanh(x):
@@ -99,14 +99,6 @@ class AttentionMapsMixin:
     def attention_maps(self) -> dict:
         return {name: m.last_attn_weights for name, m in self.named_modules()
                 if getattr(m, "last_attn_weights", None) is not None}
-
-
-def shape_check(state: dict, expected: dict, source: str):
-    """Raise ValueError (naming ``source`` and the key) when a tensor's shape differs."""
-    for key, shape in expected.items():
-        if key in state and tuple(state[key].shape) != tuple(shape):
-            raise ValueError(f"{source}: tensor {key!r} has shape {tuple(state[key].shape)}, "
-                             f"config.json implies {tuple(shape)}")
 
 
 def device_xp(module):
