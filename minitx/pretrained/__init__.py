@@ -1,0 +1,149 @@
+"""``minitx.pretrained``: open HuggingFace checkpoints — BERT and GPT-2 families — and
+their tokenizers, in minitx's own modules.
+
+    import minitx.pretrained as pt
+
+    model, tokenizer = pt.load("path/to/all-MiniLM-L6-v2")      # a HuggingFace folder
+    batch = tokenizer(["A man is eating food.", "Someone eats."])
+    hidden = model(batch["input_ids"], attention_mask=batch["attention_mask"])   # (B, N, E)
+    emb = pt.mean_pool(hidden, batch["attention_mask"])                          # (B, E), unit
+    (emb @ emb.T).numpy()                                        # cosine similarities
+
+``load`` reads ``config.json`` and picks the family from its ``model_type``:
+
+- "bert" → ``BertModel`` (``model(input_ids, attention_mask=…, token_type_ids=…)`` →
+  last hidden state (B, N, E)) and a ``WordPieceTokenizer``;
+- "gpt2" → ``GPT2Model`` (``model(input_ids, attention_mask=…)`` → logits (B, N, V);
+  ``model.generate``) and a ``ByteLevelBPETokenizer``.
+
+Weights come only from ``*.safetensors`` files (sharded ones through
+``model.safetensors.index.json``), read and validated by ``minitx.pretrained.safetensors``;
+pickle-based ``pytorch_model.bin`` files are refused. Every layer's attention:
+``model.record_attention(True)``, run, ``model.attention_maps()``.
+
+``attention_mask`` is HuggingFace's (1 = token, 0 = padding). Do not pass it on to
+``nn.TransformerEncoder`` as ``src_key_padding_mask``: that one means True = padding, and a
+float mask there is *added* to the scores (see ``minitx.pretrained.common``).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from .. import backend
+from .. import functional as F
+from ..autograd.tensor import Tensor
+from .bert import BertConfig, BertModel, bert_state_from_hf, bert_state_to_hf
+from .bpe import ByteLevelBPETokenizer
+from .gpt2 import GPT2Config, GPT2Model, gpt2_state_from_hf, gpt2_state_to_hf
+from .safetensors import (PICKLE_SUFFIXES, SafetensorsError, UnsafeCheckpointError,
+                          load_file, refuse_pickle)
+from .wordpiece import WordPieceTokenizer
+
+__all__ = ["load", "load_weights", "mean_pool", "FAMILIES", "BertConfig", "BertModel",
+           "GPT2Config", "GPT2Model", "WordPieceTokenizer", "ByteLevelBPETokenizer",
+           "SafetensorsError", "UnsafeCheckpointError", "bert_state_from_hf",
+           "bert_state_to_hf", "gpt2_state_from_hf", "gpt2_state_to_hf"]
+
+# model_type in config.json → (model class, tokenizer class, config key of the position limit)
+FAMILIES = {
+    "bert": (BertModel, WordPieceTokenizer, "max_position_embeddings"),
+    "gpt2": (GPT2Model, ByteLevelBPETokenizer, "n_positions"),
+}
+
+
+def _read_config(folder):
+    path = os.path.join(folder, "config.json")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{folder}: not a folder (expected a HuggingFace model folder "
+                                "with config.json and *.safetensors)")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: missing; a HuggingFace model folder has config.json")
+    with open(path, encoding="utf-8") as fh:
+        try:
+            return json.load(fh)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def load_weights(folder, dtype="float32") -> dict:
+    """{HF key: NumPy array} from the folder's safetensors file(s), floats as ``dtype``.
+
+    Reads ``model.safetensors.index.json``'s shards when present, else every
+    ``*.safetensors`` file. Raises ``UnsafeCheckpointError`` when only pickle-based
+    checkpoints (``pytorch_model.bin``, ``*.pt`` …) are there, FileNotFoundError when none."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index, encoding="utf-8") as fh:
+            files = sorted(set(json.load(fh)["weight_map"].values()))
+    else:
+        files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+    if not files:
+        pickles = sorted(f for f in os.listdir(folder) if f.lower().endswith(PICKLE_SUFFIXES))
+        if pickles:
+            refuse_pickle(os.path.join(folder, pickles[0]))
+        raise FileNotFoundError(f"{folder}: no *.safetensors weights found")
+    tensors = {}
+    for name in files:
+        path = os.path.join(folder, name)
+        for key, arr in load_file(path, dtype=dtype).items():
+            if key in tensors:
+                raise SafetensorsError(f"{path}: tensor {key!r} appears in two shards")
+            tensors[key] = arr
+    return tensors
+
+
+def load(folder, dtype=None, tokenizer: bool = True):
+    """``(model, tokenizer)`` from a HuggingFace folder (config.json, *.safetensors,
+    tokenizer files); the family comes from ``config.json``'s ``model_type``.
+
+    ``dtype``: "float32" (default) or "float64" parameters (bfloat16/float16 checkpoints are
+    widened exactly). Parameters live on the active backend (``minitx.set_backend``). The
+    model is returned in eval mode (dropout off), as HuggingFace's ``from_pretrained`` does.
+    ``tokenizer=False`` skips the tokenizer (returns ``(model, None)``).
+    """
+    folder = os.fspath(folder)
+    config = _read_config(folder)
+    kind = config.get("model_type")
+    if kind not in FAMILIES:
+        raise ValueError(f"{os.path.join(folder, 'config.json')}: model_type {kind!r} is not "
+                         f"supported; minitx.pretrained loads: {', '.join(sorted(FAMILIES))}")
+    target = np.dtype("float32" if dtype is None else dtype)
+    if target not in (np.float32, np.float64):
+        raise TypeError(f"load: dtype must be float32 or float64, got {target}")
+    model_cls, tok_cls, positions_key = FAMILIES[kind]
+    tensors = load_weights(folder, dtype=target)
+    model = model_cls.from_hf(config, tensors, source=folder, dtype=target)
+    model.eval()
+    tok = None
+    if tokenizer:
+        tok = tok_cls.from_folder(folder, model_max_length=config.get(positions_key))
+    return model, tok
+
+
+def mean_pool(hidden, attention_mask, normalize: bool = True):
+    """Sentence embeddings: the mean of the token states over the real tokens.
+
+        e_b = Σ_n m_bn h_bn / max(Σ_n m_bn, 1e-9),   then e_b / max(‖e_b‖₂, 1e-12) if normalize
+
+    ``hidden`` (B, N, E) Tensor, ``attention_mask`` (B, N) 1 = token, 0 = padding (NumPy,
+    CuPy or Tensor; moved to hidden's device). Returns (B, E), differentiable. With
+    ``normalize`` the rows have unit length, so ``emb @ emb.T`` is the cosine similarity
+    (sentence-transformers' recipe for all-MiniLM-L6-v2).
+    """
+    if not isinstance(hidden, Tensor) or len(hidden.shape) != 3:
+        raise ValueError(f"mean_pool: hidden must be a (B, N, E) Tensor, got "
+                         f"{type(hidden).__name__} of shape {tuple(getattr(hidden, 'shape', ()))}")
+    xp = backend.get_array_module(hidden.data)
+    m = xp.asarray(getattr(attention_mask, "data", attention_mask))
+    if tuple(m.shape) != tuple(hidden.shape[:2]):
+        raise ValueError(f"mean_pool: attention_mask must have shape {tuple(hidden.shape[:2])},"
+                         f" got {tuple(m.shape)}")
+    m = m.astype(hidden.dtype)[:, :, None]                             # (B, N, 1)
+    pooled = (hidden * m).sum(axis=1) / xp.maximum(m.sum(axis=1), 1e-9)  # (B, E)
+    if not normalize:
+        return pooled
+    norm = F.sqrt((pooled * pooled).sum(axis=1, keepdims=True))         # (B, 1)
+    return pooled / F.clip(norm, min=1e-12)
