@@ -6,8 +6,8 @@ stand-in (``MINITX_TEST_BACKEND=strict-cupy``, see ``strict_cupy.py``) — NumPy
 array meeting a device array, CuPy refuses it:
 
 - **In**: inputs are built as NumPy arrays on the host and enter minitx through
-  ``tensor(...)`` here (or ``minitx.tensor(...)`` where a test checks minitx's own dtype
-  rules), which moves them to the active backend.
+  ``tensor(...)`` here or ``minitx.tensor(...)`` (both move them to the active backend;
+  ``tensor`` states the dtype, float64 unless told otherwise).
 - **Out**: results leave through ``.numpy()`` or ``to_host(...)`` — never ``np.asarray`` /
   ``np.testing`` on ``tensor.data`` (a device array under CuPy).
 - **References** are computed on the host from host arrays (the same NumPy arrays the inputs

@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 
 from minitx.attention import REGISTRY
-from support import assert_close, params_to_float64, tensor
+from support import assert_close, params_to_float64, qkv, tensor
 
 
 def large_future_inputs(n=7, seed=0):
-    rng = np.random.default_rng(seed)
-    q, k, v = (rng.standard_normal((2, 2, n, 4)) for _ in range(3))
+    q, k, v = qkv(n, b=2, h=2, d=4, seed=seed)
     k[:, :, n // 2:] += 3000.0              # keys after the middle: e^3000 overflows float64
     return q, k, v
 
