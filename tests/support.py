@@ -16,8 +16,9 @@ array meeting a device array, CuPy refuses it:
   with ``to_host``. The two are never mixed: no host array goes into a device computation by
   hand and no device array into NumPy.
 - **Parameters** get test values with ``param.copy_(host_array)`` (writes in place, on the
-  parameter's device and in its dtype, records no graph), never ``param.data = host_array``
-  (that would leave a host array inside a device parameter).
+  parameter's device and in its dtype; it records no graph, so no ``minitx.no_grad()`` is
+  needed), never ``param.data = host_array`` (that would leave a host array inside a device
+  parameter).
 
 ``assert_close`` / ``assert_equal`` accept Tensors, device arrays and host arrays on either
 side (both go through ``to_host``) and pass every keyword to ``np.testing`` unchanged, so their
@@ -36,8 +37,8 @@ _HOST = (np.ndarray, np.generic, list, tuple, int, float, bool)
 
 
 def tensor(x, dtype="float64", requires_grad=False):
-    """The one way test data enters minitx: host data ``x`` (a NumPy array, a NumPy scalar, a
-    Python number or a nested list) as a Tensor on the active backend.
+    """The tests' one tensor factory: host data ``x`` (a NumPy array, a NumPy scalar, a Python
+    number or a nested list) as a Tensor on the active backend.
 
     ``dtype``: "float64" by default (test references are float64); ``None`` keeps ``x``'s own
     dtype (NumPy arrays keep theirs; Python floats become float32, minitx's rule); any other
