@@ -4,9 +4,13 @@
 - The hypothesis profile "ci" (25 examples, no deadline) is registered and loaded, so
   property tests stay fast and are not flaky on a busy machine.
 
-Tests create tensors with ``minitx.tensor(numpy_array)`` and read results with
-``.numpy()``; both go through the active backend, so the same tests exercise CuPy arrays
-when run with ``MINITX_BACKEND=cupy``.
+The test helpers live in ``support.py`` (``from support import tensor, qkv, assert_close,
+...``), with the rule every test follows: inputs are built as NumPy arrays on the host and
+enter minitx through ``support.tensor`` / ``minitx.tensor``; results leave through
+``.numpy()`` / ``to_host``; references are computed on the host (or on the device and read
+back), never mixing host and device arrays; parameters get test values with ``copy_``. So the
+same tests run on NumPy, on CuPy (``MINITX_BACKEND=cupy``) and on the strict CuPy stand-in
+(``MINITX_TEST_BACKEND=strict-cupy``, below), which refuses every host/device mix as a GPU does.
 """
 import os
 

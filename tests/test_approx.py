@@ -9,6 +9,7 @@ import pytest
 import minitx
 from minitx.attention import REGISTRY, dense_attention_array
 from minitx.attention.performer import orthogonal_gaussian, performer_kernel
+from support import assert_close, assert_equal, params_to_float64, qkv, tensor, to_host
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -21,11 +22,6 @@ def load_quality():
     return module
 
 
-def qk(n=16, d=8, scale=0.5, seed=0):
-    rng = np.random.default_rng(seed)
-    return (rng.standard_normal((1, 1, n, d)) * scale, rng.standard_normal((1, 1, n, d)) * scale)
-
-
 def exact_kernel(q, k):
     return np.exp(q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]))
 
@@ -34,12 +30,12 @@ def exact_kernel(q, k):
 
 def test_orthogonal_features_are_orthogonal_within_a_block_with_chi_norms():
     minitx.manual_seed(0)
-    w = orthogonal_gaussian(16, 8)                     # two blocks of 8
+    w = to_host(orthogonal_gaussian(16, 8))            # two blocks of 8
     for block in (w[:8], w[8:]):
         unit = block / np.linalg.norm(block, axis=1, keepdims=True)
         np.testing.assert_allclose(unit @ unit.T, np.eye(8), atol=1e-10)
     minitx.manual_seed(1)
-    norms = np.linalg.norm(orthogonal_gaussian(8000, 8), axis=1)
+    norms = np.linalg.norm(to_host(orthogonal_gaussian(8000, 8)), axis=1)
     # chi(8): mean √2 Γ(4.5)/Γ(4) ≈ 2.7416, variance 8 − mean². The rows' norms are iid chi(8)
     # draws, so the sample mean of 8000 has standard error √(var/8000) ≈ 0.0078; allow 4 of them
     # (a wrong degree of freedom, e.g. chi(7) with mean ≈ 2.55, is off by > 20).
@@ -51,12 +47,12 @@ def test_orthogonal_features_are_orthogonal_within_a_block_with_chi_norms():
 def test_kernel_estimate_is_unbiased_and_attention_converges():
     """Averaging φ(q)φ(k)ᵀ over many feature redraws converges to exp(q·k/√D), and the
     row-normalised average to exact softmax attention."""
-    q, k = qk()
+    q, k, _ = qkv(16, b=1, h=1, d=8, scale=0.5)
     exact = exact_kernel(q, k)
     minitx.manual_seed(0)
     errors, total = [], np.zeros_like(exact)
     for r in range(1, 1601):
-        total += performer_kernel(q, k, orthogonal_gaussian(16, 8))
+        total += performer_kernel(q, k, to_host(orthogonal_gaussian(16, 8)))
         if r in (25, 1600):
             mean = total / r
             errors.append(np.linalg.norm(mean - exact) / np.linalg.norm(exact))
@@ -79,14 +75,14 @@ def test_error_shrinks_like_inverse_sqrt_m():
     error σ/√m; we average 20 draws per m (the error estimate itself then has ~16% noise,
     i.e. ±0.07 in log) — a tolerance of ±0.15 on the slope covers that with margin.
     """
-    q, k = qk(n=16, d=8, scale=0.6, seed=1)
+    q, k, _ = qkv(16, b=1, h=1, d=8, scale=0.6, seed=1)
     exact = exact_kernel(q, k)
     minitx.manual_seed(0)
     ms = [16, 64, 256, 1024]
     rms = []
     for m in ms:
-        errs = [np.linalg.norm(performer_kernel(q, k, orthogonal_gaussian(m, 8)) - exact) ** 2
-                for _ in range(20)]
+        errs = [np.linalg.norm(performer_kernel(q, k, to_host(orthogonal_gaussian(m, 8)))
+                               - exact) ** 2 for _ in range(20)]
         rms.append(np.sqrt(np.mean(errs)) / np.linalg.norm(exact))
     slope = np.polyfit(np.log(ms), np.log(rms), 1)[0]
     assert -0.65 < slope < -0.35, (slope, rms)
@@ -97,47 +93,47 @@ def test_stabilisation_cancels_and_survives_large_inputs():
     large inputs that overflow exp stay finite."""
     from minitx.attention.performer import performer_attention
     minitx.manual_seed(0)
-    w = orthogonal_gaussian(32, 8)
-    q, k = qk(n=10, d=8, scale=0.5)
+    w = orthogonal_gaussian(32, 8)                     # on the active backend, as the layer's
+    q, k, _ = qkv(10, b=1, h=1, d=8, scale=0.5)
     v = np.random.default_rng(0).standard_normal((1, 1, 10, 8))
-    t = [minitx.tensor(x, dtype="float64") for x in (q, k, v)]
-    out = performer_attention(*t, w, eps=0.0).data
-    kern = performer_kernel(q, k, w)
-    np.testing.assert_allclose(out, (kern / kern.sum(-1, keepdims=True)) @ v, atol=1e-10)
-    big = [minitx.tensor(x * 60, dtype="float64") for x in (q, k)]
-    assert np.all(np.isfinite(performer_attention(*big, t[2], w).data))
+    t = [tensor(x) for x in (q, k, v)]
+    out = performer_attention(*t, w, eps=0.0)
+    kern = performer_kernel(q, k, to_host(w))          # the reference, on the host
+    assert_close(out, (kern / kern.sum(-1, keepdims=True)) @ v, atol=1e-10)
+    big = [tensor(x * 60) for x in (q, k)]
+    assert np.all(np.isfinite(performer_attention(*big, t[2], w).numpy()))
 
 
 def test_causal_performer_equals_masked_kernel_form():
     from minitx.attention.performer import performer_attention
     minitx.manual_seed(0)
     w = orthogonal_gaussian(32, 8)
-    q, k = qk(n=9, d=8)
+    q, k, _ = qkv(9, b=1, h=1, d=8, scale=0.5)
     v = np.random.default_rng(1).standard_normal((1, 1, 9, 8))
-    t = [minitx.tensor(x, dtype="float64") for x in (q, k, v)]
-    out = performer_attention(*t, w, causal=True, eps=0.0).data
-    kern = performer_kernel(q, k, w) * np.tri(9)
-    np.testing.assert_allclose(out, (kern / kern.sum(-1, keepdims=True)) @ v, atol=1e-10)
+    t = [tensor(x) for x in (q, k, v)]
+    out = performer_attention(*t, w, causal=True, eps=0.0)
+    kern = performer_kernel(q, k, to_host(w)) * np.tri(9)
+    assert_close(out, (kern / kern.sum(-1, keepdims=True)) @ v, atol=1e-10)
 
 
 def test_redraw_only_when_asked():
     minitx.manual_seed(0)
     layer = REGISTRY["performer"](16, 2)
-    w0 = layer.features.data.copy()
-    x = minitx.tensor(np.random.default_rng(0).standard_normal((1, 5, 16)))
+    w0 = layer.features.numpy().copy()
+    x = tensor(np.random.default_rng(0).standard_normal((1, 5, 16)))
     layer.train()
     layer(x)
-    np.testing.assert_array_equal(layer.features.data, w0)        # training, no option
+    assert_equal(layer.features, w0)                              # training, no option
     layer.redraw()
-    assert not np.allclose(layer.features.data, w0)
+    assert not np.allclose(layer.features.numpy(), w0)
     layer = REGISTRY["performer"](16, 2, redraw_in_training=True)
-    w1 = layer.features.data.copy()
+    w1 = layer.features.numpy().copy()
     layer.eval()
     layer(x)
-    np.testing.assert_array_equal(layer.features.data, w1)        # eval: never
+    assert_equal(layer.features, w1)                              # eval: never
     layer.train()
     layer(x)
-    assert not np.allclose(layer.features.data, w1)
+    assert not np.allclose(layer.features.numpy(), w1)
 
 
 # ---- Linformer ---------------------------------------------------------------------------
@@ -147,27 +143,24 @@ def test_linformer_refuses_causal_and_long_sequences():
         REGISTRY["linformer"](16, 2, causal=True)
     layer = REGISTRY["linformer"](16, 2, max_len=8)
     with pytest.raises(ValueError, match="max_len=8"):
-        layer(minitx.tensor(np.zeros((1, 9, 16))))
+        layer(tensor(np.zeros((1, 9, 16))))
     with pytest.raises(ValueError, match="init"):
         REGISTRY["linformer"](16, 2, init="nope")
 
 
 def test_linformer_full_rank_pooling_is_exact():
-    layer = REGISTRY["linformer"](16, 2, proj_dim=12, max_len=12, init="pool")
-    for p in layer.parameters():
-        p.data = p.data.astype(np.float64)
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((2, 2, 12, 8)) for _ in range(3))
-    out = layer.attend(*[minitx.tensor(x) for x in (q, k, v)]).data
-    np.testing.assert_allclose(out, dense_attention_array(q, k, v), atol=1e-12)
+    layer = params_to_float64(REGISTRY["linformer"](16, 2, proj_dim=12, max_len=12, init="pool"))
+    q, k, v = qkv(12, d=8, seed=0)
+    out = layer.attend(*[tensor(x) for x in (q, k, v)])
+    assert_close(out, dense_attention_array(q, k, v), atol=1e-12)
 
 
 def test_linformer_projections_are_learned():
     layer = REGISTRY["linformer"](16, 2, proj_dim=4, max_len=16)
-    x = minitx.tensor(np.random.default_rng(0).standard_normal((2, 10, 16)), dtype="float32")
+    x = tensor(np.random.default_rng(0).standard_normal((2, 10, 16)), dtype="float32")
     layer(x).sum().backward()
-    assert layer.E.grad is not None and np.abs(layer.E.grad.data[:, :10]).sum() > 0
-    np.testing.assert_array_equal(layer.E.grad.data[:, 10:], 0)   # unused columns
+    assert layer.E.grad is not None and np.abs(layer.E.grad.numpy()[:, :10]).sum() > 0
+    assert_equal(layer.E.grad.numpy()[:, 10:], 0)                 # unused columns
     shared = REGISTRY["linformer"](16, 2, share_kv=True)
     assert shared.F is None
 

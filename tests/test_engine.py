@@ -9,62 +9,55 @@ import minitx
 import minitx.functional as F
 from minitx import Function
 from minitx.autograd import topological_order
-
-
-def arr(t):
-    return t.numpy()
-
-
-def leaf(a):
-    return minitx.tensor(a, requires_grad=True)
+from support import tensor, to_host
 
 
 def test_100k_op_chain_backprops_without_recursion_error():
     assert sys.getrecursionlimit() < 100_000      # a recursive engine could not do this
-    x = leaf(np.array([1.0]))
+    x = tensor(np.array([1.0]), requires_grad=True)
     y = x
     for _ in range(50_000):                        # 100,000 ops: mul and add alternate
         y = y * 1.0
         y = y + 0.0
     y.sum().backward()
-    np.testing.assert_array_equal(arr(x.grad), [1.0])
+    np.testing.assert_array_equal(to_host(x.grad), [1.0])
 
 
 def test_diamond_graph_sums_gradients(rng):
     a = rng.standard_normal(5)
-    x = leaf(a)
+    x = tensor(a, requires_grad=True)
     u = x * 3.0                        # x feeds two branches that meet again
     v = F.exp(x)
     (u * v).sum().backward()           # d/dx (3x eˣ) = 3eˣ + 3x eˣ
-    np.testing.assert_allclose(arr(x.grad), 3 * np.exp(a) + 3 * a * np.exp(a))
+    np.testing.assert_allclose(to_host(x.grad), 3 * np.exp(a) + 3 * a * np.exp(a))
 
-    y = leaf(a)
+    y = tensor(a, requires_grad=True)
     (y * y + y).sum().backward()       # x used three times
-    np.testing.assert_allclose(arr(y.grad), 2 * a + 1)
+    np.testing.assert_allclose(to_host(y.grad), 2 * a + 1)
 
 
 def test_gradients_accumulate_across_backward_calls(rng):
     a = rng.standard_normal(4)
-    x = leaf(a)
+    x = tensor(a, requires_grad=True)
     (x * x).sum().backward()
     (x * 5.0).sum().backward()
-    np.testing.assert_allclose(arr(x.grad), 2 * a + 5)
+    np.testing.assert_allclose(to_host(x.grad), 2 * a + 5)
     x.zero_grad()
     assert x.grad is None
 
 
 def test_retain_graph_allows_second_backward(rng):
     a = rng.standard_normal(3)
-    x = leaf(a)
+    x = tensor(a, requires_grad=True)
     y = (F.exp(x) * x).sum()
     y.backward(retain_graph=True)
-    first = arr(x.grad).copy()
+    first = to_host(x.grad).copy()
     y.backward()
-    np.testing.assert_allclose(arr(x.grad), 2 * first)
+    np.testing.assert_allclose(to_host(x.grad), 2 * first)
 
 
 def test_second_backward_without_retain_graph_raises(rng):
-    x = leaf(rng.standard_normal(3))
+    x = tensor(rng.standard_normal(3), requires_grad=True)
     y = (F.tanh(x) * 2.0).sum()
     y.backward()
     with pytest.raises(RuntimeError, match="second time.*retain_graph"):
@@ -72,7 +65,7 @@ def test_second_backward_without_retain_graph_raises(rng):
 
 
 def test_no_grad_records_nothing(rng):
-    x = leaf(rng.standard_normal(3))
+    x = tensor(rng.standard_normal(3), requires_grad=True)
     with minitx.no_grad():
         assert not minitx.is_grad_enabled()
         y = F.softmax(x * 2.0 + 1.0)
@@ -91,8 +84,8 @@ def test_no_inputs_requiring_grad_records_nothing(rng):
 
 
 def test_graph_is_freed_after_backward(rng):
-    x = leaf(rng.standard_normal((3, 4)))
-    w = leaf(rng.standard_normal((4, 2)))
+    x = tensor(rng.standard_normal((3, 4)), requires_grad=True)
+    w = tensor(rng.standard_normal((4, 2)), requires_grad=True)
     out = F.softmax(F.tanh(x @ w), -1).sum()
     nodes = topological_order(out._ctx)
     assert len(nodes) == 4
@@ -104,14 +97,14 @@ def test_graph_is_freed_after_backward(rng):
 
 
 def test_retain_graph_keeps_saved_arrays(rng):
-    x = leaf(rng.standard_normal(3))
+    x = tensor(rng.standard_normal(3), requires_grad=True)
     out = F.exp(x).sum()
     out.backward(retain_graph=True)
     assert all(not n.freed for n in topological_order(out._ctx))
 
 
 def test_topological_order_puts_consumers_first(rng):
-    x = leaf(rng.standard_normal(2))
+    x = tensor(rng.standard_normal(2), requires_grad=True)
     a = x * 2.0
     b = a + x
     c = b * a
@@ -146,7 +139,7 @@ class WrongDtype(Function):
 
 
 def test_engine_shape_check_names_the_function(rng):
-    x = leaf(rng.standard_normal((3, 2)))
+    x = tensor(rng.standard_normal((3, 2)), requires_grad=True)
     with pytest.raises(RuntimeError, match=r"WrongShape\.backward.*shape.*\(2,\).*\(3, 2\)"):
         WrongShape.apply(x).sum().backward()
 
@@ -164,28 +157,28 @@ class IntGrad(Function):
 def test_engine_casts_a_float_gradient_to_its_inputs_dtype(rng):
     """The dtype rule: a float32 gradient for a float64 input arrives as float64, exactly the
     float32 values (here 2.0), cast in the engine."""
-    x = leaf(rng.standard_normal((3, 2)))
+    x = tensor(rng.standard_normal((3, 2)), requires_grad=True)
     WrongDtype.apply(x).sum().backward()
     assert x.grad.dtype == np.float64
-    np.testing.assert_array_equal(arr(x.grad), np.full((3, 2), 2.0))
+    np.testing.assert_array_equal(to_host(x.grad), np.full((3, 2), 2.0))
 
 
 def test_engine_still_refuses_a_non_float_gradient_and_names_the_function(rng):
-    x = leaf(rng.standard_normal((3, 2)))
+    x = tensor(rng.standard_normal((3, 2)), requires_grad=True)
     with pytest.raises(RuntimeError, match=r"IntGrad\.backward.*dtype int64.*float64"):
         IntGrad.apply(x).sum().backward()
 
 
 def test_backward_grad_argument_is_checked(rng):
-    x = leaf(rng.standard_normal((3, 2)))
+    x = tensor(rng.standard_normal((3, 2)), requires_grad=True)
     with pytest.raises(ValueError, match="shape"):
         (x * 2).backward(minitx.tensor(np.ones((2, 3))))
 
 
 def test_backward_on_a_leaf():
-    x = leaf(np.array([2.0]))
+    x = tensor(np.array([2.0]), requires_grad=True)
     x.backward()
-    np.testing.assert_array_equal(arr(x.grad), [1.0])
+    np.testing.assert_array_equal(to_host(x.grad), [1.0])
 
 
 # ---- checkpoint ---------------------------------------------------------------------------
@@ -202,8 +195,8 @@ def saved_footprint(out):
 
 
 def make_block(rng, p_drop=0.0):
-    w1 = leaf(rng.standard_normal((16, 32)) * 0.3)
-    w2 = leaf(rng.standard_normal((32, 16)) * 0.3)
+    w1 = tensor(rng.standard_normal((16, 32)) * 0.3, requires_grad=True)
+    w2 = tensor(rng.standard_normal((32, 16)) * 0.3, requires_grad=True)
 
     def block(h):                      # closes over the parameters w1, w2
         z = F.gelu(h @ w1)
@@ -221,7 +214,7 @@ def test_checkpoint_gives_identical_gradients(p_drop, rng):
 
     def run(use_checkpoint):
         minitx.manual_seed(7)
-        x = leaf(a)
+        x = tensor(a, requires_grad=True)
         for p in params:
             p.grad = None
         h = x
@@ -229,7 +222,7 @@ def test_checkpoint_gives_identical_gradients(p_drop, rng):
             h = minitx.checkpoint(block, h) if use_checkpoint else block(h)
         loss = (h * h).sum()
         loss.backward()
-        return arr(loss), arr(x.grad), [arr(p.grad) for p in params]
+        return to_host(loss), to_host(x.grad), [to_host(p.grad) for p in params]
 
     loss_d, gx_d, gp_d = run(False)
     loss_c, gx_c, gp_c = run(True)
@@ -242,32 +235,32 @@ def test_checkpoint_gives_identical_gradients(p_drop, rng):
 def test_checkpoint_restores_rng_for_dropout_and_leaves_stream_untouched(rng):
     a = rng.standard_normal((4, 50))
     minitx.manual_seed(3)
-    x = leaf(a)
+    x = tensor(a, requires_grad=True)
     y = minitx.checkpoint(lambda t: F.dropout(t, 0.5) * 1.0, x)
     after_forward = minitx.backend.rng().bit_generator.state
     y.sum().backward()
     assert minitx.backend.rng().bit_generator.state == after_forward
-    kept = arr(y) != 0                        # the recomputed mask equals the forward mask
-    np.testing.assert_allclose(arr(x.grad), np.where(kept, 2.0, 0.0))
+    kept = to_host(y) != 0                        # the recomputed mask equals the forward mask
+    np.testing.assert_allclose(to_host(x.grad), np.where(kept, 2.0, 0.0))
 
 
 def test_checkpoint_grads_reach_parameters_when_input_needs_none(rng):
     block, (w1, w2) = make_block(rng)
     x = minitx.tensor(rng.standard_normal((4, 16)))   # no requires_grad
     block(x).sum().backward()                          # reference: the same graph, no checkpoint
-    direct = [arr(w1.grad).copy(), arr(w2.grad).copy()]
+    direct = [to_host(w1.grad).copy(), to_host(w2.grad).copy()]
     w1.grad = w2.grad = None
     minitx.checkpoint(block, x).sum().backward()
     assert w1.grad is not None and w2.grad is not None
-    for got, ref in zip((arr(w1.grad), arr(w2.grad)), direct):
+    for got, ref in zip((to_host(w1.grad), to_host(w2.grad)), direct):
         np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
 
 
 def test_checkpoint_saves_less_memory(rng):
     block, _ = make_block(rng)
     a = rng.standard_normal((64, 16))
-    direct = block(leaf(a))
-    ckpt = minitx.checkpoint(block, leaf(a))
+    direct = block(tensor(a, requires_grad=True))
+    ckpt = minitx.checkpoint(block, tensor(a, requires_grad=True))
     n_direct, bytes_direct = saved_footprint(direct)
     n_ckpt, bytes_ckpt = saved_footprint(ckpt)
     assert n_ckpt == 1 and bytes_ckpt == a.nbytes             # only the block's input
@@ -279,12 +272,12 @@ def test_checkpoint_saves_less_memory(rng):
 def test_manual_seed_reproducibility(rng):
     x = minitx.tensor(np.ones((6, 7)))
     minitx.manual_seed(11)
-    first = arr(F.dropout(x, 0.5))
+    first = to_host(F.dropout(x, 0.5))
     draw1 = minitx.backend.rng().random(3)
     minitx.manual_seed(11)
-    np.testing.assert_array_equal(arr(F.dropout(x, 0.5)), first)
+    np.testing.assert_array_equal(to_host(F.dropout(x, 0.5)), first)
     np.testing.assert_array_equal(minitx.backend.rng().random(3), draw1)
     minitx.manual_seed(12)
-    assert not np.array_equal(arr(F.dropout(x, 0.5)), first)
+    assert not np.array_equal(to_host(F.dropout(x, 0.5)), first)
     with pytest.raises(ValueError):
         minitx.manual_seed(-1)

@@ -8,32 +8,24 @@ import minitx
 import minitx.functional as F
 from minitx.attention import REGISTRY, causal_pattern, dense_attention_array
 from minitx.ops.flash import flash_attention, flash_attention_arrays
-
-
-def arrays(nq, nk=None, b=2, h=2, hkv=None, d=16, dtype=np.float64, seed=0):
-    rng = np.random.default_rng(seed)
-    nk = nq if nk is None else nk
-    hkv = h if hkv is None else hkv
-    return (rng.standard_normal((b, h, nq, d)).astype(dtype),
-            rng.standard_normal((b, hkv, nk, d)).astype(dtype),
-            rng.standard_normal((b, hkv, nk, d)).astype(dtype))
+from support import assert_close, assert_equal, qkv, tensor
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("nq,nk,bq,bk", [(1, 1, 64, 64), (37, 37, 8, 16), (64, 64, 64, 64),
                                          (20, 45, 7, 9), (45, 20, 16, 4), (100, 100, 32, 8)])
 def test_equals_dense_float32(nq, nk, bq, bk, causal):
-    q, k, v = arrays(nq, nk, dtype=np.float32)
-    out = flash_attention(*[minitx.tensor(x) for x in (q, k, v)], causal=causal,
-                          block_q=bq, block_k=bk).data
+    q, k, v = qkv(nq, nk, d=16, dtype=np.float32)
+    out = flash_attention(*[tensor(x, dtype=None) for x in (q, k, v)], causal=causal,
+                          block_q=bq, block_k=bk)
     assert out.dtype == np.float32
     ref = dense_attention_array(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
                                 causal_pattern(nq, nk) if causal else None)
-    np.testing.assert_allclose(out, ref, atol=1e-6, rtol=0)
+    assert_close(out, ref, atol=1e-6, rtol=0)
 
 
 def test_lse_is_the_row_logsumexp():
-    q, k, v = arrays(30, 50)
+    q, k, v = qkv(30, 50, d=16)
     _, lse = flash_attention_arrays(q, k, v, causal=True, block_q=8, block_k=8)
     s = q @ np.swapaxes(k, -1, -2) / 4.0
     s = np.where(causal_pattern(30, 50), s, -np.inf)
@@ -43,28 +35,28 @@ def test_lse_is_the_row_logsumexp():
 
 
 def test_key_mask_and_fully_masked_rows():
-    q, k, v = arrays(9, 12)
+    q, k, v = qkv(9, 12, d=16)
     key_mask = np.ones((2, 12), dtype=bool)
     key_mask[0, 3:] = False
     key_mask[1] = False                                   # batch 1: every key masked
-    t = [minitx.tensor(x, requires_grad=True) for x in (q, k, v)]
+    t = [tensor(x, requires_grad=True) for x in (q, k, v)]
     out = flash_attention(*t, key_mask=key_mask, block_q=4, block_k=5)
     ref = dense_attention_array(q, k, v, key_mask[:, None, None, :])
-    np.testing.assert_allclose(out.data, ref, atol=1e-12)
-    np.testing.assert_array_equal(out.data[1], 0)
+    assert_close(out, ref, atol=1e-12)
+    assert_equal(out.numpy()[1], 0)
     _, lse = flash_attention_arrays(q, k, v, key_mask=key_mask)
     assert np.all(np.isneginf(lse[1]))
     out.sum().backward()
     for x in t:
-        assert np.all(np.isfinite(x.grad.data))
-    np.testing.assert_array_equal(t[0].grad.data[1], 0)
+        assert np.all(np.isfinite(x.grad.numpy()))
+    assert_equal(t[0].grad.numpy()[1], 0)
 
 
 def test_causal_with_more_queries_than_keys_gives_zero_rows():
     # bottom-right alignment: query i sees keys j ≤ i + (Nk − Nq); the first rows see none
-    q, k, v = arrays(10, 4)
-    out = flash_attention(*[minitx.tensor(x) for x in (q, k, v)], causal=True, block_q=3,
-                          block_k=2).data
+    q, k, v = qkv(10, 4, d=16)
+    out = flash_attention(*[tensor(x) for x in (q, k, v)], causal=True, block_q=3,
+                          block_k=2).numpy()
     np.testing.assert_allclose(out, dense_attention_array(q, k, v, causal_pattern(10, 4)),
                                atol=1e-12)
     np.testing.assert_array_equal(out[:, :, :6], 0)
@@ -72,9 +64,9 @@ def test_causal_with_more_queries_than_keys_gives_zero_rows():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradcheck(causal):
-    q, k, v = arrays(11, b=1, h=2, hkv=1, d=4)
+    q, k, v = qkv(11, b=1, h=2, hkv=1, d=4)
     key_mask = np.array([[True] * 9 + [False] * 2])
-    t = [minitx.tensor(x, requires_grad=True) for x in (q, k, v)]
+    t = [tensor(x, requires_grad=True) for x in (q, k, v)]
     minitx.gradcheck(lambda a, b, c: flash_attention(a, b, c, causal=causal, key_mask=key_mask,
                                                      block_q=4, block_k=3), t)
 
@@ -88,14 +80,14 @@ def dense(q, k, v, causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradients_equal_dense(causal):
-    q, k, v = arrays(70, d=8, seed=3)
+    q, k, v = qkv(70, d=8, seed=3)
     g = np.random.default_rng(4).standard_normal((2, 2, 70, 8))
     grads = []
     for fn in (lambda a, b, c: flash_attention(a, b, c, causal=causal, block_q=16, block_k=32),
                lambda a, b, c: dense(a, b, c, causal)):
-        t = [minitx.tensor(x, requires_grad=True) for x in (q, k, v)]
+        t = [tensor(x, requires_grad=True) for x in (q, k, v)]
         fn(*t).backward(g)
-        grads.append([x.grad.data for x in t])
+        grads.append([x.grad.numpy() for x in t])
     for a, b in zip(*grads):
         np.testing.assert_allclose(a, b, atol=1e-10)
 
@@ -103,13 +95,13 @@ def test_gradients_equal_dense(causal):
 def test_layer_is_exact_and_grouped():
     layer = REGISTRY["flash"](16, 4, causal=True, num_kv_heads=2, block_q=4, block_k=4)
     assert layer.kind == "exact"
-    q, k, v = arrays(13, h=4, hkv=2, d=4)
-    out = layer.attend(*[minitx.tensor(x) for x in (q, k, v)]).data
-    np.testing.assert_allclose(out, dense_attention_array(q, k, v, layer.pattern(13)), atol=1e-12)
+    q, k, v = qkv(13, h=4, hkv=2, d=4)
+    out = layer.attend(*[tensor(x) for x in (q, k, v)])
+    assert_close(out, dense_attention_array(q, k, v, layer.pattern(13)), atol=1e-12)
     with pytest.raises(ValueError, match="block_q"):
         REGISTRY["flash"](16, 4, block_q=0)
     with pytest.raises(ValueError, match="key_mask"):
-        flash_attention(*[minitx.tensor(x) for x in (q, k, v)], key_mask=np.ones((2, 5), bool))
+        flash_attention(*[tensor(x) for x in (q, k, v)], key_mask=np.ones((2, 5), bool))
 
 
 def peak_bytes(fn):
@@ -129,11 +121,11 @@ def test_memory_is_linear_in_n():
     (N²·8 bytes = 32 MiB) — in practice scores, probabilities and their gradient.
     """
     n, d, block = 2048, 16, 128
-    q, k, v = arrays(n, b=1, h=1, d=d, seed=5)
+    q, k, v = qkv(n, b=1, h=1, d=d, seed=5)
     g = np.ones((1, 1, n, d))
 
     def run(fn):
-        t = [minitx.tensor(x, requires_grad=True) for x in (q, k, v)]
+        t = [tensor(x, requires_grad=True) for x in (q, k, v)]
         fn(*t).backward(g)
 
     flash_peak = peak_bytes(lambda: run(lambda a, b, c: flash_attention(

@@ -7,6 +7,7 @@ import pytest
 import minitx
 from minitx import Function
 from minitx.autograd import GradcheckError
+from support import tensor
 
 
 class ScaledWrong(Function):
@@ -39,16 +40,13 @@ class SecondInputWrong(Function):
         return grad * b, gb
 
 
-def leaf(a):
-    return minitx.tensor(a, requires_grad=True)
-
-
 def test_correct_backward_passes(rng):
-    assert minitx.gradcheck(lambda v: v * v, (leaf(rng.standard_normal((3, 2))),))
+    x = tensor(rng.standard_normal((3, 2)), requires_grad=True)
+    assert minitx.gradcheck(lambda v: v * v, (x,))
 
 
 def test_wrong_backward_is_caught_with_a_helpful_message(rng):
-    x = leaf(rng.uniform(0.5, 1.5, (3, 4)))
+    x = tensor(rng.uniform(0.5, 1.5, (3, 4)), requires_grad=True)
     with pytest.raises(GradcheckError) as info:
         minitx.gradcheck(ScaledWrong.apply, (x,))
     msg = str(info.value)
@@ -61,14 +59,14 @@ def test_wrong_backward_is_caught_with_a_helpful_message(rng):
 
 
 def test_message_names_the_offending_input_and_element(rng):
-    a = leaf(rng.uniform(0.5, 1.5, (3, 4)))
-    b = leaf(rng.uniform(0.5, 1.5, (3, 4)))
+    a = tensor(rng.uniform(0.5, 1.5, (3, 4)), requires_grad=True)
+    b = tensor(rng.uniform(0.5, 1.5, (3, 4)), requires_grad=True)
     with pytest.raises(GradcheckError, match=r"input 1 \(shape \(3, 4\)\) at element \(1, 2\)"):
         minitx.gradcheck(SecondInputWrong.apply, (a, b))
 
 
 def test_raise_exception_false_returns_false(rng):
-    x = leaf(rng.uniform(0.5, 1.5, (2, 2)))
+    x = tensor(rng.uniform(0.5, 1.5, (2, 2)), requires_grad=True)
     assert minitx.gradcheck(ScaledWrong.apply, (x,), raise_exception=False) is False
     assert minitx.gradcheck(lambda v: v * v, (x,), raise_exception=False) is True
 
@@ -86,18 +84,18 @@ def test_needs_an_input_requiring_grad():
 
 
 def test_non_differentiated_inputs_and_multiple_outputs_are_allowed(rng):
-    x = leaf(rng.standard_normal(4))
+    x = tensor(rng.standard_normal(4), requires_grad=True)
     c = minitx.tensor(rng.standard_normal(4))                     # constant
     assert minitx.gradcheck(lambda v, w: (v * w, v.exp()), (x, c))
 
 
 def test_gradcheck_leaves_inputs_unchanged(rng):
     a = rng.standard_normal((2, 3))
-    x = leaf(a)
+    x = tensor(a, requires_grad=True)
     minitx.gradcheck(lambda v: v.tanh(), (x,))
     np.testing.assert_array_equal(x.numpy(), a)
     assert x.grad is None
 
 
 def test_zero_dim_input(rng):
-    assert minitx.gradcheck(lambda v: v * v * 3.0, (leaf(np.array(1.3)),))
+    assert minitx.gradcheck(lambda v: v * v * 3.0, (tensor(np.array(1.3), requires_grad=True),))

@@ -3,26 +3,22 @@ forward over the whole sequence; the paged cache equals the contiguous one."""
 import numpy as np
 import pytest
 
-import minitx
 from minitx.attention import REGISTRY, KVCache, PagedKVCache
+from support import assert_equal, tensor
 
 CACHED = ["mha", "mqa", "gqa", "dot", "additive", "rope", "alibi", "relative"]
-
-
-def T(a, grad=False):
-    return minitx.tensor(np.asarray(a, dtype=np.float64), requires_grad=grad)
 
 
 def test_kv_cache_append_and_positions(rng):
     cache = KVCache()
     k1, v1 = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 3, 4, 6))
-    k, v = cache.append(T(k1), T(v1))
+    k, v = cache.append(tensor(k1), tensor(v1))
     assert len(cache) == 4 and k.shape == (2, 3, 4, 5) and v.shape == (2, 3, 4, 6)
-    np.testing.assert_array_equal(cache.positions, np.arange(4))
+    assert_equal(cache.positions, np.arange(4))               # an array of the backend
     for step in range(20):                                      # grows past the first buffer
         k2, v2 = rng.standard_normal((2, 3, 1, 5)), rng.standard_normal((2, 3, 1, 6))
         k, v = cache.append(k2, v2)
-    np.testing.assert_array_equal(cache.positions, [23])
+    assert_equal(cache.positions, [23])
     assert k.shape == (2, 3, 24, 5)
     np.testing.assert_array_equal(k.numpy()[:, :, :4], k1)
     np.testing.assert_array_equal(v.numpy()[:, :, -1:], v2)
@@ -47,13 +43,13 @@ def test_kv_cache_errors(rng):
 def test_token_by_token_equals_full_causal_forward(rng, name):
     layer = REGISTRY[name](8, 4, causal=True).to(dtype="float64")
     x = rng.standard_normal((2, 9, 8))
-    full = layer(T(x)).numpy()
+    full = layer(tensor(x)).numpy()
     cache = KVCache()
-    steps = [layer(T(x[:, t:t + 1]), kv_cache=cache).numpy() for t in range(9)]
+    steps = [layer(tensor(x[:, t:t + 1]), kv_cache=cache).numpy() for t in range(9)]
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-12)
     # chunked prefill: 4 tokens, then 3, then 2 (Nq > 1 against Nk > Nq: bottom-right causal)
     cache = KVCache()
-    chunks = [layer(T(x[:, a:b]), kv_cache=cache).numpy() for a, b in ((0, 4), (4, 7), (7, 9))]
+    chunks = [layer(tensor(x[:, a:b]), kv_cache=cache).numpy() for a, b in ((0, 4), (4, 7), (7, 9))]
     np.testing.assert_allclose(np.concatenate(chunks, axis=1), full, atol=1e-12)
 
 
@@ -64,15 +60,15 @@ def test_paged_cache_matches_contiguous_for_interleaved_sequences(rng):
         k, v = rng.standard_normal((2, n, 4)), rng.standard_normal((2, n, 4))
         pk, pv = paged.append(seq, k, v)
         ck, cv = caches[seq].append(k[None], v[None])
-        np.testing.assert_array_equal(pk, ck.numpy()[0])
-        np.testing.assert_array_equal(pv, cv.numpy()[0])
+        assert_equal(pk, ck.numpy()[0])                           # pool arrays: on the device
+        assert_equal(pv, cv.numpy()[0])
     assert paged.length("a") == 6 and paged.length("b") == 6
     assert len(paged.block_tables["a"]) == 2 and len(paged.free_pages) == 4
     # the two sequences' pages interleave in the pool: no sequence owns a contiguous range
     assert sorted(paged.block_tables["a"] + paged.block_tables["b"]) == [0, 1, 2, 3]
     paged.free("a")
     assert len(paged.free_pages) == 6 and "a" not in paged
-    np.testing.assert_array_equal(paged.gather("b")[0], caches["b"].keys.numpy()[0])
+    assert_equal(paged.gather("b")[0], caches["b"].keys.numpy()[0])
 
 
 def test_paged_cache_errors():
@@ -96,11 +92,11 @@ def test_paged_cache_errors():
 def test_paged_decoding_equals_full_forward(rng, name):
     layer = REGISTRY[name](8, 4, causal=True).to(dtype="float64")
     x = rng.standard_normal((3, 7, 8))
-    full = layer(T(x)).numpy()
+    full = layer(tensor(x)).numpy()
     pool = PagedKVCache(num_pages=12, page_size=2, num_kv_heads=layer.num_kv_heads,
                         head_dim=2, dtype="float64")
     view = pool.view([10, 11, 12])
-    out = [layer(T(x[:, :3]), kv_cache=view).numpy()]
-    out += [layer(T(x[:, t:t + 1]), kv_cache=view).numpy() for t in range(3, 7)]
+    out = [layer(tensor(x[:, :3]), kv_cache=view).numpy()]
+    out += [layer(tensor(x[:, t:t + 1]), kv_cache=view).numpy() for t in range(3, 7)]
     np.testing.assert_allclose(np.concatenate(out, axis=1), full, atol=1e-12)
     assert len(view) == 7

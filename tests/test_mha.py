@@ -8,12 +8,9 @@ import minitx
 import minitx.nn as nn
 from minitx.attention import (REGISTRY, ExactSelfAttention, causal_pattern,
                               dense_attention_array, default_kv_heads)
+from support import tensor, to_host
 
 MINE = ["mha", "mqa", "gqa", "dot", "additive", "rope", "alibi", "relative"]
-
-
-def T(a, grad=True):
-    return minitx.tensor(np.asarray(a, dtype=np.float64), requires_grad=grad)
 
 
 def mha(*args, **kw):
@@ -25,7 +22,7 @@ def mha(*args, **kw):
 @pytest.mark.parametrize("n", [1, 7])
 def test_mha_gradcheck_self_attention(rng, n):
     layer = mha(4, 2, batch_first=True)
-    x = T(rng.standard_normal((2, n, 4)))
+    x = tensor(rng.standard_normal((2, n, 4)), requires_grad=True)
     pad = np.zeros((2, n), bool)
     pad[1, 0] = n > 1
 
@@ -36,7 +33,8 @@ def test_mha_gradcheck_self_attention(rng, n):
 
 def test_mha_gradcheck_cross_kdim_vdim_and_gqa(rng):
     layer = mha(6, 3, kdim=5, vdim=2, num_kv_heads=1)
-    q, k, v = (T(rng.standard_normal(s)) for s in ((4, 2, 6), (3, 2, 5), (3, 2, 2)))
+    q, k, v = (tensor(rng.standard_normal(s), requires_grad=True)
+               for s in ((4, 2, 6), (3, 2, 5), (3, 2, 2)))
     mask = np.zeros((4, 3), bool)
     mask[1:, 2] = True
     minitx.gradcheck(lambda q, k, v: layer(q, k, v, attn_mask=mask), (q, k, v))
@@ -61,7 +59,8 @@ def test_mha_state_dict_keys():
 def test_mha_matches_dense_reference_with_gqa(rng):
     layer = mha(8, 4, num_kv_heads=2, batch_first=True)
     x = rng.standard_normal((2, 5, 8))
-    out, w = layer(T(x), T(x), T(x), average_attn_weights=False)
+    out, w = layer(*[tensor(x, requires_grad=True) for _ in range(3)],
+                   average_attn_weights=False)
     b = layer.in_proj_bias.numpy()
     q = x @ layer.q_proj_weight.numpy().T + b[:8]
     k = x @ layer.k_proj_weight.numpy().T + b[8:12]
@@ -77,11 +76,11 @@ def test_mha_matches_dense_reference_with_gqa(rng):
 
 def test_mha_fully_padded_batch_element_gives_bias_and_zero_grads(rng):
     layer = mha(4, 2, batch_first=True)
-    q, k, v = (T(rng.standard_normal((2, 3, 4))) for _ in range(3))
+    q, k, v = (tensor(rng.standard_normal((2, 3, 4)), requires_grad=True) for _ in range(3))
     pad = np.zeros((2, 3), bool)
     pad[1] = True                                               # element 1: every key masked
     out, w = layer(q, k, v, key_padding_mask=pad)
-    (out * T(rng.standard_normal(out.shape), False)).sum().backward()
+    (out * tensor(rng.standard_normal(out.shape))).sum().backward()
     for t in (out, w, q.grad, k.grad, v.grad):
         assert np.isfinite(t.numpy()).all()
     # no attention: the heads give 0, so the output is out_proj(0) = its bias
@@ -96,19 +95,22 @@ def test_mha_fully_padded_batch_element_gives_bias_and_zero_grads(rng):
 def test_mha_is_causal_without_mask_and_kv_cache(rng):
     layer = mha(8, 2, batch_first=True)
     x = rng.standard_normal((2, 6, 8))
-    full, _ = layer(T(x), T(x), T(x), is_causal=True)
+
+    def qkv_leaves(a):                                          # query, key, value: 3 leaves
+        return [tensor(a, requires_grad=True) for _ in range(3)]
+    full, _ = layer(*qkv_leaves(x), is_causal=True)
     mask = ~causal_pattern(6, 6)                                # PyTorch polarity: True = masked
-    np.testing.assert_allclose(layer(T(x), T(x), T(x), attn_mask=mask)[0].numpy(), full.numpy(),
+    np.testing.assert_allclose(layer(*qkv_leaves(x), attn_mask=mask)[0].numpy(), full.numpy(),
                                atol=1e-12)
     cache = minitx.attention.KVCache()
-    steps = [layer(T(x[:, t:t + 1]), T(x[:, t:t + 1]), T(x[:, t:t + 1]), is_causal=True,
-                   kv_cache=cache)[0].numpy() for t in range(6)]
+    steps = [layer(*qkv_leaves(x[:, t:t + 1]), is_causal=True, kv_cache=cache)[0].numpy()
+             for t in range(6)]
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full.numpy(), atol=1e-12)
 
 
 def test_mha_dropout_only_in_training(rng):
     layer = mha(4, 2, dropout=0.5, batch_first=True)
-    x = T(rng.standard_normal((1, 5, 4)))
+    x = tensor(rng.standard_normal((1, 5, 4)), requires_grad=True)
     minitx.manual_seed(0)
     a = layer(x, x, x)[0].numpy()
     layer.eval()
@@ -132,17 +134,18 @@ def test_mha_construction_errors(kw, match):
 
 def test_mha_call_errors(rng):
     layer = mha(8, 2)
-    x = T(rng.standard_normal((5, 2, 8)))
+    x = tensor(rng.standard_normal((5, 2, 8)), requires_grad=True)
     with pytest.raises(ValueError, match="query must have last dim 8"):
-        layer(T(np.zeros((5, 2, 7))), x, x)
+        layer(tensor(np.zeros((5, 2, 7)), requires_grad=True), x, x)
     with pytest.raises(ValueError, match="3-d .batched. or 2-d"):
-        layer(T(np.zeros((5, 2, 8, 1))), x, x)
+        layer(tensor(np.zeros((5, 2, 8, 1)), requires_grad=True), x, x)
     with pytest.raises(ValueError, match=r"attn_mask must be \(L, S\) = \(5, 5\)"):
         layer(x, x, x, attn_mask=np.zeros((4, 5), bool))
     with pytest.raises(ValueError, match=r"key_padding_mask must be \(N, S\) = \(2, 5\)"):
         layer(x, x, x, key_padding_mask=np.zeros((5, 2), bool))
     with pytest.raises(ValueError, match="batch sizes differ"):
-        layer(x, T(np.zeros((5, 3, 8))), T(np.zeros((5, 3, 8))))
+        layer(x, tensor(np.zeros((5, 3, 8)), requires_grad=True),
+              tensor(np.zeros((5, 3, 8)), requires_grad=True))
 
 
 # ---- registered variants -----------------------------------------------------------------
@@ -171,7 +174,7 @@ def test_exact_variants_equal_dense_under_pattern(rng, name, causal):
     layer = REGISTRY[name](8, 4, causal=causal).to(dtype="float64")
     hkv = layer.num_kv_heads
     q, k, v = (rng.standard_normal((2, h, 6, 2)) for h in (4, hkv, hkv))
-    out = layer.attend(T(q), T(k), T(v)).numpy()
+    out = layer.attend(*(tensor(a, requires_grad=True) for a in (q, k, v))).numpy()
     np.testing.assert_allclose(out, dense_attention_array(q, k, v, layer.pattern(6)),
                                atol=1e-12)
 
@@ -180,15 +183,18 @@ def test_dot_variant_formula(rng):
     for general in (False, True):
         layer = REGISTRY["dot"](8, 2, general=general).to(dtype="float64")
         if general:
-            layer.score_weight.data[...] = rng.standard_normal(layer.score_weight.shape)
+            layer.score_weight.copy_(rng.standard_normal(layer.score_weight.shape))
         q, k, v = (rng.standard_normal((1, 2, 5, 4)) for _ in range(3))
         w = layer.score_weight.numpy() if general else np.eye(4)
         s = (q @ w) @ np.swapaxes(k, -1, -2)                     # unscaled: qᵀ W k
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
-        np.testing.assert_allclose(layer.attend(T(q), T(k), T(v)).numpy(), p @ v, atol=1e-12)
+        tq, tk, tv = (tensor(a, requires_grad=True) for a in (q, k, v))
+        np.testing.assert_allclose(layer.attend(tq, tk, tv).numpy(), p @ v, atol=1e-12)
         if general:
-            minitx.gradcheck(lambda q, w: layer.attend(q, T(k), T(v)), (T(q), layer.score_weight))
+            minitx.gradcheck(lambda q, w: layer.attend(q, tensor(k, requires_grad=True),
+                                                       tensor(v, requires_grad=True)),
+                             (tensor(q, requires_grad=True), layer.score_weight))
 
 
 def test_additive_variant_formula(rng):
@@ -199,14 +205,15 @@ def test_additive_variant_formula(rng):
     e = np.where(causal_pattern(5, 5), e, -np.inf)
     p = np.exp(e - e.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
-    np.testing.assert_allclose(layer.attend(T(q), T(k), T(v)).numpy(), p @ v, atol=1e-12)
+    tq, tk, tv = (tensor(a, requires_grad=True) for a in (q, k, v))
+    np.testing.assert_allclose(layer.attend(tq, tk, tv).numpy(), p @ v, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", MINE)
 @pytest.mark.parametrize("n", [1, 7])
 def test_variant_gradcheck(rng, name, n):
     layer = REGISTRY[name](4, 2, causal=True).to(dtype="float64")
-    x = T(rng.standard_normal((1, n, 4)))
+    x = tensor(rng.standard_normal((1, n, 4)), requires_grad=True)
     minitx.gradcheck(layer, (x,))
 
 
@@ -214,11 +221,11 @@ def test_variant_gradcheck(rng, name, n):
 def test_causal_variants_never_look_ahead(rng, name):
     layer = REGISTRY[name](8, 2, causal=True).to(dtype="float64")
     x = rng.standard_normal((1, 9, 8))
-    y = layer(T(x, False)).numpy()
+    y = layer(tensor(x)).numpy()
     for t in (0, 4, 7):
         x2 = x.copy()
         x2[:, t + 1:] = rng.standard_normal(x2[:, t + 1:].shape)
-        np.testing.assert_allclose(layer(T(x2, False)).numpy()[:, :t + 1], y[:, :t + 1],
+        np.testing.assert_allclose(layer(tensor(x2)).numpy()[:, :t + 1], y[:, :t + 1],
                                    atol=1e-12)
 
 
@@ -228,20 +235,20 @@ def test_unmasked_variants_are_permutation_equivariant(name, perm):
     minitx.manual_seed(0)
     layer = REGISTRY[name](8, 2).to(dtype="float64")
     x = np.random.default_rng(1).standard_normal((2, 5, 8))
-    y = layer(T(x, False)).numpy()
-    np.testing.assert_allclose(layer(T(x[:, perm], False)).numpy(), y[:, perm], atol=1e-12)
+    y = layer(tensor(x)).numpy()
+    np.testing.assert_allclose(layer(tensor(x[:, perm])).numpy(), y[:, perm], atol=1e-12)
 
 
 def test_variant_attn_mask_and_record_weights(rng):
     layer = REGISTRY["gqa"](8, 4).to(dtype="float64")
     assert isinstance(layer, ExactSelfAttention)
-    x = T(rng.standard_normal((2, 5, 8)), False)
+    x = tensor(rng.standard_normal((2, 5, 8)))
     allowed = np.ones((2, 1, 1, 5), bool)
     allowed[1, ..., 3:] = False                                 # batch 1: keys 3, 4 are padding
     layer.record_weights = True
     layer(x, attn_mask=allowed)
-    w = layer.last_attn_weights
+    w = to_host(layer.last_attn_weights)                        # a raw array of the backend
     assert w.shape == (2, 4, 5, 5) and np.all(w[1, ..., 3:] == 0)
     np.testing.assert_allclose(w.sum(-1), 1.0)
     with pytest.raises(ValueError, match=r"x must be \(B, N, 8\)"):
-        layer(T(np.zeros((2, 5, 4))))
+        layer(tensor(np.zeros((2, 5, 4)), requires_grad=True))

@@ -6,6 +6,7 @@ import pytest
 
 import minitx
 import minitx.nn as nn
+from support import assert_equal, to_host
 
 
 def gpt(**kw):
@@ -60,16 +61,16 @@ def test_gpt_is_causal(rng, position, attention, kv):
 def test_gpt_cached_generation_equals_uncached(rng, position):
     model = gpt(position=position, num_kv_heads=1 if position == "rope" else None)
     idx = rng.integers(0, 11, (2, 3))
-    greedy = model.generate(idx, 12, top_k=1, use_cache=False)    # runs past block_size=10
+    greedy = to_host(model.generate(idx, 12, top_k=1, use_cache=False))  # past block_size=10
     assert greedy.shape == (2, 15)
-    np.testing.assert_array_equal(model.generate(idx, 12, top_k=1), greedy)
-    np.testing.assert_array_equal(model.generate(idx, 12, temperature=0, paged=True), greedy)
+    assert_equal(model.generate(idx, 12, top_k=1), greedy)
+    assert_equal(model.generate(idx, 12, temperature=0, paged=True), greedy)
     np.testing.assert_array_equal(greedy[:, :3], idx)
     minitx.manual_seed(5)
     a = model.generate(idx, 6, temperature=0.8, top_k=4)
     minitx.manual_seed(5)
     b = model.generate(idx, 6, temperature=0.8, top_k=4, use_cache=False)
-    np.testing.assert_array_equal(a, b)                          # same seed, same samples
+    assert_equal(a, b)                                           # same seed, same samples
 
 
 def test_gpt_uncacheable_variant_falls_back(rng):
@@ -85,7 +86,7 @@ def test_gpt_attention_maps_and_errors(rng):
     model(rng.integers(0, 11, (2, 6)))
     maps = model.attention_maps()
     assert set(maps) == {"h.0.attn", "h.1.attn"} and maps["h.0.attn"].shape == (2, 2, 6, 6)
-    np.testing.assert_allclose(np.triu(maps["h.1.attn"][0, 0], 1), 0)
+    np.testing.assert_allclose(np.triu(to_host(maps["h.1.attn"])[0, 0], 1), 0)
     model.record_attention(False)
     assert model.attention_maps() == {}
     with pytest.raises(ValueError, match="exceeds block_size=10"):
@@ -111,8 +112,8 @@ def test_transformer_greedy_decode_cached_equals_uncached(rng, norm_first):
     model = seq2seq(norm_first=norm_first)
     src = rng.integers(1, 9, (3, 6))
     src[1, 4:] = 0                                               # padding
-    out = model.greedy_decode(src, 8, bos_idx=1)
-    np.testing.assert_array_equal(out, model.greedy_decode(src, 8, bos_idx=1, use_cache=False))
+    out = to_host(model.greedy_decode(src, 8, bos_idx=1))
+    assert_equal(out, model.greedy_decode(src, 8, bos_idx=1, use_cache=False))
     assert out.shape == (3, 8) and np.all(out[:, 0] == 1)
     eos = int(out[0, 1])
     short = model.greedy_decode(src[:1], 8, bos_idx=1, eos_idx=eos)
@@ -130,7 +131,7 @@ def test_transformer_causal_decoder_padding_and_cross_attention_maps(rng):
     np.testing.assert_allclose(model(src, tgt2).numpy()[:, :4], logits[:, :4], atol=1e-5)
     model.record_attention(True)
     model(src, tgt)
-    cross = model.attention_maps()["decoder.layers.1.multihead_attn"]
+    cross = to_host(model.attention_maps()["decoder.layers.1.multihead_attn"])
     assert cross.shape == (2, 2, 6, 5)
     np.testing.assert_allclose(cross.sum(-1), 1.0, atol=1e-5)
     assert np.all(cross[0, :, :, 3:] == 0)                       # padded source positions

@@ -17,6 +17,7 @@ from hypothesis.extra import numpy as hnp
 
 import minitx
 import minitx.functional as F
+from support import tensor
 
 # ---- strategies and helpers ------------------------------------------------------------------
 
@@ -41,14 +42,9 @@ def distinct(r, shape, gap=0.1):
     return (r.permutation(n) * gap + r.uniform(-0.02, 0.02, n)).reshape(shape) - n * gap / 2
 
 
-def T(a):
-    """A float64 leaf that requires grad."""
-    return minitx.tensor(np.asarray(a, dtype=np.float64), requires_grad=True)
-
-
 def check(fn, *arrays):
     """gradcheck ``fn`` on float64 leaves made from ``arrays``."""
-    assert minitx.gradcheck(fn, tuple(T(a) for a in arrays))
+    assert minitx.gradcheck(fn, tuple(tensor(a, requires_grad=True) for a in arrays))
 
 
 @st.composite
@@ -73,7 +69,7 @@ def test_add_sub_mul(shapes_, seed):
     check(F.add, a, b)
     check(F.sub, a, b)
     check(F.mul, a, b)
-    out = F.mul(T(a), T(b))
+    out = F.mul(tensor(a, requires_grad=True), tensor(b, requires_grad=True))
     np.testing.assert_allclose(out.numpy(), a * b)
 
 
@@ -165,7 +161,8 @@ def test_sum_mean_var_logsumexp(sa, keepdims, seed):
     check(lambda v: F.mean(v, axis=axis, keepdims=keepdims), x)
     check(lambda v: F.var(v, axis=axis, keepdims=keepdims), x)
     check(lambda v: F.logsumexp(v, axis=axis, keepdims=keepdims), x)
-    np.testing.assert_allclose(F.var(T(x), axis=axis, keepdims=keepdims).numpy(),
+    np.testing.assert_allclose(F.var(tensor(x, requires_grad=True), axis=axis,
+                                     keepdims=keepdims).numpy(),
                                np.var(x, axis=axis, keepdims=keepdims), atol=1e-12)
 
 
@@ -178,7 +175,7 @@ def test_max_min_without_ties(sa, keepdims, seed):
 
 
 def test_max_ties_share_the_gradient():
-    x = T([1.0, 3.0, 3.0, 2.0])
+    x = tensor([1.0, 3.0, 3.0, 2.0], requires_grad=True)
     F.max(x).backward()
     np.testing.assert_array_equal(x.grad.numpy(), [0, 0.5, 0.5, 0])
 
@@ -188,7 +185,8 @@ def test_cumsum(sa, seed):
     shape, axis = sa
     x = gen(seed).standard_normal(shape)
     check(lambda v: F.cumsum(v, axis=axis), x)
-    np.testing.assert_allclose(F.cumsum(T(x), axis).numpy(), np.cumsum(x, axis=axis))
+    np.testing.assert_allclose(F.cumsum(tensor(x, requires_grad=True), axis).numpy(),
+                               np.cumsum(x, axis=axis))
 
 
 # ---- shape ops -------------------------------------------------------------------------------
@@ -222,7 +220,8 @@ def test_squeeze_expand_dims(shape, seed, data):
         check(lambda v: F.squeeze(v, ax), x)
     ax = data.draw(st.integers(-len(shape) - 1, len(shape)))
     check(lambda v: F.expand_dims(v, ax), x)
-    np.testing.assert_array_equal(F.expand_dims(T(x), ax).numpy(), np.expand_dims(x, ax))
+    np.testing.assert_array_equal(F.expand_dims(tensor(x, requires_grad=True), ax).numpy(),
+                                  np.expand_dims(x, ax))
 
 
 @given(shape_and_axis(keep_none=False), st.integers(1, 3), seeds)
@@ -251,7 +250,7 @@ def test_split(sa, seed, data):
     check(lambda v: F.concatenate([p * (i + 1.0) for i, p in
                                    enumerate(F.split(v, cuts, axis=axis))], axis=axis), x)
     sections = data.draw(st.sampled_from([d for d in range(1, n + 1) if n % d == 0]))
-    pieces = F.split(T(x), sections, axis=axis)
+    pieces = F.split(tensor(x, requires_grad=True), sections, axis=axis)
     for got, want in zip(pieces, np.split(x, sections, axis=axis)):
         np.testing.assert_array_equal(got.numpy(), want)
 
@@ -262,7 +261,7 @@ def test_pad(shape, seed, data):
     x = gen(seed).standard_normal(shape)
     check(lambda v: F.pad(v, widths, value=0.5), x)
     check(lambda v: F.pad(v, 1), x)
-    np.testing.assert_array_equal(F.pad(T(x), widths, 0.5).numpy(),
+    np.testing.assert_array_equal(F.pad(tensor(x, requires_grad=True), widths, 0.5).numpy(),
                                   np.pad(x, widths, constant_values=0.5))
 
 
@@ -272,8 +271,8 @@ def test_tril_triu(shape, seed, k):
     x = gen(seed).standard_normal(shape)
     check(lambda v: F.tril(v, k), x)
     check(lambda v: F.triu(v, k), x)
-    np.testing.assert_array_equal(F.tril(T(x), k).numpy(), np.tril(x, k))
-    np.testing.assert_array_equal(F.triu(T(x), k).numpy(), np.triu(x, k))
+    np.testing.assert_array_equal(F.tril(tensor(x, requires_grad=True), k).numpy(), np.tril(x, k))
+    np.testing.assert_array_equal(F.triu(tensor(x, requires_grad=True), k).numpy(), np.triu(x, k))
 
 
 # ---- indexing --------------------------------------------------------------------------------
@@ -293,7 +292,7 @@ def test_getitem_advanced_with_repeats_scatter_adds(shape, seed, data):
     check(lambda v: v[idx], x)                       # repeated rows accumulate
     mask = gen(seed + 1).random(shape) > 0.5
     check(lambda v: v[mask], x)
-    v = T(x)
+    v = tensor(x, requires_grad=True)
     v[idx].sum().backward()
     expected = np.zeros(shape)
     np.add.at(expected, idx, 1.0)
@@ -309,7 +308,8 @@ def test_take_along_axis(sa, seed):
     idx = r.integers(0, shape[axis], ishape)          # repeats likely
     x = r.standard_normal(shape)
     check(lambda v: F.take_along_axis(v, idx, axis), x)
-    np.testing.assert_array_equal(F.take_along_axis(T(x), idx, axis).numpy(),
+    np.testing.assert_array_equal(F.take_along_axis(tensor(x, requires_grad=True), idx,
+                                                    axis).numpy(),
                                   np.take_along_axis(x, idx, axis))
 
 
@@ -320,7 +320,7 @@ def test_embedding(vocab, dim, ishape, seed):
     w = r.standard_normal((vocab, dim))
     check(lambda v: F.embedding(idx, v), w)
     pad = int(r.integers(0, vocab))
-    weight = T(w)
+    weight = tensor(w, requires_grad=True)
     out = F.embedding(minitx.tensor(idx), weight, padding_idx=pad)
     out.sum().backward()
     grad = np.zeros((vocab, dim))
@@ -346,7 +346,7 @@ def test_masked_fill(shapes_, seed):
     x = r.standard_normal(out_shape)                # x has the full shape; the mask broadcasts
     mask = r.random(sm) > 0.5
     check(lambda v: F.masked_fill(v, mask, -3.0), x)
-    np.testing.assert_array_equal(F.masked_fill(T(x), mask, -3.0).numpy(),
+    np.testing.assert_array_equal(F.masked_fill(tensor(x, requires_grad=True), mask, -3.0).numpy(),
                                   np.where(mask, -3.0, x))
 
 
@@ -369,7 +369,8 @@ def test_matmul_batched_broadcasting_and_1d(ab, seed):
     r = gen(seed)
     a, b = r.standard_normal(sa), r.standard_normal(sb)
     check(F.matmul, a, b)
-    np.testing.assert_allclose(F.matmul(T(a), T(b)).numpy(), a @ b, atol=1e-12)
+    out = F.matmul(tensor(a, requires_grad=True), tensor(b, requires_grad=True))
+    np.testing.assert_allclose(out.numpy(), a @ b, atol=1e-12)
 
 
 def test_matmul_shared_weight_folds_batch():
@@ -404,8 +405,8 @@ def test_einsum(spec, shapes_):
     r = gen(len(spec))
     arrays = [r.standard_normal(s) for s in shapes_]
     check(lambda *vs: F.einsum(spec, *vs), *arrays)
-    np.testing.assert_allclose(F.einsum(spec, *[T(a) for a in arrays]).numpy(),
-                               np.einsum(spec, *arrays), atol=1e-12)
+    out = F.einsum(spec, *[tensor(a, requires_grad=True) for a in arrays])
+    np.testing.assert_allclose(out.numpy(), np.einsum(spec, *arrays), atol=1e-12)
 
 
 # ---- sorting ---------------------------------------------------------------------------------
@@ -418,7 +419,7 @@ def test_sort_and_topk_values(sa, descending, seed, data):
     k = data.draw(st.integers(0, shape[axis]))
     if k:
         check(lambda v: F.topk(v, k, axis, largest=descending)[0], x)
-    values, idx = F.sort(T(x), axis, descending)
+    values, idx = F.sort(tensor(x, requires_grad=True), axis, descending)
     expected = -np.sort(-x, axis) if descending else np.sort(x, axis)
     np.testing.assert_array_equal(values.numpy(), expected)
     assert idx.dtype.kind == "i" and not idx.requires_grad

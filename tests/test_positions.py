@@ -10,10 +10,7 @@ import minitx
 from minitx.attention import (REGISTRY, LearnedPositionalEmbedding, SinusoidalPositionalEncoding,
                               alibi_bias, alibi_slopes, apply_rope, causal_pattern,
                               relative_position_index, rope_angles, sinusoidal_positions)
-
-
-def T(a, grad=True):
-    return minitx.tensor(np.asarray(a, dtype=np.float64), requires_grad=grad)
+from support import tensor, to_host
 
 
 def softmax_rows(s, allowed=None):
@@ -27,7 +24,7 @@ def softmax_rows(s, allowed=None):
 
 @pytest.mark.parametrize("d", [6, 7])
 def test_sinusoidal_table_formula(d):
-    pe = sinusoidal_positions(5, d, offset=2, dtype="float64")
+    pe = to_host(sinusoidal_positions(5, d, offset=2, dtype="float64"))
     for pos in range(5):
         for i in range(d):
             angle = (pos + 2) / 10000 ** (2 * (i // 2) / d)
@@ -37,7 +34,7 @@ def test_sinusoidal_table_formula(d):
 
 def test_sinusoidal_shift_is_a_rotation():
     # PE(pos + k) = R_k PE(pos) for each (sin, cos) pair: a fixed linear map, any pos
-    pe = sinusoidal_positions(12, 8, dtype="float64")
+    pe = to_host(sinusoidal_positions(12, 8, dtype="float64"))
     omega = 10000 ** (-np.arange(0, 8, 2) / 8)
     k = 3
     for i, w in enumerate(omega):
@@ -49,27 +46,28 @@ def test_sinusoidal_shift_is_a_rotation():
 def test_sinusoidal_module_and_learned_module(rng):
     x = rng.standard_normal((2, 4, 6))
     enc = SinusoidalPositionalEncoding(6)
-    np.testing.assert_allclose(enc(T(x), offset=3).numpy(),
-                               x + sinusoidal_positions(4, 6, offset=3, dtype="float64"),
+    np.testing.assert_allclose(enc(tensor(x, requires_grad=True), offset=3).numpy(),
+                               x + to_host(sinusoidal_positions(4, 6, offset=3, dtype="float64")),
                                atol=1e-6)
     learned = LearnedPositionalEmbedding(8, 6).to(dtype="float64")
-    np.testing.assert_allclose(learned(T(x), offset=2).numpy(),
+    np.testing.assert_allclose(learned(tensor(x, requires_grad=True), offset=2).numpy(),
                                x + learned.weight.numpy()[2:6], atol=1e-12)
-    minitx.gradcheck(lambda x, w: learned(x, offset=4), (T(x), learned.weight))
+    minitx.gradcheck(lambda x, w: learned(x, offset=4),
+                     (tensor(x, requires_grad=True), learned.weight))
     with pytest.raises(ValueError, match="exceed max_len=8"):
-        learned(T(x), offset=5)
+        learned(tensor(x, requires_grad=True), offset=5)
     with pytest.raises(ValueError, match="d_model=6"):
-        enc(T(np.zeros((1, 2, 5))))
+        enc(tensor(np.zeros((1, 2, 5)), requires_grad=True))
 
 
 # ---- relative (Shaw et al.) --------------------------------------------------------------
 
 def test_relative_position_index_clips():
-    idx = relative_position_index(4, 4, 2)
+    idx = to_host(relative_position_index(4, 4, 2))
     np.testing.assert_array_equal(idx - 2, np.clip(np.arange(4)[None] - np.arange(4)[:, None],
                                                    -2, 2))
     # 2 queries at positions 3, 4 of 5 keys (bottom-right)
-    np.testing.assert_array_equal(relative_position_index(2, 5, 9) - 9,
+    np.testing.assert_array_equal(to_host(relative_position_index(2, 5, 9)) - 9,
                                   [[-3, -2, -1, 0, 1], [-4, -3, -2, -1, 0]])
 
 
@@ -79,14 +77,15 @@ def test_relative_attention_matches_shaw_formula(rng, causal):
     layer.to(dtype="float64")
     q, k, v = (rng.standard_normal((1, 2, 6, 4)) for _ in range(3))
     ak, av = layer.rel_k.numpy(), layer.rel_v.numpy()
-    idx = relative_position_index(6, 6, 2)
+    idx = to_host(relative_position_index(6, 6, 2))
     e = (np.einsum("bhid,bhjd->bhij", q, k) + np.einsum("bhid,ijd->bhij", q, ak[idx])) / 2.0
     a = softmax_rows(e, causal_pattern(6, 6) if causal else None)
     z = a @ v + np.einsum("bhij,ijd->bhid", a, av[idx])
-    np.testing.assert_allclose(layer.attend(T(q), T(k), T(v)).numpy(), z, atol=1e-12)
+    tq, tk, tv = (tensor(x, requires_grad=True) for x in (q, k, v))
+    np.testing.assert_allclose(layer.attend(tq, tk, tv).numpy(), z, atol=1e-12)
+    short = [tensor(x[..., :3, :], requires_grad=True) for x in (q, k, v)]
     minitx.gradcheck(lambda q, k, v, rk, rv: layer.attend(q, k, v),
-                     (T(q[..., :3, :]), T(k[..., :3, :]), T(v[..., :3, :]), layer.rel_k,
-                      layer.rel_v))
+                     (*short, layer.rel_k, layer.rel_v))
 
 
 # ---- RoPE --------------------------------------------------------------------------------
@@ -112,7 +111,7 @@ def test_rope_rotates_pairs_and_preserves_norms(rng):
     np.testing.assert_allclose(y[..., 0::2], re, atol=1e-12)
     np.testing.assert_allclose(y[..., 1::2], im, atol=1e-12)
     np.testing.assert_allclose(apply_rope(x, np.zeros(5, int)), x)   # position 0: identity
-    minitx.gradcheck(lambda x: apply_rope(x, offset=2), (T(x),))
+    minitx.gradcheck(lambda x: apply_rope(x, offset=2), (tensor(x, requires_grad=True),))
     with pytest.raises(ValueError, match="head dim D must be a positive even int"):
         apply_rope(rng.standard_normal((2, 5)))
     with pytest.raises(ValueError, match="positions must have shape"):
@@ -125,7 +124,8 @@ def test_rope_attention_matches_formula(rng, causal):
     q, k, v = (rng.standard_normal((1, 2, 5, 4)) for _ in range(3))
     qr, kr = apply_rope(q), apply_rope(k)
     a = softmax_rows(qr @ np.swapaxes(kr, -1, -2) / 2.0, causal_pattern(5, 5) if causal else None)
-    np.testing.assert_allclose(layer.attend(T(q), T(k), T(v)).numpy(), a @ v, atol=1e-12)
+    tq, tk, tv = (tensor(x, requires_grad=True) for x in (q, k, v))
+    np.testing.assert_allclose(layer.attend(tq, tk, tv).numpy(), a @ v, atol=1e-12)
     with pytest.raises(ValueError, match="must be even"):
         REGISTRY["rope"](6, 2)
 
@@ -146,21 +146,22 @@ def test_alibi_slopes_paper_rule():
 
 
 def test_alibi_bias_and_attention(rng):
-    bias = alibi_bias(2, 3, 5, dtype="float64")
+    bias = to_host(alibi_bias(2, 3, 5, dtype="float64"))
     pos = np.arange(2, 5)[:, None]                             # queries are the last 3 of 5
     np.testing.assert_allclose(bias[1], -(2.0 ** -8) * np.abs(np.arange(5)[None] - pos))
     layer = REGISTRY["alibi"](8, 2, causal=True)
     q, k, v = (rng.standard_normal((1, 2, 5, 4)) for _ in range(3))
-    s = q @ np.swapaxes(k, -1, -2) / 2.0 + alibi_bias(2, 5, 5, dtype="float64")
+    s = q @ np.swapaxes(k, -1, -2) / 2.0 + to_host(alibi_bias(2, 5, 5, dtype="float64"))
     a = softmax_rows(s, causal_pattern(5, 5))
-    np.testing.assert_allclose(layer.attend(T(q), T(k), T(v)).numpy(), a @ v, atol=1e-12)
+    tq, tk, tv = (tensor(x, requires_grad=True) for x in (q, k, v))
+    np.testing.assert_allclose(layer.attend(tq, tk, tv).numpy(), a @ v, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", ["rope", "alibi", "relative"])
 @pytest.mark.parametrize("n", [1, 7, 33])
 def test_position_variants_gradcheck_lengths(rng, name, n):
     layer = REGISTRY[name](4, 2, causal=True).to(dtype="float64")
-    q, k, v = (T(rng.standard_normal((1, 2, n, 2))) for _ in range(3))
+    q, k, v = (tensor(rng.standard_normal((1, 2, n, 2)), requires_grad=True) for _ in range(3))
     minitx.gradcheck(lambda q, k, v: layer.attend(q, k, v), (q, k, v))
 
 
@@ -169,5 +170,5 @@ def test_positions_break_permutation_symmetry(rng, name):
     layer = REGISTRY[name](8, 2).to(dtype="float64")
     x = rng.standard_normal((1, 6, 8))
     perm = [5, 0, 3, 1, 2, 4]
-    assert not np.allclose(layer(T(x[:, perm], False)).numpy(),
-                           layer(T(x, False)).numpy()[:, perm])
+    assert not np.allclose(layer(tensor(x[:, perm])).numpy(),
+                           layer(tensor(x)).numpy()[:, perm])

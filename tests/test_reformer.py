@@ -2,17 +2,12 @@
 import numpy as np
 import pytest
 
-import minitx
 import minitx.functional as F
 from minitx.attention import REGISTRY, dense_attention_array
 from minitx.attention.reformer import lsh_hash
 from minitx.nn.module import Module, Parameter
 from minitx.nn.reversible import ReversibleBlock, ReversibleSequence, chunked_feed_forward
-
-
-def heads(n, b=2, h=2, d=8, seed=0):
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal((b, h, n, d)) for _ in range(3)]
+from support import assert_close, qkv, tensor
 
 
 def test_lsh_hash_is_angular_and_in_range():
@@ -29,40 +24,40 @@ def test_lsh_hash_is_angular_and_in_range():
 @pytest.mark.parametrize("n", [1, 2, 17, 40])
 def test_one_bucket_equals_full_attention_without_self(n, causal):
     layer = REGISTRY["reformer"](16, 2, causal=causal, n_buckets=1, n_hashes=1, chunk_size=64)
-    q, k, v = heads(n)
-    out = layer.attend(*[minitx.tensor(x) for x in (q, k, v)]).data
-    allowed, keys = layer.pattern_reference(q, v)
+    q, k, v = qkv(n, d=8)
+    out = layer.attend(*[tensor(x) for x in (q, k, v)])
+    allowed, keys = layer.pattern_reference(q, v)                # on the host
     if n > 1 and not causal:
         assert not allowed[0, 0]                  # the no-self rule
-    np.testing.assert_allclose(out, dense_attention_array(q, keys, v, allowed), atol=1e-10)
+    assert_close(out, dense_attention_array(q, keys, v, allowed), atol=1e-10)
 
 
 def test_more_rounds_combine_and_stay_normalised():
     layer = REGISTRY["reformer"](16, 2, n_buckets=4, n_hashes=3, chunk_size=4)
-    q, k, _ = heads(20)
+    q, k, _ = qkv(20, d=8)
     v = np.ones((2, 2, 20, 8))
-    out = layer.attend(*[minitx.tensor(x) for x in (q, k, v)]).data
-    np.testing.assert_allclose(out, 1.0, atol=1e-12)   # weights sum to one over rounds
+    out = layer.attend(*[tensor(x) for x in (q, k, v)])
+    assert_close(out, 1.0, atol=1e-12)   # weights sum to one over rounds
 
 
 @pytest.mark.parametrize("n_buckets,chunk", [(4, 4), (8, 3), (2, 16)])
 def test_causal_lsh_never_sees_the_future(n_buckets, chunk):
     layer = REGISTRY["reformer"](16, 2, causal=True, n_buckets=n_buckets, chunk_size=chunk)
-    q, k, v = heads(30, seed=1)
-    out1 = layer.attend(*[minitx.tensor(x) for x in (q, k, v)]).data
+    q, k, v = qkv(30, d=8, seed=1)
+    out1 = layer.attend(*[tensor(x) for x in (q, k, v)]).numpy()
     q2, v2 = q.copy(), v.copy()
     q2[:, :, 12:] = np.random.default_rng(5).standard_normal(q2[:, :, 12:].shape)
     v2[:, :, 12:] += 1
-    out2 = layer.attend(*[minitx.tensor(x) for x in (q2, k, v2)]).data
+    out2 = layer.attend(*[tensor(x) for x in (q2, k, v2)]).numpy()
     np.testing.assert_allclose(out1[:, :, :12], out2[:, :, :12], atol=1e-12)
 
 
 def test_rotations_are_a_fixed_buffer_until_redrawn():
     layer = REGISTRY["reformer"](16, 2).eval()
-    r0 = layer.rotations.data.copy()
+    r0 = layer.rotations.numpy().copy()
     assert "rotations" in dict(layer.named_buffers())
     layer.redraw()
-    assert not np.allclose(layer.rotations.data, r0)
+    assert not np.allclose(layer.rotations.numpy(), r0)
     with pytest.raises(ValueError, match="n_buckets"):
         REGISTRY["reformer"](16, 2, n_buckets=3)
 
@@ -103,16 +98,16 @@ def test_reversible_gradients_equal_plain_composition():
     for mode in ("plain", "reversible"):
         for b in blocks:
             b.zero_grad()
-        a, b_ = minitx.tensor(x1, requires_grad=True), minitx.tensor(x2, requires_grad=True)
+        a, b_ = tensor(x1, requires_grad=True), tensor(x2, requires_grad=True)
         if mode == "plain":
             y1, y2 = a, b_
             for blk in blocks:
                 y1, y2 = blk(y1, y2)
         else:
             y1, y2 = ReversibleSequence(blocks)(a, b_)
-        ((y1 * minitx.tensor(g1)).sum() + (y2 * minitx.tensor(g2)).sum()).backward()
-        results.append((y1.data, y2.data, a.grad.data, b_.grad.data,
-                        [p.grad.data.copy() for blk in blocks for p in blk.parameters()]))
+        ((y1 * tensor(g1)).sum() + (y2 * tensor(g2)).sum()).backward()
+        results.append((y1.numpy(), y2.numpy(), a.grad.numpy(), b_.grad.numpy(),
+                        [p.grad.numpy().copy() for blk in blocks for p in blk.parameters()]))
     plain, rev = results
     for u, w in zip(plain[:4], rev[:4]):
         np.testing.assert_allclose(u, w, atol=1e-10)
@@ -123,15 +118,15 @@ def test_reversible_gradients_equal_plain_composition():
 def test_reversible_inverse_recovers_inputs():
     rng = np.random.default_rng(1)
     blk = make_blocks(1)[0]
-    x1, x2 = (minitx.tensor(rng.standard_normal((3, 6))) for _ in range(2))
+    x1, x2 = (tensor(rng.standard_normal((3, 6))) for _ in range(2))
     r1, r2 = blk.inverse(*blk(x1, x2))
-    np.testing.assert_allclose(r1.data, x1.data, atol=1e-12)
-    np.testing.assert_allclose(r2.data, x2.data, atol=1e-12)
+    assert_close(r1, x1, atol=1e-12)
+    assert_close(r2, x2, atol=1e-12)
 
 
 def test_saved_memory_does_not_grow_with_depth():
     rng = np.random.default_rng(2)
-    x1, x2 = (minitx.tensor(rng.standard_normal((4, 32, 6)), requires_grad=True) for _ in range(2))
+    x1, x2 = (tensor(rng.standard_normal((4, 32, 6)), requires_grad=True) for _ in range(2))
     rev, plain = [], []
     for depth in (1, 2, 4, 8):
         blocks = make_blocks(depth)
@@ -154,12 +149,12 @@ def test_chunked_feed_forward_equals_unchunked():
     results = []
     for chunks in (1, 4, 13):
         ff.zero_grad()
-        t = minitx.tensor(x, requires_grad=True)
+        t = tensor(x, requires_grad=True)
         out = chunked_feed_forward(ff, t, chunks)
         out.backward(g)
-        results.append((out.data, t.grad.data, ff.w1.grad.data.copy()))
+        results.append((out.numpy(), t.grad.numpy(), ff.w1.grad.numpy().copy()))
     for r in results[1:]:
         for a, b in zip(results[0], r):
             np.testing.assert_allclose(a, b, atol=1e-12)
     with pytest.raises(ValueError, match="chunks"):
-        chunked_feed_forward(ff, minitx.tensor(x), 0)
+        chunked_feed_forward(ff, tensor(x), 0)

@@ -16,9 +16,11 @@ import pytest
 
 import minitx
 from minitx.attention import REGISTRY, dense_attention_array
+from support import assert_close, assert_equal, params_to_float64, qkv, tensor
 
 NAMES = sorted(REGISTRY)
 E, H = 8, 2                      # embed dim 8, 2 heads -> head dim D = 4
+D = E // H
 
 
 def build(name, causal=False, num_kv_heads=None):
@@ -26,16 +28,7 @@ def build(name, causal=False, num_kv_heads=None):
     minitx.manual_seed(0)
     kwargs = {} if num_kv_heads is None else {"num_kv_heads": num_kv_heads}
     layer = REGISTRY[name](E, H, causal=causal, **kwargs)
-    for p in layer.parameters():
-        p.data = p.data.astype(np.float64)
-    return layer.eval()
-
-
-def heads(n, b=1, h=H, hkv=H, d=E // H, seed=0, requires_grad=False):
-    rng = np.random.default_rng(seed)
-    shapes = [(b, h, n, d), (b, hkv, n, d), (b, hkv, n, d)]
-    return [minitx.tensor(rng.standard_normal(s) * 0.7, requires_grad=requires_grad,
-                          dtype="float64") for s in shapes]
+    return params_to_float64(layer).eval()
 
 
 def refuses_causal(name):
@@ -64,21 +57,21 @@ def test_refusing_causal_raises(name):
 def test_gradcheck_attend(name, causal):
     layer = build(name, causal)
     for n in (1, 7):
-        q, k, v = heads(n, seed=n, requires_grad=True)
-        minitx.gradcheck(layer.attend, (q, k, v))
+        arrays = qkv(n, b=1, h=H, d=D, scale=0.7, seed=n)
+        minitx.gradcheck(layer.attend, tuple(tensor(a, requires_grad=True) for a in arrays))
     # N = 33: only q carries requires_grad (keeps the finite differences cheap).
-    q, k, v = heads(33, seed=33)
-    q.requires_grad = True
-    minitx.gradcheck(layer.attend, (q, k, v))
+    q, k, v = qkv(33, b=1, h=H, d=D, scale=0.7, seed=33)
+    minitx.gradcheck(layer.attend, (tensor(q, requires_grad=True), tensor(k), tensor(v)))
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_no_nan_at_length_one(name):
     for causal in ([False] if refuses_causal(name) else [False, True]):
         layer = build(name, causal)
-        x = minitx.tensor(np.random.default_rng(1).standard_normal((2, 1, E)), dtype="float64")
-        assert np.all(np.isfinite(layer(x).data))
-        assert np.all(np.isfinite(layer.attend(*heads(1, b=2)).data))
+        x = tensor(np.random.default_rng(1).standard_normal((2, 1, E)))
+        assert np.all(np.isfinite(layer(x).numpy()))
+        heads = [tensor(a) for a in qkv(1, b=2, h=H, d=D, scale=0.7, seed=0)]
+        assert np.all(np.isfinite(layer.attend(*heads).numpy()))
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if not refuses_causal(n)])
@@ -87,10 +80,10 @@ def test_causality(name):
     rng = np.random.default_rng(2)
     n, t = 12, 5
     x = rng.standard_normal((2, n, E))
-    y1 = layer(minitx.tensor(x, dtype="float64")).data
+    y1 = layer(tensor(x)).numpy()
     x2 = x.copy()
     x2[:, t + 1:] += rng.standard_normal(x2[:, t + 1:].shape) * 3
-    y2 = layer(minitx.tensor(x2, dtype="float64")).data
+    y2 = layer(tensor(x2)).numpy()
     np.testing.assert_allclose(y1[:, :t + 1], y2[:, :t + 1], atol=1e-10,
                                err_msg=f"{name}: output before t changed with future tokens")
     assert not np.allclose(y1[:, t + 1:], y2[:, t + 1:])   # the perturbation did something
@@ -101,16 +94,17 @@ def test_equals_dense_under_pattern(name, causal):
     layer = build(name, causal)
     kind = layer.kind
     for n in (1, 7, 33):
-        q, k, v = heads(n, b=2, seed=n)
-        out = layer.attend(q, k, v).data
+        arrays = qkv(n, b=2, h=H, d=D, scale=0.7, seed=n)
+        q, k, v = (tensor(a) for a in arrays)
+        out = layer.attend(q, k, v).numpy()
         if kind in ("exact", "masked"):
-            ref = dense_attention_array(q.data, k.data, v.data, layer.pattern(n))
+            ref = dense_attention_array(*arrays, layer.pattern(n))       # on the host
         elif hasattr(layer, "reference"):
-            ref = layer.reference(q.data, k.data, v.data)
+            ref = layer.reference(q.data, k.data, v.data)   # reads the layer's (device) params
         else:
             assert out.shape == q.shape and np.all(np.isfinite(out))
             continue
-        np.testing.assert_allclose(out, ref, atol=1e-6, rtol=1e-6, err_msg=f"{name} n={n}")
+        assert_close(out, ref, atol=1e-6, rtol=1e-6, err_msg=f"{name} n={n}")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -125,16 +119,17 @@ def test_pattern_shape_and_dtype(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_grouped_kv_heads(name, hkv):
     layer = build(name, num_kv_heads=hkv)
-    x = minitx.tensor(np.random.default_rng(3).standard_normal((2, 9, E)), dtype="float64")
+    x = tensor(np.random.default_rng(3).standard_normal((2, 9, E)))
     assert layer(x).shape == (2, 9, E)
-    q, k, v = heads(9, b=2, hkv=hkv, seed=4)
-    shared = layer.attend(q, k, v).data
-    rep = [minitx.tensor(np.repeat(t.data, H // hkv, axis=1)) for t in (k, v)]
-    np.testing.assert_allclose(shared, layer.attend(q, *rep).data, atol=1e-10)
+    qa, ka, va = qkv(9, b=2, h=H, hkv=hkv, d=D, scale=0.7, seed=4)
+    q = tensor(qa)
+    shared = layer.attend(q, tensor(ka), tensor(va))
+    rep = [tensor(np.repeat(a, H // hkv, axis=1)) for a in (ka, va)]
+    assert_close(shared, layer.attend(q, *rep), atol=1e-10)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_eval_mode_is_deterministic(name):
     layer = build(name)
-    x = minitx.tensor(np.random.default_rng(5).standard_normal((2, 10, E)), dtype="float64")
-    np.testing.assert_array_equal(layer(x).data, layer(x).data)
+    x = tensor(np.random.default_rng(5).standard_normal((2, 10, E)))
+    assert_equal(layer(x), layer(x))

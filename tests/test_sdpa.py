@@ -12,15 +12,7 @@ import minitx.functional as F
 from minitx.attention import (AdditiveAttention, CausalSelfAttention, SelfAttention,
                               attention_weights, causal_pattern, dense_attention_array,
                               dot_product_attention, scaled_dot_product_attention as sdpa)
-
-
-def T(a, grad=True):
-    return minitx.tensor(np.asarray(a, dtype=np.float64), requires_grad=grad)
-
-
-def qkv(rng, b=1, h=2, hkv=2, nq=4, nk=4, d=3, dv=None):
-    return (rng.standard_normal((b, h, nq, d)), rng.standard_normal((b, hkv, nk, d)),
-            rng.standard_normal((b, hkv, nk, dv or d)))
+from support import assert_close, qkv, tensor
 
 
 def reference(q, k, v, allowed=None, bias=None, scale=None):
@@ -44,44 +36,49 @@ def reference(q, k, v, allowed=None, bias=None, scale=None):
 @pytest.mark.parametrize("h,hkv,nq,nk", [(2, 2, 4, 4), (4, 2, 3, 6), (3, 1, 5, 2), (2, 2, 1, 1)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_matches_reference(rng, h, hkv, nq, nk, causal):
-    q, k, v = qkv(rng, 2, h, hkv, nq, nk, 4, 5)
+    q, k, v = qkv(nq, nk, b=2, h=h, hkv=hkv, d=4, dv=5, rng=rng)
     allowed = causal_pattern(nq, nk) if causal else None
-    out, w = sdpa(T(q), T(k), T(v), is_causal=causal, enable_gqa=True, return_weights=True)
+    tq, tk, tv = (tensor(a, requires_grad=True) for a in (q, k, v))
+    out, w = sdpa(tq, tk, tv, is_causal=causal, enable_gqa=True, return_weights=True)
     ref, p = reference(q, k, v, allowed)
     np.testing.assert_allclose(out.numpy(), ref, atol=1e-12)
     np.testing.assert_allclose(w.numpy(), p, atol=1e-12)
-    np.testing.assert_allclose(sdpa(T(q), T(k), T(v), is_causal=causal, enable_gqa=True).numpy(),
+    np.testing.assert_allclose(sdpa(tq, tk, tv, is_causal=causal, enable_gqa=True).numpy(),
                                ref, atol=1e-12)
     np.testing.assert_allclose(dense_attention_array(q, k, v, allowed), ref, atol=1e-12)
 
 
 def test_bool_and_float_masks_and_scale(rng):
-    q, k, v = qkv(rng, 2, 2, 2, 3, 5)
+    q, k, v = qkv(3, 5, b=2, h=2, hkv=2, d=3, rng=rng)
     allowed = rng.random((2, 1, 3, 5)) > 0.4
     allowed[..., 0] = True
     bias = rng.standard_normal((3, 5))
+    tq, tk, tv = (tensor(a, requires_grad=True) for a in (q, k, v))
     ref, _ = reference(q, k, v, allowed, scale=0.7)
-    np.testing.assert_allclose(sdpa(T(q), T(k), T(v), allowed, scale=0.7).numpy(), ref, atol=1e-12)
+    np.testing.assert_allclose(sdpa(tq, tk, tv, allowed, scale=0.7).numpy(), ref, atol=1e-12)
     ref, _ = reference(q, k, v, bias=bias)
-    np.testing.assert_allclose(sdpa(T(q), T(k), T(v), bias).numpy(), ref, atol=1e-12)
+    np.testing.assert_allclose(sdpa(tq, tk, tv, bias).numpy(), ref, atol=1e-12)
 
 
 def test_causal_is_bottom_right_aligned(rng):
     # 2 queries against 5 keys: they are positions 3 and 4, so they see keys 0..3 and 0..4
-    q, k, v = qkv(rng, 1, 1, 1, 2, 5)
-    _, w = sdpa(T(q), T(k), T(v), is_causal=True, return_weights=True)
+    q, k, v = qkv(2, 5, b=1, h=1, hkv=1, d=3, rng=rng)
+    _, w = sdpa(*(tensor(a, requires_grad=True) for a in (q, k, v)), is_causal=True,
+                return_weights=True)
     np.testing.assert_array_equal(w.numpy()[0, 0] > 0, [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
 
 
 def test_leading_batch_dims(rng):
     q, k, v = (rng.standard_normal((2, 3, 2, 4, 5)) for _ in range(3))
-    out = sdpa(T(q), T(k), T(v)).numpy()
-    flat = sdpa(T(q.reshape(6, 2, 4, 5)), T(k.reshape(6, 2, 4, 5)), T(v.reshape(6, 2, 4, 5)))
-    np.testing.assert_allclose(out, flat.numpy().reshape(out.shape), atol=1e-12)
+
+    def attend(*arrays):
+        return sdpa(*(tensor(a, requires_grad=True) for a in arrays)).numpy()
+    out = attend(q, k, v)
+    flat = attend(q.reshape(6, 2, 4, 5), k.reshape(6, 2, 4, 5), v.reshape(6, 2, 4, 5))
+    np.testing.assert_allclose(out, flat.reshape(out.shape), atol=1e-12)
     q3, k3, v3 = q[0, 0], k[0, 0], v[0, 0]                     # (2, 4, 5): heads, no batch
-    np.testing.assert_allclose(sdpa(T(q3), T(k3), T(v3)).numpy(), out[0, 0], atol=1e-12)
-    np.testing.assert_allclose(sdpa(T(q3[0]), T(k3[0]), T(v3[0])).numpy(), out[0, 0, 0],
-                               atol=1e-12)                      # (N, D)
+    np.testing.assert_allclose(attend(q3, k3, v3), out[0, 0], atol=1e-12)
+    np.testing.assert_allclose(attend(q3[0], k3[0], v3[0]), out[0, 0, 0], atol=1e-12)  # (N, D)
 
 
 def test_functional_reexport():
@@ -93,16 +90,16 @@ def test_functional_reexport():
 
 @pytest.mark.parametrize("n", [1, 7, 33])
 def test_gradcheck_lengths(rng, n):
-    q, k, v = qkv(rng, 1, 2, 1, n, n, 2)
+    q, k, v = qkv(n, n, b=1, h=2, hkv=1, d=2, rng=rng)
     minitx.gradcheck(lambda q, k, v: sdpa(q, k, v, is_causal=True, enable_gqa=True),
-                     (T(q), T(k), T(v)))
+                     tuple(tensor(a, requires_grad=True) for a in (q, k, v)))
 
 
 @pytest.mark.parametrize("case", ["bool", "float", "gqa_cross", "scale", "weights"])
 def test_gradcheck_options(rng, case):
-    q, k, v = qkv(rng, 2, 4, 2, 3, 5, 2, 3)
+    q, k, v = qkv(3, 5, b=2, h=4, hkv=2, d=2, dv=3, rng=rng)
     mask = rng.random((2, 1, 3, 5)) > 0.5
-    bias = T(rng.standard_normal((4, 3, 5)))                    # a learned bias gets gradients
+    bias = tensor(rng.standard_normal((4, 3, 5)), requires_grad=True)   # a learned bias: grads
 
     def fn(q, k, v, b):
         if case == "bool":
@@ -115,24 +112,26 @@ def test_gradcheck_options(rng, case):
             return sdpa(q, k, v, b, scale=0.3, enable_gqa=True)
         out, w = sdpa(q, k, v, b, enable_gqa=True, return_weights=True)
         return out, w
-    minitx.gradcheck(fn, (T(q), T(k), T(v), bias))
+    minitx.gradcheck(fn, (*(tensor(a, requires_grad=True) for a in (q, k, v)), bias))
 
 
 def test_gradcheck_attention_weights(rng):
-    q, k, _ = qkv(rng, 1, 2, 2, 3, 4)
-    minitx.gradcheck(lambda q, k: attention_weights(q, k, is_causal=True), (T(q), T(k)))
+    q, k, _ = qkv(3, 4, b=1, h=2, hkv=2, d=3, rng=rng)
+    minitx.gradcheck(lambda q, k: attention_weights(q, k, is_causal=True),
+                     (tensor(q, requires_grad=True), tensor(k, requires_grad=True)))
 
 
 def test_gradcheck_dropout(rng):
-    q, k, v = qkv(rng, 1, 2, 2, 4, 4)
+    q, k, v = qkv(4, 4, b=1, h=2, hkv=2, d=3, rng=rng)
 
     def fn(q, k, v):
         minitx.manual_seed(3)                                   # the same keep-mask every call
         return sdpa(q, k, v, dropout_p=0.3)
-    minitx.gradcheck(fn, (T(q), T(k), T(v)))
+    minitx.gradcheck(fn, tuple(tensor(a, requires_grad=True) for a in (q, k, v)))
     minitx.manual_seed(3)
-    out = sdpa(T(q), T(k), T(v), dropout_p=0.3).numpy()
-    assert not np.allclose(out, sdpa(T(q), T(k), T(v)).numpy())
+    tq, tk, tv = (tensor(a, requires_grad=True) for a in (q, k, v))
+    out = sdpa(tq, tk, tv, dropout_p=0.3).numpy()
+    assert not np.allclose(out, sdpa(tq, tk, tv).numpy())
 
 
 # ---- fully masked rows -------------------------------------------------------------------
@@ -140,13 +139,13 @@ def test_gradcheck_dropout(rng):
 @pytest.mark.parametrize("kind", ["bool", "float", "causal_short_keys"])
 def test_fully_masked_rows_are_zero_with_zero_grads(rng, kind):
     nq, nk = (5, 3) if kind == "causal_short_keys" else (4, 4)
-    q, k, v = qkv(rng, 2, 2, 2, nq, nk)
+    q, k, v = qkv(nq, nk, b=2, h=2, hkv=2, d=3, rng=rng)
     allowed = np.ones((2, 2, nq, nk), bool)
     allowed[0, :, 1] = False                                    # query 1 of batch 0 sees nothing
     allowed[1] = False                                          # batch 1 sees nothing at all
     mask = {"bool": allowed, "float": np.where(allowed, 0.0, -np.inf),
             "causal_short_keys": None}[kind]
-    tq, tk, tv = T(q), T(k), T(v)
+    tq, tk, tv = (tensor(a, requires_grad=True) for a in (q, k, v))
     out, w = sdpa(tq, tk, tv, mask, is_causal=kind == "causal_short_keys",
                   return_weights=True)
     out2 = sdpa(tq, tk, tv, mask, is_causal=kind == "causal_short_keys")
@@ -174,13 +173,13 @@ def test_fully_masked_rows_are_zero_with_zero_grads(rng, kind):
     (((2, 1, 3, 4), (3, 1, 3, 4), (3, 1, 3, 4)), {}, "batch dims differ"),
 ])
 def test_shape_errors(shapes, kw, match):
-    args = [T(np.zeros(s)) for s in shapes]
+    args = [tensor(np.zeros(s), requires_grad=True) for s in shapes]
     with pytest.raises(ValueError, match=match):
         sdpa(*args, **kw)
 
 
 def test_mask_and_option_errors(rng):
-    q, k, v = (T(a) for a in qkv(rng, 1, 2, 2, 3, 4))
+    q, k, v = (tensor(a, requires_grad=True) for a in qkv(3, 4, b=1, h=2, hkv=2, d=3, rng=rng))
     with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 3\) does not broadcast"):
         sdpa(q, k, v, np.ones((3, 3), bool))
     with pytest.raises(TypeError, match="attn_mask must be bool"):
@@ -199,7 +198,8 @@ def test_dot_product_attention_luong(rng):
     q, k, v = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 5, 6)), \
         rng.standard_normal((2, 5, 2))
     w = rng.standard_normal((4, 6))
-    ctx, a = dot_product_attention(T(q), T(k), T(v), weight=T(w))
+    tq, tk, tv, tw = (tensor(x, requires_grad=True) for x in (q, k, v, w))
+    ctx, a = dot_product_attention(tq, tk, tv, weight=tw)
     s = q @ w @ np.swapaxes(k, -1, -2)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
@@ -207,20 +207,22 @@ def test_dot_product_attention_luong(rng):
     np.testing.assert_allclose(ctx.numpy(), p @ v, atol=1e-12)
     mask = rng.random((2, 3, 5)) > 0.3
     minitx.gradcheck(lambda q, k, v, w: dot_product_attention(q, k, v, w, mask=mask),
-                     (T(q), T(k), T(v), T(w)))
+                     tuple(tensor(x, requires_grad=True) for x in (q, k, v, w)))
     kk = rng.standard_normal((2, 5, 4))
-    minitx.gradcheck(lambda q, k, v: dot_product_attention(q, k, v), (T(q), T(kk), T(v)))
+    minitx.gradcheck(lambda q, k, v: dot_product_attention(q, k, v),
+                     tuple(tensor(x, requires_grad=True) for x in (q, kk, v)))
+    tq, tk, tv = (tensor(x, requires_grad=True) for x in (q, k, v))
     with pytest.raises(ValueError, match="'dot' scores need equal"):
-        dot_product_attention(T(q), T(k), T(v))
+        dot_product_attention(tq, tk, tv)
     with pytest.raises(ValueError, match=r"weight must be \(Dq, Dk\)"):
-        dot_product_attention(T(q), T(k), T(v), weight=T(w.T))
+        dot_product_attention(tq, tk, tv, weight=tensor(w.T, requires_grad=True))
 
 
 def test_additive_attention_bahdanau(rng):
     layer = AdditiveAttention(4, key_dim=6, hidden_dim=5).to(dtype="float64")
     q, k, v = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 7, 6)), \
         rng.standard_normal((2, 7, 2))
-    ctx, a = layer(T(q), T(k), T(v))
+    ctx, a = layer(*(tensor(x, requires_grad=True) for x in (q, k, v)))
     wq, wk, wv = (p.numpy() for p in (layer.W_q.weight, layer.W_k.weight, layer.v.weight))
     e = np.tanh((q @ wq.T)[:, :, None, :] + (k @ wk.T)[:, None, :, :]) @ wv[0]   # (B, Nq, Nk)
     p = np.exp(e - e.max(-1, keepdims=True))
@@ -230,10 +232,12 @@ def test_additive_attention_bahdanau(rng):
     assert set(layer.state_dict()) == {"W_q.weight", "W_k.weight", "v.weight"}
     mask = np.ones((2, 3, 7), bool)
     mask[0, 1] = False                                          # a fully masked row
-    minitx.gradcheck(lambda q, k, v: layer(q, k, v, mask=mask), (T(q), T(k), T(v)))
-    assert np.all(layer(T(q), T(k), T(v), mask=mask)[0].numpy()[0, 1] == 0)
+    minitx.gradcheck(lambda q, k, v: layer(q, k, v, mask=mask),
+                     tuple(tensor(x, requires_grad=True) for x in (q, k, v)))
+    tq, tk, tv = (tensor(x, requires_grad=True) for x in (q, k, v))
+    assert np.all(layer(tq, tk, tv, mask=mask)[0].numpy()[0, 1] == 0)
     with pytest.raises(ValueError, match="same length"):
-        layer(T(q), T(k), T(v[:, :3]))
+        layer(tq, tk, tensor(v[:, :3], requires_grad=True))
 
 
 @pytest.mark.parametrize("n", [1, 7])
@@ -241,24 +245,25 @@ def test_self_attention_single_head(rng, n):
     for layer in (SelfAttention(4), CausalSelfAttention(4)):
         layer.to(dtype="float64")
         x = rng.standard_normal((2, n, 4))
-        minitx.gradcheck(layer, (T(x),))
+        minitx.gradcheck(layer, (tensor(x, requires_grad=True),))
         q, k, v = (x @ lin.weight.numpy().T + lin.bias.numpy()
                    for lin in (layer.query, layer.key, layer.value))
         allowed = causal_pattern(n, n) if layer.causal else None
         ref, p = reference(q, k, v, allowed)
-        np.testing.assert_allclose(layer(T(x)).numpy(), ref, atol=1e-12)
-        np.testing.assert_allclose(layer.last_attn_weights, p, atol=1e-12)
+        np.testing.assert_allclose(layer(tensor(x, requires_grad=True)).numpy(), ref, atol=1e-12)
+        assert_close(layer.last_attn_weights, p, atol=1e-12)     # a raw array of the backend
     with pytest.raises(ValueError, match=r"x must be \(B, N, 4\)"):
-        SelfAttention(4)(T(np.zeros((2, 3, 5))))
+        SelfAttention(4)(tensor(np.zeros((2, 3, 5)), requires_grad=True))
 
 
 def test_causal_self_attention_is_causal(rng):
     layer = CausalSelfAttention(4).to(dtype="float64")
     x = rng.standard_normal((1, 6, 4))
-    y = layer(T(x)).numpy()
+    y = layer(tensor(x, requires_grad=True)).numpy()
     x2 = x.copy()
     x2[:, 4:] += 1.0
-    np.testing.assert_allclose(layer(T(x2)).numpy()[:, :4], y[:, :4], atol=1e-12)
+    np.testing.assert_allclose(layer(tensor(x2, requires_grad=True)).numpy()[:, :4], y[:, :4],
+                               atol=1e-12)
 
 
 @given(st.permutations(list(range(6))))
@@ -266,8 +271,8 @@ def test_self_attention_is_permutation_equivariant(perm):
     rng = np.random.default_rng(0)
     layer = SelfAttention(4).to(dtype="float64")
     x = rng.standard_normal((1, 6, 4))
-    y = layer(T(x, False)).numpy()
-    np.testing.assert_allclose(layer(T(x[:, perm], False)).numpy(), y[:, perm], atol=1e-12)
+    y = layer(tensor(x)).numpy()
+    np.testing.assert_allclose(layer(tensor(x[:, perm])).numpy(), y[:, perm], atol=1e-12)
 
 
 # ---- the causal block path: the same numbers as the dense fused path -----------------------
@@ -287,11 +292,11 @@ def test_causal_block_path_equals_dense_fused_path(monkeypatch, b, h, hkv, nq, n
     results = {}
     for path, block in (("blocked", 32), ("dense", 10 ** 9)):
         monkeypatch.setattr(ops_attention, "CAUSAL_BLOCK", block)
-        ts = [minitx.tensor(x, requires_grad=True) for x in arrays]
+        ts = [tensor(x, requires_grad=True) for x in arrays]
         o = F.scaled_dot_product_attention(*ts, is_causal=True, enable_gqa=True)
         assert o._ctx.fn is ops_attention.SDPAFunction
         assert (len(o._ctx.blocks) > 1) == (path == "blocked")
-        (o * minitx.tensor(g)).sum().backward()
+        (o * tensor(g)).sum().backward()
         results[path] = [o.numpy()] + [t.grad.numpy() for t in ts]
     for got, want in zip(results["blocked"], results["dense"]):
         assert np.all(np.isfinite(got))
@@ -311,6 +316,6 @@ def test_causal_block_path_gradcheck(monkeypatch):
     from minitx.ops import attention as ops_attention
     monkeypatch.setattr(ops_attention, "CAUSAL_BLOCK", 16)
     r = np.random.default_rng(3)
-    q, k, v = [minitx.tensor(r.standard_normal((1, 2, 40, 3)), requires_grad=True) for _ in range(3)]
+    q, k, v = [tensor(r.standard_normal((1, 2, 40, 3)), requires_grad=True) for _ in range(3)]
     assert minitx.gradcheck(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
                             (q, k, v))

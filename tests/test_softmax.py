@@ -5,17 +5,14 @@ import pytest
 
 import minitx
 import minitx.functional as F
-
-
-def leaf(a):
-    return minitx.tensor(a, requires_grad=True)
+from support import tensor
 
 
 @pytest.mark.parametrize("shape,axis", [((5,), -1), ((3, 4), -1), ((2, 3, 6), 1), ((4, 3), 0)])
 def test_jacobian_times_g_equals_backward(shape, axis, rng):
     x = rng.standard_normal(shape) * 2
     g = rng.standard_normal(shape)
-    t = leaf(x)
+    t = tensor(x, requires_grad=True)
     F.softmax(t, axis).backward(minitx.tensor(g))
     J = F.softmax_jacobian(minitx.tensor(x), axis).numpy()      # (..., n, n), axis moved last
     g_last = np.moveaxis(g, axis, -1)
@@ -46,7 +43,7 @@ def test_all_minus_inf_rows_give_zeros_and_zero_gradient(dtype, rng):
     x = rng.standard_normal((3, 5)).astype(dtype)
     x[1] = -np.inf                                   # a fully masked attention row
     x[2, :2] = -np.inf                               # partly masked: normal softmax
-    t = leaf(x)
+    t = tensor(x, dtype=None, requires_grad=True)                 # float32 stays float32
     s = F.softmax(t, -1)
     out = s.numpy()
     assert np.all(np.isfinite(out))
@@ -60,7 +57,7 @@ def test_all_minus_inf_rows_give_zeros_and_zero_gradient(dtype, rng):
 
 
 def test_masked_fill_then_softmax_fully_masked_row():
-    scores = leaf(np.zeros((2, 3)))
+    scores = tensor(np.zeros((2, 3)), requires_grad=True)
     mask = np.array([[True, True, True], [False, True, False]])
     p = F.softmax(F.masked_fill(scores, mask, -np.inf), -1)
     np.testing.assert_array_equal(p.numpy(), [[0, 0, 0], [0.5, 0, 0.5]])

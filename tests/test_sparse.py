@@ -4,11 +4,11 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import minitx
 from minitx.attention import REGISTRY, dense_attention_array
 from minitx.attention.masks import (PATTERNS, bigbird_mask, bigbird_random_blocks, dilated_mask,
                                     fixed_mask, local_mask, longformer_mask, render_pattern,
                                     strided_mask)
+from support import assert_close, qkv, tensor
 
 SPARSE = ["local", "dilated", "longformer", "bigbird", "strided", "fixed"]
 
@@ -79,11 +79,10 @@ def test_render_pattern():
 @pytest.mark.parametrize("n", [1, 2, 29, 64])
 def test_equals_dense_under_own_pattern(name, options, causal, n):
     layer = REGISTRY[name](16, 2, causal=causal, **options)
-    rng = np.random.default_rng(n)
-    q, k, v = (rng.standard_normal((2, 2, n, 8)) for _ in range(3))
-    out = layer.attend(*[minitx.tensor(x) for x in (q, k, v)]).data
+    q, k, v = qkv(n, d=8, seed=n)
+    out = layer.attend(*[tensor(x) for x in (q, k, v)])
     ref = dense_attention_array(q, k, v, layer.pattern(n))
-    np.testing.assert_allclose(out, ref, atol=1e-6)
+    assert_close(out, ref, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", SPARSE)
@@ -97,14 +96,14 @@ def test_gradients_equal_dense_masked(name):
     allowed = layer.pattern(n)
     grads = []
     for mode in ("sparse", "dense"):
-        t = [minitx.tensor(x, requires_grad=True) for x in arrays]
+        t = [tensor(x, requires_grad=True) for x in arrays]
         if mode == "sparse":
             out = layer.attend(*t)
         else:
             s = F.matmul(t[0], F.swapaxes(t[1], -1, -2)) * (1 / np.sqrt(8))
             out = F.matmul(F.softmax(F.masked_fill(s, ~allowed, -np.inf), axis=-1), t[2])
         out.backward(g)
-        grads.append([x.grad.data for x in t])
+        grads.append([x.grad.numpy() for x in t])
     for a, b in zip(*grads):
         np.testing.assert_allclose(a, b, atol=1e-10)
 
@@ -139,7 +138,7 @@ def test_memory_is_linear_never_n_squared(name, options):
     n, d = 4096, 16
     layer = REGISTRY[name](d, 1, **options)
     rng = np.random.default_rng(0)
-    t = [minitx.tensor(rng.standard_normal((1, 1, n, d)).astype(np.float32), requires_grad=True)
+    t = [tensor(rng.standard_normal((1, 1, n, d)), dtype="float32", requires_grad=True)
          for _ in range(3)]
     tracemalloc.start()
     layer.attend(*t).sum().backward()

@@ -7,11 +7,7 @@ import pytest
 
 import minitx
 from minitx import Tensor
-
-
-def arr(t):
-    """A Tensor's data as a NumPy array (copied from the GPU under the CuPy backend)."""
-    return t.numpy()
+from support import to_host
 
 
 # ---- construction and dtype rules ----------------------------------------------------------
@@ -32,7 +28,7 @@ def test_numpy_arrays_keep_their_dtype(dtype):
     a = np.arange(6).reshape(2, 3).astype(dtype)
     t = minitx.tensor(a)
     assert t.dtype == dtype
-    np.testing.assert_array_equal(arr(t), a)
+    np.testing.assert_array_equal(to_host(t), a)
 
 
 def test_bool_mask_stays_bool_and_numpy_scalar_keeps_dtype():
@@ -100,11 +96,11 @@ def test_backward_signature_defaults_and_explicit_grad(rng):
     a = rng.standard_normal((2, 3))
     x = minitx.tensor(a, requires_grad=True)
     (x * x).sum().backward()                        # grad=None on a one-element output
-    np.testing.assert_allclose(arr(x.grad), 2 * a)
+    np.testing.assert_allclose(to_host(x.grad), 2 * a)
     x.grad = None
     g = rng.standard_normal((2, 3))
     (x * 3).backward(minitx.tensor(g))              # explicit grad for a non-scalar output
-    np.testing.assert_allclose(arr(x.grad), 3 * g)
+    np.testing.assert_allclose(to_host(x.grad), 3 * g)
     with pytest.raises(RuntimeError, match="one-element"):
         (x * 3).backward()
 
@@ -133,25 +129,25 @@ def test_binary_operators_match_numpy(op, rng):
     a = rng.standard_normal((3, 1, 4))
     b = rng.standard_normal((2, 4)) + 3.0
     ta, tb = minitx.tensor(a), minitx.tensor(b)
-    np.testing.assert_allclose(arr(op(ta, tb)), op(a, b))
-    np.testing.assert_allclose(arr(op(ta, 2.0)), op(a, 2.0))       # tensor <op> scalar
-    np.testing.assert_allclose(arr(op(2.0, tb)), op(2.0, b))       # scalar <op> tensor
+    np.testing.assert_allclose(to_host(op(ta, tb)), op(a, b))
+    np.testing.assert_allclose(to_host(op(ta, 2.0)), op(a, 2.0))       # tensor <op> scalar
+    np.testing.assert_allclose(to_host(op(2.0, tb)), op(2.0, b))       # scalar <op> tensor
     if ta.device == "cpu":                                           # ndarray <op> tensor
         out = op(a, tb)
         assert isinstance(out, Tensor)
-        np.testing.assert_allclose(arr(out), op(a, b))
+        np.testing.assert_allclose(to_host(out), op(a, b))
 
 
 def test_pow_neg_matmul_operators(rng):
     a = rng.uniform(0.5, 2.0, (3, 4))
     b = rng.standard_normal((4, 5))
     ta, tb = minitx.tensor(a), minitx.tensor(b)
-    np.testing.assert_allclose(arr(ta ** 3), a ** 3)
-    np.testing.assert_allclose(arr(ta ** ta), a ** a)
-    np.testing.assert_allclose(arr(2.0 ** ta), 2.0 ** a)
-    np.testing.assert_allclose(arr(-ta), -a)
-    np.testing.assert_allclose(arr(ta @ tb), a @ b)
-    np.testing.assert_allclose(arr(abs(minitx.tensor(b))), np.abs(b))
+    np.testing.assert_allclose(to_host(ta ** 3), a ** 3)
+    np.testing.assert_allclose(to_host(ta ** ta), a ** a)
+    np.testing.assert_allclose(to_host(2.0 ** ta), 2.0 ** a)
+    np.testing.assert_allclose(to_host(-ta), -a)
+    np.testing.assert_allclose(to_host(ta @ tb), a @ b)
+    np.testing.assert_allclose(to_host(abs(minitx.tensor(b))), np.abs(b))
 
 
 def test_scalar_ops_keep_float32():
@@ -168,16 +164,16 @@ def test_comparisons_are_bool_and_not_differentiable(op, rng):
     x = minitx.tensor(a, requires_grad=True)
     out = op(x, minitx.tensor(b))
     assert out.dtype == np.bool_ and not out.requires_grad and out._ctx is None
-    np.testing.assert_array_equal(arr(out), op(a, b))
-    np.testing.assert_array_equal(arr(op(x, 1.0)), op(a, 1.0))
+    np.testing.assert_array_equal(to_host(out), op(a, b))
+    np.testing.assert_array_equal(to_host(op(x, 1.0)), op(a, 1.0))
 
 
 def test_bool_ops_on_masks():
     m = minitx.tensor(np.array([True, False, True]))
     n = minitx.tensor(np.array([True, True, False]))
-    np.testing.assert_array_equal(arr(~m), [False, True, False])
-    np.testing.assert_array_equal(arr(m & n), [True, False, False])
-    np.testing.assert_array_equal(arr(m | n), [True, True, True])
+    np.testing.assert_array_equal(to_host(~m), [False, True, False])
+    np.testing.assert_array_equal(to_host(m & n), [True, False, False])
+    np.testing.assert_array_equal(to_host(m | n), [True, True, True])
 
 
 INDICES = [
@@ -190,15 +186,15 @@ INDICES = [
 @pytest.mark.parametrize("index", INDICES, ids=range(len(INDICES)))
 def test_getitem_matches_numpy(index, rng):
     a = rng.standard_normal((3, 4, 2))
-    np.testing.assert_array_equal(arr(minitx.tensor(a)[index]), a[index])
+    np.testing.assert_array_equal(to_host(minitx.tensor(a)[index]), a[index])
 
 
 def test_getitem_with_bool_mask_and_tensor_index(rng):
     a = rng.standard_normal((3, 4))
     mask = a > 0
-    np.testing.assert_array_equal(arr(minitx.tensor(a)[minitx.tensor(mask)]), a[mask])
+    np.testing.assert_array_equal(to_host(minitx.tensor(a)[minitx.tensor(mask)]), a[mask])
     idx = np.array([2, 0])
-    np.testing.assert_array_equal(arr(minitx.tensor(a)[minitx.tensor(idx)]), a[idx])
+    np.testing.assert_array_equal(to_host(minitx.tensor(a)[minitx.tensor(idx)]), a[idx])
 
 
 # ---- NumPy-named shape methods --------------------------------------------------------------
@@ -222,19 +218,19 @@ def test_shape_methods_match_numpy(name, args, kwargs, rng):
     out = getattr(minitx.tensor(a), name)(*args, **kwargs)
     expected = getattr(a, name)(*args, **kwargs)
     assert out.shape == np.shape(expected)
-    np.testing.assert_allclose(arr(out), expected, rtol=1e-12)
+    np.testing.assert_allclose(to_host(out), expected, rtol=1e-12)
 
 
 def test_T_astype_flatten_squeeze_expand_dims(rng):
     a = rng.standard_normal((2, 1, 3))
     t = minitx.tensor(a)
-    np.testing.assert_array_equal(arr(t.T), a.T)
-    np.testing.assert_array_equal(arr(t.astype("float32")), a.astype(np.float32))
+    np.testing.assert_array_equal(to_host(t.T), a.T)
+    np.testing.assert_array_equal(to_host(t.astype("float32")), a.astype(np.float32))
     assert t.astype(np.float16).dtype == np.float16
-    np.testing.assert_array_equal(arr(t.flatten()), a.flatten())
-    np.testing.assert_array_equal(arr(t.squeeze()), a.squeeze())
-    np.testing.assert_array_equal(arr(t.squeeze(1)), a.squeeze(1))
-    np.testing.assert_array_equal(arr(t.expand_dims(0)), np.expand_dims(a, 0))
+    np.testing.assert_array_equal(to_host(t.flatten()), a.flatten())
+    np.testing.assert_array_equal(to_host(t.squeeze()), a.squeeze())
+    np.testing.assert_array_equal(to_host(t.squeeze(1)), a.squeeze(1))
+    np.testing.assert_array_equal(to_host(t.expand_dims(0)), np.expand_dims(a, 0))
     assert len(t) == 2
 
 
@@ -243,7 +239,7 @@ def test_astype_is_differentiable_back_to_the_source_dtype(rng):
     y = x.astype("float32")
     (y * y).sum().backward()
     assert x.grad.dtype == np.float64
-    np.testing.assert_allclose(arr(x.grad), 2 * arr(x).astype(np.float32), rtol=1e-6)
+    np.testing.assert_allclose(to_host(x.grad), 2 * to_host(x).astype(np.float32), rtol=1e-6)
 
 
 # ---- dtype preservation through forward and backward -----------------------------------------

@@ -12,6 +12,7 @@ import pytest
 import minitx
 import minitx.nn as nn
 from minitx.attention import causal_pattern, scaled_dot_product_attention as sdpa
+from support import tensor, to_host
 
 torch = pytest.importorskip("torch")
 ATOL = 1e-5
@@ -20,12 +21,13 @@ ATOL = 1e-5
 def pair(a, grad=True):
     """The same float32 data as a minitx Tensor and a torch tensor."""
     a = np.asarray(a, dtype=np.float32)
-    return minitx.tensor(a, requires_grad=grad), torch.tensor(a, requires_grad=grad)
+    return tensor(a, dtype=None, requires_grad=grad), torch.tensor(a, requires_grad=grad)
 
 
 def close(mine, theirs, atol=ATOL):
+    """Same shape and max |mine − theirs| ≤ atol (minitx Tensors/arrays, torch tensors)."""
     theirs = theirs.detach().numpy() if hasattr(theirs, "detach") else theirs
-    mine = mine.numpy() if hasattr(mine, "numpy") else mine
+    mine = to_host(mine)
     assert mine.shape == theirs.shape
     assert np.abs(mine - theirs).max() <= atol, np.abs(mine - theirs).max()
 

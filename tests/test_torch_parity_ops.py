@@ -13,6 +13,7 @@ import pytest
 
 import minitx
 import minitx.functional as F
+from support import tensor
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
@@ -191,8 +192,8 @@ CASES += [("cross_entropy_3d", lambda r: [normal(r, (2, 3, 4)), ints(r.integers(
 
 def to_minitx(a, dtype):
     if a.dtype.kind == "f":
-        return minitx.tensor(a.astype(dtype), requires_grad=True)
-    return minitx.tensor(a)
+        return tensor(a, dtype=dtype, requires_grad=True)
+    return tensor(a, dtype=None)                                  # indices keep their dtype
 
 
 def to_torch(a, dtype):

@@ -6,10 +6,7 @@ import pytest
 import minitx
 import minitx.nn as nn
 from minitx.attention import REGISTRY, KVCache
-
-
-def T(a, grad=True):
-    return minitx.tensor(np.asarray(a, dtype=np.float64), requires_grad=grad)
+from support import tensor
 
 
 def enc_layer(**kw):
@@ -28,14 +25,14 @@ def test_encoder_layer_gradcheck(rng, norm_first, n):
     layer = enc_layer(norm_first=norm_first, activation="gelu")
     pad = np.zeros((2, n), bool)
     pad[0, -1] = n > 1
-    x = T(rng.standard_normal((2, n, 4)))
+    x = tensor(rng.standard_normal((2, n, 4)), requires_grad=True)
     minitx.gradcheck(lambda x: layer(x, src_key_padding_mask=pad, is_causal=True), (x,))
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_decoder_layer_gradcheck(rng, norm_first):
     layer = dec_layer(norm_first=norm_first)
-    x, m = T(rng.standard_normal((2, 5, 4))), T(rng.standard_normal((2, 3, 4)))
+    x, m = (tensor(rng.standard_normal(s), requires_grad=True) for s in ((2, 5, 4), (2, 3, 4)))
     minitx.gradcheck(lambda x, m, w: layer(x, m, tgt_is_causal=True),
                      (x, m, layer.multihead_attn.in_proj_weight))
 
@@ -62,8 +59,8 @@ def _build(cls, name, **kw):
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_every_variant_drops_into_every_block(rng, name):
-    x = T(rng.standard_normal((2, 8, 8)), False)
-    m = T(rng.standard_normal((2, 5, 8)), False)
+    x = tensor(rng.standard_normal((2, 8, 8)))
+    m = tensor(rng.standard_normal((2, 5, 8)))
     enc = _build(nn.TransformerEncoderLayer, name)
     assert enc(x).shape == (2, 8, 8)
     assert type(enc.self_attn) is REGISTRY[name]
@@ -79,19 +76,19 @@ def test_every_variant_drops_into_every_block(rng, name):
     # the decoder self-attention never looks ahead
     x2 = x.numpy().copy()
     x2[:, 5:] += 1.0
-    np.testing.assert_allclose(dec(T(x2, False), m).numpy()[:, :5], dec(x, m).numpy()[:, :5],
+    np.testing.assert_allclose(dec(tensor(x2), m).numpy()[:, :5], dec(x, m).numpy()[:, :5],
                                atol=1e-5)
 
 
 def test_masks_reach_exact_variants_and_are_refused_by_others(rng):
-    x = T(rng.standard_normal((2, 6, 4)), False)
+    x = tensor(rng.standard_normal((2, 6, 4)))
     layer = enc_layer(attention="mha")
     pad = np.zeros((2, 6), bool)
     pad[1, 4:] = True
     y = layer(x, src_key_padding_mask=pad).numpy()
     x2 = x.numpy().copy()
     x2[1, 4:] = 9.0                                             # padding content is ignored
-    np.testing.assert_allclose(layer(T(x2, False), src_key_padding_mask=pad).numpy()[1, :4],
+    np.testing.assert_allclose(layer(tensor(x2), src_key_padding_mask=pad).numpy()[1, :4],
                                y[1, :4], atol=1e-12)
     local = nn.TransformerEncoderLayer(4, 2, 6, attention="local", batch_first=True,
                                        attention_options={"window": 2})
@@ -105,37 +102,37 @@ def test_variant_in_seq_first_layout_matches_batch_first(rng):
                                     attention_options={"causal": True}).to(dtype="float64")
     sf.load_state_dict(bf.state_dict())
     x = rng.standard_normal((2, 5, 4))
-    np.testing.assert_allclose(sf(T(x.transpose(1, 0, 2), False)).numpy().transpose(1, 0, 2),
-                               bf(T(x, False)).numpy(), atol=1e-12)
+    np.testing.assert_allclose(sf(tensor(x.transpose(1, 0, 2))).numpy().transpose(1, 0, 2),
+                               bf(tensor(x)).numpy(), atol=1e-12)
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("attention", [None, "gqa", "rope"])
 def test_decoder_layer_incremental_equals_full(rng, norm_first, attention):
     layer = dec_layer(norm_first=norm_first, attention=attention)
-    x, m = rng.standard_normal((2, 6, 4)), T(rng.standard_normal((2, 3, 4)), False)
-    full = layer(T(x, False), m, tgt_is_causal=True).numpy()
+    x, m = rng.standard_normal((2, 6, 4)), tensor(rng.standard_normal((2, 3, 4)))
+    full = layer(tensor(x), m, tgt_is_causal=True).numpy()
     cache = KVCache()
-    steps = [layer(T(x[:, t:t + 1], False), m, tgt_is_causal=True, kv_cache=cache).numpy()
+    steps = [layer(tensor(x[:, t:t + 1]), m, tgt_is_causal=True, kv_cache=cache).numpy()
              for t in range(6)]
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-12)
 
 
 def test_stack_decoder_with_caches(rng):
     dec = nn.TransformerDecoder(dec_layer(), 2, norm=nn.LayerNorm(4).to(dtype="float64"))
-    x, m = rng.standard_normal((1, 4, 4)), T(rng.standard_normal((1, 3, 4)), False)
-    full = dec(T(x, False), m, tgt_is_causal=True).numpy()
+    x, m = rng.standard_normal((1, 4, 4)), tensor(rng.standard_normal((1, 3, 4)))
+    full = dec(tensor(x), m, tgt_is_causal=True).numpy()
     caches = [KVCache(), KVCache()]
-    steps = [dec(T(x[:, t:t + 1], False), m, tgt_is_causal=True, kv_caches=caches).numpy()
+    steps = [dec(tensor(x[:, t:t + 1]), m, tgt_is_causal=True, kv_caches=caches).numpy()
              for t in range(4)]
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-12)
     with pytest.raises(ValueError, match="one cache per layer"):
-        dec(T(x, False), m, kv_caches=[KVCache()])
+        dec(tensor(x), m, kv_caches=[KVCache()])
 
 
 def test_activation_callable_and_errors(rng):
     layer = enc_layer(activation=minitx.functional.tanh)
-    assert layer(T(rng.standard_normal((1, 3, 4)), False)).shape == (1, 3, 4)
+    assert layer(tensor(rng.standard_normal((1, 3, 4)))).shape == (1, 3, 4)
     with pytest.raises(ValueError, match="activation must be 'relu', 'gelu' or a callable"):
         nn.TransformerEncoderLayer(4, 2, activation="swish")
     with pytest.raises(ValueError, match="attention must be None or one of"):
@@ -143,7 +140,7 @@ def test_activation_callable_and_errors(rng):
     with pytest.raises(ValueError, match=r"embed_dim \(6\) must be divisible by num_heads \(4\)"):
         nn.TransformerEncoderLayer(6, 4)
     with pytest.raises(ValueError, match=r"src must be \(S, N, E\) with E=4"):
-        nn.TransformerEncoderLayer(4, 2)(T(np.zeros((3, 2, 5))))
+        nn.TransformerEncoderLayer(4, 2)(tensor(np.zeros((3, 2, 5)), requires_grad=True))
     with pytest.raises(ValueError, match="num_layers must be a positive int"):
         nn.TransformerEncoder(nn.TransformerEncoderLayer(4, 2), 0)
     with pytest.raises(ValueError, match="attention_options"):
