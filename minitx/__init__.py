@@ -16,7 +16,8 @@ from .autograd import (Function, Tensor, checkpoint, enable_grad, gradcheck,
 from . import ops
 from . import functional
 
-_SUBPACKAGES = ("nn", "optim", "attention", "data", "viz")
+_SUBPACKAGES = ("nn", "optim", "attention", "models", "pretrained", "interop", "data", "viz",
+                "validate")
 
 
 def __getattr__(name):

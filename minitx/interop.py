@@ -29,9 +29,15 @@ without it they raise ImportError saying what to install. Blocks built with a no
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import numpy as np
 
 from . import functional as F
+from . import nn                      # minitx.nn, with the models under their torch.nn names
+from .pretrained import BertModel, GPT2Model, bert_state_to_hf, gpt2_state_to_hf
+from .pretrained.common import gelu_tanh
 
 __all__ = ["to_torch", "from_torch"]
 
@@ -89,7 +95,6 @@ def _finish(minitx_module, state, torch_module):
 
 def _activation_name(fn, where):
     """minitx's activation function → PyTorch's name for it."""
-    from .pretrained.common import gelu_tanh  # noqa: PLC0415
     if fn is F.relu:
         return "relu"
     if fn is F.gelu:
@@ -103,15 +108,13 @@ def _activation_name(fn, where):
 def _torch_activation(name):
     torch = _torch()
     if name == "gelu_tanh":
-        import functools  # noqa: PLC0415
         return functools.partial(torch.nn.functional.gelu, approximate="tanh")
     return name
 
 
 def _block_kwargs(layer, where):
     """PyTorch keyword arguments describing a minitx encoder/decoder layer."""
-    from .nn import MultiheadAttention  # noqa: PLC0415
-    if not isinstance(layer.self_attn, MultiheadAttention):
+    if not isinstance(layer.self_attn, nn.MultiheadAttention):
         raise ValueError(f"{where}: attention={layer.attention!r} has no PyTorch counterpart "
                          "(only the default MultiheadAttention exports)")
     return dict(d_model=layer.linear1.in_features, nhead=layer.self_attn.num_heads,
@@ -123,7 +126,6 @@ def _block_kwargs(layer, where):
 
 def _minitx_block_kwargs(layer):
     """minitx keyword arguments describing a torch encoder/decoder layer."""
-    from .pretrained.common import gelu_tanh  # noqa: PLC0415
     torch = _torch()
     act = layer.activation
     if act is torch.nn.functional.relu or isinstance(act, torch.nn.ReLU):
@@ -240,8 +242,6 @@ def to_torch(module):
     """The PyTorch module equivalent to a minitx ``module`` (table in the module docstring),
     holding a copy of its weights; ValueError for modules with no counterpart."""
     torch = _torch()
-    from . import nn  # noqa: PLC0415
-    from .pretrained import BertModel, GPT2Model, bert_state_to_hf, gpt2_state_to_hf  # noqa
     state = module.state_dict()
     name = type(module).__name__
     if isinstance(module, nn.MultiheadAttention):
@@ -269,19 +269,17 @@ def to_torch(module):
         out = torch.nn.TransformerDecoder(layer, module.num_layers, norm=norm)
     elif isinstance(module, nn.GPT):
         _check_gpt_config(module.config)
-        import dataclasses  # noqa: PLC0415 - record the real key/value head count (MQA/GQA)
+        # record the real key/value head count (MQA/GQA)
         config = dataclasses.replace(module.config, num_kv_heads=module.h[0].attn.num_kv_heads)
         out = _torch_gpt_class()(config)
     elif isinstance(module, BertModel):
-        from dataclasses import asdict  # noqa: PLC0415
-        cfg = asdict(module.config)
+        cfg = dataclasses.asdict(module.config)
         pool = cfg.pop("add_pooling_layer")
         out = _transformers().BertModel(_transformers().BertConfig(**cfg),
                                         add_pooling_layer=pool)
         state = bert_state_to_hf(state)
     elif isinstance(module, GPT2Model):
-        from dataclasses import asdict  # noqa: PLC0415
-        out = _transformers().GPT2LMHeadModel(_transformers().GPT2Config(**asdict(module.config)))
+        out = _transformers().GPT2LMHeadModel(_transformers().GPT2Config(**dataclasses.asdict(module.config)))
         state = gpt2_state_to_hf(state, module.config)
     else:
         raise ValueError(f"to_torch: no PyTorch counterpart for {name}; supported: "
@@ -294,8 +292,6 @@ def from_torch(module):
     """The minitx module equivalent to a PyTorch ``module`` (the inverse of ``to_torch``;
     also HuggingFace ``BertModel``, ``GPT2LMHeadModel`` and ``GPT2Model``)."""
     torch = _torch()
-    from . import nn  # noqa: PLC0415
-    from .pretrained import BertModel, GPT2Model  # noqa: PLC0415
     state = _torch_state(module)
     tnn = torch.nn
     if isinstance(module, tnn.MultiheadAttention):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .. import validate
 from ..autograd.tensor import Tensor
-from ..backend import get_array_module, to_device_of, xp as active_xp
+from ..backend import device_of, get_array_module, to_device_of, xp as active_xp
 
 __all__ = ["KVCache", "PagedKVCache", "PagedCacheView"]
 
@@ -80,8 +80,16 @@ class KVCache:
         self._k, self._v = new_k, new_v
 
     def append(self, k, v):
-        """Add k (B, Hkv, n, D), v (B, Hkv, n, Dv); return all cached (k, v) as Tensors."""
+        """Add k (B, Hkv, n, D), v (B, Hkv, n, Dv); return all cached (k, v) as Tensors.
+
+        The cache lives where its first keys did; host arrays given later are copied to it
+        (once, here); device arrays given to a host cache are refused."""
         k, v = _raw(k), _raw(v)
+        if self._k is not None:
+            k, v = to_device_of(k, self._k), to_device_of(v, self._k)
+            if device_of(k) != device_of(self._k):
+                raise ValueError(f"KVCache.append: the cache is on the {device_of(self._k)}, "
+                                 f"the new keys on the {device_of(k)}")
         if k.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3]:
             raise ValueError(f"KVCache.append: k and v must be (B, Hkv, n, D) with the same "
                              f"first three dims, got k {tuple(k.shape)}, v {tuple(v.shape)}")

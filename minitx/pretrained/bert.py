@@ -51,9 +51,10 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from .. import functional as F
-from ..nn import (Dropout, Embedding, LayerNorm, Linear, Module, TransformerEncoder,
-                  TransformerEncoderLayer)
-from .common import AttentionMapsMixin, activation, device_xp, padding_mask, token_array
+from ..models.transformer import TransformerEncoder, TransformerEncoderLayer
+from ..nn import Dropout, Embedding, LayerNorm, Linear, Module
+from ..models.common import AttentionMaps
+from .common import activation, device_xp, padding_mask, token_array
 
 __all__ = ["BertConfig", "BertEmbeddings", "BertPooler", "BertModel", "bert_state_from_hf",
            "bert_state_to_hf"]
@@ -131,7 +132,7 @@ class BertPooler(Module):
         return F.tanh(self.dense(hidden[:, 0]))
 
 
-class BertModel(Module, AttentionMapsMixin):
+class BertModel(Module, AttentionMaps):
     """BERT's encoder (see the module docstring).
 
     ``forward(input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None)``

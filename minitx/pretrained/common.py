@@ -16,7 +16,7 @@ from .. import functional as F
 from ..autograd.tensor import Tensor
 
 __all__ = ["gelu_tanh", "activation", "ACTIVATIONS", "padding_mask", "token_array",
-           "AttentionMapsMixin", "device_xp"]
+           "device_xp"]
 
 
 def gelu_tanh(x):
@@ -81,24 +81,6 @@ def padding_mask(attention_mask, shape, xp):
     if bool(m.all()):
         return None
     return ~m
-
-
-class AttentionMapsMixin:
-    """``record_attention(True)``, run the model, then ``attention_maps()`` →
-    {module name: (B, H, Nq, Nk) array of the last call} in layer order. The arrays stay on
-    the model's device; read them with ``minitx.backend.to_device(a, "cpu")``."""
-
-    def record_attention(self, enabled: bool = True):
-        for _, m in self.named_modules():
-            if hasattr(m, "record_weights"):
-                m.record_weights = bool(enabled)
-                if not enabled:
-                    m.last_attn_weights = None
-        return self
-
-    def attention_maps(self) -> dict:
-        return {name: m.last_attn_weights for name, m in self.named_modules()
-                if getattr(m, "last_attn_weights", None) is not None}
 
 
 def device_xp(module):

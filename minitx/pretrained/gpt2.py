@@ -50,10 +50,12 @@ import numpy as np
 
 from .. import backend
 from ..autograd.grad_mode import no_grad
-from ..nn import Dropout, Embedding, LayerNorm, Linear, Module, ModuleList, sample_next
 from ..attention import REGISTRY, KVCache
 from ..functional import linear
-from .common import AttentionMapsMixin, activation, device_xp, padding_mask, token_array
+from ..models.gpt import sample_next
+from ..nn import Dropout, Embedding, LayerNorm, Linear, Module, ModuleList
+from ..models.common import AttentionMaps
+from .common import activation, device_xp, padding_mask, token_array
 
 __all__ = ["GPT2Config", "GPT2Block", "GPT2Model", "gpt2_state_from_hf", "gpt2_state_to_hf"]
 
@@ -112,7 +114,7 @@ class GPT2Block(Module):
         return x + self.drop(self.c_proj(self.act(self.c_fc(self.ln_2(x)))))
 
 
-class GPT2Model(Module, AttentionMapsMixin):
+class GPT2Model(Module, AttentionMaps):
     """GPT-2 with its language-model head (HuggingFace's ``GPT2LMHeadModel``).
 
     ``forward(input_ids=None, attention_mask=None, inputs_embeds=None, kv_caches=None)`` →
