@@ -26,6 +26,7 @@ from minitx import nn, optim
 from minitx.cli import Progress, add_common_args, result_line, setup_run
 from minitx.data import CharVocab, lm_batch, stdlib_corpus
 from minitx.viz import heatmap_grid, line_plot
+from minitx.backend import to_host
 
 
 def parse_args(argv=None):
@@ -46,10 +47,6 @@ def parse_args(argv=None):
         args.chars, args.steps, args.block, args.d_model = 40_000, 60, 32, 32
         args.sample_len, args.batch_size = 60, 8
     return args
-
-
-def to_host(a):
-    return np.asarray(minitx.backend.to_device(getattr(a, "data", a), "cpu"))
 
 
 def eval_loss(model, data, block, gen, batches=4, batch_size=16):

@@ -35,6 +35,7 @@ from minitx.cli import add_common_args, bench_rows, bench_table, result_line, se
 from minitx.metrics import masked_distances, quality_table
 from minitx.tour import fmt_bytes
 from minitx.viz import line_plot
+from minitx.backend import to_host
 
 COST_VARIANTS = "mha,flash,local,bigbird,linformer,performer,linear,reformer"
 MASKED = {"local": {"window": 16}, "bigbird": {"block": 16, "num_random": 1}}
@@ -61,10 +62,6 @@ def parse_args(argv=None):
         args.approx_seeds = 1
         args.variants = "mha,flash,local,performer,linear"
     return args
-
-
-def to_host(a):
-    return np.asarray(minitx.backend.to_device(getattr(a, "data", a), "cpu"))
 
 
 def approximation_table(n, d=16, seeds=3, std=0.5):

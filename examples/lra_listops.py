@@ -36,6 +36,7 @@ from minitx import nn, optim
 from minitx.cli import Progress, add_common_args, result_line, setup_run
 from minitx.data import LISTOPS_TOKENS, listops_dataset
 from minitx.viz import line_plot
+from minitx.backend import to_host
 
 DEFAULT_VARIANTS = "mha,local,linear,performer,linformer,bigbird,reformer"
 
@@ -77,10 +78,6 @@ def parse_args(argv=None):
         args.min_len, args.max_len, args.steps = 10, 40, 80
         args.train_size, args.test_size, args.batch_size = 400, 200, 16
     return args
-
-
-def to_host(a):
-    return np.asarray(minitx.backend.to_device(getattr(a, "data", a), "cpu"))
 
 
 def run_variant(name, args, data, seq_len):

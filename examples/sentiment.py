@@ -27,6 +27,7 @@ from minitx import nn, optim
 from minitx.cli import Progress, add_common_args, result_line, setup_run
 from minitx.data import Vocab, generate_reviews, load_imdb, pad_sequences, tokenize
 from minitx.viz import heatmap
+from minitx.backend import to_host
 
 
 def parse_args(argv=None):
@@ -77,8 +78,7 @@ def evaluate(model, x, y, batch_size=256):
     with minitx.no_grad():
         for s in range(0, len(x), batch_size):
             logits = model(minitx.tensor(x[s:s + batch_size]))
-            correct += int((np.asarray(minitx.backend.to_device(
-                logits.data.argmax(-1), "cpu")) == y[s:s + batch_size]).sum())
+            correct += int((to_host(logits).argmax(-1) == y[s:s + batch_size]).sum())
     model.train()
     return correct / max(len(x), 1)
 
@@ -139,7 +139,7 @@ def main(argv=None):
         for s in range(0, min(len(xte), 512), 128):
             model(minitx.tensor(xte[s:s + 128]))
             maps = model.attention_maps()
-            last = np.asarray(minitx.backend.to_device(maps[sorted(maps)[-1]], "cpu"))
+            last = to_host(maps[sorted(maps)[-1]])
             cls_row = last.mean(axis=1)[:, 0, 1:]                    # (B, N): CLS → tokens
             for b in range(cls_row.shape[0]):
                 for j, tok in enumerate(xte[s + b]):
@@ -152,12 +152,11 @@ def main(argv=None):
         for k, i in enumerate(picks):
             model(minitx.tensor(xte[i:i + 1]))
             maps = model.attention_maps()
-            last = np.asarray(minitx.backend.to_device(maps[sorted(maps)[-1]], "cpu"))[0]
+            last = to_host(maps[sorted(maps)[-1]])[0]
             n = int((xte[i] != vocab.pad_id).sum())
             words = ["[CLS]"] + [vocab.itos[t] for t in xte[i][:n]]
             att = last.mean(axis=0)[:n + 1, :n + 1]
-            pred = int(np.asarray(minitx.backend.to_device(
-                model(minitx.tensor(xte[i:i + 1])).data, "cpu")).argmax())
+            pred = int(to_host(model(minitx.tensor(xte[i:i + 1]))).argmax())
             title = (f"label {'pos' if yte[i] else 'neg'}, predicted {'pos' if pred else 'neg'}"
                      f" — last layer, mean over heads")
             path = heatmap(att, words, words, os.path.join(out, f"attention_{k}.png"), title,

@@ -26,6 +26,7 @@ from minitx.cli import Progress, add_common_args, result_line, setup_run
 from minitx.data import (SEQ_BOS, SEQ_EOS, SEQ_OFFSET, SEQ_PAD, seq2seq_split, strip_special,
                          task_output)
 from minitx.viz import heatmap
+from minitx.backend import to_host
 
 
 def parse_args(argv=None):
@@ -49,10 +50,6 @@ def parse_args(argv=None):
         args.min_len, args.max_len, args.batch_size = 2, 5, 32
         args.d_model, args.heads, args.layers = 32, 2, 1
     return args
-
-
-def to_host(a):
-    return np.asarray(minitx.backend.to_device(getattr(a, "data", a), "cpu"))
 
 
 def exact_match(model, src, tgt, max_len, batch_size=250):

@@ -321,7 +321,7 @@ def _describe_options(layer):
 def run_tour(out=print, n: int = 1024) -> None:
     t0 = time.perf_counter()
     out(f"minitx {minitx.__version__} — a guided tour of attention (backend: "
-        f"{minitx.get_backend()})")
+        f"{minitx.get_backend()}; running on: {minitx.backend.describe_device()})")
     out("=" * 78)
     sections = (worked_example, jacobian_section, lambda: variant_table(n=n), scale_section,
                 pattern_section)

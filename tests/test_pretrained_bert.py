@@ -80,7 +80,7 @@ def test_attention_maps_match_transformers(folder, batch):
             input_ids=torch.tensor(batch["input_ids"]),
             attention_mask=torch.tensor(batch["attention_mask"]), output_attentions=True)
     for mine, theirs in zip(maps.values(), ref.attentions):
-        mine = minitx.backend.to_device(mine, "cpu")
+        mine = minitx.backend.to_host(mine)
         assert mine.shape == tuple(theirs.shape)              # (B, H, N, N)
         assert max_abs(mine, theirs.numpy()) <= 1e-6          # probabilities in [0, 1]
     padding_keys = np.broadcast_to((batch["attention_mask"] == 0)[:, None, None, :], mine.shape)

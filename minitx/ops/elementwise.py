@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 
 from ..autograd.function import Function
-from ..backend import as_dtype, device_of, get_array_module, to_device
+from .. import backend
+from ..backend import as_dtype, get_array_module
 from ._util import unbroadcast
 
 __all__ = ["add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "abs", "tanh",
@@ -411,12 +412,12 @@ class AsType(Function):
 class ToDevice(Function):
     @staticmethod
     def forward(ctx, x, device):
-        ctx.source = device_of(x)
-        return to_device(x, device)
+        ctx.source = backend.device_of(x)
+        return backend.to_device(x, device)
 
     @staticmethod
     def backward(ctx, grad):
-        return to_device(grad, ctx.source), None
+        return backend.to_device(grad, ctx.source), None
 
 
 # ---- the public functions ----------------------------------------------------------------
