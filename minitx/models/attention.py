@@ -20,6 +20,8 @@ GPU the CUDA flash kernel runs them; any other ``attn_mask`` runs the array code
 """
 from __future__ import annotations
 
+import warnings
+
 from .. import backend, validate
 from ..attention import causal_pattern
 from ..autograd.tensor import Tensor
@@ -47,7 +49,8 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
     """Turn PyTorch-polarity module masks into ONE mask for ``scaled_dot_product_attention``.
 
     ``attn_mask`` (L, S) or (N·H, L, S) and ``key_padding_mask`` (N, S): bool True = NOT
-    allowed, or float (added). ``is_causal`` without ``attn_mask`` adds the causal mask. Returns
+    allowed, or float (added — the trap: HuggingFace's 1/0 ``attention_mask`` as floats masks
+    nothing; a float key_padding_mask of only 0s and 1s warns). ``is_causal`` without ``attn_mask`` adds the causal mask. Returns
     None, a bool mask (True = MAY attend) or a float mask (−inf where not allowed), broadcastable
     to (N, H, L, S).
     """
@@ -69,6 +72,11 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
         m = xp.asarray(_raw(key_padding_mask))
         if m.shape != (n, nk):
             raise ValueError(f"key_padding_mask must be (N, S) = {(n, nk)}, got {tuple(m.shape)}")
+        if m.dtype.kind == "f" and m.size and bool(((m == 0) | (m == 1)).all()):
+            warnings.warn("key_padding_mask is a float 0/1 array: a float mask is ADDED to the "
+                          "scores (PyTorch's rule), so it masks nothing. For padding pass a bool "
+                          "mask (True = padding), e.g. HuggingFace's attention_mask == 0.",
+                          UserWarning, stacklevel=4)
         m = m[:, None, None, :]                                   # (N, 1, 1, S)
         (allowed if m.dtype == bool else bias).append(~m if m.dtype == bool else m)
     for m in bias:
@@ -87,7 +95,8 @@ class MultiheadAttention(Module):
     """PyTorch's ``nn.MultiheadAttention`` (same arguments, parameters and semantics).
 
     ``MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
-    add_zero_attn=False, kdim=None, vdim=None, batch_first=False, num_kv_heads=None)``
+    add_zero_attn=False, kdim=None, vdim=None, batch_first=False, num_kv_heads=None,
+    device=None, dtype=None)``
 
     Parameters (PyTorch's names):
     - kdim = vdim = embed_dim: ``in_proj_weight`` (3E, E) = [W_Q; W_K; W_V];
@@ -119,7 +128,8 @@ class MultiheadAttention(Module):
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int = None,
-                 vdim: int = None, batch_first: bool = False, num_kv_heads: int = None):
+                 vdim: int = None, batch_first: bool = False, num_kv_heads: int = None,
+                 device=None, dtype=None):
         super().__init__()
         who = "MultiheadAttention"
         embed_dim = validate.positive_int(embed_dim, "embed_dim", owner=who)
@@ -163,6 +173,7 @@ class MultiheadAttention(Module):
         self.record_weights = False
         self.last_attn_weights = None
         self._reset_parameters()
+        self._factory(device, dtype)
 
     def _reset_parameters(self) -> None:
         """PyTorch's initialisation: Xavier-uniform projections, zero biases."""

@@ -140,10 +140,12 @@ class TransformerEncoderLayer(_Block):
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
                  dropout: float = 0.1, activation="relu", layer_norm_eps: float = 1e-5,
                  batch_first: bool = False, norm_first: bool = False, bias: bool = True,
-                 attention: str = None, attention_options: dict = None):
+                 attention: str = None, attention_options: dict = None, device=None,
+                 dtype=None):
         super().__init__()
         self._init_common(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
                           batch_first, norm_first, bias, attention, attention_options, False)
+        self._factory(device, dtype)
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
         self._check(src, "src")
@@ -171,7 +173,8 @@ class TransformerDecoderLayer(_Block):
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
                  dropout: float = 0.1, activation="relu", layer_norm_eps: float = 1e-5,
                  batch_first: bool = False, norm_first: bool = False, bias: bool = True,
-                 attention: str = None, attention_options: dict = None):
+                 attention: str = None, attention_options: dict = None, device=None,
+                 dtype=None):
         super().__init__()
         self._init_common(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
                           batch_first, norm_first, bias, attention, attention_options, True)
@@ -179,6 +182,7 @@ class TransformerDecoderLayer(_Block):
                                                  batch_first=batch_first)
         self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.dropout3 = Dropout(dropout)
+        self._factory(device, dtype)
 
     def _mha_block(self, x, memory, attn_mask, key_padding_mask, is_causal):
         y = self.multihead_attn(x, memory, memory, attn_mask=attn_mask,
@@ -218,10 +222,15 @@ def _clones(layer, num_layers, owner):
 
 class TransformerEncoder(Module):
     """A stack of ``num_layers`` copies of ``encoder_layer`` (deep copies, as in PyTorch), then
-    ``norm`` if given. ``forward(src, mask=None, src_key_padding_mask=None, is_causal=False)``."""
+    ``norm`` if given. ``forward(src, mask=None, src_key_padding_mask=None, is_causal=False)``.
+    ``enable_nested_tensor`` and ``mask_check`` are accepted for PyTorch code and ignored."""
 
-    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm=None):
+    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm=None,
+                 enable_nested_tensor: bool = True, mask_check: bool = True):
         super().__init__()
+        # enable_nested_tensor / mask_check: PyTorch's switches for its nested-tensor fast
+        # path. minitx has no nested tensors, so they are accepted (code ported from PyTorch
+        # runs unchanged) and change nothing.
         self.layers = _clones(encoder_layer, num_layers, "TransformerEncoder")
         self.num_layers = num_layers
         self.norm = norm

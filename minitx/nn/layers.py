@@ -48,7 +48,8 @@ class Linear(Module):
     and b ~ U(−1/√in, 1/√in).
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
+                 dtype=None):
         super().__init__()
         self.in_features = validate.positive_int(in_features, "in_features", owner="Linear")
         self.out_features = validate.positive_int(out_features, "out_features", owner="Linear")
@@ -59,6 +60,7 @@ class Linear(Module):
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
+        self._factory(device)
 
     def reset_parameters(self) -> None:
         init.kaiming_uniform_(self.weight, a=math.sqrt(5))
@@ -83,7 +85,7 @@ class Embedding(Module):
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
-                 dtype=None):
+                 device=None, dtype=None):
         super().__init__()
         who = "Embedding"
         self.num_embeddings = validate.positive_int(num_embeddings, "num_embeddings", owner=who)
@@ -96,6 +98,7 @@ class Embedding(Module):
         self.weight = _empty_parameter((num_embeddings, embedding_dim),
                                        _float_dtype(dtype, "Embedding"))
         self.reset_parameters()
+        self._factory(device)
 
     def reset_parameters(self) -> None:
         init.normal_(self.weight)
@@ -132,13 +135,12 @@ class LayerNorm(Module):
     """
 
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = True, dtype=None):
+                 bias: bool = True, device=None, dtype=None):
         super().__init__()
         self.normalized_shape = _as_shape(normalized_shape, "LayerNorm")
-        if not eps > 0:
-            raise ValueError(f"LayerNorm: eps must be > 0, got {eps!r}")
-        self.eps = float(eps)
-        self.elementwise_affine = bool(elementwise_affine)
+        self.eps = validate.positive_real(eps, "eps", owner="LayerNorm")
+        self.elementwise_affine = validate.boolean(elementwise_affine, "elementwise_affine",
+                                                   owner="LayerNorm")
         dt = _float_dtype(dtype, "LayerNorm")
         if elementwise_affine:
             self.weight = Parameter(backend.xp().ones(self.normalized_shape, dtype=dt))
@@ -149,6 +151,7 @@ class LayerNorm(Module):
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
+        self._factory(device)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -167,19 +170,18 @@ class RMSNorm(Module):
     """
 
     def __init__(self, normalized_shape, eps: float | None = None,
-                 elementwise_affine: bool = True, dtype=None):
+                 elementwise_affine: bool = True, device=None, dtype=None):
         super().__init__()
         self.normalized_shape = _as_shape(normalized_shape, "RMSNorm")
-        eps = 1e-6 if eps is None else eps
-        if not eps > 0:
-            raise ValueError(f"RMSNorm: eps must be > 0, got {eps!r}")
-        self.eps = float(eps)
-        self.elementwise_affine = bool(elementwise_affine)
+        self.eps = validate.positive_real(1e-6 if eps is None else eps, "eps", owner="RMSNorm")
+        self.elementwise_affine = validate.boolean(elementwise_affine, "elementwise_affine",
+                                                   owner="RMSNorm")
         if elementwise_affine:
             self.weight = Parameter(backend.xp().ones(self.normalized_shape,
                                                       dtype=_float_dtype(dtype, "RMSNorm")))
         else:
             self.register_parameter("weight", None)
+        self._factory(device)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)

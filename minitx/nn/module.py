@@ -317,15 +317,28 @@ class Module:
         fn(self)
         return self
 
-    def to(self, device: str | None = None, *, dtype=None) -> "Module":
+    def to(self, *args, device=None, dtype=None) -> "Module":
         """Move parameters, their gradients and buffers to ``device`` ("cpu" or "cuda") and/or
         cast floating ones to ``dtype``, in place (the Parameter objects stay the same, so an
-        optimizer built earlier keeps working). Returns self."""
+        optimizer built earlier keeps working). Returns self.
+
+        PyTorch's spellings all work: ``to("cuda")``, ``to(np.float64)``, ``to("float64")``,
+        ``to("cuda", np.float32)``, ``to(device=..., dtype=...)``.
+        """
+        for a in args:                               # positional: a device name or a dtype
+            if isinstance(a, str) and a in ("cpu", "cuda", "gpu"):
+                if device is not None:
+                    raise ValueError(f"to(): two devices given ({device!r} and {a!r})")
+                device = a
+            else:
+                if dtype is not None:
+                    raise ValueError(f"to(): two dtypes given ({dtype!r} and {a!r})")
+                dtype = a
         if device is not None and device not in ("cpu", "cuda", "gpu"):
-            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+            raise ValueError(f"to(): device must be 'cpu' or 'cuda', got {device!r}")
         target = backend.as_dtype(dtype) if dtype is not None else None
         if target is not None and target.kind != "f":
-            raise TypeError(f"to(dtype=...) expects a floating dtype, got {target}")
+            raise TypeError(f"to(): dtype must be a floating dtype, got {target}")
 
         def convert(array):
             if device is not None:
@@ -342,6 +355,24 @@ class Module:
                 if t.grad is not None:
                     t.grad = Tensor._wrap(convert(t.grad.data), False)
         return self
+
+    def double(self) -> "Module":
+        """Cast floating parameters and buffers to float64 (``to(dtype="float64")``)."""
+        return self.to(dtype="float64")
+
+    def float(self) -> "Module":
+        """Cast floating parameters and buffers to float32."""
+        return self.to(dtype="float32")
+
+    def half(self) -> "Module":
+        """Cast floating parameters and buffers to float16."""
+        return self.to(dtype="float16")
+
+    def _factory(self, device=None, dtype=None) -> None:
+        """PyTorch's ``device=`` / ``dtype=`` construction keywords: applied once the module
+        is built (its parameters are created on the active backend, then moved/cast)."""
+        if device is not None or dtype is not None:
+            self.to(device=device, dtype=dtype)
 
     # ---- state dict -------------------------------------------------------------------------
     def _state_entries(self) -> "OrderedDict[str, Tensor]":
