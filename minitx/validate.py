@@ -91,7 +91,7 @@ def positive_real(value, name: str, *, owner=None) -> float:
 
 def nonnegative_real(value, name: str, *, owner=None) -> float:
     """A finite number >= 0 (an epsilon, a weight decay, a norm bound)."""
-    return real(value, name, minimum=0.0, owner=owner)
+    return real(value, name, minimum=0.0, owner=owner, expected="a number >= 0")
 
 
 def probability(value, name: str, *, allow_one: bool = False, owner=None) -> float:

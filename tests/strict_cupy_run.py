@@ -18,6 +18,7 @@ strict_cupy.install()
 if len(sys.argv) > 2 and sys.argv[1] == "-m":
     module = sys.argv[2]
     sys.argv = [module] + sys.argv[3:]
+    sys.path.insert(0, os.getcwd())                  # as `python -m` does
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 else:
     path = sys.argv[1]

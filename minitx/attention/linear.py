@@ -22,6 +22,7 @@ approximation of softmax: kind "score".
 from __future__ import annotations
 
 from .. import functional as F
+from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module
 from .base import AttentionBase, check_heads, register, repeat_kv, repeat_kv_array
@@ -111,10 +112,11 @@ class LinearAttention(AttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, feature_map: str = "elu",
                  normalize: bool = None, eps: float = 1e-6, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
-        _feature_map(feature_map)
-        self.feature_map = feature_map
-        self.normalize = (feature_map != "identity") if normalize is None else bool(normalize)
-        self.eps = float(eps)
+        self.feature_map = validate.choice(feature_map, "feature_map", sorted(FEATURE_MAPS),
+                                           owner="linear")
+        self.normalize = (feature_map != "identity") if normalize is None else \
+            validate.boolean(normalize, "normalize", owner="linear")
+        self.eps = validate.positive_real(eps, "eps", owner="linear")
 
     def attend(self, q, k, v):
         """q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, Dv)."""

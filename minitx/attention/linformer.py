@@ -79,6 +79,7 @@ class LinformerAttention(AttentionBase):
         self.proj_dim = validate.positive_int(proj_dim, "proj_dim", owner="linformer")
         self.max_len = validate.positive_int(max_len, "max_len", owner="linformer")
         self.share_kv = validate.boolean(share_kv, "share_kv", owner="linformer")
+        validate.choice(init, "init", ("gaussian", "pool"), owner="linformer")
         self.E = Parameter(linformer_projection(proj_dim, max_len, init))
         self.F = None if share_kv else Parameter(linformer_projection(proj_dim, max_len, init))
 

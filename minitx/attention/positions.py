@@ -224,7 +224,7 @@ class RoPEAttention(ExactSelfAttention):
         if self.head_dim % 2:
             raise ValueError(f"rope: head dim embed_dim/num_heads must be even, got "
                              f"{self.head_dim}")
-        self.base = float(base)
+        self.base = validate.positive_real(base, "base", owner="rope")
 
     def transform_qk(self, q, k):
         nq, nk = q.shape[2], k.shape[2]

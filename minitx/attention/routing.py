@@ -151,6 +151,9 @@ class RoutingAttention(AttentionBase):
         x = xp.concatenate([_unit(q), _unit(k)], axis=2).astype(mu.dtype)       # (B, H, 2N, D)
         c = xp.concatenate([qc, kc], axis=2)                                     # (B, H, 2N)
         onehot = (c[..., None] == xp.arange(self.num_clusters)).astype(mu.dtype)  # (B, H, 2N, C)
+        finite = xp.isfinite(x).all(axis=-1, keepdims=True)  # a NaN/inf row must not poison μ
+        onehot *= finite
+        x = xp.where(finite, x, 0)
         total = xp.einsum("bhnc,bhnd->hcd", onehot, x)                           # (H, C, D)
         count = onehot.sum(axis=(0, 2))[..., None]                               # (H, C, 1)
         mean = total / xp.where(count > 0, count, 1)

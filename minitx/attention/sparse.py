@@ -270,7 +270,7 @@ class LongformerAttention(SparseAttentionBase):
         for d in dilations:
             validate.integer(d, "dilation", minimum=1, owner=self.name)
         self.window, self.dilation = window, (dilations if per_head else dilation)
-        self.global_tokens = tuple(int(t) for t in global_tokens)
+        self.global_tokens = validate.int_tuple(global_tokens, "global_tokens", owner=self.name)
 
     def _globals(self, n):
         rows = sorted({t % n for t in self.global_tokens if -n <= t < n})
@@ -339,7 +339,8 @@ class BigBirdAttention(SparseAttentionBase):
         validate.integer(block, "block", minimum=1, owner=self.name)
         validate.integer(num_random, "num_random", minimum=0, owner=self.name)
         validate.integer(num_global, "num_global", minimum=0, owner=self.name)
-        self.block, self.num_random, self.num_global, self.seed = block, num_random, num_global, seed
+        self.seed = validate.nonnegative_int(seed, "seed", owner=self.name)
+        self.block, self.num_random, self.num_global = block, num_random, num_global
         self._tables = {}
 
     def _table(self, n):

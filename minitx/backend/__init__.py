@@ -24,6 +24,7 @@ __all__ = [
     "get_backend", "set_backend", "get_array_module", "xp", "cupy_or_none", "gpu_available",
     "to_device", "device_of", "to_host", "to_device_of", "host_xp", "manual_seed", "rng",
     "as_dtype", "default_float", "scatter_add", "tune_host_allocator", "describe_device",
+    "read_npz", "CheckpointError",
 ]
 
 _BACKENDS = ("numpy", "cupy")
@@ -245,3 +246,6 @@ def scatter_add(target, index, values) -> None:
     else:
         import cupyx  # noqa: PLC0415 - CuPy is only touched in this module
         cupyx.scatter_add(target, index, values)
+
+
+from .npz import CheckpointError, read_npz  # noqa: E402  (host file I/O, re-exported)

@@ -52,6 +52,7 @@ from . import dispatch
 from ._util import unbroadcast
 from .activation import softmax_array, softmax_backward_array
 from .dropout import dropout, dropout_mask
+from .elementwise import astype
 from .indexing import masked_fill
 from .linalg import matmul
 from .shape import broadcast_to, reshape
@@ -408,6 +409,15 @@ def _key_mask(allowed, b, nk):
     return xp.ascontiguousarray(xp.broadcast_to(allowed[:, 0, 0, :], (b, nk)))
 
 
+def _widen_half(*tensors):
+    """float16 tensors as float32 (differentiable casts), others as they are: the array code
+    computes half-precision attention in float32 — scores of inputs of size 300 at D = 16
+    already overflow float16's 65,504 — and casts the result back (PyTorch's CPU math path
+    does the same). The CUDA kernel keeps float16 inputs and accumulates in float32 itself."""
+    return [t if t is None or not isinstance(t, Tensor) or t.dtype != "float16"
+            else astype(t, "float32") for t in tensors]
+
+
 def _unflatten(t, lead, nd):
     """(B, H, N, X) back to the caller's layout (*lead, H, N, X), or (N, X) for 2-d inputs."""
     if nd == 4:
@@ -459,6 +469,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         o = dispatch.FlashKernelFunction.apply(q4, k4, v4, causal=is_causal, scale=scale,
                                                key_mask=key_mask)
         return _unflatten(o, lead, nd)
+    dtype = q4.dtype
+    q4, k4, v4, bias = _widen_half(q4, k4, v4, bias)
     if return_weights:
         w = AttentionWeightsFunction.apply(q4, k4, bias, allowed=allowed, causal=is_causal,
                                            scale=scale)
@@ -466,11 +478,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         hkv = k4.shape[1]
         # (B, Hkv, G·Nq, Nk) @ (B, Hkv, Nk, Dv) -> (B, Hkv, G·Nq, Dv) -> (B, H, Nq, Dv)
         o = reshape(matmul(reshape(wd, (b, hkv, (h // hkv) * nq, nk)), v4), (b, h, nq, dv))
+        if o.dtype != dtype:
+            o, w = astype(o, dtype), astype(w, dtype)
         return _unflatten(o, lead, nd), _unflatten(w, lead, nd)
     block = CAUSAL_BLOCK if is_causal and nq > CAUSAL_BLOCK else max(nq, 1)
     o = SDPAFunction.apply(q4, k4, v4, bias, allowed=allowed, causal=is_causal, scale=scale,
                            dropout_p=dropout_p, block=block)
-    return _unflatten(o, lead, nd)
+    return _unflatten(o if o.dtype == dtype else astype(o, dtype), lead, nd)
 
 
 def why_not_flash(query, key, value, attn_mask=None, dropout_p: float = 0.0,
@@ -497,10 +511,12 @@ def attention_weights(query, key, attn_mask=None, is_causal: bool = False, scale
     fn = "attention_weights"
     q4, k4, _, allowed, bias, scale, lead, _ = _prepare(fn, query, key, key, attn_mask, scale,
                                                         enable_gqa)
+    dtype = q4.dtype
+    q4, k4, bias = _widen_half(q4, k4, bias)
     w = AttentionWeightsFunction.apply(q4, k4, bias, allowed=allowed,
                                        causal=validate.boolean(is_causal, "is_causal", owner=fn),
                                        scale=scale)
-    return _unflatten(w, lead, len(query.shape))
+    return _unflatten(w if w.dtype == dtype else astype(w, dtype), lead, len(query.shape))
 
 
 def merge_masks(allowed=None, bias=None):

@@ -35,8 +35,9 @@ from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of
 from . import dispatch
-from .attention import (attention_backward, check_heads, check_scale, grouped_scores,
-                        grouped_values)
+from .attention import (_widen_half, attention_backward, check_heads, check_scale,
+                        grouped_scores, grouped_values)
+from .elementwise import astype
 
 __all__ = ["flash_attention", "flash_attention_arrays", "flash_backward_arrays",
            "FlashAttentionFunction"]
@@ -178,5 +179,8 @@ def flash_attention(q, k, v, causal: bool = False, scale: float = None, key_mask
     if dispatch.choose_kernel(fn, q.data, k.data, v.data, key_mask=key_mask):
         return dispatch.FlashKernelFunction.apply(q, k, v, causal=causal, scale=scale,
                                                   key_mask=key_mask)
-    return FlashAttentionFunction.apply(q, k, v, causal=causal, scale=scale, key_mask=key_mask,
-                                        block_q=block_q, block_k=block_k)
+    dtype = q.dtype
+    q, k, v = _widen_half(q, k, v)              # float16 tiles accumulate in float32
+    o = FlashAttentionFunction.apply(q, k, v, causal=causal, scale=scale, key_mask=key_mask,
+                                     block_q=block_q, block_k=block_k)
+    return o if o.dtype == dtype else astype(o, dtype)

@@ -19,7 +19,9 @@ class LayerNorm(Function):
     @staticmethod
     def forward(ctx, x, weight, bias, axes, eps):
         xp = get_array_module(x)
-        mu = x.mean(axis=axes, keepdims=True)
+        # μ accumulated in float64 (then rounded to x's dtype): a constant row is then exactly
+        # its value, so it normalises to 0 — a float32 sum of 1e4 + 0.1 repeated is not exact
+        mu = x.mean(axis=axes, keepdims=True, dtype="float64").astype(x.dtype, copy=False)
         centered = x - mu
         rstd = 1.0 / xp.sqrt((centered * centered).mean(axis=axes, keepdims=True) + eps)
         xhat = centered * rstd

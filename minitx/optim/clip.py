@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from .. import backend
+from .. import backend, validate
 from ..autograd.tensor import Tensor
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_"]
@@ -36,11 +36,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     gradients). A NaN/inf total makes the gradients NaN, as in PyTorch; with
     ``error_if_nonfinite`` it raises instead (and leaves them alone).
     """
-    max_norm, norm_type = float(max_norm), float(norm_type)
-    if max_norm < 0:
-        raise ValueError(f"clip_grad_norm_: max_norm must be >= 0, got {max_norm}")
-    if not norm_type > 0:
-        raise ValueError(f"clip_grad_norm_: norm_type must be > 0 or inf, got {norm_type}")
+    max_norm = validate.nonnegative_real(max_norm, "max_norm", owner="clip_grad_norm_")
+    norm_type = validate.real(norm_type, "norm_type", minimum=0.0, min_open=True, finite=False,
+                              owner="clip_grad_norm_", expected="> 0 or inf")
     grads = _grads(parameters)
     if not grads:
         return 0.0
@@ -64,9 +62,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
 
 def clip_grad_value_(parameters, clip_value: float) -> None:
     """Clamp every gradient element to [−clip_value, clip_value], in place."""
-    clip_value = float(clip_value)
-    if clip_value < 0:
-        raise ValueError(f"clip_grad_value_: clip_value must be >= 0, got {clip_value}")
+    clip_value = validate.nonnegative_real(clip_value, "clip_value", owner="clip_grad_value_")
     for g in _grads(parameters):
         xp = backend.get_array_module(g.data)
         xp.clip(g.data, -clip_value, clip_value, out=g.data)

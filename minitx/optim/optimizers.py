@@ -70,6 +70,11 @@ class Optimizer:
             if p.dtype.kind != "f":
                 raise TypeError(f"{type(self).__name__} can only optimize floating-point "
                                 f"Tensors, got dtype {p.dtype}")
+            if p._ctx is not None:
+                raise ValueError(f"{type(self).__name__} can only optimize leaf tensors "
+                                 "(parameters), got one computed by "
+                                 f"{p._ctx.fn.__name__}: optimize the leaf it came from, or "
+                                 ".detach().requires_grad_() a copy")
         ids = {id(p) for p in params}
         if len(ids) != len(params):
             raise ValueError("a param group contains the same parameter twice")
@@ -96,6 +101,14 @@ class Optimizer:
         if closure is not None:
             with enable_grad():
                 loss = closure()
+        n = 0
+        for group in self.param_groups:                  # check every gradient first, so a bad
+            for p in group["params"]:                    # one leaves every parameter unchanged
+                if p.grad is not None and tuple(p.grad.shape) != tuple(p.shape):
+                    raise ValueError(f"{type(self).__name__}.step: parameter {n} has shape "
+                                     f"{tuple(p.shape)} but its grad has shape "
+                                     f"{tuple(p.grad.shape)}; nothing was updated")
+                n += 1
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -129,11 +142,17 @@ class Optimizer:
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore hyperparameters and state saved by ``state_dict`` (same group sizes).
-        Arrays go to each parameter's device and dtype."""
+        Arrays go to each parameter's device and dtype. Everything is checked before anything
+        changes: a refused state dict leaves the optimizer as it was."""
+        who = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(state_dict, dict) or set(state_dict) != {"state", "param_groups"}:
+            got = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise ValueError(f"{who}: expected a dict with keys 'state' and 'param_groups', got "
+                             f"{got}")
         saved = state_dict["param_groups"]
         if len(saved) != len(self.param_groups) or any(
                 len(s["params"]) != len(g["params"]) for s, g in zip(saved, self.param_groups)):
-            raise ValueError("loaded optimizer state has groups of sizes "
+            raise ValueError(f"{who}: loaded optimizer state has groups of sizes "
                              f"{[len(s['params']) for s in saved]}, this optimizer has "
                              f"{[len(g['params']) for g in self.param_groups]}")
         by_index = {}
@@ -141,9 +160,20 @@ class Optimizer:
             by_index.update(zip(s["params"], g["params"]))
         new_state = {}
         for i, entry in state_dict["state"].items():
-            p = by_index[int(i)]
-            new_state[p] = {k: (backend.to_device(v, p.device).astype(p.dtype)
-                                if hasattr(v, "shape") else v) for k, v in entry.items()}
+            p = by_index.get(i if isinstance(i, int) else None)
+            if p is None:
+                raise ValueError(f"{who}: state for parameter index {i!r}, but the param groups "
+                                 f"list indices {sorted(by_index)}")
+            for k, v in entry.items():
+                if hasattr(v, "shape") and tuple(v.shape) not in ((), tuple(p.shape)):
+                    raise ValueError(f"{who}: state {k!r} of parameter {i} has shape "
+                                     f"{tuple(v.shape)}, the parameter has {tuple(p.shape)}")
+            new_state[p] = entry
+        for s, g in zip(saved, self.param_groups):          # hyperparameters checked too
+            self._validate({**g, **{k: v for k, v in s.items() if k != "params"}})
+        new_state = {p: {k: (backend.to_device(v, p.device).astype(p.dtype)
+                             if hasattr(v, "shape") else v) for k, v in entry.items()}
+                     for p, entry in new_state.items()}
         for s, g in zip(saved, self.param_groups):
             g.update({k: v for k, v in s.items() if k != "params"})
         self.state = new_state

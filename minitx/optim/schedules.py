@@ -95,7 +95,11 @@ class LambdaLR(LRScheduler):
         super().__init__(optimizer)
 
     def get_lr(self) -> list[float]:
-        return [base * f(self.last_epoch) for base, f in zip(self.base_lrs, self.lr_lambdas)]
+        """base_lr · factor per group; a factor that is not a finite number >= 0 (a NaN, a
+        negative value, a string) is refused before any group's lr changes."""
+        factors = [validate.nonnegative_real(f(self.last_epoch), f"lr_lambda({self.last_epoch})",
+                                             owner="LambdaLR") for f in self.lr_lambdas]
+        return [base * factor for base, factor in zip(self.base_lrs, factors)]
 
 
 class WarmupCosine(LRScheduler):
@@ -108,8 +112,7 @@ class WarmupCosine(LRScheduler):
         self.warmup_steps = validate.integer(warmup_steps, "warmup_steps", minimum=0, owner=who)
         self.total_steps = validate.integer(total_steps, "total_steps",
                                             minimum=self.warmup_steps + 1, owner=who)
-        if not min_lr >= 0:
-            raise ValueError(f"warmup_cosine: min_lr must be >= 0, got {min_lr!r}")
+        min_lr = validate.nonnegative_real(min_lr, "min_lr", owner=who)
         self.min_lr = float(min_lr)
         super().__init__(optimizer)
 
@@ -132,9 +135,7 @@ class InverseSqrtWarmup(LRScheduler):
         who = "inverse_sqrt_warmup"
         self.d_model = validate.integer(d_model, "d_model", minimum=1, owner=who)
         self.warmup_steps = validate.integer(warmup_steps, "warmup_steps", minimum=1, owner=who)
-        if not factor > 0:
-            raise ValueError(f"inverse_sqrt_warmup: factor must be > 0, got {factor!r}")
-        self.factor = float(factor)
+        self.factor = validate.positive_real(factor, "factor", owner=who)
         super().__init__(optimizer)
 
     def lr_at(self, step: int, base_lr: float) -> float:
