@@ -1,8 +1,9 @@
 """Shared test fixtures (kept small and generic: other test files build on them).
 
 - ``rng``: a float64 NumPy generator, freshly seeded per test (reproducible failures).
-- The hypothesis profile "ci" (25 examples, no deadline) is registered and loaded, so
-  property tests stay fast and are not flaky on a busy machine.
+- The hypothesis profiles "ci" (25 examples, no deadline; the default, so property tests stay
+  fast and are not flaky on a busy machine) and "thorough" (200 examples), chosen with
+  ``MINITX_HYPOTHESIS_PROFILE``.
 
 The test helpers live in ``support.py`` (``from support import tensor, qkv, assert_close,
 ...``), with the rule every test follows: inputs are built as NumPy arrays on the host and
@@ -33,8 +34,11 @@ except ImportError:  # pragma: no cover - hypothesis is a test dependency
     settings = None
 
 if settings is not None:
+    # "ci": every property test, fast; "thorough": 200 examples each, for a deliberate hunt
+    # (MINITX_HYPOTHESIS_PROFILE=thorough python -m pytest tests/test_registry_contract.py)
     settings.register_profile("ci", max_examples=25, deadline=None)
-    settings.load_profile("ci")
+    settings.register_profile("thorough", max_examples=200, deadline=None)
+    settings.load_profile(os.environ.get("MINITX_HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture
