@@ -27,3 +27,11 @@ def test_class_docstring_is_complete(name):
 def test_complexity_attribute(name):
     c = vars(REGISTRY[name]).get("complexity")  # set on the class itself, not inherited
     assert isinstance(c, str) and c.startswith(("time O(", "O(")), (name, c)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_docstring_shows_the_complexity_attribute_once(name):
+    """One source: the class writes ``Complexity: {complexity}`` and ``register`` shows the
+    attribute there, so the two can never disagree."""
+    cls = REGISTRY[name]
+    assert cls.__doc__.count(cls.complexity) == 1 and "{complexity}" not in cls.__doc__, name

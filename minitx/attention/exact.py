@@ -59,8 +59,8 @@ class ExactSelfAttention(AttentionBase):
     Options: ``causal`` (False), ``num_kv_heads`` Hkv (None → H), ``bias`` (True),
     ``dropout`` (0.0; on the probabilities, training mode only).
 
-    Complexity: time O(B·H·N²·D), memory O(B·H·N²): the fused SDPA keeps P for backward
-    (causal with N > 64 runs by query blocks that skip the future keys, about half of both).
+    Complexity: {complexity}; the fused SDPA keeps P for backward (causal with N > 64 runs by
+    query blocks that skip the future keys, about half of both).
 
     Exactness: exact (equals softmax attention under pattern(n)).
 
@@ -75,7 +75,7 @@ class ExactSelfAttention(AttentionBase):
     detached Tensor.
     """
 
-    complexity = "time O(N²·D), memory O(N²)"
+    complexity = "time O(B·H·N²·D), memory O(B·H·N²)"
 
     kind = "exact"
     supports_kv_cache = True
@@ -137,14 +137,14 @@ class MultiQueryAttention(ExactSelfAttention):
     Options: ``num_kv_heads`` (must be 1; anything else raises ValueError — use "gqa"),
     ``causal`` (False), ``bias`` (True), ``dropout`` (0.0); the rest as ``mha``.
 
-    Complexity: time O(B·H·N²·D), memory O(B·H·N²) for P; keys/values O(B·N·D).
+    Complexity: {complexity}; P, and the one key/value head.
 
     Exactness: exact (equals softmax attention under pattern(n)).
 
     Reference: Shazeer (2019), "Fast Transformer Decoding: One Write-Head is All You Need".
     """
 
-    complexity = "time O(N²·D), memory O(N²)"
+    complexity = "time O(B·H·N²·D), memory O(B·H·N² + B·N·D)"
 
     def __init__(self, embed_dim, num_heads, causal=False, num_kv_heads=1, **options):
         if num_kv_heads != 1:
@@ -166,7 +166,7 @@ class GroupedQueryAttention(ExactSelfAttention):
     that is ≤ H/2, i.e. H/2 for even H, 1 for H = 1 or prime H), ``causal`` (False),
     ``bias`` (True), ``dropout`` (0.0).
 
-    Complexity: time O(B·H·N²·D), memory O(B·H·N²) for P; keys/values O(B·Hkv·N·D).
+    Complexity: {complexity}; P, and the shared keys/values.
 
     Exactness: exact (equals softmax attention under pattern(n)).
 
@@ -174,7 +174,7 @@ class GroupedQueryAttention(ExactSelfAttention):
     Training Generalized Multi-Query Transformer Models from Multi-Head Checkpoints".
     """
 
-    complexity = "time O(N²·D), memory O(N²)"
+    complexity = "time O(B·H·N²·D), memory O(B·H·N² + B·Hkv·N·D)"
 
     def __init__(self, embed_dim, num_heads, causal=False, num_kv_heads=None, **options):
         if num_kv_heads is None and isinstance(num_heads, int) and num_heads > 0:
@@ -196,7 +196,7 @@ class DotProductSelfAttention(ExactSelfAttention):
     Options: ``general`` (False; W initialised to the identity), ``causal`` (False),
     ``num_kv_heads`` (None → H), ``bias`` (True), ``dropout`` (0.0).
 
-    Complexity: time O(B·H·N²·D) (+ O(B·H·N·D²) for general), memory O(B·H·N²).
+    Complexity: {complexity}.
 
     Exactness: a different score function (tested against its own dense formula). kind "score".
 
@@ -204,7 +204,7 @@ class DotProductSelfAttention(ExactSelfAttention):
     Machine Translation".
     """
 
-    complexity = "time O(N²·D), memory O(N²)"
+    complexity = "time O(B·H·N²·D) (+ O(B·H·N·D²) for general), memory O(B·H·N²)"
 
     kind = "score"
 
@@ -247,8 +247,8 @@ class AdditiveSelfAttention(ExactSelfAttention):
     Options: ``hidden_dim`` A (None → D), ``causal`` (False), ``num_kv_heads`` (None → H),
     ``bias`` (True), ``dropout`` (0.0).
 
-    Complexity: time O(B·H·N²·(A + D)), memory O(B·H·N²·A): the tanh of every (query, key)
-    pair is formed and kept for backward.
+    Complexity: {complexity}; the tanh of every (query, key) pair is formed and kept for
+    backward.
 
     Exactness: a different score function (tested against its own dense formula). kind "score".
 
@@ -256,7 +256,7 @@ class AdditiveSelfAttention(ExactSelfAttention):
     to Align and Translate".
     """
 
-    complexity = "time O(N²·(A+D)), memory O(N²·A)"
+    complexity = "time O(B·H·N²·(A + D)), memory O(B·H·N²·A)"
 
     kind = "score"
 

@@ -28,8 +28,8 @@ class FlashAttention(AttentionBase):
     Options: ``block_q`` b_q (64), ``block_k`` b_k (64), ``causal`` (False; tiles entirely
     above the diagonal are skipped), ``num_kv_heads`` (None → H), ``bias`` (True).
 
-    Complexity: time O(B·H·N²·D) (like dense), memory O(B·H·(N·D + b_q·b_k)): no N × N matrix
-    in forward or backward. (On CuPy float32/float16 it runs the CUDA kernels.)
+    Complexity: {complexity}; time like dense, but no N × N matrix in forward or backward. (On
+    CuPy float32/float16 it runs the CUDA kernels.)
 
     Exactness: exact (equals softmax attention under pattern(n)), up to rounding.
 
@@ -37,7 +37,7 @@ class FlashAttention(AttentionBase):
     Exact Attention with IO-Awareness"; backward as in Dao (2023), "FlashAttention-2".
     """
 
-    complexity = "time O(N²·D), memory O(N·D)"
+    complexity = "time O(B·H·N²·D), memory O(B·H·(N·D + b_q·b_k))"
 
     kind = "exact"
 

@@ -96,8 +96,8 @@ class LinearAttention(AttentionBase):
     Options: ``feature_map`` ("elu" default, "relu", "identity"), ``normalize`` (None → True
     except for "identity"), ``eps`` ε (1e-6), ``causal`` (False).
 
-    Complexity: time O(B·H·N·D²); memory O(B·H·(N·D + D²)) bidirectional, O(B·H·N·D²) causal
-    (the prefix sums); ``step`` O(D²) per token, independent of the position.
+    Complexity: {complexity}; the causal prefix sums; ``step`` is O(D²) per token, independent
+    of the position.
 
     Exactness: a different score function (tested against its own dense formula, ``reference``).
 
@@ -105,7 +105,7 @@ class LinearAttention(AttentionBase):
     Autoregressive Transformers with Linear Attention".
     """
 
-    complexity = "time O(N·D²), memory O(N·D) (causal N·D²)"
+    complexity = "time O(B·H·N·D²), memory O(B·H·(N·D + D²)); causal memory O(B·H·N·D²)"
 
     kind = "score"
 

@@ -59,7 +59,7 @@ class LinformerAttention(AttentionBase):
     ValueError for causal=True (every projected row mixes future positions), and for
     N > max_len at call time.
 
-    Complexity: time O(B·H·N·k·D), memory O(B·H·N·k): linear in N for a fixed k.
+    Complexity: {complexity}; linear in N for a fixed k.
 
     Exactness: approximate (a learned rank-k projection of the length-N attention; the error
     falls as k grows, and with k = N = max_len and init="pool" (the identity) it is exact).
@@ -68,7 +68,7 @@ class LinformerAttention(AttentionBase):
     Complexity".
     """
 
-    complexity = "time O(N·k·D), memory O(N·k)"
+    complexity = "time O(B·H·N·k·D), memory O(B·H·N·k)"
 
     kind = "approximate"
     supports_causal = False

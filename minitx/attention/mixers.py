@@ -66,7 +66,7 @@ class FNetMixing(AttentionBase):
 
     Options: none of its own; ``causal=True`` raises ValueError.
 
-    Complexity: time O(B·N·E·(log N + log E)), memory O(B·N·E) (a complex intermediate).
+    Complexity: {complexity}; a complex intermediate.
 
     Exactness: a different score function (tested against its own dense formula,
     ``reference``: explicit DFT matrices): a fixed linear map, not an approximation.
@@ -75,7 +75,7 @@ class FNetMixing(AttentionBase):
     Fourier Transforms".
     """
 
-    complexity = "time O(N·E·log(N·E)), memory O(N·E)"
+    complexity = "time O(B·N·E·(log N + log E)), memory O(B·N·E)"
 
     kind = "score"
     supports_causal = False
@@ -170,8 +170,7 @@ class AFTAttention(AttentionBase):
     Options: ``variant`` ("full" default, or "simple"), ``max_len`` (default 128; "full"
     raises for longer sequences), ``causal`` (False).
 
-    Complexity: full: time O(B·H·N²·D), memory O(N² + B·H·N·D); simple: time and memory
-    O(B·H·N·D); causal (both): time and memory O(B·H·N²·D).
+    Complexity: {complexity}.
 
     Exactness: a different score function (tested against its own dense formula,
     ``reference``); w is learned.
@@ -180,7 +179,8 @@ class AFTAttention(AttentionBase):
     Free Transformer".
     """
 
-    complexity = "time O(N²·D), memory O(N²); simple O(N·D); causal memory O(N²·D)"
+    complexity = ("time O(B·H·N²·D), memory O(N² + B·H·N·D) (full); simple: time and memory "
+                  "O(B·H·N·D); causal: time and memory O(B·H·N²·D)")
 
     kind = "score"
 

@@ -148,7 +148,7 @@ class PerformerAttention(AttentionBase):
     W is drawn once at construction (seeded by ``minitx.manual_seed``); ``redraw()`` draws new
     ones. Eval mode never redraws.
 
-    Complexity: time O(B·H·N·m·D); memory O(B·H·N·m) bidirectional, O(B·H·N·m·D) causal.
+    Complexity: {complexity}.
 
     Exactness: approximate (φ(q)·φ(k) is an unbiased estimate of exp(q·k/√D); the output
     converges to exact softmax attention as the number of features m grows).
@@ -157,7 +157,7 @@ class PerformerAttention(AttentionBase):
     Performers".
     """
 
-    complexity = "time O(N·m·D), memory O(N·m) (causal N·m·D)"
+    complexity = "time O(B·H·N·m·D), memory O(B·H·N·m); causal memory O(B·H·N·m·D)"
 
     kind = "approximate"
 

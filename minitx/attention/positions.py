@@ -73,9 +73,8 @@ class RelativePositionAttention(ExactSelfAttention):
     Options: ``max_relative_position`` k (default 8), plus ``mha``'s (``causal``,
     ``num_kv_heads``, ``bias``, ``dropout``).
 
-    Complexity: time O(B·H·N²·D), memory O(B·H·N² + N²·D) (P is kept, and the gathered
-    embeddings once, shared by batch and heads). The key term enters
-    ``scaled_dot_product_attention`` as a differentiable float bias.
+    Complexity: {complexity}; P is kept, and the gathered embeddings once, shared by batch and
+    heads. The key term enters ``scaled_dot_product_attention`` as a differentiable float bias.
 
     Exactness: a different score function (tested against its own dense formula). kind "score".
 
@@ -83,7 +82,7 @@ class RelativePositionAttention(ExactSelfAttention):
     Representations".
     """
 
-    complexity = "time O(N²·D), memory O(N²·D)"
+    complexity = "time O(B·H·N²·D), memory O(B·H·N² + N²·D)"
 
     kind = "score"
     needs_weights = True
@@ -207,7 +206,7 @@ class RoPEAttention(ExactSelfAttention):
     Options: ``base`` (default 10000.0), plus ``mha``'s (``causal``, ``num_kv_heads``,
     ``bias``, ``dropout``).
 
-    Complexity: time O(B·H·N²·D) (+ O(B·H·N·D) for the rotations), memory O(B·H·N²).
+    Complexity: {complexity}.
 
     Exactness: a different score function (tested against its own dense formula). kind "score".
 
@@ -215,7 +214,7 @@ class RoPEAttention(ExactSelfAttention):
     Rotary Position Embedding".
     """
 
-    complexity = "time O(N²·D), memory O(N²)"
+    complexity = "time O(B·H·N²·D) (+ O(B·H·N·D) for the rotations), memory O(B·H·N²)"
 
     kind = "score"
 
@@ -294,8 +293,8 @@ class ALiBiAttention(ExactSelfAttention):
 
     Options: none of its own; ``mha``'s (``causal``, ``num_kv_heads``, ``bias``, ``dropout``).
 
-    Complexity: time O(B·H·N²·D), memory O(B·H·N²) (+ O(H·N²) for the bias). Extrapolates
-    to lengths longer than those seen in training.
+    Complexity: {complexity}; the second term is the bias. Extrapolates to lengths longer than
+    those seen in training.
 
     Exactness: a different score function (tested against its own dense formula). kind "score".
 
@@ -303,7 +302,7 @@ class ALiBiAttention(ExactSelfAttention):
     Linear Biases Enables Input Length Extrapolation".
     """
 
-    complexity = "time O(N²·D), memory O(N²)"
+    complexity = "time O(B·H·N²·D), memory O(B·H·N² + H·N²)"
 
     kind = "score"
 

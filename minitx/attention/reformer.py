@@ -148,7 +148,7 @@ class ReformerAttention(AttentionBase):
     (rounds, default 2), ``chunk_size`` c (default 32), ``causal`` (False). R is drawn once
     (seeded by ``minitx.manual_seed``); ``redraw()`` draws new rotations.
 
-    Complexity: time O(B·H·r·(N·c·D + N log N)), memory O(B·H·r·N·c).
+    Complexity: {complexity}.
 
     Exactness: approximate (of shared-QK attention under the no-self rule: exact with one
     bucket and c ≥ N (``pattern_reference``); more rounds lower the chance that a near key
@@ -157,7 +157,7 @@ class ReformerAttention(AttentionBase):
     Reference: Kitaev, Kaiser & Levskaya (2020), "Reformer: The Efficient Transformer".
     """
 
-    complexity = "time O(r·N·c·D), memory O(r·N·c)"
+    complexity = "time O(B·H·r·(N·c·D + N log N)), memory O(B·H·r·N·c)"
 
     kind = "approximate"
     projections = ("q", "v", "out")        # shared-QK: the keys are the normalised queries

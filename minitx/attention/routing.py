@@ -106,8 +106,8 @@ class RoutingAttention(AttentionBase):
     side when bidirectional), ``decay`` λ (0.999), ``update_centroids`` (True: update in
     training mode; never in eval mode), ``causal`` (False).
 
-    Complexity: time O(B·H·N·(w + C)·D) plus a sort of B·H·N codes, memory O(B·H·N·w·D)
-    (every query gathers its own keys and values).
+    Complexity: {complexity}; plus a sort of B·H·N codes; every query gathers its own keys and
+    values.
 
     Exactness: approximate (content-based sparsity: equals full attention with C = 1 and
     w ≥ N; the centroids are learned by online k-means).
@@ -116,7 +116,7 @@ class RoutingAttention(AttentionBase):
     Attention with Routing Transformers".
     """
 
-    complexity = "time O(N·(w+C)·D), memory O(N·w·D)"
+    complexity = "time O(B·H·N·(w + C)·D), memory O(B·H·N·w·D)"
 
     kind = "approximate"
 

@@ -166,8 +166,8 @@ class LocalAttention(SparseAttentionBase):
     Options: ``window`` w (default 4), ``block_size`` b (query block, default 16),
     ``causal`` (False).
 
-    Complexity: time O(B·H·N·(b + 2w)·D), memory O(B·H·N·(b + 2w)) for the scores (the
-    gathered keys/values are O(B·H·N·(1 + 2w/b)·D)).
+    Complexity: {complexity}; for the scores (the gathered keys/values are O(B·H·N·(1 +
+    2w/b)·D)).
 
     Exactness: exact under its sparsity mask (``local_mask`` / ``pattern(n)``).
 
@@ -175,7 +175,7 @@ class LocalAttention(SparseAttentionBase):
     (its sliding window); local attention also in Parmar et al. (2018), "Image Transformer".
     """
 
-    complexity = "time O(N·(b+2w)·D), memory O(N·(b+2w))"
+    complexity = "time O(B·H·N·(b + 2w)·D), memory O(B·H·N·(b + 2w))"
 
     def __init__(self, embed_dim, num_heads, causal=False, window: int = 4, **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
@@ -204,9 +204,8 @@ class DilatedAttention(SparseAttentionBase):
     Options: ``window`` w (default 2), ``dilation`` d (default 2), ``block_size`` b (16),
     ``causal`` (False).
 
-    Complexity: time O(B·H·N·(b + 2wd)·D), memory O(B·H·N·(b + 2wd)): the key list per block
-    spans the whole reach b + 2wd and the rule masks the off-stride keys, so only 2w + 1 of
-    them count.
+    Complexity: {complexity}; the key list per block spans the whole reach b + 2wd and the rule
+    masks the off-stride keys, so only 2w + 1 of them count.
 
     Exactness: exact under its sparsity mask (``dilated_mask`` / ``pattern(n)``).
 
@@ -214,7 +213,7 @@ class DilatedAttention(SparseAttentionBase):
     §3.1 (dilated sliding window).
     """
 
-    complexity = "time O(N·(b+2wd)·D), memory O(N·(b+2wd))"
+    complexity = "time O(B·H·N·(b + 2wd)·D), memory O(B·H·N·(b + 2wd))"
 
     def __init__(self, embed_dim, num_heads, causal=False, window: int = 2, dilation: int = 2,
                  **options):
@@ -249,15 +248,15 @@ class LongformerAttention(SparseAttentionBase):
     token; negative allowed), ``dilation`` d (1; or one dilation per head, as the paper does —
     e.g. (1, 2) for 2 heads), ``block_size`` b (16), ``causal`` (False).
 
-    Complexity: time O(B·H·N·(b + 2wd + 2g)·D), memory O(B·H·N·(b + 2wd + 2g)) (b + 2wd + g
-    keys per query block row, plus g dense global rows of N).
+    Complexity: {complexity}; b + 2wd + g keys per query block row, plus g dense global rows of
+    N.
 
     Exactness: exact under its sparsity mask (``longformer_mask`` / ``pattern(n)``).
 
     Reference: Beltagy, Peters & Cohan (2020), "Longformer: The Long-Document Transformer".
     """
 
-    complexity = "time O(N·(b+2wd+2g)·D), memory O(N·(b+2wd+2g))"
+    complexity = "time O(B·H·N·(b + 2wd + 2g)·D), memory O(B·H·N·(b + 2wd + 2g))"
 
     def __init__(self, embed_dim, num_heads, causal=False, window: int = 4,
                  global_tokens=(0,), dilation=1, **options):
@@ -322,7 +321,7 @@ class BigBirdAttention(SparseAttentionBase):
     and head: a pure function of the options), ``causal`` (False). ``block_size`` defaults to
     ``block`` and is not used by the layout.
 
-    Complexity: time O(B·H·N·b·(3 + r + 2g)·D), memory O(B·H·N·b·(3 + r + 2g)).
+    Complexity: {complexity}.
 
     Exactness: exact under its sparsity mask (``bigbird_mask`` / ``pattern(n)``).
 
@@ -330,7 +329,7 @@ class BigBirdAttention(SparseAttentionBase):
     Transformers for Longer Sequences".
     """
 
-    complexity = "time O(N·b·(3+r+2g)·D), memory O(N·b·(3+r+2g))"
+    complexity = "time O(B·H·N·b·(3 + r + 2g)·D), memory O(B·H·N·b·(3 + r + 2g))"
 
     def __init__(self, embed_dim, num_heads, causal=False, block: int = 4, num_random: int = 1,
                  num_global: int = 1, seed: int = 0, **options):
@@ -382,8 +381,8 @@ class StridedAttention(SparseAttentionBase):
 
     Options: ``stride`` l (default 4), ``causal`` (False). (``block_size`` is not used.)
 
-    Complexity: time O(B·H·N·(l + N/l)·D), memory O(B·H·N·(l + N/l)·D) — each query gathers
-    its own keys and values; O(N√N·D) at l = √N, as in the paper.
+    Complexity: {complexity}; each query gathers its own keys and values; O(N√N·D) at l = √N, as
+    in the paper.
 
     Exactness: exact under its sparsity mask (``strided_mask`` / ``pattern(n)``).
 
@@ -391,7 +390,7 @@ class StridedAttention(SparseAttentionBase):
     Transformers".
     """
 
-    complexity = "time O(N·(l+N/l)·D), memory O(N·(l+N/l)·D)"
+    complexity = "time O(B·H·N·(l + N/l)·D), memory O(B·H·N·(l + N/l)·D)"
 
     def __init__(self, embed_dim, num_heads, causal=False, stride: int = 4, **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
@@ -425,8 +424,8 @@ class FixedAttention(SparseAttentionBase):
     Options: ``stride`` l (default 4), ``summary`` c (default 1, ≤ l), ``causal`` (False).
     (``block_size`` is not used.)
 
-    Complexity: time O(B·H·N·(l + N·c/l)·D), memory O(B·H·N·(l + N·c/l)) for the scores —
-    O(N√N) at l = √N. Causal masks the future summary cells but still computes them.
+    Complexity: {complexity}; for the scores — O(N√N) at l = √N. Causal masks the future summary
+    cells but still computes them.
 
     Exactness: exact under its sparsity mask (``fixed_mask`` / ``pattern(n)``).
 
@@ -434,7 +433,7 @@ class FixedAttention(SparseAttentionBase):
     Transformers".
     """
 
-    complexity = "time O(N·(l+N·c/l)·D), memory O(N·(l+N·c/l))"
+    complexity = "time O(B·H·N·(l + N·c/l)·D), memory O(B·H·N·(l + N·c/l))"
 
     def __init__(self, embed_dim, num_heads, causal=False, stride: int = 4, summary: int = 1,
                  **options):

@@ -55,8 +55,8 @@ class SynthesizerAttention(AttentionBase):
     L (default 128), ``trainable`` (random: parameter or fixed buffer, default True),
     ``rank`` k (factorized, default 8), ``causal`` (False).
 
-    Complexity: time O(B·H·N·(L + N)·D) dense/mixture, O(B·H·N²·D) random/factorized; memory
-    O(B·H·N·L) for the dense logits before the cut, O(B·H·N²) otherwise.
+    Complexity: {complexity}; L = max_len: the dense logits are formed for all L positions
+    before the cut.
 
     Exactness: learned: a different score function (tested against its own dense formula).
 
@@ -64,7 +64,8 @@ class SynthesizerAttention(AttentionBase):
     Self-Attention for Transformer Models".
     """
 
-    complexity = "time O(N·L·D), memory O(N·L), L=max_len"
+    complexity = ("time O(B·H·N·(L + N)·D), memory O(B·H·N·L) (dense, mixture); random, "
+                  "factorized: time O(B·H·N²·D), memory O(B·H·N²)")
 
     kind = "score"
 
