@@ -30,7 +30,8 @@ from .viz import line_plot
 __all__ = ["main", "add_common_args", "setup_run", "select_backend", "result_line",
            "EXAMPLES", "examples_dir", "Progress"]
 
-EXAMPLES = ("sentiment", "seq2seq", "char_gpt", "lra_listops", "efficient_report")
+EXAMPLES = ("sentiment", "seq2seq", "char_gpt", "lra_listops", "efficient_report",
+            "pretrained_attention")
 DEFAULT_BENCH = "mha,flash,local,bigbird,linformer,performer,linear"
 
 
