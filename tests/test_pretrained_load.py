@@ -146,7 +146,8 @@ def test_the_float_mask_trap_in_plain_transformer_encoder(bert_folder):
     ids, mask = b["input_ids"], b["attention_mask"]
     h0 = model.embeddings(minitx.tensor(ids))
     model.record_attention(True)
-    trap = model.encoder(h0, src_key_padding_mask=mask.astype(np.float32)).numpy()
+    with pytest.warns(UserWarning, match="float 0/1 array: a float mask is ADDED"):
+        trap = model.encoder(h0, src_key_padding_mask=mask.astype(np.float32)).numpy()
     p_trap = minitx.backend.to_host(model.attention_maps()["encoder.layers.0.self_attn"])
     right = model.encoder(h0, src_key_padding_mask=mask == 0).numpy()
     p_right = minitx.backend.to_host(model.attention_maps()["encoder.layers.0.self_attn"])

@@ -322,8 +322,8 @@ class Module:
         cast floating ones to ``dtype``, in place (the Parameter objects stay the same, so an
         optimizer built earlier keeps working). Returns self.
 
-        PyTorch's spellings all work: ``to("cuda")``, ``to(np.float64)``, ``to("float64")``,
-        ``to("cuda", np.float32)``, ``to(device=..., dtype=...)``.
+        PyTorch's spellings all work: ``to("cuda")``, ``to(numpy.float64)``, ``to("float64")``,
+        ``to("cuda", numpy.float32)``, ``to(device=..., dtype=...)``.
         """
         for a in args:                               # positional: a device name or a dtype
             if isinstance(a, str) and a in ("cpu", "cuda", "gpu"):
