@@ -35,7 +35,6 @@ from minitx.cli import add_common_args, bench_rows, bench_table, result_line, se
 from minitx.metrics import masked_distances, quality_table
 from minitx.tour import fmt_bytes
 from minitx.viz import line_plot
-from minitx.backend import to_host
 
 COST_VARIANTS = "mha,flash,local,bigbird,linformer,performer,linear,reformer"
 MASKED = {"local": {"window": 16}, "bigbird": {"block": 16, "num_random": 1}}

@@ -25,7 +25,7 @@ import minitx
 import minitx.functional as F
 from minitx import nn, optim
 from minitx.cli import Progress, add_common_args, result_line, setup_run
-from minitx.data import Vocab, generate_reviews, load_imdb, pad_sequences, tokenize
+from minitx.data import Vocab, generate_reviews, load_imdb, pad_sequences
 from minitx.viz import heatmap
 from minitx.backend import to_host
 

@@ -11,7 +11,7 @@ away from every kink: that is a property of the *test inputs*, not a relaxation 
 """
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 

@@ -31,8 +31,7 @@ from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, xp as active_xp
 from ..nn import init
-from ..nn.module import Module, Parameter
-from ..ops.dropout import dropout
+from ..nn.module import Parameter
 from ..ops.indexing import getitem
 from ..ops.linalg import einsum
 from .base import causal_pattern, register, repeat_kv_array, softmax_rows_array

@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy
 
 from .. import backend
-from . import grad_mode
 
 __all__ = ["Tensor", "tensor"]
 

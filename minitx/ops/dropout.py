@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import validate
 from ..autograd.function import Function
-from ..backend import device_of, get_array_module, rng, to_device
+from ..backend import device_of, rng, to_device
 from .elementwise import mul
 
 __all__ = ["dropout", "dropout_mask"]

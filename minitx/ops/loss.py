@@ -6,7 +6,6 @@ from ..autograd.tensor import Tensor
 from ..backend import get_array_module
 from . import elementwise as E
 from . import reduce as R
-from .activation import softmax_array
 
 __all__ = ["cross_entropy", "mse_loss"]
 

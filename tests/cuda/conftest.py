@@ -8,7 +8,6 @@ request of any of them) on a shared ThreadPoolExecutor(2), so g++ and nvcc overl
 from __future__ import annotations
 
 import os
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
