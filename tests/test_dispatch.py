@@ -16,6 +16,7 @@ import minitx
 import minitx.functional as F
 import minitx.nn as nn
 import strict_cupy
+import support
 from minitx import backend
 from minitx.backend import flash_cuda
 from minitx.ops import dispatch
@@ -65,11 +66,10 @@ def host(monkeypatch):
     monkeypatch.delenv("MINITX_FLASH", raising=False)
 
 
-def qkv(b=2, h=4, hkv=2, nq=9, nk=9, d=8, seed=0, dtype=np.float32):
-    r = np.random.default_rng(seed)
-    return (r.standard_normal((b, h, nq, d)).astype(dtype),
-            r.standard_normal((b, hkv, nk, d)).astype(dtype),
-            r.standard_normal((b, hkv, nk, d)).astype(dtype))
+def qkv(nq=9, nk=None, *, hkv=2, d=8, dtype=np.float32):
+    """``support.qkv`` with this file's defaults: 4 query heads over ``hkv`` KV heads, float32
+    (the kernel's dtype), host arrays."""
+    return support.qkv(nq, nk, h=4, hkv=hkv, d=d, dtype=dtype)
 
 
 def run(fn, arrays, grad=True):
@@ -85,7 +85,7 @@ def run(fn, arrays, grad=True):
 
 def assert_same(got, want, tol=1e-5):
     for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+        support.assert_close(a, b, rtol=tol, atol=tol)
 
 
 # ---- the reasons ---------------------------------------------------------------------------
@@ -259,4 +259,4 @@ def test_gpt_logits_are_the_same_on_the_kernel_and_the_array_code(fake_gpu, monk
     logits = gpt(idx)[0].numpy()
     assert fake_gpu.count() == 2
     monkeypatch.setenv("MINITX_FLASH", "off")
-    np.testing.assert_allclose(gpt(idx)[0].numpy(), logits, rtol=1e-5, atol=1e-5)
+    support.assert_close(gpt(idx)[0], logits, rtol=1e-5, atol=1e-5)
