@@ -45,3 +45,10 @@ if settings is not None:
 def rng():
     """A seeded ``numpy.random.Generator`` (draws float64 by default)."""
     return np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="session")
+def notebook_cache(tmp_path_factory):
+    """One folder per test session where executed notebooks are kept (keyed by their source and
+    settings), so the notebook tests and the site build execute each notebook once."""
+    return tmp_path_factory.mktemp("executed-notebooks")

@@ -36,7 +36,7 @@ ROOT = pathlib.Path(minitx.__file__).parent
 LAYERS = [("validate",), ("backend",), ("autograd", "ops", "functional", "__init__"),
           ("nn", "optim"),
           ("attention",), ("models",), ("pretrained", "interop", "metrics", "data", "viz"),
-          ("tour", "cli", "__main__")]
+          ("tour", "cli", "__main__", "site")]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 
