@@ -22,6 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "minitx"
 CODE_SPAN = re.compile(r"``.+?``|`[^`\n]+`", re.S)
 DISPLAY = re.compile(r"\$\$(.+?)\$\$", re.S)
 # as the site reads inline maths: no space just inside the dollars, no digit right after
+SHELL_VAR = re.compile(r"\$[A-Z][A-Z0-9]*_[A-Z0-9_]+")
 INLINE = re.compile(r"\$(?=[^\s$])([^$\n]*?[^\s$\\])\$(?!\d)|\$([^\s$\\])\$(?!\d)")
 
 
@@ -62,6 +63,10 @@ FORMULAS = [(f"{p.relative_to(ROOT.parent)}", latex, display)
             for p in _sources() for t in _texts(p) for latex, display in _spans(t)]
 
 
+def test_a_shell_variable_is_caught():
+    assert SHELL_VAR.search("nvcc ($CUDA_HOME/$CUDA_PATH)") and not SHELL_VAR.search("$x_i$")
+
+
 def test_the_collector_finds_maths_and_skips_code():
     assert _spans("a ``$HOME`` b $x_i$ c\n$$\n\\frac{a}{b}\n$$ d $ 5 and $3") == \
         [("\\frac{a}{b}", True), ("x_i", False)]
@@ -98,7 +103,10 @@ def test_no_dollar_outside_maths_and_code():
     stray = []
     for p in _sources():
         for t in _texts(p):
-            rest = INLINE.sub(" ", DISPLAY.sub(" ", CODE_SPAN.sub(" ", t)))
-            if "$" in rest:
+            plain = CODE_SPAN.sub(" ", t)
+            rest = INLINE.sub(" ", DISPLAY.sub(" ", plain))
+            # a shell variable ($CUDA_HOME) outside a code span: maths to the renderer if a
+            # second one follows, a stray dollar if not
+            if "$" in rest or SHELL_VAR.search(plain):
                 stray.append((str(p.relative_to(ROOT.parent)), t[:80]))
     assert not stray, stray

@@ -131,8 +131,7 @@ class ExactSelfAttention(AttentionBase):
 
 @register("mqa")
 class MultiQueryAttention(ExactSelfAttention):
-    r"""Multi-query attention: all H query heads share ONE key/value head (exact softmax
-    attention).
+    r"""Multi-query attention: all H query heads share ONE key/value head (exact softmax).
 
     Formula: O_h = softmax(Q_h Kᵀ/√D + M) V for h = 1 … H, with one shared K and V (Hkv = 1).
 
