@@ -1,4 +1,4 @@
-"""Position schemes: how attention, which is permutation-equivariant, learns about order.
+r"""Position schemes: how attention, which is permutation-equivariant, learns about order.
 
 Without positions, self-attention treats its input as a *set*: permuting the tokens permutes
 the outputs the same way. Five ways to break the symmetry:
@@ -17,6 +17,15 @@ the outputs the same way. Five ways to break the symmetry:
    depends only on the offset n − m.
 5. **ALiBi** (Press, Smith & Lewis 2021, "Train Short, Test Long"): no embeddings at all; add
    −m_h·|i − j| to the scores, with one fixed slope m_h per head.
+
+RoPE's rotation of one pair at position m, and why only the offset matters:
+
+$$
+\begin{pmatrix} x'_{2i} \\ x'_{2i+1} \end{pmatrix} =
+\begin{pmatrix} \cos m\theta_i & -\sin m\theta_i \\ \sin m\theta_i & \cos m\theta_i \end{pmatrix}
+\begin{pmatrix} x_{2i} \\ x_{2i+1} \end{pmatrix},
+\qquad \langle R_m q, R_n k \rangle = \langle q, R_{n-m} k \rangle
+$$
 
 Registered score-kind variants: ``relative``, ``rope``, ``alibi``. All use bottom-right
 alignment: with Nq queries and Nk keys, query i sits at position i + Nk − Nq (so they work
