@@ -5,8 +5,9 @@ Sections (each a function returning lines of text, so tests and the CLI can call
 1. ``worked_example``: softmax(Q Kᵀ/√d_k) V for three 2-d tokens, step by step;
 2. ``jacobian_section``: the softmax Jacobian diag(s) − s sᵀ, checked row by row against
    autograd;
-3. ``variant_table``: every registered attention variant — kind, gradcheck, error against
-   its reference, time and peak memory at N = 1,024, complexity;
+3. ``variant_table``: every registered attention variant — kind, gradcheck, relative error
+   against a named reference (a legend says what each compares), time and peak memory at
+   N = 1,024, then each complexity; every line fits in 100 columns (``WIDTH``);
 4. ``scale_section``: why 1/√d_k — the variance of q·k grows like d_k, and without the scale
    softmax saturates and its gradient vanishes;
 5. ``pattern_section``: text pictures of the sparse attention patterns.
