@@ -232,18 +232,19 @@ def variant_rows(names=None, n: int = 1024, embed: int = 32, heads: int = 2):
 
 WIDTH = 100   # every line the tour prints fits in 100 columns
 
+_PAD = " " * 20
 ERROR_LEGEND = [
-    "   rel. error = ‖O − O_ref‖ / ‖O_ref‖ in float64 (N = 32; approximations N = 128 at the budget",
+    "   rel. error = ‖O − O_ref‖/‖O_ref‖ in float64 (N = 32; approximations N = 128 at the budget",
     "   shown), where O_ref is:",
     "     dense          full softmax(QKᵀ/√D)V: the exact kinds compute it (error ~1e-16)",
     "     dense∘pattern  full softmax under the variant's own mask: the masked kinds (~1e-16)",
     "     formula        the variant's own scores, computed densely: the score kinds (~1e-16)",
     "     full           full softmax attention. Performer and Linformer estimate it, so their",
-    "                    error shrinks with the budget (m, k). Reformer (shared-QK LSH attention",
-    "                    that never attends to itself; O_ref uses the same shared keys) and Routing",
-    "                    (attention within k-means clusters) compute a different, sparser",
-    "                    attention: with near-flat rows O_ref averages all N values, so their",
-    "                    ~1 error says how different, not that they are broken.",
+    _PAD + "error shrinks with the budget (m, k). Reformer (shared-QK LSH attention,",
+    _PAD + "a token attending to itself only when nothing else is allowed; O_ref uses",
+    _PAD + "the same shared keys) and Routing (attention within k-means clusters)",
+    _PAD + "compute a different, sparser attention: with near-flat rows O_ref averages",
+    _PAD + "all N values, so their ~1 error says how different, not that they are broken.",
 ]
 
 
