@@ -16,6 +16,7 @@ import json
 import os
 import runpy
 import sys
+import textwrap
 
 import numpy as np
 
@@ -64,9 +65,10 @@ def add_common_args(parser, default_out: str):
     return parser
 
 
-def setup_run(args, title: str) -> str:
+def setup_run(args, title: str, full_run: str = None) -> str:
     """Select the backend, seed minitx and NumPy, create and print the output folder, and say
-    where the run computes (the CPU, or which GPU)."""
+    where the run computes (the CPU, or which GPU). On a ``--quick`` run, ``full_run`` (what
+    the full run shows and how long it takes) is printed by ``quick_note``."""
     select_backend(args.backend)
     backend.tune_host_allocator()
     minitx.manual_seed(args.seed)
@@ -77,7 +79,18 @@ def setup_run(args, title: str) -> str:
           f"{', quick run' if getattr(args, 'quick', False) else ''}")
     print(f"running on: {backend.describe_device()}")
     print(f"output folder: {out}")
+    if getattr(args, "quick", False) and full_run:
+        print(quick_note(full_run))
     return out
+
+
+def quick_note(full_run: str, width: int = 100) -> str:
+    """What a ``--quick`` run is: a smoke run, whose numbers say only that every step runs;
+    ``full_run`` says what the full run shows and how long it takes."""
+    text = ("this is a quick smoke run (small sizes, few steps): its numbers only show that "
+            "every step runs, not what the example teaches. " + full_run)
+    return textwrap.fill(text, width, initial_indent="note: ", subsequent_indent="      ",
+                         break_on_hyphens=False)
 
 
 def result_line(result: dict) -> str:

@@ -5,8 +5,9 @@ Sections (each a function returning lines of text, so tests and the CLI can call
 1. ``worked_example``: softmax(Q Kᵀ/√d_k) V for three 2-d tokens, step by step;
 2. ``jacobian_section``: the softmax Jacobian diag(s) − s sᵀ, checked row by row against
    autograd;
-3. ``variant_table``: every registered attention variant — kind, gradcheck, error against
-   its reference, time and peak memory at N = 1,024, complexity;
+3. ``variant_table``: every registered attention variant — kind, gradcheck, relative error
+   against a named reference (a legend says what each compares), time and peak memory at
+   N = 1,024, then each complexity; every line fits in 100 columns (``WIDTH``);
 4. ``scale_section``: why 1/√d_k — the variance of q·k grows like d_k, and without the scale
    softmax saturates and its gradient vanishes;
 5. ``pattern_section``: text pictures of the sparse attention patterns.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import textwrap
 import time
 import tracemalloc
 
@@ -101,7 +103,8 @@ def jacobian_section() -> list:
     lines += ["   row i from autograd (backward of s_i alone):"]
     lines += fmt_matrix(auto)
     lines += [f"   max |J − autograd| = {np.abs(J - auto).max():.1e};  row sums of J: "
-              f"max |Σ_j J_ij| = {np.abs(J.sum(1)).max():.1e} (softmax outputs always sum to 1)"]
+              f"max |Σ_j J_ij| = {np.abs(J.sum(1)).max():.1e}",
+              "   (softmax outputs always sum to 1, so each row of J sums to 0)"]
     return lines
 
 
@@ -147,7 +150,7 @@ def _reference_error(cls, embed=16, heads=2, n=32):
     kind = layer.kind
     if kind in ("exact", "masked"):
         ref = dense_attention_array(q.data, k.data, v.data, allowed=layer.pattern(n))
-        label = "vs dense" if kind == "exact" else "vs dense∘pattern"
+        label = "dense" if kind == "exact" else "dense∘pattern"
     elif kind == "approximate":
         # The regime of benchmarks/approx_quality.py (minitx.metrics): a mid-sized budget,
         # q, k ~ N(0, 0.5²), N = 128; output distance ‖O − O*‖/‖O*‖ from exact attention.
@@ -157,13 +160,13 @@ def _reference_error(cls, embed=16, heads=2, n=32):
             _, err = approx_distances(cls.name, option, budget, fixed=fixed)
             short = {"num_features": "m", "proj_dim": "k", "n_hashes": "rounds",
                      "num_clusters": "clusters"}.get(option, option)
-            return f"{err:.1e} vs exact, {short}={budget}"
+            return f"{err:.1e} full, {short}={budget}"
         allowed = causal_pattern(n) if layer.causal else None
         ref = dense_attention_array(q.data, k.data, v.data, allowed=allowed)
-        label = "vs exact"
+        label = "full"
     elif hasattr(layer, "reference"):
         ref = layer.reference(q.data, k.data, v.data)
-        label = "vs formula"
+        label = "formula"
     else:
         return "n/a"
     ref = to_host(ref)
@@ -227,26 +230,62 @@ def variant_rows(names=None, n: int = 1024, embed: int = 32, heads: int = 2):
     return rows
 
 
+WIDTH = 100   # every line the tour prints fits in 100 columns
+
+_PAD = " " * 20
+ERROR_LEGEND = [
+    "   rel. error = ‖O − O_ref‖/‖O_ref‖ in float64 (N = 32; approximations N = 128 at the budget",
+    "   shown), where O_ref is:",
+    "     dense          full softmax(QKᵀ/√D)V: the exact kinds compute it (error ~1e-16)",
+    "     dense∘pattern  full softmax under the variant's own mask: the masked kinds (~1e-16)",
+    "     formula        the variant's own scores, computed densely: the score kinds (~1e-16)",
+    "     full           full softmax attention. Performer and Linformer estimate it, so their",
+    _PAD + "error shrinks with the budget (m, k). Reformer (shared-QK LSH attention,",
+    _PAD + "a token attending to itself only when nothing else is allowed; O_ref uses",
+    _PAD + "the same shared keys) and Routing (attention within k-means clusters)",
+    _PAD + "compute a different, sparser attention: with near-flat rows O_ref averages",
+    _PAD + "all N values, so their ~1 error says how different, not that they are broken.",
+]
+
+
 def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) -> list:
+    """The variants as a table (kind, gradcheck, error against a named reference, time, peak
+    memory), a legend saying what each error compares, and each variant's complexity."""
     rows = variant_rows(names, n, embed, heads)
-    head = (f"   {'variant':<12} {'kind':<12} {'gradcheck':<10} {'error vs reference':<30} "
-            f"{'time':>9} {'peak mem':>10}  complexity")
+    head = (f"   {'variant':<12} {'kind':<12} {'gradcheck':<9} {'rel. error':>10}  "
+            f"{'O_ref':<22} {'time':>9} {'peak mem':>10}")
     lines = [f"3. Every registered attention variant (forward at N = {n:,}, B = 1, E = {embed}, "
-             f"H = {heads}; gradcheck in float64 on N = 6)",
-             "   error: exact kinds vs dense softmax(QKᵀ/√D)V, masked kinds vs dense under "
-             "their pattern,",
-             "   approximate kinds vs exact attention, score kinds vs their own dense formula",
-             "", head, "   " + "-" * (len(head) - 3)]
+             f"H = {heads};",
+             "   gradcheck in float64 on N = 6)", "", head, "   " + "-" * (len(head) - 3)]
+    notes = []
     for r in rows:
         t = f"{r['time_s'] * 1e3:7.1f} ms" if r["time_s"] is not None else "-"
         mem = fmt_bytes(r["peak_bytes"])
-        gc = r["gradcheck"] if len(r["gradcheck"]) <= 10 else r["gradcheck"][:60]
-        line = (f"   {r['name']:<12} {r['kind']:<12} {gc:<10} {r['error']:<30} {t:>9} "
-                f"{mem:>10}  {r['complexity']}")
-        if r["note"]:
-            line += f"   [{r['note']}]"
-        lines.append(line)
+        gc = r["gradcheck"] if len(r["gradcheck"]) <= 9 else "error"
+        err, _, ref = r["error"].partition(" ")
+        if err == "error:" or r["error"] in ("-", "n/a"):
+            err, ref = ("error" if err == "error:" else r["error"]), ""
+        lines.append(f"   {r['name']:<12} {r['kind']:<12} {gc:<9} {err:>10}  {ref:<22} "
+                     f"{t:>9} {mem:>10}".rstrip())
+        notes += [f"{r['name']}: {cell}" for cell in (r["gradcheck"], r["error"], r["note"])
+                  if cell.startswith("error:")]
+    lines += [""] + ERROR_LEGEND
+    if notes:
+        lines += ["", "   Failures:"] + _wrapped(notes, "   ", "     ")
+    lines += ["", "   Complexity (B batch, H heads, N length, D head size; the other letters as in "
+              "each", "   variant's docstring, ``help(minitx.attention.REGISTRY[name])``):"]
+    for r in rows:
+        lines += _wrapped([r["complexity"]], f"   {r['name']:<12} ", " " * 16)
     return lines
+
+
+def _wrapped(texts, first, rest) -> list:
+    """``texts`` wrapped to the tour's width, the first line after ``first``."""
+    out = []
+    for text in texts:
+        out += textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest,
+                             break_on_hyphens=False) or [first.rstrip()]
+    return out
 
 
 # ---- 4. why 1/√d_k ------------------------------------------------------------------------
@@ -257,14 +296,16 @@ def scale_section(dims=(4, 16, 64, 256), samples: int = 20000, n_keys: int = 16)
     gen = np.random.default_rng(0)
     lines = ["4. Why divide by √d_k",
              f"   q, k with independent N(0, 1) entries: Var(q·k) = d_k. With {n_keys} keys per "
-             "query, softmax of",
-             "   unscaled scores saturates as d_k grows (max weight → 1), and its Jacobian "
-             "diag(s) − s sᵀ shrinks",
-             "   (it is exactly 0 for a one-hot s), so less and less gradient reaches the "
-             "scores. Measured:",
+             "query, softmax",
+             "   of unscaled scores saturates as d_k grows (max weight → 1), and its Jacobian "
+             "diag(s) − s sᵀ",
+             "   shrinks (it is exactly 0 for a one-hot s), so less and less gradient reaches "
+             "the scores.",
+             "   Measured (w: the largest softmax weight of a query; ‖J‖F: its Jacobian's "
+             "Frobenius norm):",
              "",
-             f"   {'d_k':>5} {'Var(q·k)':>10} {'Var(q·k/√d_k)':>14} {'max w (raw)':>12} "
-             f"{'max w (scaled)':>15} {'median‖J‖F raw':>15} {'median‖J‖F scaled':>18}"]
+             f"   {'d_k':>5} {'Var(q·k)':>9} {'Var(q·k/√d_k)':>14} {'max w raw':>10} "
+             f"{'max w scaled':>13} {'‖J‖F raw':>10} {'‖J‖F scaled':>12}"]
     for d in dims:
         q = gen.standard_normal((samples, d))
         k = gen.standard_normal((samples, d))
@@ -280,9 +321,11 @@ def scale_section(dims=(4, 16, 64, 256), samples: int = 20000, n_keys: int = 16)
             J = to_host(F.softmax_jacobian(x))
             # ‖J‖F per query, then the median: the typical query's sensitivity
             out[label] = (w.max(-1).mean(), np.median(np.sqrt((J ** 2).sum(axis=(-2, -1)))))
-        lines.append(f"   {d:>5} {var_raw:>10.2f} {var_scaled:>14.3f} {out['raw'][0]:>12.3f} "
-                     f"{out['scaled'][0]:>15.3f} {out['raw'][1]:>15.2e} {out['scaled'][1]:>18.2e}")
-    lines.append("   (uniform weights over 16 keys would give max w = 0.0625)")
+        lines.append(f"   {d:>5} {var_raw:>9.2f} {var_scaled:>14.3f} {out['raw'][0]:>10.3f} "
+                     f"{out['scaled'][0]:>13.3f} {out['raw'][1]:>10.2e} {out['scaled'][1]:>12.2e}")
+    lines.append("   (max w and ‖J‖F are means and medians over 200 queries; uniform weights "
+                 "over 16 keys")
+    lines.append("   would give max w = 0.0625)")
     return lines
 
 
@@ -300,8 +343,8 @@ def pattern_section(n: int = 16, names=PATTERN_VARIANTS) -> list:
             layer = cls(16, 2, **_init_options(cls, n), **_PATTERN_OPTIONS.get(name, {}))
             mask = to_host(layer.pattern(n)).astype(bool)
             opts = _describe_options(layer)
-            lines += ["", f"   {name} ({opts}; {mask.sum()} of {n * n} pairs, "
-                          f"{mask.sum() / n:.1f} keys per query)"]
+            lines += [""] + _wrapped([f"{name} ({opts}; {mask.sum()} of {n * n} pairs, "
+                                      f"{mask.sum() / n:.1f} keys per query)"], "   ", "     ")
             lines += ["   " + row for row in render_mask(mask).splitlines()]
         except Exception as exc:  # noqa: BLE001
             lines += ["", f"   {name}: {_short(exc)}"]
@@ -335,4 +378,5 @@ def run_tour(out=print, n: int = 1024) -> None:
             out(line)
     out("")
     out(f"Tour done in {time.perf_counter() - t0:.1f} s. Next: `python -m minitx bench`, "
-        "`python -m minitx train seq2seq`, `python -m minitx patterns`, `python -m minitx doctor`.")
+        "`python -m minitx train seq2seq`,")
+    out("`python -m minitx patterns`, `python -m minitx doctor`.")

@@ -53,8 +53,10 @@ def test_tour_sections(tour):
     from minitx.attention import REGISTRY
     for name, cls in REGISTRY.items():
         assert re.search(rf"^\s+{name}\s+{cls.kind}\s", tour, re.M), name
-    assert "complexity" in tour and "gradcheck" in tour
-    assert re.search(r"^\s+mha\s+exact\s+pass\s+\S+ vs dense", tour, re.M)
+    assert "Complexity (" in tour and "gradcheck" in tour
+    for name, cls in REGISTRY.items():      # each variant's complexity, under the table
+        assert f"   {name:<12} {cls.complexity[:30]}" in tour, name
+    assert re.search(r"^\s+mha\s+exact\s+pass\s+\S+\s+dense\s", tour, re.M)
     # the 1/sqrt(d_k) section: Var(q·k) ≈ d_k. The tour uses 20000 samples; q·k has kurtosis
     # 3 + 6/d, so the sample variance's relative standard error is √((2 + 6/d)/20000) ≤ 1.3%
     # (d = 4), and printing rounds to ≤ 0.005/d. 0.06 is > 4 standard errors plus rounding,
@@ -91,6 +93,26 @@ def test_cupy_backend_message():
     proc = run("--backend", "cupy", "patterns")
     assert proc.returncode == 2
     assert "cupy" in proc.stderr.lower() and "error" in proc.stderr.lower()
+
+
+def test_tour_fits_in_100_columns(tour):
+    widest = max(tour.splitlines(), key=len)
+    assert len(widest) <= 100, (len(widest), widest)
+
+
+def test_tour_says_what_each_error_compares(tour):
+    """Every row names its reference, and the legend under the table explains each one — in
+    particular that Reformer's and Routing's ~1 is against an attention they do not estimate."""
+    refs = {m.group(1): m.group(2) for m in re.finditer(
+        r"^   (\w+)\s+(?:exact|masked|score|approximate)\s+pass\s+\S+\s+(dense∘pattern|dense|"
+        r"formula|full)\b", tour, re.M)}
+    from minitx.attention import REGISTRY
+    assert set(refs) == set(REGISTRY), set(REGISTRY) ^ set(refs)
+    assert refs["reformer"] == refs["routing"] == refs["performer"] == "full"
+    legend = tour[tour.index("rel. error = "):tour.index("Complexity (")]
+    for ref in ("dense ", "dense∘pattern", "formula", "full "):
+        assert f"     {ref}" in legend, ref
+    assert "Reformer" in legend and "Routing" in legend and "different" in legend
 
 
 def test_tour_function_survives_a_broken_variant():

@@ -19,6 +19,9 @@ def run_example(name, tmp_path, *extra, env=None, timeout=240):
                           text=True, timeout=timeout, env=env or ENV)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert f"output folder: {out}" in proc.stdout
+    # a --quick run says it is a smoke run, and what the full run shows and takes
+    assert "quick smoke run" in proc.stdout and "The full run (`python examples/" in \
+        " ".join(proc.stdout.split()), proc.stdout[:1500]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, proc.stdout[-2000:]
     return json.loads(lines[-1][len("RESULT "):]), proc.stdout, out

@@ -46,11 +46,16 @@ def default_kv_heads(num_heads: int) -> int:
 
 @register("mha")
 class ExactSelfAttention(AttentionBase):
-    """Multi-head self-attention, exact: scaled dot-product softmax attention on every head.
+    r"""Multi-head self-attention, exact: scaled dot-product softmax attention on every head.
 
     Formula: O = softmax(Q Kᵀ/√D + M) V per head, y = merge_heads(O) W_oᵀ, with
     Q, K, V = x W_qᵀ, x W_kᵀ, x W_vᵀ split into heads; M is 0, −inf above the diagonal when
     causal (bottom-right aligned), plus any ``attn_mask``.
+
+    $$
+    \mathrm{head}_h = \operatorname{softmax}\!\left( \frac{Q_h K_h^\top}{\sqrt{D}} + M \right) V_h,
+    \quad y = \left[ \mathrm{head}_1, \dots, \mathrm{head}_H \right] W_o^\top
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D), D = E/H. Projections ``q_proj``/``out_proj`` E → E,
@@ -126,9 +131,14 @@ class ExactSelfAttention(AttentionBase):
 
 @register("mqa")
 class MultiQueryAttention(ExactSelfAttention):
-    """Multi-query attention: all H query heads share ONE key/value head (exact softmax attention).
+    r"""Multi-query attention: all H query heads share ONE key/value head (exact softmax).
 
     Formula: O_h = softmax(Q_h Kᵀ/√D + M) V for h = 1 … H, with one shared K and V (Hkv = 1).
+
+    $$
+    O_h = \operatorname{softmax}\!\left( \frac{Q_h K^\top}{\sqrt{D}} + M \right) V,
+    \quad h = 1, \dots, H
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, 1, N, D) (any Hkv dividing H is accepted) → (B, H, N, D). ``k_proj``/``v_proj``
@@ -154,10 +164,15 @@ class MultiQueryAttention(ExactSelfAttention):
 
 @register("gqa")
 class GroupedQueryAttention(ExactSelfAttention):
-    """Grouped-query attention: Hkv key/value heads, each shared by a group of H/Hkv query heads.
+    r"""Grouped-query attention: Hkv key/value heads, each shared by a group of H/Hkv query heads.
 
     Formula: O_h = softmax(Q_h K_g(h)ᵀ/√D + M) V_g(h), g(h) = ⌊h / (H/Hkv)⌋ (exact softmax
     attention; Hkv = H is MHA, Hkv = 1 is MQA).
+
+    $$
+    O_h = \operatorname{softmax}\!\left( \frac{Q_h K_{g(h)}^\top}{\sqrt{D}} + M \right) V_{g(h)},
+    \quad g(h) = \left\lfloor \frac{h}{H / H_{kv}} \right\rfloor
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D). ``k_proj``/``v_proj`` map E → Hkv·D.
@@ -185,10 +200,15 @@ class GroupedQueryAttention(ExactSelfAttention):
 
 @register("dot")
 class DotProductSelfAttention(ExactSelfAttention):
-    """Luong's "dot" score per head, *unscaled* (optionally his "general" score with a learned W).
+    r"""Luong's "dot" score per head, *unscaled* (optionally his "general" score with a learned W).
 
     Formula: O = softmax(Q Kᵀ + M) V ("dot"); O = softmax((Q W_h) Kᵀ + M) V ("general",
     one W_h (D, D) per head). No 1/√D: softmax attention at temperature 1 instead of √D.
+
+    $$
+    O = \operatorname{softmax}\!\left( Q K^\top + M \right) V \quad \text{or} \quad
+    O = \operatorname{softmax}\!\left( (Q W_h) K^\top + M \right) V
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); ``score_weight`` W (H, D, D) when general.
@@ -235,10 +255,15 @@ class DotProductSelfAttention(ExactSelfAttention):
 
 @register("additive")
 class AdditiveSelfAttention(ExactSelfAttention):
-    """Bahdanau's additive (MLP) score inside multi-head self-attention.
+    r"""Bahdanau's additive (MLP) score inside multi-head self-attention.
 
     Formula: e_ij = wᵀ tanh(W_q q_i + W_k k_j) per head, O = softmax_j(e + M) V, with
     W_q, W_k (A, D) and w (A,) shared by the heads (no 1/√D).
+
+    $$
+    e_{ij} = w^\top \tanh\!\left( W_q q_i + W_k k_j \right),
+    \quad O = \operatorname{softmax}_j\!\left( e + M \right) V
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v, attn_mask=None)``:
     q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D); the pairwise tanh features

@@ -82,12 +82,19 @@ def linear_attention_step(state, q, k, v, feature_map: str = "elu", normalize: b
 
 @register("linear")
 class LinearAttention(AttentionBase):
-    """Linear attention: a feature-map similarity φ(q)·φ(k) instead of exp, linear in N; an RNN
+    r"""Linear attention: a feature-map similarity φ(q)·φ(k) instead of exp, linear in N; an RNN
     when causal.
 
     Formula: O_i = φ(q_i)ᵀ S / (φ(q_i)ᵀ z + ε), S = Σ_j φ(k_j) v_jᵀ, z = Σ_j φ(k_j); causal:
     the sums run over j ≤ i (prefix sums, i.e. an RNN with state (S, z)). φ(x) = elu(x) + 1 by
     default; with ``normalize=False``, O_i = φ(q_i)ᵀ S. No 1/√D.
+
+    $$
+    O_i = \frac{\varphi(q_i)^\top S}{\varphi(q_i)^\top z + \varepsilon},
+    \quad S = \sum_j \varphi(k_j)\, v_j^\top,
+    \quad z = \sum_j \varphi(k_j),
+    \quad \varphi(x) = \operatorname{elu}(x) + 1
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); S (B, H, D, D) bidirectional, (B, H, N, D, D) causal;

@@ -45,10 +45,15 @@ def linformer_projection(k: int, max_len: int, init: str = "gaussian"):
 
 @register("linformer")
 class LinformerAttention(AttentionBase):
-    """Linformer: learned projections compress the sequence axis of keys and values to k rows.
+    r"""Linformer: learned projections compress the sequence axis of keys and values to k rows.
 
     Formula: O = softmax(Q (E K)ᵀ/√D) (F V), where E, F (k, N) are the first N columns of
     learned (k, max_len) parameters (F = E when ``share_kv``).
+
+    $$
+    O = \operatorname{softmax}\!\left( \frac{Q (E K)^\top}{\sqrt{D}} \right) (F V),
+    \quad E, F \in \mathbb{R}^{k \times N}
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D), N ≤ max_len; parameters E, F (k, max_len); E K, F V

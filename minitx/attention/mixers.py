@@ -56,10 +56,15 @@ def fourier_mix(x, axes=(-2, -1)):
 
 @register("fnet")
 class FNetMixing(AttentionBase):
-    """FNet Fourier mixing: a parameter-free 2-d DFT replaces attention. Bidirectional only.
+    r"""FNet Fourier mixing: a parameter-free 2-d DFT replaces attention. Bidirectional only.
 
     Formula: ``layer(x)`` = Re(FFT_seq(FFT_hidden(x))); ``attend`` = Re(FFT2 over (N, D) of v)
     per head (q and k unused).
+
+    $$
+    y = \operatorname{Re}\left( \mathcal{F}_{\mathrm{seq}}\!\left(
+    \mathcal{F}_{\mathrm{hidden}}(x) \right) \right)
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E), mixed directly — no projections, as in
     the paper (the layer has no parameters at all); ``attend(q, k, v)``: q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D).
@@ -155,13 +160,18 @@ def aft(q, k, v, w=None, causal: bool = False):
 
 @register("aft")
 class AFTAttention(AttentionBase):
-    """Attention Free Transformer: elementwise gating with learned pairwise position biases.
+    r"""Attention Free Transformer: elementwise gating with learned pairwise position biases.
 
     Formula: AFT-full y_t = σ(q_t) ⊙ Σ_t' exp(k_t' + w_tt') ⊙ v_t' / Σ_t' exp(k_t' + w_tt');
     AFT-simple the same with w = 0; causal: t' ≤ t. Elementwise over features, no q·k
     product; bidirectional: computed as exp(w) @ (exp(k) ⊙ v) with stabilising shifts that
     cancel; causal: explicit (N, N, D) exponents, each row shifted by its max over the
     visible positions only (so large future values cannot underflow the past to 0/0).
+
+    $$
+    y_t = \sigma(q_t) \odot \frac{\sum_{t'} \exp(k_{t'} + w_{t t'}) \odot v_{t'}}
+    {\sum_{t'} \exp(k_{t'} + w_{t t'})}
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D) (value dim must equal D); parameter w (max_len,

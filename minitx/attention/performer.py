@@ -132,12 +132,19 @@ def performer_attention(q, k, v, w, causal: bool = False, eps: float = 1e-12):
 
 @register("performer")
 class PerformerAttention(AttentionBase):
-    """Performer (FAVOR+): softmax attention through positive orthogonal random features.
+    r"""Performer (FAVOR+): softmax attention through positive orthogonal random features.
 
     Formula: φ(x) = exp(W x − ‖x‖²/2) / √m with W (m, D) orthogonal Gaussian rows, applied to
     Q' = Q/D^(1/4) and K' = K/D^(1/4), so φ(q')·φ(k') estimates exp(q·k/√D);
     O = φ(Q') (φ(K')ᵀ V) / (φ(Q') φ(K')ᵀ 1). Causal: prefix sums S_i = Σ_{j≤i} φ(k'_j) v_jᵀ,
     z_i = Σ_{j≤i} φ(k'_j), O_i = φ(q'_i)ᵀ S_i / φ(q'_i)ᵀ z_i.
+
+    $$
+    \varphi(x) = \frac{1}{\sqrt{m}} \exp\!\left( W x - \frac{\lVert x \rVert^2}{2} \right),
+    \quad O = \frac{\varphi(Q') \left( \varphi(K')^\top V \right)}
+    {\varphi(Q')\, \varphi(K')^\top \mathbf{1}},
+    \quad Q' = \frac{Q}{D^{1/4}},\ K' = \frac{K}{D^{1/4}}
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); buffer ``features`` W (m, D); φ(Q'), φ(K')

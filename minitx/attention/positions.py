@@ -1,4 +1,4 @@
-"""Position schemes: how attention, which is permutation-equivariant, learns about order.
+r"""Position schemes: how attention, which is permutation-equivariant, learns about order.
 
 Without positions, self-attention treats its input as a *set*: permuting the tokens permutes
 the outputs the same way. Five ways to break the symmetry:
@@ -17,6 +17,15 @@ the outputs the same way. Five ways to break the symmetry:
    depends only on the offset n − m.
 5. **ALiBi** (Press, Smith & Lewis 2021, "Train Short, Test Long"): no embeddings at all; add
    −m_h·|i − j| to the scores, with one fixed slope m_h per head.
+
+RoPE's rotation of one pair at position m, and why only the offset matters:
+
+$$
+\begin{pmatrix} x'_{2i} \\ x'_{2i+1} \end{pmatrix} =
+\begin{pmatrix} \cos m\theta_i & -\sin m\theta_i \\ \sin m\theta_i & \cos m\theta_i \end{pmatrix}
+\begin{pmatrix} x_{2i} \\ x_{2i+1} \end{pmatrix},
+\qquad \langle R_m q, R_n k \rangle = \langle q, R_{n-m} k \rangle
+$$
 
 Registered score-kind variants: ``relative``, ``rope``, ``alibi``. All use bottom-right
 alignment: with Nq queries and Nk keys, query i sits at position i + Nk − Nq (so they work
@@ -57,13 +66,19 @@ def relative_position_index(nq: int, nk: int, max_distance: int, xp=None):
 
 @register("relative")
 class RelativePositionAttention(ExactSelfAttention):
-    """Multi-head attention with learned relative position representations on keys and values.
+    r"""Multi-head attention with learned relative position representations on keys and values.
 
     Formula: with pos_i = i + Nk − Nq (bottom-right aligned),
 
         r_ij = clip(j − pos_i, −k, k)
         e_ij = (q_i · k_j + q_i · a^K_{r_ij}) / √D
         z_i  = Σ_j α_ij (v_j + a^V_{r_ij}),       α = softmax_j(e + M)
+
+    $$
+    e_{ij} = \frac{q_i \cdot k_j + q_i \cdot a^K_{r_{ij}}}{\sqrt{D}},
+    \quad z_i = \sum_j \alpha_{ij} \left( v_j + a^V_{r_{ij}} \right),
+    \quad r_{ij} = \operatorname{clip}(j - \mathrm{pos}_i, -k, k)
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D). Parameters ``rel_k``, ``rel_v`` (2k + 1, D), shared by
@@ -192,12 +207,18 @@ def apply_rope(x, positions=None, offset: int = 0, base: float = 10000.0):
 
 @register("rope")
 class RoPEAttention(ExactSelfAttention):
-    """Multi-head attention with rotary position embeddings (RoPE) applied to q and k.
+    r"""Multi-head attention with rotary position embeddings (RoPE) applied to q and k.
 
     Formula: O = softmax((R Q)(R K)ᵀ/√D + M) V, where R_m rotates each pair
     (x_{2i}, x_{2i+1}) by the angle m·θ_i, θ_i = base^(−2i/D); ⟨R_m q, R_n k⟩ depends only on
     n − m. Keys sit at positions 0 … Nk − 1, queries at the last Nq of them, so cached decoding
     (unrotated keys in the cache) gives the same result as the full forward.
+
+    $$
+    O = \operatorname{softmax}\!\left( \frac{(R Q)(R K)^\top}{\sqrt{D}} + M \right) V,
+    \quad \langle R_m q, R_n k \rangle = f(q, k, n - m),
+    \quad \theta_i = \mathrm{base}^{-2i/D}
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); angles (N, D/2). Needs an even head dim D.
@@ -280,12 +301,18 @@ def alibi_bias(num_heads: int, nq: int, nk: int, xp=None, dtype="float32"):
 
 @register("alibi")
 class ALiBiAttention(ExactSelfAttention):
-    """Attention with linear biases (ALiBi): a fixed per-head distance penalty, no position
+    r"""Attention with linear biases (ALiBi): a fixed per-head distance penalty, no position
     parameters.
 
     Formula: O = softmax(Q Kᵀ/√D − m_h·|pos_i − j| + M) V, pos_i = i + Nk − Nq, slopes m_h
     from ``alibi_slopes(H)`` (2^(−8h/H), h = 1 … H, for H a power of two). The paper is causal
     (j ≤ pos_i); bidirectional use here penalises |pos_i − j| on both sides.
+
+    $$
+    O = \operatorname{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}}
+    - m_h \left| \mathrm{pos}_i - j \right| + M \right) V,
+    \quad m_h = 2^{-8h/H}
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); bias (1, H, N, Nk).

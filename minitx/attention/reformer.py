@@ -132,13 +132,20 @@ def lsh_attention(q, v, rotations, chunk: int, causal: bool = False):
 
 @register("reformer")
 class ReformerAttention(AttentionBase):
-    """Reformer LSH attention, shared-QK: hash, sort by bucket, attend within chunks.
+    r"""Reformer LSH attention, shared-QK: hash, sort by bucket, attend within chunks.
 
     Formula: keys are the normalised queries k̂_j = q_j/‖q_j‖; round t hashes
     h_t(x) = argmax([x R_t ; −x R_t]); O_i^t = Σ_j softmax_j(q_i·k̂_j/√D) v_j over j in i's
     bucket and in its sorted chunk or the previous one (causal: j ≤ i and at most c sorted
     steps back), itself only when nothing else is allowed (score −10⁵); rounds combine as
     O_i = Σ_t softmax_t(lse_i^t) O_i^t.
+
+    $$
+    h_t(x) = \operatorname{argmax}\left[ x R_t \,;\, -x R_t \right],
+    \quad O_i^t = \sum_{j \in \mathcal{P}_t(i)} \operatorname{softmax}_j\!\left(
+    \frac{q_i \cdot \hat{k}_j}{\sqrt{D}} \right) v_j,
+    \quad O_i = \sum_t \operatorname{softmax}_t\!\left( \mathrm{lse}_i^t \right) O_i^t
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     v (B, Hkv, N, D) → (B, H, N, D) (k is unused); buffer ``rotations`` R (r, D,

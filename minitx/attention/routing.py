@@ -90,13 +90,20 @@ def routing_attention(q, k, v, q_cluster, k_cluster, num_clusters: int, window: 
 
 @register("routing")
 class RoutingAttention(AttentionBase):
-    """Routing attention: online k-means clusters decide which keys each query attends to.
+    r"""Routing attention: online k-means clusters decide which keys each query attends to.
 
     Formula: cluster c(x) = argmax_c x̂·μ_c (x̂ = x/‖x‖, centroids μ per head, shared by
     queries and keys); O_i = Σ_j softmax_j(q_i·k_j/√D) v_j over the keys j of cluster c(q_i)
     in i's window of the (cluster, position)-sorted keys: the w before i's place (causal: at
     positions ≤ i) or w before and w after (bidirectional). In training, after the output,
     μ_c ← λ μ_c + (1 − λ)·mean{x̂ : c(x) = c}, renormalised.
+
+    $$
+    c(x) = \operatorname{argmax}_c \hat{x} \cdot \mu_c,
+    \quad O_i = \sum_{j :\, c(k_j) = c(q_i)} \operatorname{softmax}_j\!\left(
+    \frac{q_i \cdot k_j}{\sqrt{D}} \right) v_j,
+    \quad \mu_c \leftarrow \lambda \mu_c + (1 - \lambda)\, \overline{\hat{x}}_c
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); buffer ``centroids`` μ (H, C, D); clusters (B, H, N);

@@ -154,10 +154,15 @@ class SparseAttentionBase(AttentionBase):
 
 @register("local")
 class LocalAttention(SparseAttentionBase):
-    """Sliding-window attention: query i sees the keys within w positions of it.
+    r"""Sliding-window attention: query i sees the keys within w positions of it.
 
     Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where |i − j| ≤ w (causal:
     0 ≤ i − j ≤ w) and −inf elsewhere — computed on gathered key blocks, never N × N.
+
+    $$
+    O = \operatorname{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}} + M \right) V,
+    \quad M_{ij} = \begin{cases} 0 & |i - j| \le w \\ -\infty & \text{otherwise} \end{cases}
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); key table (⌈N/b⌉, b + 2w) (causal: b + w), scores
@@ -193,10 +198,15 @@ class LocalAttention(SparseAttentionBase):
 
 @register("dilated")
 class DilatedAttention(SparseAttentionBase):
-    """Dilated sliding window: query i sees the keys i ± t·d for t = 0 … w.
+    r"""Dilated sliding window: query i sees the keys i ± t·d for t = 0 … w.
 
     Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where |i − j| ≤ w·d and
     (i − j) mod d = 0 (causal: also j ≤ i), −inf elsewhere.
+
+    $$
+    O = \operatorname{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}} + M \right) V,
+    \quad M_{ij} = 0 \iff |i - j| \le w d \ \text{and}\ (i - j) \bmod d = 0
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); key table (⌈N/b⌉, b + 2wd) (causal: b + wd).
@@ -233,11 +243,16 @@ class DilatedAttention(SparseAttentionBase):
 
 @register("longformer")
 class LongformerAttention(SparseAttentionBase):
-    """Longformer attention: a (dilated) sliding window plus global tokens.
+    r"""Longformer attention: a (dilated) sliding window plus global tokens.
 
     Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where (|i − j| ≤ w·d and
     (i − j) mod d = 0) or i ∈ G or j ∈ G (G = the global tokens: they attend to all positions
     and all positions attend to them); causal: also j ≤ i.
+
+    $$
+    M_{ij} = 0 \iff \left( |i - j| \le w d \ \text{and}\ (i - j) \bmod d = 0 \right)
+    \ \text{or}\ i \in G \ \text{or}\ j \in G
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); key table (⌈N/b⌉, b + 2wd + g); the g global query
@@ -306,11 +321,16 @@ class LongformerAttention(SparseAttentionBase):
 
 @register("bigbird")
 class BigBirdAttention(SparseAttentionBase):
-    """BigBird, block form: window blocks + random blocks + global blocks.
+    r"""BigBird, block form: window blocks + random blocks + global blocks.
 
     Formula: O = softmax(Q Kᵀ/√D + M) V on blocks of b positions, β(i) = ⌊i/b⌋: M_ij = 0
     where |β(i) − β(j)| ≤ 1, or β(j) ∈ R[β(i)] (r random blocks), or β(i) < g or β(j) < g
     (the first g blocks are global); causal: also j ≤ i.
+
+    $$
+    M_{ij} = 0 \iff |\beta(i) - \beta(j)| \le 1 \ \text{or}\ \beta(j) \in R_{\beta(i)}
+    \ \text{or}\ \min(\beta(i), \beta(j)) < g, \quad \beta(i) = \lfloor i / b \rfloor
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); random table R (⌈N/b⌉, r) (−1 = none), key table
@@ -369,11 +389,16 @@ class BigBirdAttention(SparseAttentionBase):
 
 @register("strided")
 class StridedAttention(SparseAttentionBase):
-    """Sparse Transformer, strided pattern: the nearest l positions and every l-th position.
+    r"""Sparse Transformer, strided pattern: the nearest l positions and every l-th position.
 
     Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where |i − j| < l or (i − j) mod l = 0
     (causal: also j ≤ i) — both heads of the paper's factorisation merged into one pattern;
     bidirectional when causal=False.
+
+    $$
+    O = \operatorname{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}} + M \right) V,
+    \quad M_{ij} = 0 \iff |i - j| < l \ \text{or}\ (i - j) \bmod l = 0
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); a key list per query (query block of 1) of
@@ -411,11 +436,16 @@ class StridedAttention(SparseAttentionBase):
 
 @register("fixed")
 class FixedAttention(SparseAttentionBase):
-    """Sparse Transformer, fixed pattern: own block of l positions plus the summary cells of
+    r"""Sparse Transformer, fixed pattern: own block of l positions plus the summary cells of
     every block.
 
     Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where ⌊i/l⌋ = ⌊j/l⌋ or
     j mod l ≥ l − c (the last c "summary" positions of each block); causal: also j ≤ i.
+
+    $$
+    M_{ij} = 0 \iff \lfloor i / l \rfloor = \lfloor j / l \rfloor
+    \ \text{or}\ j \bmod l \ge l - c
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); query block = pattern block l, key table

@@ -40,11 +40,17 @@ def _normal(shape, std):
 
 @register("synthesizer")
 class SynthesizerAttention(AttentionBase):
-    """Synthesizer: attention logits synthesised without (or besides) query–key dot products.
+    r"""Synthesizer: attention logits synthesised without (or besides) query–key dot products.
 
     Formula: O = softmax(S + M) V with S per ``synthesis``: "dense" S = relu(Q W₁ + b₁) W₂ + b₂
     (columns cut to N; the head's query plays the token); "random" S = R[:N, :N]; "factorized"
     S = R₁[:N] R₂[:N]ᵀ; "mixture" S = α₁ S_dense + α₂ Q Kᵀ/√D, α = softmax(a).
+
+    $$
+    O = \operatorname{softmax}(S + M)\, V,
+    \quad S_{\text{dense}} = \operatorname{relu}(Q W_1 + b_1)\, W_2 + b_2,
+    \quad S_{\text{random}} = R_{:N, :N}
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D), N ≤ L = max_len; parameters w1 (H, D, D), b1

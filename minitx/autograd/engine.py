@@ -1,4 +1,4 @@
-"""Reverse-mode differentiation: walk the graph from the output back to the leaves.
+r"""Reverse-mode differentiation: walk the graph from the output back to the leaves.
 
 The graph's nodes are the Function contexts (``tensor._ctx``). ``backward``
 
@@ -9,6 +9,16 @@ The graph's nodes are the Function contexts (``tensor._ctx``). ``backward``
 3. sums gradients that meet at a node (a tensor used twice) and accumulates into each
    leaf's ``.grad`` (so two backward calls add up);
 4. frees what each node saved, unless ``retain_graph=True``.
+
+Step 2 is the chain rule, one vector-Jacobian product per node: for y = f(x₁, …, x_k) and a
+loss L, each input receives
+
+$$
+\frac{\partial L}{\partial x_i} \mathrel{+}=
+\left( \frac{\partial y}{\partial x_i} \right)^{\!\top} \frac{\partial L}{\partial y}
+$$
+
+and the sum runs over every use of x_i (step 3).
 """
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def occupancy(registers: int, smem: int, arch: str, threads: int = 128) -> dict:
 
 
 def find_nvcc():
-    """Path of nvcc ($CUDA_HOME/$CUDA_PATH, PATH, /usr/local/cuda) or None."""
+    """Path of nvcc (``$CUDA_HOME``/``$CUDA_PATH``, ``PATH``, /usr/local/cuda) or None."""
     cands = []
     for env in ("CUDA_HOME", "CUDA_PATH"):
         root = os.environ.get(env)

@@ -1,4 +1,4 @@
-"""Absolute position encodings: layers that add "where am I" to each token's embedding.
+r"""Absolute position encodings: layers that add "where am I" to each token's embedding.
 
 Self-attention is permutation-equivariant; these break the symmetry *before* attention, on the
 embeddings (the schemes that act inside attention — relative, RoPE, ALiBi — are attention
@@ -7,6 +7,14 @@ variants, in ``attention/positions.py``):
 1. **Sinusoidal** (Vaswani et al. 2017, §3.5): a fixed code,
    PE(pos, 2i) = sin(pos·ω_i), PE(pos, 2i+1) = cos(pos·ω_i), ω_i = base^(−2i/d);
 2. **Learned absolute**: a trained vector per position (GPT-2's ``wpe``, BERT).
+
+The sinusoidal code:
+
+$$
+\mathrm{PE}(\mathrm{pos}, 2i) = \sin(\mathrm{pos}\, \omega_i), \quad
+\mathrm{PE}(\mathrm{pos}, 2i + 1) = \cos(\mathrm{pos}\, \omega_i), \quad
+\omega_i = \mathrm{base}^{-2i/d}
+$$
 """
 from __future__ import annotations
 

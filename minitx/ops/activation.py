@@ -1,4 +1,4 @@
-"""Softmax, log-softmax, and the softmax Jacobian as a first-class object.
+r"""Softmax, log-softmax, and the softmax Jacobian as a first-class object.
 
 For s = softmax(x) along an axis, sᵢ = exp(xᵢ − m) / Σⱼ exp(xⱼ − m) with m = max x (the
 shift changes nothing mathematically and keeps exp from overflowing). Its Jacobian is
@@ -8,6 +8,18 @@ shift changes nothing mathematically and keeps exp from overflowing). Its Jacobi
 so the vector-Jacobian product needed by backward never has to build J:
 
     dx = Jᵀ g = s ⊙ (g − Σⱼ gⱼ sⱼ)            (J is symmetric).
+
+The same three statements as maths:
+
+$$
+s_i = \frac{e^{x_i - m}}{\sum_j e^{x_j - m}}, \qquad
+J = \frac{\partial s}{\partial x} = \operatorname{diag}(s) - s s^\top, \qquad
+J_{ij} = s_i \left( \delta_{ij} - s_j \right)
+$$
+
+$$
+dx = J^\top g = s \odot \Big( g - \sum_j g_j s_j \Big)
+$$
 
 A slice that is entirely −inf (a fully masked attention row) gives all zeros, not NaN.
 """

@@ -1,4 +1,4 @@
-"""Scaled dot-product attention as one fused op: the formula, its backward, PyTorch's API.
+r"""Scaled dot-product attention as one fused op: the formula, its backward, PyTorch's API.
 
 The one formula behind every transformer (Vaswani et al. 2017, "Attention Is All You Need"):
 
@@ -7,6 +7,10 @@ The one formula behind every transformer (Vaswani et al. 2017, "Attention Is All
 Q (…, Nq, D), K (…, Nk, D), V (…, Nk, Dv); M is the mask: −inf where a query may not look, or
 any additive bias (ALiBi, relative positions, padding). With dropout, O = P̃ V, P̃ = P ⊙ keep/(1−p).
 
+$$
+O = \operatorname{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}} + M \right) V
+$$
+
 **The backward, derived once.** Given dO = ∂L/∂O:
 
     (1) dV = P̃ᵀ dO                          O = P̃ V is linear in V
@@ -14,6 +18,16 @@ any additive bias (ALiBi, relative positions, padding). With dropout, O = P̃ V,
     (3) dS = P ⊙ (dP − δ),  δ = rowsum(dP ⊙ P) = rowsum(dO ⊙ O)     softmax's VJP
     (4) dQ = dS K · scale                   S = (Q·scale) Kᵀ
     (5) dK = dSᵀ Q · scale
+
+$$
+dV = \tilde{P}^\top dO, \quad
+dP = \frac{(dO\, V^\top) \odot \mathrm{keep}}{1 - p}, \quad
+dS = P \odot (dP - \delta), \quad
+dQ = \frac{dS\, K}{\sqrt{D}}, \quad
+dK = \frac{dS^\top Q}{\sqrt{D}}
+$$
+
+with $\delta_i = \sum_j dP_{ij} P_{ij} = dO_i \cdot O_i$.
 
 (3) is softmax's own backward (``ops.activation.softmax_backward_array``); attention can use the
 cheaper δ = rowsum(dO ⊙ O), an O(N·D) sum instead of O(N²), because rowsum(dP ⊙ P) =

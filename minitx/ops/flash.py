@@ -1,4 +1,4 @@
-"""FlashAttention on the CPU: exact attention in tiles, never holding the N × N matrix.
+r"""FlashAttention on the CPU: exact attention in tiles, never holding the N × N matrix.
 
 Dao, Fu, Ermon, Rudra & Ré (2022), "FlashAttention: Fast and Memory-Efficient Exact
 Attention with IO-Awareness" (backward as in FlashAttention-2, Dao 2023).
@@ -13,8 +13,20 @@ Forward, for one block of queries Q_i against blocks K_j, V_j, with the *online 
     acc = exp(m − m') · acc + P V_j
     m   = m'
 
-and at the end O_i = acc / l, lse_i = m + log l (the row logsumexp). Only (O, lse) are kept
-for backward — the same statistics as the CUDA kernel (``minitx.backend.flash_cuda``).
+and at the end O_i = acc / l, lse_i = m + log l (the row logsumexp). As maths, per tile:
+
+$$
+m' = \max\!\left( m, \operatorname{rowmax} S \right), \quad
+\ell \leftarrow e^{m - m'} \ell + \operatorname{rowsum} e^{S - m'}, \quad
+\mathrm{acc} \leftarrow e^{m - m'} \mathrm{acc} + e^{S - m'} V_j
+$$
+
+$$
+O_i = \frac{\mathrm{acc}}{\ell}, \qquad \mathrm{lse}_i = m + \log \ell
+$$
+
+Only (O, lse) are kept for backward — the same statistics as the CUDA kernel
+(``minitx.backend.flash_cuda``).
 
 Backward recomputes each tile's probabilities from the saved lse, P = exp(S − lse), and applies
 the five equations of ``ops/attention.py`` to the tile (``attention_backward``), with

@@ -1,4 +1,15 @@
-"""Losses: cross-entropy (fused, with ignore_index and label smoothing) and mean squared error."""
+r"""Losses: cross-entropy (fused, with ignore_index and label smoothing) and mean squared error.
+
+Cross-entropy of logits z (C classes) against the class t, with label smoothing ε, and its
+gradient (softmax minus the smoothed one-hot target, so no softmax Jacobian is ever formed):
+
+$$
+\ell = -(1 - \varepsilon) \log p_t - \frac{\varepsilon}{C} \sum_c \log p_c,
+\quad p = \operatorname{softmax}(z),
+\quad \frac{\partial \ell}{\partial z_c}
+= p_c - (1 - \varepsilon)\, [c = t] - \frac{\varepsilon}{C}
+$$
+"""
 from __future__ import annotations
 
 from ..autograd.function import Function

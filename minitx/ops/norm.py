@@ -1,4 +1,19 @@
-"""Normalisation layers as fused Functions: layer_norm and rms_norm."""
+r"""Normalisation layers as fused Functions: layer_norm and rms_norm.
+
+Over the normalised (last) axes of each row x, with weight γ and bias β:
+
+$$
+\operatorname{LayerNorm}(x) = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \varepsilon}} + \beta,
+\quad \mu = \frac{1}{d} \sum_i x_i, \quad \sigma^2 = \frac{1}{d} \sum_i (x_i - \mu)^2
+$$
+
+$$
+\operatorname{RMSNorm}(x) = \gamma \odot \frac{x}{\sqrt{\frac{1}{d} \sum_i x_i^2 + \varepsilon}}
+$$
+
+Ba, Kiros & Hinton (2016), "Layer Normalization"; Zhang & Sennrich (2019), "Root Mean Square
+Layer Normalization".
+"""
 from __future__ import annotations
 
 from ..autograd.function import Function
