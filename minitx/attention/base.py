@@ -188,6 +188,7 @@ class AttentionBase(Module):
     supports_causal = True
     supports_attn_mask = False
     supports_kv_cache = False
+    head_hooks = True       # False for a variant whose forward has no q/k/v (FNet)
 
     def __init__(self, embed_dim: int, num_heads: int, causal: bool = False,
                  num_kv_heads: int = None, bias: bool = True):
@@ -212,11 +213,11 @@ class AttentionBase(Module):
         sizes = {"q": embed_dim, "k": kv_dim, "v": kv_dim, "out": embed_dim}
         for p in self.projections:
             setattr(self, f"{p}_proj", Linear(embed_dim, sizes[p], bias=bias))
-        # hook points every variant has (more in the variants; docs/look_inside.md)
-        self.hook_q = HookPoint()        # (B, N, H, D)
-        self.hook_k = HookPoint()        # (B, Nk, Hkv, D)
-        self.hook_v = HookPoint()        # (B, Nk, Hkv, D)
-        self.hook_z = HookPoint()        # (B, N, H, D) what attend returns, before out_proj
+        if self.head_hooks:   # hook points of every q/k/v variant (docs/look_inside.md)
+            self.hook_q = HookPoint()        # (B, N, H, D)
+            self.hook_k = HookPoint()        # (B, Nk, Hkv, D)
+            self.hook_v = HookPoint()        # (B, Nk, Hkv, D)
+            self.hook_z = HookPoint()        # (B, N, H, D) what attend returns, before out_proj
 
     def project(self, x):
         """x (B, N, E) → q (B, H, N, D), k, v (B, Hkv, N, D) through the owned projections

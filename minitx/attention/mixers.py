@@ -30,6 +30,7 @@ from .. import validate
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, xp as active_xp
+from ..nn.hooks import HookPoint
 from ..nn.module import Parameter
 from .base import AttentionBase, check_heads, register, repeat_kv, repeat_kv_array
 
@@ -80,13 +81,18 @@ class FNetMixing(AttentionBase):
     kind = "score"
     supports_causal = False
     projections = ()               # no projections at all, as in the paper
+    head_hooks = False             # no q, k, v: it mixes x itself
+
+    def __init__(self, embed_dim, num_heads, causal=False, **base):
+        super().__init__(embed_dim, num_heads, causal=causal, **base)
+        self.hook_mixed = HookPoint()      # (B, N, E) Re(FFT_seq(FFT_hidden(x))), the output
 
     def forward(self, x):
         """x (B, N, E) → Re(FFT_seq(FFT_hidden(x))) (B, N, E)."""
         if len(x.shape) != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"FNetMixing: x must be (B, N, {self.embed_dim}), got shape "
                              f"{tuple(x.shape)}")
-        return fourier_mix(x, (1, 2))
+        return self.hook_mixed(fourier_mix(x, (1, 2)))
 
     def attend(self, q, k, v):
         """(B, H, N, D) heads → Re(FFT2 over (N, D) of v); q and k unused."""

@@ -12,7 +12,9 @@ A **forward hook** is ``fn(activation, hook) -> new activation or None``: it see
 activation (a minitx Tensor) and ``hook`` (the HookPoint, whose ``name`` is the dotted name
 the model gave it); returning a Tensor replaces the activation downstream, returning None
 keeps it. A **backward hook** has the same signature but receives dL/d(activation) during
-``backward`` (a Tensor, no graph) and may return a replacement gradient.
+``backward`` (a Tensor, no graph) and may return a replacement gradient; the backward hooks
+that were set when the forward ran are the ones called, so ``run_with_hooks(...,
+bwd_hooks=...)`` followed by ``loss.backward()`` calls them although the context has ended.
 
 When no hook is set a HookPoint returns its input object itself: a model with hook points
 runs the same ops as one without (the cost is one Python call per point). Modules that can
@@ -50,14 +52,14 @@ class _GradHook(Function):
 
     @staticmethod
     def forward(ctx, x, *, hook):
-        ctx.hook = hook
+        ctx.hook, ctx.fns = hook, tuple(hook.bwd_hooks)   # the hooks set at forward time
         return x
 
     @staticmethod
     def backward(ctx, grad):
         hook = ctx.hook
         g = Tensor(grad)
-        for fn in hook.bwd_hooks:
+        for fn in ctx.fns:
             out = _check_replacement(fn(g, hook), g, hook, "backward")
             if out is not None:
                 g = out
