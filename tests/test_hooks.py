@@ -292,3 +292,55 @@ def test_a_hook_point_alone_is_the_identity():
     assert_close(hp(x), np.arange(6.0).reshape(2, 3) + 1)
     with pytest.raises(ValueError, match="'fwd' or 'bwd'"):
         hp.add_hook(print, dir="forward")
+
+
+# ---- encoder / decoder layers, classifier, seq2seq ---------------------------------------------
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_classifier_hooks_fire_once_and_tie_the_residual_stream(norm_first):
+    from minitx.models import EncoderClassifier
+    minitx.manual_seed(0)
+    model = EncoderClassifier(vocab_size=V, num_classes=3, d_model=E, nhead=H, num_layers=L,
+                              norm_first=norm_first).double().eval()
+    toks = tokens(2, 6)
+    seen = []
+    model.run_with_hooks(toks, fwd_hooks=[(lambda n: True,
+                                           lambda x, hook: seen.append(hook.name))])
+    assert sorted(seen) == sorted(model.hook_names())
+    assert ("ln_final.hook_scale" in seen) == norm_first          # the stack's final norm
+    _, c = model.run_with_cache(toks)
+    h = {n: to_host(t) for n, t in c.items()}
+    for i in range(L):
+        p = f"blocks.{i}."
+        assert_close(h[p + "hook_resid_mid"], h[p + "hook_resid_pre"] + h[p + "hook_attn_out"],
+                     rtol=1e-12)
+        # pre-norm: the residual stream goes on from resid_mid; post-norm: from norm1 of it
+        norm1 = model.encoder.layers[i].norm1
+        stream = h[p + "hook_resid_mid"] if norm_first else \
+            _layer_norm(h[p + "hook_resid_mid"]) * to_host(norm1.weight) + to_host(norm1.bias)
+        assert_close(h[p + "hook_resid_post"], stream + h[p + "hook_mlp_out"], rtol=1e-10,
+                     atol=1e-13)
+        assert_close(h[p + "attn.hook_pattern"].sum(-1), np.ones((2, H, 6)), rtol=1e-12)
+
+
+def _layer_norm(x, eps=1e-5):
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps)
+
+
+def test_seq2seq_names_encoder_and_decoder_blocks_with_cross_attention():
+    from minitx.models import Transformer
+    minitx.manual_seed(0)
+    model = Transformer(V, V, d_model=E, nhead=H, num_encoder_layers=1, num_decoder_layers=1,
+                        dim_feedforward=32, dropout=0.0).double()
+    names = model.hook_names()
+    for want in ("encoder.blocks.0.attn.hook_pattern", "decoder.blocks.0.attn.hook_pattern",
+                 "decoder.blocks.0.cross_attn.hook_pattern", "decoder.blocks.0.hook_resid_mid2",
+                 "decoder.blocks.0.hook_cross_attn_out", "decoder.blocks.0.ln3.hook_scale"):
+        assert want in names
+    src, tgt = tokens(2, 5), tokens(2, 3, seed=2)
+    seen = []
+    with model.hooks([(lambda n: True, lambda x, hook: seen.append((hook.name, x.shape)))]):
+        model(src, tgt)
+    assert sorted(n for n, _ in seen) == sorted(names)
+    shapes = dict(seen)
+    assert tuple(shapes["decoder.blocks.0.cross_attn.hook_pattern"]) == (2, H, 3, 5)
