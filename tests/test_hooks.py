@@ -76,7 +76,7 @@ def test_every_variant_names_its_hooks_and_each_fires_once(name):
 
     def tally(t, hook):
         count[hook.name] = count.get(hook.name, 0) + 1
-        assert t.shape[0] == 2
+        assert t.shape[0] in ((8,) if hook.name == "hook_mask" else (1, 2))  # (N, N) / batch
 
     with layer.hooks([(lambda n: True, tally)]):
         layer(x)
@@ -344,3 +344,83 @@ def test_seq2seq_names_encoder_and_decoder_blocks_with_cross_attention():
     assert sorted(n for n, _ in seen) == sorted(names)
     shapes = dict(seen)
     assert tuple(shapes["decoder.blocks.0.cross_attn.hook_pattern"]) == (2, H, 3, 5)
+
+
+# ---- every variant explains itself ----------------------------------------------------------
+
+def _variant_cache(name, n=12, causal=False, **options):
+    minitx.manual_seed(0)
+    layer = REGISTRY[name](E, H, causal=causal, **options).double().eval()
+    x = tensor(np.random.default_rng(5).standard_normal((2, n, E)))
+    plain = layer(x)
+    cache = {}
+    with layer.hooks([(lambda n: True, lambda t, hook: cache.__setitem__(hook.name, t))]):
+        hooked = layer(x)
+    return layer, {k: to_host(t) for k, t in cache.items()}, to_host(plain), to_host(hooked)
+
+
+@pytest.mark.parametrize("name", ["local", "dilated", "strided", "fixed", "longformer",
+                                  "bigbird"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_masked_variants_show_their_mask_and_masked_pattern(name, causal):
+    n = 40
+    layer, c, plain, hooked = _variant_cache(name, n, causal)
+    assert_close(hooked, plain, rtol=1e-10, atol=1e-13)     # the dense path is the same map
+    mask = c["hook_mask"]
+    assert mask.dtype == bool and mask.shape == (n, n)
+    assert_equal(mask, layer.pattern(n))
+    pattern, scores = c["hook_pattern"], c["hook_attn_scores"]
+    assert pattern.shape == scores.shape == (2, H, n, n)
+    assert np.all(pattern[..., ~mask] == 0) and np.all(np.isneginf(scores[..., ~mask]))
+    assert_close(pattern.sum(-1), np.ones((2, H, n)), rtol=1e-12)
+    assert_close(c["hook_z"], np.einsum("bhqk,bkhd->bqhd", pattern, c["hook_v"]), rtol=1e-10,
+                 atol=1e-14)
+
+
+def test_linformer_shows_its_projected_keys_and_n_by_k_pattern():
+    layer, c, _, _ = _variant_cache("linformer", 12, proj_dim=5, max_len=16)
+    assert c["hook_k_projected"].shape == c["hook_v_projected"].shape == (2, H, 5, D)
+    pattern = c["hook_pattern"]
+    assert pattern.shape == (2, H, 12, 5)
+    s = np.einsum("bhnd,bhkd->bhnk", np.swapaxes(c["hook_q"], 1, 2), c["hook_k_projected"])
+    assert_close(c["hook_attn_scores"], s / math.sqrt(D), rtol=1e-12)
+    assert_close(np.swapaxes(c["hook_z"], 1, 2), pattern @ c["hook_v_projected"], rtol=1e-10)
+
+
+@pytest.mark.parametrize("name,causal", [("performer", False), ("performer", True),
+                                         ("linear", False), ("linear", True)])
+def test_kernel_variants_show_features_and_the_pattern_they_imply(name, causal):
+    layer, c, plain, hooked = _variant_cache(name, 10, causal)
+    assert_equal(hooked, plain)               # the implied pattern is only looked at
+    pattern = c["hook_pattern"]
+    assert pattern.shape == (2, H, 10, 10)
+    assert c["hook_phi_q"].shape[:3] == (2, H, 10)
+    if causal:
+        assert np.all(pattern[..., ~np.tril(np.ones((10, 10), bool))] == 0)
+    # out = A V with A the implied pattern, per head
+    assert_close(c["hook_z"], np.einsum("bhqk,bkhd->bqhd", pattern, c["hook_v"]), rtol=1e-8,
+                 atol=1e-12)
+
+
+def test_implied_pattern_has_a_size_guard(monkeypatch):
+    import minitx.attention.base as base
+    monkeypatch.setattr(base, "IMPLIED_PATTERN_MAX_N", 8)
+    layer = REGISTRY["performer"](E, H).double()
+    x = tensor(np.zeros((1, 9, E)))
+    with pytest.raises(ValueError, match="IMPLIED_PATTERN_MAX_N = 8"):
+        _run_with(layer, x, "hook_pattern")
+    layer(x)                                   # without the hook, any length runs
+
+
+def _run_with(layer, x, name):
+    with layer.hooks([(name, lambda t, h: None)]):
+        return layer(x)
+
+
+def test_synthesizer_shows_its_synthetic_pattern():
+    layer, c, _, _ = _variant_cache("synthesizer", 12, True, synthesis="random", max_len=16)
+    pattern = c["hook_pattern"]
+    assert pattern.shape == (1, H, 12, 12)      # "random" synthesis: one pattern for every input
+    pattern = np.broadcast_to(pattern, (2, H, 12, 12))
+    assert np.all(pattern[..., ~np.tril(np.ones((12, 12), bool))] == 0)
+    assert_close(c["hook_z"], np.einsum("bhqk,bkhd->bqhd", pattern, c["hook_v"]), rtol=1e-10)

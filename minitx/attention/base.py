@@ -41,7 +41,7 @@ from ..ops.indexing import masked_fill, where
 from ..ops.linalg import matmul
 from ..ops.shape import transpose
 
-__all__ = ["REGISTRY", "register", "AttentionBase", "hooked_heads", "materialized_attention", "split_heads", "merge_heads",
+__all__ = ["REGISTRY", "register", "AttentionBase", "hooked_heads", "materialized_attention", "kernel_feature_hooks", "split_heads", "merge_heads",
            "repeat_kv", "repeat_kv_array", "check_heads", "dense_attention_array",
            "causal_pattern", "softmax_rows_array", "PROJECTIONS"]
 
@@ -161,6 +161,35 @@ def materialized_attention(q, k, v, *, scale, causal=False, mask=None, dropout_p
     if hook_pattern is not None:
         pattern = hook_pattern(pattern)
     return matmul(dropout(pattern, dropout_p, training=dropout_p > 0), v), pattern
+
+
+#: the largest N for which a kernel variant forms its implied N × N pattern for a hook
+IMPLIED_PATTERN_MAX_N = 4096
+
+
+def kernel_feature_hooks(layer, fq, fk, causal: bool, eps: float, normalize: bool = True):
+    """The hooks of a kernel (feature-map) variant — Performer, linear attention:
+
+    ``hook_phi_q`` / ``hook_phi_k`` see φ(Q), φ(K) (B, H, N, m) and may replace them;
+    ``hook_pattern`` (read-only: its return value is ignored) sees the N × N pattern the
+    variant implies but never forms, A_ij = φ(q_i)·φ(k_j) / (Σ_j' φ(q_i)·φ(k_j') + eps)
+    (j, j' ≤ i when causal; unnormalized: A = φ(Q) φ(K)ᵀ), so that out = A V. It is formed
+    only when that hook is set,
+    and refused beyond N = ``IMPLIED_PATTERN_MAX_N`` (it is O(B·H·N²) memory). Returns the
+    (possibly replaced) φ(Q), φ(K)."""
+    fq, fk = layer.hook_phi_q(fq), layer.hook_phi_k(fk)
+    if layer.hook_pattern.active:
+        n = fq.shape[2]
+        if max(n, fk.shape[2]) > IMPLIED_PATTERN_MAX_N:
+            raise ValueError(f"{layer.name}: hook_pattern forms the implied N × N pattern; N = "
+                             f"{max(n, fk.shape[2])} exceeds IMPLIED_PATTERN_MAX_N = "
+                             f"{IMPLIED_PATTERN_MAX_N}")
+        a = matmul(fq, transpose(fk, (0, 1, 3, 2)))                     # (B, H, N, Nk)
+        if causal:
+            xp = get_array_module(a.data)
+            a = masked_fill(a, ~causal_pattern(n, fk.shape[2], xp), 0.0)
+        layer.hook_pattern(a / (a.sum(axis=-1, keepdims=True) + eps) if normalize else a)
+    return fq, fk
 
 
 class AttentionBase(Module):
