@@ -76,7 +76,8 @@ def test_every_variant_names_its_hooks_and_each_fires_once(name):
 
     def tally(t, hook):
         count[hook.name] = count.get(hook.name, 0) + 1
-        assert t.shape[0] in ((8,) if hook.name == "hook_mask" else (1, 2))  # (N, N) / batch
+        square = hook.name in ("hook_mask", "hook_position_bias")           # (N, N) maps
+        assert t.shape[0] in ((8,) if square else (1, 2))
 
     with layer.hooks([(lambda n: True, tally)]):
         layer(x)
@@ -424,3 +425,37 @@ def test_synthesizer_shows_its_synthetic_pattern():
     pattern = np.broadcast_to(pattern, (2, H, 12, 12))
     assert np.all(pattern[..., ~np.tril(np.ones((12, 12), bool))] == 0)
     assert_close(c["hook_z"], np.einsum("bhqk,bkhd->bqhd", pattern, c["hook_v"]), rtol=1e-10)
+
+
+def test_reformer_shows_buckets_and_the_sort_order_that_groups_them():
+    layer, c, plain, hooked = _variant_cache("reformer", 16)
+    assert_equal(hooked, plain)
+    buckets, order = c["hook_buckets"], c["hook_sort_order"]
+    rounds = layer.rotations.shape[0]
+    assert buckets.shape == order.shape == (2, H, rounds, 16)
+    assert buckets.dtype.kind in "iu" and buckets.min() >= 0
+    grouped = np.take_along_axis(buckets, order, axis=-1)
+    assert np.all(np.diff(grouped, axis=-1) >= 0)              # sorted by bucket
+    assert_equal(np.sort(order, axis=-1), np.broadcast_to(np.arange(16), order.shape))
+
+
+def test_routing_shows_cluster_assignments_and_a_hook_can_reassign_them():
+    layer, c, plain, hooked = _variant_cache("routing", 16)
+    assert_equal(hooked, plain)
+    qc, kc = c["hook_query_clusters"], c["hook_key_clusters"]
+    assert qc.shape == kc.shape == (2, H, 16)
+    assert qc.min() >= 0 and qc.max() < layer.num_clusters
+    x = tensor(np.random.default_rng(5).standard_normal((2, 16, E)))
+    one = [(name, lambda t, hook: t * 0) for name in ("hook_query_clusters",
+                                                      "hook_key_clusters")]
+    with layer.hooks(one):                                       # everything in cluster 0
+        moved = to_host(layer(x))
+    assert not np.allclose(moved, plain)
+
+
+def test_aft_shows_the_position_bias_it_mixes_with_and_its_gate():
+    layer, c, _, _ = _variant_cache("aft", 12)
+    assert c["hook_position_bias"].shape == (12, 12)
+    assert_equal(c["hook_position_bias"], to_host(layer.w)[:12, :12])
+    assert_close(c["hook_gate"], 1 / (1 + np.exp(-np.swapaxes(c["hook_q"], 1, 2))),
+                 rtol=1e-12)

@@ -194,6 +194,8 @@ class AFTAttention(AttentionBase):
                  max_len: int = 128, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
         self.variant = validate.choice(variant, "variant", ("full", "simple"), owner="aft")
+        self.hook_position_bias = HookPoint()   # (N, N) w_tt' it mixes with ("full" only)
+        self.hook_gate = HookPoint()            # (B, H, N, D) σ(Q), the output's gate
         self.max_len = validate.positive_int(max_len, "max_len", owner="aft")
         if variant == "full":
             self.w = Parameter(active_xp().zeros((max_len, max_len), dtype="float32"))
@@ -211,7 +213,13 @@ class AFTAttention(AttentionBase):
         if v.shape[-1] != d or nq != nk:
             raise ValueError(f"aft: needs value dim == head dim {d} and equal lengths, got "
                              f"value dim {v.shape[-1]}, lengths {nq} and {nk}")
-        return aft(q, repeat_kv(k, h), repeat_kv(v, h), self._bias(nq), self.causal)
+        bias = self._bias(nq)
+        if bias is not None:
+            bias = self.hook_position_bias(bias)
+        out = aft(q, repeat_kv(k, h), repeat_kv(v, h), bias, self.causal)
+        if self.hook_gate.active:                  # read-only: σ(Q) is applied inside aft
+            self.hook_gate(F.sigmoid(q))
+        return out
 
     def reference(self, q, k, v):
         """Raw arrays: the (N, N, D) formula of the paper, (B, H, N, D)."""

@@ -38,6 +38,7 @@ from .. import functional as F
 from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, rng, xp as active_xp
+from ..nn.hooks import HookPoint
 from .base import AttentionBase, check_heads, register, repeat_kv
 
 __all__ = ["lsh_hash", "lsh_attention", "ReformerAttention", "SELF_SCORE"]
@@ -165,6 +166,8 @@ class ReformerAttention(AttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, n_buckets: int = 4,
                  n_hashes: int = 2, chunk_size: int = 32, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
+        self.hook_buckets = HookPoint()     # (B, H, rounds, N) int bucket of each position
+        self.hook_sort_order = HookPoint()  # (B, H, rounds, N) positions sorted by bucket
         n_buckets = validate.positive_int(n_buckets, "n_buckets", owner="reformer")
         if n_buckets > 1 and n_buckets % 2:
             raise validate.OptionError(f"reformer: n_buckets must be 1 or a positive even int, "
@@ -186,6 +189,13 @@ class ReformerAttention(AttentionBase):
         """q (B, H, N, D), v (B, Hkv, N, Dv) → (B, H, N, Dv); k unused (shared-QK)."""
         _, h, *_ = check_heads(q, k, v, self.name)
         rot = self.rotations.data if isinstance(self.rotations, Tensor) else self.rotations
+        if self.hook_buckets.active or self.hook_sort_order.active:     # read-only views
+            xp = get_array_module(q.data)
+            n = q.shape[2]
+            buckets = xp.stack([lsh_hash(q.data, r) for r in rot], axis=2)   # (B, H, R, N)
+            self.hook_buckets(Tensor(buckets))
+            self.hook_sort_order(Tensor(xp.argsort(buckets * n + xp.arange(n), axis=-1,
+                                                   kind="stable")))
         return lsh_attention(q, repeat_kv(v, h), rot, self.chunk_size, self.causal)
 
     def pattern_reference(self, q, v):
