@@ -459,3 +459,19 @@ def test_aft_shows_the_position_bias_it_mixes_with_and_its_gate():
     assert_equal(c["hook_position_bias"], to_host(layer.w)[:12, :12])
     assert_close(c["hook_gate"], 1 / (1 + np.exp(-np.swapaxes(c["hook_q"], 1, 2))),
                  rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["mha", "mqa", "gqa", "dot", "additive", "rope", "alibi",
+                                  "relative"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_exact_variants_written_out_equal_the_fused_node(name, causal):
+    """A pattern hook switches the layer to materialized attention: same map to rounding,
+    and pattern = softmax(scores) with −inf where masked."""
+    layer, c, plain, hooked = _variant_cache(name, 9, causal)
+    assert_close(hooked, plain, rtol=1e-10, atol=1e-14)
+    scores, pattern = c["hook_attn_scores"], c["hook_pattern"]
+    finite = np.where(np.isfinite(scores), scores, -np.inf)
+    e = np.exp(finite - finite.max(-1, keepdims=True))
+    assert_close(pattern, e / e.sum(-1, keepdims=True), rtol=1e-12, atol=1e-15)
+    if causal:
+        assert np.all(np.isneginf(scores[..., ~np.tril(np.ones((9, 9), bool))]))
