@@ -475,3 +475,12 @@ def test_exact_variants_written_out_equal_the_fused_node(name, causal):
     assert_close(pattern, e / e.sum(-1, keepdims=True), rtol=1e-12, atol=1e-15)
     if causal:
         assert np.all(np.isneginf(scores[..., ~np.tril(np.ones((9, 9), bool))]))
+
+
+def test_a_misspelt_variant_name_suggests_the_close_ones():
+    with pytest.raises(KeyError, match="did you mean 'performer'") as info:
+        REGISTRY["perfomer"]
+    assert "registered:" in str(info.value) and "linformer" in str(info.value)
+    with pytest.raises(KeyError, match="no attention variant named 'zzz' \\(registered"):
+        REGISTRY["zzz"]
+    assert "perfomer" not in REGISTRY and REGISTRY.get("perfomer") is None

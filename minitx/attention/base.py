@@ -26,6 +26,7 @@ construction.
 """
 from __future__ import annotations
 
+import difflib
 import math
 
 from .. import validate
@@ -41,11 +42,23 @@ from ..ops.indexing import masked_fill, where
 from ..ops.linalg import matmul
 from ..ops.shape import transpose
 
-__all__ = ["REGISTRY", "register", "AttentionBase", "hooked_heads", "materialized_attention", "kernel_feature_hooks", "split_heads", "merge_heads",
-           "repeat_kv", "repeat_kv_array", "check_heads", "dense_attention_array",
-           "causal_pattern", "softmax_rows_array", "PROJECTIONS"]
+__all__ = ["REGISTRY", "register", "AttentionBase", "hooked_heads", "materialized_attention",
+           "kernel_feature_hooks", "split_heads", "merge_heads", "repeat_kv", "repeat_kv_array",
+           "check_heads", "dense_attention_array", "causal_pattern", "softmax_rows_array",
+           "PROJECTIONS"]
 
-REGISTRY: dict = {}
+
+class _Registry(dict):
+    """{name: attention class}; an unknown name raises a KeyError naming the close ones."""
+
+    def __missing__(self, name):
+        close = difflib.get_close_matches(str(name), list(self), n=3)
+        raise KeyError(f"no attention variant named {name!r}"
+                       + (f"; did you mean {' or '.join(map(repr, close))}?" if close else "")
+                       + f" (registered: {', '.join(sorted(self))})")
+
+
+REGISTRY: dict = _Registry()
 PROJECTIONS = ("q", "k", "v", "out")
 
 
