@@ -484,3 +484,23 @@ def test_a_misspelt_variant_name_suggests_the_close_ones():
     with pytest.raises(KeyError, match="no attention variant named 'zzz' \\(registered"):
         REGISTRY["zzz"]
     assert "perfomer" not in REGISTRY and REGISTRY.get("perfomer") is None
+
+
+# ---- mask polarity traps (issue 21, "silent") --------------------------------------------------
+
+def test_multihead_attention_warns_about_masks_of_the_other_polarity():
+    minitx.manual_seed(0)
+    mha = MultiheadAttention(E, H, batch_first=True).double()
+    x = tensor(np.random.default_rng(0).standard_normal((2, 5, E)))
+    may_attend = np.tril(np.ones((5, 5), bool))           # SDPA's polarity: True = may attend
+    with pytest.warns(UserWarning, match="True where attention is NOT allowed"):
+        mha(x, x, x, attn_mask=may_attend)
+    hf_mask = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]], bool)   # HF: True = token
+    with pytest.warns(UserWarning, match="attention_mask == 0"):
+        mha(x, x, x, key_padding_mask=hf_mask)
+    import warnings
+    with warnings.catch_warnings():                       # the right polarities stay silent
+        warnings.simplefilter("error")
+        mha(x, x, x, attn_mask=~may_attend)
+        mha(x, x, x, key_padding_mask=~hf_mask)
+        mha(x, x, x, is_causal=True)

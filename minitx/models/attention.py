@@ -68,6 +68,14 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
         else:
             raise ValueError(f"attn_mask must be (L, S) = {(nq, nk)} or (N·num_heads, L, S) = "
                              f"{(n * num_heads, nq, nk)}, got {tuple(m.shape)}")
+        if m.dtype == bool and nq == nk and m.size and bool(
+                xp.diagonal(m, axis1=-2, axis2=-1).all()):
+            warnings.warn("attn_mask hides every query's own position: for MultiheadAttention "
+                          "and the transformer layers a bool mask is True where attention is "
+                          "NOT allowed (PyTorch's rule), the opposite of "
+                          "scaled_dot_product_attention and the registry (True = may attend). "
+                          "A lower-triangular True mask here is anti-causal; pass ~mask, or "
+                          "is_causal=True.", UserWarning, stacklevel=4)
         (allowed if m.dtype == bool else bias).append(~m if m.dtype == bool else m)
     elif is_causal:
         allowed.append(causal_pattern(nq, nk, xp))
@@ -79,6 +87,11 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
             warnings.warn("key_padding_mask is a float 0/1 array: a float mask is ADDED to the "
                           "scores (PyTorch's rule), so it masks nothing. For padding pass a bool "
                           "mask (True = padding), e.g. HuggingFace's attention_mask == 0.",
+                          UserWarning, stacklevel=4)
+        if m.dtype == bool and nk > 1 and bool((m.mean(axis=-1) > 0.5).all()):
+            warnings.warn("key_padding_mask hides most keys of every sequence: here True means "
+                          "padding (PyTorch's rule). HuggingFace's attention_mask is the "
+                          "opposite (1 = token): pass attention_mask == 0.",
                           UserWarning, stacklevel=4)
         m = m[:, None, None, :]                                   # (N, 1, 1, S)
         (allowed if m.dtype == bool else bias).append(~m if m.dtype == bool else m)
