@@ -504,3 +504,10 @@ def test_multihead_attention_warns_about_masks_of_the_other_polarity():
         mha(x, x, x, attn_mask=~may_attend)
         mha(x, x, x, key_padding_mask=~hf_mask)
         mha(x, x, x, is_causal=True)
+
+
+def test_linear_refuses_integer_input_by_name():
+    layer = minitx.nn.Linear(3, 2)
+    with pytest.raises(TypeError, match="Linear: input must be floating point.*int64"):
+        layer(minitx.tensor(np.arange(6).reshape(2, 3)))
+    assert layer(tensor(np.ones((2, 3)), dtype="float32")).shape == (2, 2)

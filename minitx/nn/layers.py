@@ -70,6 +70,11 @@ class Linear(Module):
             init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: Tensor) -> Tensor:
+        dtype = getattr(x, "dtype", None)
+        if dtype is not None and getattr(dtype, "kind", "f") not in "fc":
+            raise TypeError(f"Linear: input must be floating point like its weight "
+                            f"({self.weight.dtype}), got dtype {dtype}; token ids go through "
+                            "nn.Embedding, numbers through x.astype('float32')")
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
