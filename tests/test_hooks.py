@@ -437,6 +437,23 @@ def test_reformer_shows_buckets_and_the_sort_order_that_groups_them():
     grouped = np.take_along_axis(buckets, order, axis=-1)
     assert np.all(np.diff(grouped, axis=-1) >= 0)              # sorted by bucket
     assert_equal(np.sort(order, axis=-1), np.broadcast_to(np.arange(16), order.shape))
+    chunks = c["hook_chunk_pattern"]             # (B, H, R, nc, c, c'), softmax rows
+    c_size = min(layer.chunk_size, 16)
+    assert chunks.shape[:5] == (2, H, rounds, -(-16 // c_size), c_size)
+    assert_close(chunks.sum(-1), np.ones(chunks.shape[:-1]), rtol=1e-12)
+
+
+def test_reformer_chunk_patterns_are_attention_within_buckets():
+    """With small chunks, a query's chunk row puts weight only on keys of its own bucket."""
+    layer, c, _, _ = _variant_cache("reformer", 16, chunk_size=4, n_hashes=1)
+    chunks, order, buckets = c["hook_chunk_pattern"], c["hook_sort_order"], c["hook_buckets"]
+    assert chunks.shape == (2, H, 1, 4, 4, 8)               # keys: own chunk + previous one
+    b = 0
+    sorted_buckets = np.take_along_axis(buckets, order, axis=-1)[b, 0, 0].reshape(4, 4)
+    keys = np.concatenate([sorted_buckets, sorted_buckets[(np.arange(4) - 1) % 4]], axis=-1)
+    weight = chunks[b, 0, 0]                                # (nc, c, 2c)
+    other = keys[:, None, :] != sorted_buckets[:, :, None]
+    assert np.all(weight[other] == 0)
 
 
 def test_routing_shows_cluster_assignments_and_a_hook_can_reassign_them():
