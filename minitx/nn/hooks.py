@@ -188,7 +188,8 @@ class HookedModel:
 
         Cached values are detached (no graph kept alive) unless ``detach=False``. With
         ``incl_bwd=True``, ``metric(logits)`` must give a scalar Tensor; its backward stores
-        under ``name + "_grad"`` d metric / d activation for every cached activation.
+        under ``name + "_grad"`` d metric / d activation for every cached activation (that
+        backward also accumulates the parameters' ``.grad``: ``zero_grad()`` before training).
         """
         names = self._filtered_names(names_filter)
         if incl_bwd and metric is None:
