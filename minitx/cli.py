@@ -32,7 +32,7 @@ __all__ = ["main", "add_common_args", "setup_run", "select_backend", "result_lin
            "EXAMPLES", "examples_dir", "Progress"]
 
 EXAMPLES = ("sentiment", "seq2seq", "char_gpt", "lra_listops", "efficient_report",
-            "pretrained_attention")
+            "pretrained_attention", "look_inside")
 DEFAULT_BENCH = "mha,flash,local,bigbird,linformer,performer,linear"
 
 

@@ -50,6 +50,8 @@ QUALITY = {
     "char_gpt": ("first_loss", "final_loss", "val_loss", "prev_token_scores"),
     "lra_listops": ("majority",),
     "efficient_report": ("approximation", "masked"),
+    "look_inside": ("prev_token", "induction", "patching", "attribution", "minilm",
+                    "performer_l1"),
 }
 
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,6 +114,21 @@ def test_efficient_report(tmp_path):
     # masked variants (reported separately) are exact under their own pattern
     assert all(m["own_pattern_error"] < 1e-10 for m in r["masked"])
     assert {c["variant"] for c in r["cost"]} >= {"mha", "flash", "local"}
+    _files_exist(r)
+
+
+def test_look_inside(tmp_path):
+    r, out, _ = run_example("look_inside", tmp_path)
+    layers, heads = 2, 4
+    for key in ("prev_token", "induction", "patching", "attribution"):
+        assert np.array(r[key]).shape == (layers, heads), key
+    # scores are mean attention weights: in [0, 1]
+    assert 0 <= np.min(r["prev_token"]) and np.max(r["prev_token"]) <= 1
+    # attribution is a first-order estimate of patching: the tables agree in direction
+    assert r["patching_attribution_corr"] > 0.5
+    assert 0 <= r["performer_l1"] < 2
+    assert "activation patching" in out and "attribution patching" in out
+    assert len(r["pictures"]) == 2
     _files_exist(r)
 
 

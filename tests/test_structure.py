@@ -35,7 +35,8 @@ from minitx.attention import REGISTRY
 ROOT = pathlib.Path(minitx.__file__).parent
 LAYERS = [("validate",), ("backend",), ("autograd", "ops", "functional", "__init__"),
           ("nn", "optim"),
-          ("attention",), ("models",), ("pretrained", "interop", "metrics", "data", "viz"),
+          ("attention",), ("models",),
+          ("pretrained", "interop", "metrics", "data", "viz", "patching"),
           ("tour", "cli", "__main__", "site")]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 

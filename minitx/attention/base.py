@@ -26,20 +26,39 @@ construction.
 """
 from __future__ import annotations
 
+import difflib
 import math
 
 from .. import validate
 from ..backend import get_array_module, host_xp, to_device_of
+from ..autograd.tensor import Tensor
+from ..nn.hooks import HookPoint
 from ..nn.layers import Linear
 from ..nn.module import Module
-from ..ops.activation import softmax_array
+from ..ops.activation import softmax, softmax_array
 from ..ops.attention import check_heads, merge_heads, repeat_kv, split_heads
+from ..ops.dropout import dropout
+from ..ops.indexing import masked_fill, where
+from ..ops.linalg import matmul
+from ..ops.shape import transpose
 
-__all__ = ["REGISTRY", "register", "AttentionBase", "split_heads", "merge_heads",
-           "repeat_kv", "repeat_kv_array", "check_heads", "dense_attention_array",
-           "causal_pattern", "softmax_rows_array", "PROJECTIONS"]
+__all__ = ["REGISTRY", "register", "AttentionBase", "hooked_heads", "materialized_attention",
+           "kernel_feature_hooks", "split_heads", "merge_heads", "repeat_kv", "repeat_kv_array",
+           "check_heads", "dense_attention_array", "causal_pattern", "softmax_rows_array",
+           "PROJECTIONS"]
 
-REGISTRY: dict = {}
+
+class _Registry(dict):
+    """{name: attention class}; an unknown name raises a KeyError naming the close ones."""
+
+    def __missing__(self, name):
+        close = difflib.get_close_matches(str(name), list(self), n=3)
+        raise KeyError(f"no attention variant named {name!r}"
+                       + (f"; did you mean {' or '.join(map(repr, close))}?" if close else "")
+                       + f" (registered: {', '.join(sorted(self))})")
+
+
+REGISTRY: dict = _Registry()
 PROJECTIONS = ("q", "k", "v", "out")
 
 
@@ -107,6 +126,85 @@ def softmax_rows_array(s, allowed=None):
 
 # ---- the Module base ---------------------------------------------------------------------
 
+def hooked_heads(hook, heads):
+    """Run (B, H, N, D) heads through ``hook`` as (B, N, H, D) (TransformerLens's layout of
+    hook_q/k/v/z); no reshuffle at all when the hook is idle."""
+    if not hook.active:
+        return heads
+    return transpose(hook(transpose(heads, (0, 2, 1, 3))), (0, 2, 1, 3))
+
+
+def materialized_attention(q, k, v, *, scale, causal=False, mask=None, dropout_p=0.0,
+                           hook_scores=None, hook_pattern=None):
+    """Softmax attention written out, so hooks can read and replace its two N × N stages:
+
+        S = Q Kᵀ·scale + bias, −inf where not allowed   → ``hook_scores``  (B, H, Nq, Nk)
+        P = softmax(S), 0 on rows with no allowed key   → ``hook_pattern`` (B, H, Nq, Nk)
+        Z = dropout(P) V                                                   (B, H, Nq, D)
+
+    q (B, H, Nq, D), k/v (B, Hkv, Nk, D); ``mask`` None, bool (True = may attend) or float
+    (added; −inf = not allowed), broadcastable to (B, H, Nq, Nk); ``causal`` adds the
+    bottom-right causal mask. The models take this path instead of the fused
+    ``scaled_dot_product_attention`` only when a scores or pattern hook is set (same values to
+    rounding). Returns (Z, P).
+    """
+    xp = get_array_module(q.data)
+    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])          # (B, H, Nk, D)
+    scores = matmul(q, transpose(k, (0, 1, 3, 2))) * scale             # (B, H, Nq, Nk)
+    nq, nk = scores.shape[-2:]
+    allowed = causal_pattern(nq, nk, xp) if causal else None
+    if mask is not None:
+        raw = mask.data if isinstance(mask, Tensor) else xp.asarray(mask)
+        if raw.dtype == bool:
+            ok = raw
+        else:
+            scores = scores + (mask if isinstance(mask, Tensor) else Tensor(raw))
+            ok = xp.isfinite(raw)
+        allowed = ok if allowed is None else allowed & ok
+    if allowed is not None:
+        allowed = xp.broadcast_to(allowed, scores.shape)
+        scores = masked_fill(scores, ~allowed, -math.inf)
+    if hook_scores is not None:
+        scores = hook_scores(scores)
+    if allowed is None:
+        pattern = softmax(scores, axis=-1)
+    else:             # a row of −inf alone would give NaN: such rows become zeros
+        lowest = Tensor(xp.asarray(xp.finfo(scores.dtype).min, dtype=scores.dtype))
+        pattern = masked_fill(softmax(where(allowed, scores, lowest), axis=-1), ~allowed, 0.0)
+    if hook_pattern is not None:
+        pattern = hook_pattern(pattern)
+    return matmul(dropout(pattern, dropout_p, training=dropout_p > 0), v), pattern
+
+
+#: the largest N for which a kernel variant forms its implied N × N pattern for a hook
+IMPLIED_PATTERN_MAX_N = 4096
+
+
+def kernel_feature_hooks(layer, fq, fk, causal: bool, eps: float, normalize: bool = True):
+    """The hooks of a kernel (feature-map) variant — Performer, linear attention:
+
+    ``hook_phi_q`` / ``hook_phi_k`` see φ(Q), φ(K) (B, H, N, m) and may replace them;
+    ``hook_pattern`` (read-only: its return value is ignored) sees the N × N pattern the
+    variant implies but never forms, A_ij = φ(q_i)·φ(k_j) / (Σ_j' φ(q_i)·φ(k_j') + eps)
+    (j, j' ≤ i when causal; unnormalized: A = φ(Q) φ(K)ᵀ), so that out = A V. It is formed
+    only when that hook is set,
+    and refused beyond N = ``IMPLIED_PATTERN_MAX_N`` (it is O(B·H·N²) memory). Returns the
+    (possibly replaced) φ(Q), φ(K)."""
+    fq, fk = layer.hook_phi_q(fq), layer.hook_phi_k(fk)
+    if layer.hook_pattern.active:
+        n = fq.shape[2]
+        if max(n, fk.shape[2]) > IMPLIED_PATTERN_MAX_N:
+            raise ValueError(f"{layer.name}: hook_pattern forms the implied N × N pattern; N = "
+                             f"{max(n, fk.shape[2])} exceeds IMPLIED_PATTERN_MAX_N = "
+                             f"{IMPLIED_PATTERN_MAX_N}")
+        a = matmul(fq, transpose(fk, (0, 1, 3, 2)))                     # (B, H, N, Nk)
+        if causal:
+            xp = get_array_module(a.data)
+            a = masked_fill(a, ~causal_pattern(n, fk.shape[2], xp), 0.0)
+        layer.hook_pattern(a / (a.sum(axis=-1, keepdims=True) + eps) if normalize else a)
+    return fq, fk
+
+
 class AttentionBase(Module):
     """Shared projections and head plumbing for every registered variant.
 
@@ -132,6 +230,7 @@ class AttentionBase(Module):
     supports_causal = True
     supports_attn_mask = False
     supports_kv_cache = False
+    head_hooks = True       # False for a variant whose forward has no q/k/v (FNet)
 
     def __init__(self, embed_dim: int, num_heads: int, causal: bool = False,
                  num_kv_heads: int = None, bias: bool = True):
@@ -156,6 +255,11 @@ class AttentionBase(Module):
         sizes = {"q": embed_dim, "k": kv_dim, "v": kv_dim, "out": embed_dim}
         for p in self.projections:
             setattr(self, f"{p}_proj", Linear(embed_dim, sizes[p], bias=bias))
+        if self.head_hooks:   # hook points of every q/k/v variant (docs/look_inside.md)
+            self.hook_q = HookPoint()        # (B, N, H, D)
+            self.hook_k = HookPoint()        # (B, Nk, Hkv, D)
+            self.hook_v = HookPoint()        # (B, Nk, Hkv, D)
+            self.hook_z = HookPoint()        # (B, N, H, D) what attend returns, before out_proj
 
     def project(self, x):
         """x (B, N, E) → q (B, H, N, D), k, v (B, Hkv, N, D) through the owned projections
@@ -183,13 +287,15 @@ class AttentionBase(Module):
         if kv_cache is not None and not self.supports_kv_cache:
             raise ValueError(f"{who} ({self.name}) does not take a kv_cache")
         q, k, v = self.project(x)
+        q, k, v = (hooked_heads(h, t) for h, t in
+                   ((self.hook_q, q), (self.hook_k, k), (self.hook_v, v)))
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)                                 # (B, Hkv, Nk, D)
         if attn_mask is None:
             y = self.attend(q, k, v)
         else:
             y = self.attend(q, k, v, attn_mask=attn_mask)
-        return self.out_proj(merge_heads(y))
+        return self.out_proj(merge_heads(hooked_heads(self.hook_z, y)))
 
     def attend(self, q, k, v):  # pragma: no cover - abstract
         raise NotImplementedError

@@ -15,14 +15,16 @@ import math
 from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, xp as active_xp
+from ..nn.hooks import HookPoint
 from ..nn.layers import Linear
 from ..nn.module import Parameter
 from ..ops.attention import merge_masks, scaled_dot_product_attention
 from ..ops.dropout import dropout
+from ..ops.indexing import masked_fill
 from ..ops.linalg import matmul
 from ..ops.shape import reshape
-from .base import (AttentionBase, causal_pattern, check_heads, register, repeat_kv,
-                   repeat_kv_array, softmax_rows_array)
+from .base import (AttentionBase, causal_pattern, check_heads, materialized_attention,
+                   register, repeat_kv, repeat_kv_array, softmax_rows_array)
 from .classic import _masked_softmax, additive_scores
 
 __all__ = ["ExactSelfAttention", "MultiQueryAttention", "GroupedQueryAttention",
@@ -95,6 +97,8 @@ class ExactSelfAttention(AttentionBase):
         self.record_weights = False
         self.last_attn_weights = None
         self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.hook_attn_scores = HookPoint()   # (B, H, N, Nk) Q Kᵀ·scale + bias, −inf masked
+        self.hook_pattern = HookPoint()       # (B, H, N, Nk) softmax of the scores
 
     # hooks for position schemes ------------------------------------------------------------
     def transform_qk(self, q, k):
@@ -117,12 +121,19 @@ class ExactSelfAttention(AttentionBase):
         else:
             mask = merge_masks(attn_mask, bias)
         need = self.record_weights or self.needs_weights
-        res = scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-            is_causal=self.causal, scale=self.scale, enable_gqa=True, return_weights=need)
-        if not need:
-            return res
-        out, w = res
+        dropout_p = self.dropout if self.training else 0.0
+        if self.hook_attn_scores.active or self.hook_pattern.active:
+            out, w = materialized_attention(                     # hooks see the N × N maps
+                q, k, v, scale=self.scale, causal=self.causal, mask=mask,
+                dropout_p=dropout_p, hook_scores=self.hook_attn_scores,
+                hook_pattern=self.hook_pattern)
+        else:
+            res = scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=self.causal,
+                scale=self.scale, enable_gqa=True, return_weights=need)
+            if not need:
+                return res
+            out, w = res
         if self.record_weights:
             self.last_attn_weights = w.detach()
         extra = self.value_term(w, nq, nk)
@@ -307,7 +318,11 @@ class AdditiveSelfAttention(ExactSelfAttention):
                 allowed = m if allowed is None else allowed & m
             else:
                 scores = scores + attn_mask
-        w = _masked_softmax(scores, allowed)
+        if self.hook_attn_scores.active:                          # seen with −inf masked
+            if allowed is not None:
+                scores = masked_fill(scores, ~xp.broadcast_to(allowed, scores.shape), -math.inf)
+            scores = self.hook_attn_scores(scores)
+        w = self.hook_pattern(_masked_softmax(scores, allowed))  # (B, H, Nq, Nk)
         if self.training and self.dropout > 0:
             w = dropout(w, self.dropout)
         if self.record_weights:

@@ -25,7 +25,9 @@ from .. import functional as F
 from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module
-from .base import AttentionBase, check_heads, register, repeat_kv, repeat_kv_array
+from ..nn.hooks import HookPoint
+from .base import (AttentionBase, check_heads, kernel_feature_hooks, register, repeat_kv,
+                   repeat_kv_array)
 
 __all__ = ["FEATURE_MAPS", "linear_attention", "linear_attention_step", "LinearAttention"]
 
@@ -43,10 +45,13 @@ def _feature_map(name):
 
 
 def linear_attention(q, k, v, feature_map: str = "elu", causal: bool = False,
-                     normalize: bool = True, eps: float = 1e-6):
-    """φ(q)(φ(k)ᵀ v) / φ(q)·Σφ(k): q, k (B, H, N, D), v (B, H, N, Dv) Tensors → (B, H, N, Dv)."""
+                     normalize: bool = True, eps: float = 1e-6, hooks=None):
+    """φ(q)(φ(k)ᵀ v) / φ(q)·Σφ(k): q, k (B, H, N, D), v (B, H, N, Dv) Tensors → (B, H, N, Dv).
+    ``hooks``: the layer whose φ hooks to run (``kernel_feature_hooks``), or None."""
     phi = _feature_map(feature_map)
     fq, fk = phi(q), phi(k)                                         # (B, H, N, D)
+    if hooks is not None:
+        fq, fk = kernel_feature_hooks(hooks, fq, fk, causal, eps, normalize)
     if not causal:
         s = F.matmul(F.swapaxes(fk, -1, -2), v)                     # (B, H, D, N) @ (B, H, N, Dv)
         num = F.matmul(fq, s)                                       # (B, H, N, D) @ (B, H, D, Dv)
@@ -119,6 +124,9 @@ class LinearAttention(AttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, feature_map: str = "elu",
                  normalize: bool = None, eps: float = 1e-6, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
+        self.hook_phi_q = HookPoint()     # (B, H, N, D) φ(Q)
+        self.hook_phi_k = HookPoint()     # (B, H, N, D) φ(K)
+        self.hook_pattern = HookPoint()   # (B, H, N, N) implied pattern, read-only, on request
         self.feature_map = validate.choice(feature_map, "feature_map", sorted(FEATURE_MAPS),
                                            owner="linear")
         self.normalize = (feature_map != "identity") if normalize is None else \
@@ -129,7 +137,8 @@ class LinearAttention(AttentionBase):
         """q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, Dv)."""
         _, h, *_ = check_heads(q, k, v, self.name)
         k, v = repeat_kv(k, h), repeat_kv(v, h)
-        return linear_attention(q, k, v, self.feature_map, self.causal, self.normalize, self.eps)
+        return linear_attention(q, k, v, self.feature_map, self.causal, self.normalize, self.eps,
+                                hooks=self)
 
     def step(self, state, q, k, v):
         """Recurrent decoding: q (B, H, D), k/v (B, Hkv, D) → (out (B, H, Dv), state)."""

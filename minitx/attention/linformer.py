@@ -25,6 +25,7 @@ import math
 from .. import functional as F
 from .. import validate
 from ..backend import rng, xp as active_xp
+from ..nn.hooks import HookPoint
 from ..nn.module import Parameter
 from .base import AttentionBase, check_heads, register, repeat_kv
 
@@ -87,6 +88,10 @@ class LinformerAttention(AttentionBase):
         validate.choice(init, "init", ("gaussian", "pool"), owner="linformer")
         self.E = Parameter(linformer_projection(proj_dim, max_len, init))
         self.F = None if share_kv else Parameter(linformer_projection(proj_dim, max_len, init))
+        self.hook_k_projected = HookPoint()   # (B, H, k, D) E·K: the k keys attended to
+        self.hook_v_projected = HookPoint()   # (B, H, k, D) F·V
+        self.hook_attn_scores = HookPoint()   # (B, H, N, k) Q (E K)ᵀ/√D
+        self.hook_pattern = HookPoint()       # (B, H, N, k) softmax over the k projected keys
 
     def attend(self, q, k, v):
         """q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, Dv); N ≤ max_len."""
@@ -99,6 +104,8 @@ class LinformerAttention(AttentionBase):
         f = e if self.F is None else F.getitem(self.F, cols)
         k_low = F.matmul(e, k)                                      # (k, N) @ (B, Hkv, N, D)
         v_low = F.matmul(f, v)                                      # -> (B, Hkv, k, Dv)
-        k_low, v_low = repeat_kv(k_low, h), repeat_kv(v_low, h)
+        k_low = self.hook_k_projected(repeat_kv(k_low, h))          # (B, H, k, D)
+        v_low = self.hook_v_projected(repeat_kv(v_low, h))
         s = F.matmul(q, F.swapaxes(k_low, -1, -2)) * (1.0 / math.sqrt(d))   # (B, H, N, k)
-        return F.matmul(F.softmax(s, axis=-1), v_low)                       # (B, H, N, Dv)
+        pattern = self.hook_pattern(F.softmax(self.hook_attn_scores(s), axis=-1))
+        return F.matmul(pattern, v_low)                                     # (B, H, N, Dv)

@@ -30,6 +30,7 @@ from .. import validate
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, xp as active_xp
+from ..nn.hooks import HookPoint
 from ..nn.module import Parameter
 from .base import AttentionBase, check_heads, register, repeat_kv, repeat_kv_array
 
@@ -85,13 +86,18 @@ class FNetMixing(AttentionBase):
     kind = "score"
     supports_causal = False
     projections = ()               # no projections at all, as in the paper
+    head_hooks = False             # no q, k, v: it mixes x itself
+
+    def __init__(self, embed_dim, num_heads, causal=False, **base):
+        super().__init__(embed_dim, num_heads, causal=causal, **base)
+        self.hook_mixed = HookPoint()      # (B, N, E) Re(FFT_seq(FFT_hidden(x))), the output
 
     def forward(self, x):
         """x (B, N, E) → Re(FFT_seq(FFT_hidden(x))) (B, N, E)."""
         if len(x.shape) != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"FNetMixing: x must be (B, N, {self.embed_dim}), got shape "
                              f"{tuple(x.shape)}")
-        return fourier_mix(x, (1, 2))
+        return self.hook_mixed(fourier_mix(x, (1, 2)))
 
     def attend(self, q, k, v):
         """(B, H, N, D) heads → Re(FFT2 over (N, D) of v); q and k unused."""
@@ -198,6 +204,8 @@ class AFTAttention(AttentionBase):
                  max_len: int = 128, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
         self.variant = validate.choice(variant, "variant", ("full", "simple"), owner="aft")
+        self.hook_position_bias = HookPoint()   # (N, N) w_tt' it mixes with ("full" only)
+        self.hook_gate = HookPoint()            # (B, H, N, D) σ(Q), the output's gate
         self.max_len = validate.positive_int(max_len, "max_len", owner="aft")
         if variant == "full":
             self.w = Parameter(active_xp().zeros((max_len, max_len), dtype="float32"))
@@ -215,7 +223,13 @@ class AFTAttention(AttentionBase):
         if v.shape[-1] != d or nq != nk:
             raise ValueError(f"aft: needs value dim == head dim {d} and equal lengths, got "
                              f"value dim {v.shape[-1]}, lengths {nq} and {nk}")
-        return aft(q, repeat_kv(k, h), repeat_kv(v, h), self._bias(nq), self.causal)
+        bias = self._bias(nq)
+        if bias is not None:
+            bias = self.hook_position_bias(bias)
+        out = aft(q, repeat_kv(k, h), repeat_kv(v, h), bias, self.causal)
+        if self.hook_gate.active:                  # read-only: σ(Q) is applied inside aft
+            self.hook_gate(F.sigmoid(q))
+        return out
 
     def reference(self, q, k, v):
         """Raw arrays: the (N, N, D) formula of the paper, (B, H, N, D)."""

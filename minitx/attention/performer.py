@@ -51,7 +51,8 @@ from .. import functional as F
 from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, rng, xp as active_xp
-from .base import AttentionBase, check_heads, register, repeat_kv
+from ..nn.hooks import HookPoint
+from .base import AttentionBase, check_heads, kernel_feature_hooks, register, repeat_kv
 
 __all__ = ["orthogonal_gaussian", "favor_features", "performer_kernel", "performer_attention",
            "PerformerAttention"]
@@ -110,12 +111,14 @@ def performer_kernel(q, k, w):
     return phi(q) @ xp.swapaxes(phi(k), -1, -2)
 
 
-def performer_attention(q, k, v, w, causal: bool = False, eps: float = 1e-12):
+def performer_attention(q, k, v, w, causal: bool = False, eps: float = 1e-12, hooks=None):
     """FAVOR+ attention: q (B, H, N, D), k (B, H, N, D), v (B, H, N, Dv) Tensors → (B, H, N, Dv)."""
     d = q.shape[-1]
     scale = d ** -0.25
     phi_q = favor_features(q * scale, w, True)                      # (B, H, N, m)
     phi_k = favor_features(k * scale, w, False)                     # (B, H, N, m)
+    if hooks is not None:                       # the layer's φ hooks (kernel_feature_hooks)
+        phi_q, phi_k = kernel_feature_hooks(hooks, phi_q, phi_k, causal, eps)
     if not causal:
         kv = F.matmul(F.swapaxes(phi_k, -1, -2), v)                # (B, H, m, N) @ (B, H, N, Dv)
         num = F.matmul(phi_q, kv)                                   # (B, H, N, m) @ (B, H, m, Dv)
@@ -171,6 +174,9 @@ class PerformerAttention(AttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, num_features: int = 64,
                  orthogonal: bool = True, redraw_in_training: bool = False, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
+        self.hook_phi_q = HookPoint()     # (B, H, N, m) φ(Q'), Q' = Q/D^¼
+        self.hook_phi_k = HookPoint()     # (B, H, N, m) φ(K')
+        self.hook_pattern = HookPoint()   # (B, H, N, N) implied pattern, read-only, on request
         self.num_features = validate.positive_int(num_features, "num_features", owner="performer")
         self.orthogonal = validate.boolean(orthogonal, "orthogonal", owner="performer")
         self.redraw_in_training = validate.boolean(redraw_in_training, "redraw_in_training",
@@ -190,4 +196,4 @@ class PerformerAttention(AttentionBase):
             self.redraw()
         w = self.features.data if isinstance(self.features, Tensor) else self.features
         k, v = repeat_kv(k, h), repeat_kv(v, h)
-        return performer_attention(q, k, v, w.astype(q.dtype), causal=self.causal)
+        return performer_attention(q, k, v, w.astype(q.dtype), causal=self.causal, hooks=self)

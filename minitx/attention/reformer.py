@@ -38,6 +38,7 @@ from .. import functional as F
 from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, rng, xp as active_xp
+from ..nn.hooks import HookPoint
 from .base import AttentionBase, check_heads, register, repeat_kv
 
 __all__ = ["lsh_hash", "lsh_attention", "ReformerAttention", "SELF_SCORE"]
@@ -63,11 +64,12 @@ def _gather_rows(x, index):
     return F.take_along_axis(x, index[..., None], axis=2)
 
 
-def lsh_attention(q, v, rotations, chunk: int, causal: bool = False):
+def lsh_attention(q, v, rotations, chunk: int, causal: bool = False, chunk_hook=None):
     """One or more LSH rounds of shared-QK attention.
 
     q (B, H, N, D), v (B, H, N, Dv) Tensors; rotations (rounds, D, n_buckets/2) raw.
-    Returns (B, H, N, Dv).
+    Returns (B, H, N, Dv). ``chunk_hook`` (a HookPoint, or None) is shown every round's
+    chunk patterns, (B, H, rounds, ⌈N/c⌉, c, c or 2c), rows and columns in sorted order.
     """
     xp = get_array_module(q.data)
     bsz, h, n, d = q.shape
@@ -78,7 +80,7 @@ def lsh_attention(q, v, rotations, chunk: int, causal: bool = False):
     norm = F.sqrt((q * q).sum(axis=-1, keepdims=True) + 1e-12)
     keys = q / norm                                                 # shared QK: unit keys
 
-    outs, lses = [], []
+    outs, lses, chunks = [], [], []
     for r in range(rotations.shape[0]):
         bucket = lsh_hash(q.data, rotations[r])                     # (B, H, N)
         order = xp.argsort(bucket * n + xp.arange(n), axis=-1, kind="stable")   # (B, H, N)
@@ -116,13 +118,18 @@ def lsh_attention(q, v, rotations, chunk: int, causal: bool = False):
         s = F.masked_fill(s, is_self & allowed, SELF_SCORE)
         s = F.masked_fill(s, ~allowed, -math.inf)
         lse = F.logsumexp(s, axis=-1)                                       # (B, H, nc, c)
-        out = F.matmul(F.softmax(s, axis=-1), sv)                           # (B, H, nc, c, Dv)
+        probs = F.softmax(s, axis=-1)                                       # (B, H, nc, c, c')
+        if chunk_hook is not None:
+            chunks.append(probs)
+        out = F.matmul(probs, sv)                                           # (B, H, nc, c, Dv)
         # Unsort: sorted slot t holds position order[t]; position i sits at slot inv[i].
         inv = xp.argsort(order, axis=-1)                                    # (B, H, N)
         out = _gather_rows(F.reshape(out, (bsz, h, padded, v.shape[-1])), inv)
         lse = F.squeeze(_gather_rows(F.reshape(lse, (bsz, h, padded, 1)), inv), -1)
         outs.append(out)
         lses.append(lse)
+    if chunks:
+        chunk_hook(F.stack(chunks, axis=2))                 # read-only: (B, H, R, nc, c, c')
     if len(outs) == 1:
         return outs[0]
     weights = F.softmax(F.stack(lses, axis=-1), axis=-1)                    # (B, H, N, rounds)
@@ -172,6 +179,9 @@ class ReformerAttention(AttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, n_buckets: int = 4,
                  n_hashes: int = 2, chunk_size: int = 32, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
+        self.hook_buckets = HookPoint()     # (B, H, rounds, N) int bucket of each position
+        self.hook_sort_order = HookPoint()  # (B, H, rounds, N) positions sorted by bucket
+        self.hook_chunk_pattern = HookPoint()   # (B, H, rounds, ⌈N/c⌉, c, c or 2c) per-chunk
         n_buckets = validate.positive_int(n_buckets, "n_buckets", owner="reformer")
         if n_buckets > 1 and n_buckets % 2:
             raise validate.OptionError(f"reformer: n_buckets must be 1 or a positive even int, "
@@ -193,7 +203,15 @@ class ReformerAttention(AttentionBase):
         """q (B, H, N, D), v (B, Hkv, N, Dv) → (B, H, N, Dv); k unused (shared-QK)."""
         _, h, *_ = check_heads(q, k, v, self.name)
         rot = self.rotations.data if isinstance(self.rotations, Tensor) else self.rotations
-        return lsh_attention(q, repeat_kv(v, h), rot, self.chunk_size, self.causal)
+        if self.hook_buckets.active or self.hook_sort_order.active:     # read-only views
+            xp = get_array_module(q.data)
+            n = q.shape[2]
+            buckets = xp.stack([lsh_hash(q.data, r) for r in rot], axis=2)   # (B, H, R, N)
+            self.hook_buckets(Tensor(buckets))
+            self.hook_sort_order(Tensor(xp.argsort(buckets * n + xp.arange(n), axis=-1,
+                                                   kind="stable")))
+        return lsh_attention(q, repeat_kv(v, h), rot, self.chunk_size, self.causal,
+                             self.hook_chunk_pattern if self.hook_chunk_pattern.active else None)
 
     def pattern_reference(self, q, v):
         """Raw arrays: full shared-QK attention under the no-self rule (the one-bucket limit)."""

@@ -29,6 +29,7 @@ from .. import functional as F
 from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, rng, xp as active_xp
+from ..nn.hooks import HookPoint
 from .base import AttentionBase, check_heads, register, repeat_kv
 
 __all__ = ["assign_clusters", "routing_attention", "RoutingAttention"]
@@ -130,6 +131,8 @@ class RoutingAttention(AttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, num_clusters: int = 2,
                  window: int = 16, decay: float = 0.999, update_centroids: bool = True, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
+        self.hook_query_clusters = HookPoint()  # (B, H, N) int cluster of each query
+        self.hook_key_clusters = HookPoint()    # (B, H, N) int cluster of each key
         self.num_clusters = validate.positive_int(num_clusters, "num_clusters", owner="routing")
         self.window = validate.positive_int(window, "window", owner="routing")
         self.decay = validate.probability(decay, "decay", owner="routing")
@@ -146,6 +149,9 @@ class RoutingAttention(AttentionBase):
         k, v = repeat_kv(k, h), repeat_kv(v, h)
         mu = self._centroids()
         qc, kc = assign_clusters(q.data, mu), assign_clusters(k.data, mu)
+        if self.hook_query_clusters.active or self.hook_key_clusters.active:
+            qc = self.hook_query_clusters(Tensor(qc)).data     # a hook may reassign them
+            kc = self.hook_key_clusters(Tensor(kc)).data
         out = routing_attention(q, k, v, qc, kc, self.num_clusters, self.window, self.causal)
         if self.training and self.update_centroids:
             self._update(q.data, qc, k.data, kc)

@@ -27,7 +27,9 @@ import math
 from .. import functional as F
 from .. import validate
 from ..backend import get_array_module, host_xp, to_device_of
-from .base import AttentionBase, check_heads, register, repeat_kv
+from ..autograd.tensor import Tensor
+from ..nn.hooks import HookPoint
+from .base import AttentionBase, check_heads, materialized_attention, register, repeat_kv
 from .masks import (bigbird_random_blocks, bigbird_rule, dilated_rule, fixed_rule, grid_mask,
                     local_rule, longformer_rule, strided_rule)
 
@@ -128,6 +130,9 @@ class SparseAttentionBase(AttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, block_size: int = 16, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
         self.block_size = validate.positive_int(block_size, "block_size", owner=self.name)
+        self.hook_mask = HookPoint()          # (N, N) bool, True = may attend: pattern(N)
+        self.hook_attn_scores = HookPoint()   # (B, H, N, N) Q Kᵀ/√D, −inf outside the mask
+        self.hook_pattern = HookPoint()       # (B, H, N, N) the masked softmax, 0 outside
 
     def _rule(self, n):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -147,6 +152,12 @@ class SparseAttentionBase(AttentionBase):
             raise ValueError(f"{self.name}: self-attention needs equal query/key lengths, got "
                              f"{nq} and {nk}")
         k, v = repeat_kv(k, h), repeat_kv(v, h)
+        if self.hook_mask.active or self.hook_attn_scores.active or self.hook_pattern.active:
+            # a hook wants the N × N maps: dense attention under the same mask (O(N²) memory)
+            allowed = self.hook_mask(Tensor(to_device_of(self.pattern(nq), q.data)))
+            return materialized_attention(q, k, v, scale=1.0 / math.sqrt(q.shape[-1]),
+                                          mask=allowed.data, hook_scores=self.hook_attn_scores,
+                                          hook_pattern=self.hook_pattern)[0]
         block, key_index, global_rows = self._layout(nq)
         return blocked_sparse_attention(q, k, v, block=block, key_index=key_index,
                                         rule=self._rule(nq), global_rows=global_rows)

@@ -25,6 +25,7 @@ from .. import functional as F
 from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, rng, xp as active_xp
+from ..nn.hooks import HookPoint
 from ..nn.module import Parameter
 from .base import (AttentionBase, check_heads, register, repeat_kv, repeat_kv_array,
                    softmax_rows_array)
@@ -82,6 +83,10 @@ class SynthesizerAttention(AttentionBase):
         self.projections = {"dense": ("q", "v", "out"), "mixture": ("q", "k", "v", "out")}.get(
             synthesis, ("v", "out"))
         super().__init__(embed_dim, num_heads, causal=causal, **base)
+        # synthetic logits (−inf above the diagonal when causal) and their softmax:
+        # (B, H, N, N) for dense/mixture, (1, H, N, N) for random/factorized (input-free)
+        self.hook_attn_scores = HookPoint()
+        self.hook_pattern = HookPoint()
         self.synthesis = synthesis
         self.max_len = validate.positive_int(max_len, "max_len", owner="synthesizer")
         self.rank = validate.positive_int(rank, "rank", owner="synthesizer")
@@ -136,7 +141,8 @@ class SynthesizerAttention(AttentionBase):
         if self.causal:
             xp = get_array_module(q.data)
             s = F.masked_fill(s, ~xp.tri(nq, dtype=bool), -math.inf)
-        return F.matmul(F.softmax(s, axis=-1), v)                   # (B, H, N, N) @ (B, H, N, Dv)
+        pattern = self.hook_pattern(F.softmax(self.hook_attn_scores(s), axis=-1))
+        return F.matmul(pattern, v)                                 # (B, H, N, N) @ (B, H, N, Dv)
 
     def reference(self, q, k, v):
         """Raw arrays: the synthesised logits per ``synthesis`` written out, then a dense

@@ -20,14 +20,17 @@ GPU the CUDA flash kernel runs them; any other ``attn_mask`` runs the array code
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 from .. import backend, validate
 from ..attention import causal_pattern
+from ..attention.base import hooked_heads, materialized_attention
 from ..autograd.tensor import Tensor
 from ..nn import init
 from ..nn.layers import Linear
 from ..nn.module import Module, Parameter
+from ..nn.hooks import HookPoint
 from ..ops.attention import merge_heads, scaled_dot_product_attention, split_heads
 from ..ops.indexing import getitem
 from ..ops.linalg import linear
@@ -65,6 +68,14 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
         else:
             raise ValueError(f"attn_mask must be (L, S) = {(nq, nk)} or (N·num_heads, L, S) = "
                              f"{(n * num_heads, nq, nk)}, got {tuple(m.shape)}")
+        if m.dtype == bool and nq == nk and m.size and bool(
+                xp.diagonal(m, axis1=-2, axis2=-1).all()):
+            warnings.warn("attn_mask hides every query's own position: for MultiheadAttention "
+                          "and the transformer layers a bool mask is True where attention is "
+                          "NOT allowed (PyTorch's rule), the opposite of "
+                          "scaled_dot_product_attention and the registry (True = may attend). "
+                          "A lower-triangular True mask here is anti-causal; pass ~mask, or "
+                          "is_causal=True.", UserWarning, stacklevel=4)
         (allowed if m.dtype == bool else bias).append(~m if m.dtype == bool else m)
     elif is_causal:
         allowed.append(causal_pattern(nq, nk, xp))
@@ -76,6 +87,11 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
             warnings.warn("key_padding_mask is a float 0/1 array: a float mask is ADDED to the "
                           "scores (PyTorch's rule), so it masks nothing. For padding pass a bool "
                           "mask (True = padding), e.g. HuggingFace's attention_mask == 0.",
+                          UserWarning, stacklevel=4)
+        if m.dtype == bool and nk > 1 and bool((m.mean(axis=-1) > 0.5).all()):
+            warnings.warn("key_padding_mask hides most keys of every sequence: here True means "
+                          "padding (PyTorch's rule). HuggingFace's attention_mask is the "
+                          "opposite (1 = token): pass attention_mask == 0.",
                           UserWarning, stacklevel=4)
         m = m[:, None, None, :]                                   # (N, 1, 1, S)
         (allowed if m.dtype == bool else bias).append(~m if m.dtype == bool else m)
@@ -172,6 +188,13 @@ class MultiheadAttention(Module):
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias)
         self.record_weights = False
         self.last_attn_weights = None
+        # hook points (TransformerLens's names; see docs/look_inside.md)
+        self.hook_q = HookPoint()             # (N, L, H, D)
+        self.hook_k = HookPoint()             # (N, S, Hkv, D)
+        self.hook_v = HookPoint()             # (N, S, Hkv, D)
+        self.hook_attn_scores = HookPoint()   # (N, H, L, S) Q Kᵀ·scale + mask, −inf where masked
+        self.hook_pattern = HookPoint()       # (N, H, L, S) softmax of the scores
+        self.hook_z = HookPoint()             # (N, L, H, D) per-head outputs, before out_proj
         self._reset_parameters()
         self._factory(device, dtype)
 
@@ -233,10 +256,10 @@ class MultiheadAttention(Module):
             query, key, value = (transpose(t, (1, 0, 2)) for t in (query, key, value))
         n, nq = query.shape[0], query.shape[1]
         (wq, wk, wv), (bq, bk, bv) = self._weights()
-        q = split_heads(linear(query, wq, bq), self.num_heads)            # (N, H, L, D)
-        k = split_heads(linear(key, wk, bk), self.num_kv_heads)           # (N, Hkv, S, D)
-        v = split_heads(linear(value, wv, bv), self.num_kv_heads)
-        if kv_cache is not None:
+        q = hooked_heads(self.hook_q, split_heads(linear(query, wq, bq), self.num_heads))
+        k = hooked_heads(self.hook_k, split_heads(linear(key, wk, bk), self.num_kv_heads))
+        v = hooked_heads(self.hook_v, split_heads(linear(value, wv, bv), self.num_kv_heads))
+        if kv_cache is not None:                                          # q (N, H, L, D)
             k, v = kv_cache.append(k, v)                                  # (N, Hkv, S_all, D)
         xp = backend.get_array_module(q.data)
         # is_causal without attn_mask goes to SDPA as a flag (the kernel takes it), not a mask
@@ -244,12 +267,20 @@ class MultiheadAttention(Module):
         mask = torch_masks_to_sdpa(attn_mask, key_padding_mask, False, n, self.num_heads,
                                    nq, k.shape[2], q.dtype, xp)
         want = bool(need_weights) or self.record_weights
-        res = scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-            is_causal=causal, enable_gqa=True, return_weights=want)
-        out, w = res if want else (res, None)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.hook_attn_scores.active or self.hook_pattern.active:
+            out, w = materialized_attention(            # hooks see scores/pattern
+                q, k, v, scale=1.0 / math.sqrt(self.head_dim), causal=causal, mask=mask,
+                dropout_p=dropout_p, hook_scores=self.hook_attn_scores,
+                hook_pattern=self.hook_pattern)
+        else:
+            res = scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal,
+                enable_gqa=True, return_weights=want)
+            out, w = res if want else (res, None)
         if self.record_weights:
             self.last_attn_weights = w.detach()
+        out = hooked_heads(self.hook_z, out)                             # (N, H, L, D)
         out = self.out_proj(merge_heads(out))                             # (N, L, E)
         if unbatched:
             out = squeeze(out, 0)

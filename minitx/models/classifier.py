@@ -8,18 +8,19 @@ from __future__ import annotations
 from .. import backend
 from ..autograd.tensor import Tensor
 from ..nn import init
+from ..nn.hooks import HookedModel, HookPoint
 from ..nn.layers import Dropout, Embedding, LayerNorm, Linear
 from ..nn.module import Module, Parameter
 from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from ..ops.indexing import getitem
 from ..ops.shape import broadcast_to, concatenate
 from .common import AttentionMaps, token_ids
-from .transformer import TransformerEncoder, TransformerEncoderLayer
+from .transformer import BLOCK_HOOK_RENAMES, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = ["EncoderClassifier"]
 
 
-class EncoderClassifier(Module, AttentionMaps):
+class EncoderClassifier(Module, AttentionMaps, HookedModel):
     """Token ids → class logits: embedding + positions + encoder stack + pooling + head.
 
     ``pooling="mean"``: mean of the final states over non-padding tokens; ``"cls"``: a learned
@@ -29,6 +30,9 @@ class EncoderClassifier(Module, AttentionMaps):
     → logits (B, num_classes); ``key_padding_mask`` (B, N) True = padding (derived from
     ``pad_idx`` when given).
     """
+
+    # hook names as TransformerLens's BERT: blocks.{i}.…, ln_final.…, plus hook_embed
+    hook_renames = ((r"^encoder\.", ""), *BLOCK_HOOK_RENAMES)
 
     def __init__(self, vocab_size: int, num_classes: int, d_model: int = 64, nhead: int = 4,
                  num_layers: int = 2, dim_feedforward: int = None, dropout: float = 0.1,
@@ -67,6 +71,7 @@ class EncoderClassifier(Module, AttentionMaps):
         self.encoder = TransformerEncoder(layer, num_layers,
                                           norm=LayerNorm(d_model) if norm_first else None)
         self.head = Linear(d_model, num_classes)
+        self.hook_embed = HookPoint()               # (B, N, E) token embeddings
 
     def forward(self, tokens, key_padding_mask=None):
         tokens = token_ids(tokens, "tokens")
@@ -77,7 +82,7 @@ class EncoderClassifier(Module, AttentionMaps):
             pad = tokens == self.pad_idx
         if pad is not None:                                       # a host mask enters once
             pad = xp.asarray(pad.data if isinstance(pad, Tensor) else pad)
-        x = self.embed(tokens)                                    # (B, N, E)
+        x = self.hook_embed(self.embed(tokens))                   # (B, N, E)
         if self.pooling == "cls":
             cls = broadcast_to(self.cls_token, (b, 1, self.d_model))
             x = concatenate([cls, x], axis=1)                     # (B, 1 + N, E)

@@ -19,11 +19,12 @@ from ..autograd.grad_mode import no_grad
 from ..autograd.tensor import Tensor
 from ..nn import init
 from ..nn.layers import Dropout, Embedding, LayerNorm, Linear
+from ..nn.hooks import HookedModel, HookPoint
 from ..nn.module import Module, ModuleList
 from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from ..ops.linalg import linear
 from ..ops.loss import cross_entropy
-from ..ops.shape import reshape
+from ..ops.shape import broadcast_to, reshape
 from .common import AttentionMaps, token_ids
 from .transformer import get_activation
 
@@ -102,15 +103,26 @@ class GPTBlock(Module):
         self.c_proj = Linear(4 * c.n_embd, c.n_embd, bias=c.bias)
         self.drop = Dropout(c.dropout)
         self.gelu = get_activation("gelu")
+        # hook points, all (B, T, E) but the MLP's (B, T, 4E); public names in GPT.hook_renames
+        self.hook_resid_pre = HookPoint()
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.hook_mlp_pre = HookPoint()      # blocks.{i}.mlp.hook_pre: W₁ x + b₁
+        self.hook_mlp_post = HookPoint()     # blocks.{i}.mlp.hook_post: GELU of it
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
 
     def forward(self, x, kv_cache=None):
         """x (B, T, E) → (B, T, E)."""
+        x = self.hook_resid_pre(x)
         a = self.ln_1(x)
-        x = x + (self.attn(a, kv_cache=kv_cache) if kv_cache is not None else self.attn(a))
-        return x + self.drop(self.c_proj(self.gelu(self.c_fc(self.ln_2(x)))))
+        a = self.attn(a, kv_cache=kv_cache) if kv_cache is not None else self.attn(a)
+        x = self.hook_resid_mid(x + self.hook_attn_out(a))
+        h = self.hook_mlp_post(self.gelu(self.hook_mlp_pre(self.c_fc(self.ln_2(x)))))
+        return self.hook_resid_post(x + self.hook_mlp_out(self.drop(self.c_proj(h))))
 
 
-class GPT(Module, AttentionMaps):
+class GPT(Module, AttentionMaps, HookedModel):
     """A decoder-only transformer language model (GPT-2's layout, Radford et al. 2019).
 
         h₀ = wte[idx] + positions,  h_l = Block_l(h_{l−1}),  logits = LN_f(h_L) wteᵀ
@@ -120,7 +132,16 @@ class GPT(Module, AttentionMaps):
     ``wte.weight``, ``wpe.weight`` (learned positions), ``h.{i}.ln_1/attn/ln_2/c_fc/c_proj.*``,
     ``ln_f.*`` (and ``lm_head.weight`` only when ``tie_weights=False``). Initialisation as
     GPT-2: N(0, 0.02²), residual projections N(0, 0.02²/(2·n_layer)), zero biases.
+
+    Hook points under TransformerLens's names (``hook_names()``, ``run_with_cache``,
+    ``run_with_hooks``; docs/look_inside.md): ``hook_embed``, ``hook_pos_embed`` (learned
+    positions), ``blocks.{i}.hook_resid_pre``, ``blocks.{i}.ln1.hook_scale`` …
+    ``ln_final.hook_normalized``.
     """
+
+    hook_renames = ((r"^h\.(\d+)\.", r"blocks.\1."), (r"\.ln_1\.", ".ln1."),
+                    (r"\.ln_2\.", ".ln2."), (r"\.hook_mlp_(pre|post)$", r".mlp.hook_\1"),
+                    (r"^ln_f\.", "ln_final."))
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -146,6 +167,8 @@ class GPT(Module, AttentionMaps):
             self.wpe = SinusoidalPositionalEncoding(c.n_embd)
         else:
             self.wpe = None
+        self.hook_embed = HookPoint()            # (B, T, E) wte[idx]
+        self.hook_pos_embed = HookPoint()        # (B, T, E) wpe[positions] (learned only)
         self.drop = Dropout(c.dropout)
         self.h = ModuleList([GPTBlock(c, name) for _ in range(c.n_layer)])
         self.ln_f = LayerNorm(c.n_embd, bias=c.bias)
@@ -178,8 +201,13 @@ class GPT(Module, AttentionMaps):
         if self.config.position == "learned" and offset + t > self.config.block_size:
             raise ValueError(f"GPT: sequence of {offset + t} tokens exceeds block_size="
                              f"{self.config.block_size}")
-        x = self.wte(tokens)                                       # (B, T, E)
-        if self.wpe is not None:
+        x = self.hook_embed(self.wte(tokens))                      # (B, T, E)
+        if self.config.position == "learned":
+            pos = self.wpe.positions(t, offset)                    # (T, E)
+            if self.hook_pos_embed.active:
+                pos = self.hook_pos_embed(broadcast_to(pos, x.shape))
+            x = x + pos
+        elif self.wpe is not None:
             x = self.wpe(x, offset=offset)
         x = self.drop(x)
         for i, block in enumerate(self.h):

@@ -13,17 +13,18 @@ from ..attention import KVCache
 from ..autograd.grad_mode import no_grad
 from ..autograd.tensor import Tensor
 from ..nn import init
+from ..nn.hooks import HookedModel
 from ..nn.layers import Embedding, LayerNorm, Linear
 from ..nn.module import Module
 from ..nn.positional import SinusoidalPositionalEncoding
 from .common import AttentionMaps, token_ids
-from .transformer import (TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
-                          TransformerEncoderLayer)
+from .transformer import (BLOCK_HOOK_RENAMES, TransformerDecoder, TransformerDecoderLayer,
+                          TransformerEncoder, TransformerEncoderLayer)
 
 __all__ = ["Transformer"]
 
 
-class Transformer(Module, AttentionMaps):
+class Transformer(Module, AttentionMaps, HookedModel):
     """The encoder–decoder of "Attention Is All You Need" for sequence-to-sequence tasks.
 
         memory = Encoder(E_src[src]·√d + PE),   logits = W_g Decoder(E_tgt[tgt]·√d + PE, memory)
@@ -36,6 +37,8 @@ class Transformer(Module, AttentionMaps):
     ``generator.*``. Cross-attention maps: ``record_attention(True)`` then
     ``attention_maps()`` (keys ``decoder.layers.{i}.multihead_attn``).
     """
+
+    hook_renames = BLOCK_HOOK_RENAMES    # encoder.blocks.{i}.…, decoder.blocks.{i}.…
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 512,
                  nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,

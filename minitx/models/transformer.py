@@ -28,6 +28,7 @@ import copy
 
 from .. import validate
 from ..attention import REGISTRY, ExactSelfAttention
+from ..nn.hooks import HookedModel, HookPoint
 from ..nn.layers import Dropout, LayerNorm, Linear
 from ..nn.module import Module, ModuleList
 from ..ops.elementwise import gelu, relu
@@ -70,8 +71,26 @@ def build_self_attention(attention, d_model, nhead, dropout, bias, batch_first, 
     return cls(d_model, nhead, **options)
 
 
+#: Module paths → TransformerLens's hook names, for layers, stacks and the models built on
+#: them: ``layers.{i}`` → ``blocks.{i}``, ``self_attn`` → ``attn``, ``multihead_attn`` →
+#: ``cross_attn``, ``norm{k}`` → ``ln{k}``, a stack's final ``norm`` → ``ln_final``.
+BLOCK_HOOK_RENAMES = (
+    (r"(^|\.)layers\.(\d+)\.", r"\1blocks.\2."), (r"(^|\.)self_attn\.", r"\1attn."),
+    (r"(^|\.)multihead_attn\.", r"\1cross_attn."), (r"(^|\.)norm(\d)\.", r"\1ln\2."),
+    (r"(^|\.)norm\.", r"\1ln_final."), (r"(^|\.)hook_mlp_(pre|post)$", r"\1mlp.hook_\2"))
+
+
 class _Block(Module):
-    """Shared plumbing: layout conversion, self-attention dispatch, feed-forward."""
+    """Shared plumbing: layout conversion, self-attention dispatch, feed-forward.
+
+    Hook points (TransformerLens's names, in the layer's own layout): ``hook_resid_pre``,
+    ``hook_attn_out``, ``hook_resid_mid`` (x + attn_out, before ``norm1`` when post-norm),
+    ``mlp.hook_pre`` / ``mlp.hook_post`` (before / after the activation), ``hook_mlp_out``,
+    ``hook_resid_post`` (before ``norm2``/``norm3`` when post-norm); the decoder adds
+    ``hook_cross_attn_out`` and ``hook_resid_mid2``.
+    """
+
+    hook_renames = BLOCK_HOOK_RENAMES
 
     def _init_common(self, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
                      batch_first, norm_first, bias, attention, attention_options, causal_default):
@@ -90,6 +109,13 @@ class _Block(Module):
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
         self.activation = get_activation(activation)
+        self.hook_resid_pre = HookPoint()
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.hook_mlp_pre = HookPoint()
+        self.hook_mlp_post = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
 
     def _check(self, x, name):
         if len(x.shape) != 3 or x.shape[-1] != self.linear1.in_features:
@@ -103,7 +129,7 @@ class _Block(Module):
         if isinstance(sa, MultiheadAttention):
             y = sa(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                    need_weights=False, is_causal=is_causal, kv_cache=kv_cache)[0]
-            return self.dropout1(y)
+            return self.hook_attn_out(self.dropout1(y))
         xb = x if self.batch_first else transpose(x, (1, 0, 2))      # (N, S, E)
         n, s = xb.shape[0], xb.shape[1]
         nk = s + (len(kv_cache) if kv_cache is not None else 0)
@@ -122,10 +148,15 @@ class _Block(Module):
         else:
             y = sa(xb)
         y = y if self.batch_first else transpose(y, (1, 0, 2))
-        return self.dropout1(y)
+        return self.hook_attn_out(self.dropout1(y))
+
+    def _mlp(self, x):
+        """linear2(dropout(act(linear1(x)))), through the MLP's two hook points."""
+        h = self.hook_mlp_post(self.activation(self.hook_mlp_pre(self.linear1(x))))
+        return self.linear2(self.dropout(h))
 
     def _ff_block(self, x):
-        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+        return self.hook_mlp_out(self.dropout2(self._mlp(x)))
 
 
 class TransformerEncoderLayer(_Block):
@@ -149,13 +180,15 @@ class TransformerEncoderLayer(_Block):
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
         self._check(src, "src")
-        x = src
+        x = self.hook_resid_pre(src)
         if self.norm_first:
-            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
-            x = x + self._ff_block(self.norm2(x))
+            x = self.hook_resid_mid(x + self._sa_block(self.norm1(x), src_mask,
+                                                       src_key_padding_mask, is_causal))
+            x = self.hook_resid_post(x + self._ff_block(self.norm2(x)))
         else:
-            x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
-            x = self.norm2(x + self._ff_block(x))
+            x = self.norm1(self.hook_resid_mid(
+                x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal)))
+            x = self.norm2(self.hook_resid_post(x + self._ff_block(x)))
         return x
 
 
@@ -182,35 +215,40 @@ class TransformerDecoderLayer(_Block):
                                                  batch_first=batch_first)
         self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.dropout3 = Dropout(dropout)
+        self.hook_cross_attn_out = HookPoint()
+        self.hook_resid_mid2 = HookPoint()
         self._factory(device, dtype)
 
     def _mha_block(self, x, memory, attn_mask, key_padding_mask, is_causal):
         y = self.multihead_attn(x, memory, memory, attn_mask=attn_mask,
                                 key_padding_mask=key_padding_mask, is_causal=is_causal,
                                 need_weights=False)[0]
-        return self.dropout2(y)
+        return self.hook_cross_attn_out(self.dropout2(y))
 
     def _ff_block(self, x):
-        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+        return self.hook_mlp_out(self.dropout3(self._mlp(x)))
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal: bool = False,
                 memory_is_causal: bool = False, *, kv_cache=None):
         self._check(tgt, "tgt")
         self._check(memory, "memory")
-        x = tgt
+        x = self.hook_resid_pre(tgt)
         if self.norm_first:
-            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal,
-                                   kv_cache)
-            x = x + self._mha_block(self.norm2(x), memory, memory_mask,
-                                    memory_key_padding_mask, memory_is_causal)
-            x = x + self._ff_block(self.norm3(x))
+            x = self.hook_resid_mid(x + self._sa_block(self.norm1(x), tgt_mask,
+                                                       tgt_key_padding_mask, tgt_is_causal,
+                                                       kv_cache))
+            x = self.hook_resid_mid2(x + self._mha_block(self.norm2(x), memory, memory_mask,
+                                                         memory_key_padding_mask,
+                                                         memory_is_causal))
+            x = self.hook_resid_post(x + self._ff_block(self.norm3(x)))
         else:
-            x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal,
-                                              kv_cache))
-            x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask,
-                                               memory_is_causal))
-            x = self.norm3(x + self._ff_block(x))
+            x = self.norm1(self.hook_resid_mid(
+                x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal, kv_cache)))
+            x = self.norm2(self.hook_resid_mid2(
+                x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask,
+                                    memory_is_causal)))
+            x = self.norm3(self.hook_resid_post(x + self._ff_block(x)))
         return x
 
 
@@ -224,6 +262,8 @@ class TransformerEncoder(Module):
     """A stack of ``num_layers`` copies of ``encoder_layer`` (deep copies, as in PyTorch), then
     ``norm`` if given. ``forward(src, mask=None, src_key_padding_mask=None, is_causal=False)``.
     ``enable_nested_tensor`` and ``mask_check`` are accepted for PyTorch code and ignored."""
+
+    hook_renames = BLOCK_HOOK_RENAMES
 
     def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm=None,
                  enable_nested_tensor: bool = True, mask_check: bool = True):
@@ -250,6 +290,8 @@ class TransformerDecoder(Module):
     memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False, *,
     kv_caches=None)`` — ``kv_caches``: one ``KVCache`` per layer for incremental decoding.
     """
+
+    hook_renames = BLOCK_HOOK_RENAMES
 
     def __init__(self, decoder_layer: TransformerDecoderLayer, num_layers: int, norm=None):
         super().__init__()

@@ -12,6 +12,7 @@ from .. import backend, validate
 from .. import functional as F
 from ..autograd.tensor import Tensor
 from . import init
+from .hooks import HookPoint
 from .module import Module, Parameter
 
 __all__ = ["Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout", "Identity", "ReLU",
@@ -69,6 +70,11 @@ class Linear(Module):
             init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: Tensor) -> Tensor:
+        dtype = getattr(x, "dtype", None)
+        if dtype is not None and getattr(dtype, "kind", "f") not in "fc":
+            raise TypeError(f"Linear: input must be floating point like its weight "
+                            f"({self.weight.dtype}), got dtype {dtype}; token ids go through "
+                            "nn.Embedding, numbers through x.astype('float32')")
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -151,10 +157,24 @@ class LayerNorm(Module):
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
+        self.hook_scale = HookPoint()          # √(σ² + eps)   (..., 1)
+        self.hook_normalized = HookPoint()     # (x − μ) / √(σ² + eps), before weight and bias
         self._factory(device)
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        if not (self.hook_scale.active or self.hook_normalized.active):
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        # a hook is set: the same formula composed, so its two intermediates can be seen
+        axes = tuple(range(-len(self.normalized_shape), 0))
+        centred = x - x.mean(axis=axes, keepdims=True)
+        scale = self.hook_scale(((centred * centred).mean(axis=axes, keepdims=True)
+                                 + self.eps).sqrt())
+        y = self.hook_normalized(centred / scale)
+        if self.weight is not None:
+            y = y * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y
 
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, "

@@ -30,7 +30,9 @@ state-dict key ``0.weight``, exactly as in PyTorch.
 from __future__ import annotations
 
 import os
+import re
 from collections import OrderedDict
+from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from .. import backend
@@ -460,16 +462,82 @@ class Module:
         return self.load_state_dict(backend.read_npz(self._npz_path(path)), strict=strict)
 
     # ---- printing ---------------------------------------------------------------------------
+    # ---- hook points (see hooks.py) ---------------------------------------------------------
+    #: (regex, replacement) pairs turning module paths into the public hook names, applied in
+    #: order by the module whose ``hook_names()`` is asked (models set TransformerLens's names).
+    hook_renames: tuple = ()
+
+    def hook_points(self) -> "OrderedDict[str, Module]":
+        """{public name: HookPoint} for every hook point below this module, in forward order of
+        registration; sets each point's ``name``."""
+        points = OrderedDict()
+        for path, m in self.named_modules():
+            if getattr(m, "is_hook_point", False):
+                name = path
+                for pattern, repl in self.hook_renames:
+                    name = re.sub(pattern, repl, name)
+                m.name = name
+                points[name] = m
+        return points
+
+    def hook_names(self) -> list:
+        """The names of this module's hook points (``blocks.0.attn.hook_pattern``, …)."""
+        return list(self.hook_points())
+
+    def _resolve_hooks(self, name_or_predicate) -> list:
+        points = self.hook_points()
+        if callable(name_or_predicate):
+            return [p for n, p in points.items() if name_or_predicate(n)]
+        if name_or_predicate not in points:
+            close = [n for n in points if str(name_or_predicate).split(".")[-1] in n][:5]
+            raise KeyError(f"{type(self).__name__} has no hook point {name_or_predicate!r}"
+                           + (f"; did you mean one of {close}?" if close else
+                              "; see hook_names()"))
+        return [points[name_or_predicate]]
+
+    def add_hook(self, name_or_predicate, fn, dir: str = "fwd") -> list:
+        """Set ``fn`` on the hook point so named (or every one whose name the predicate
+        accepts); ``dir`` is "fwd" or "bwd". Returns the HookPoints touched."""
+        targets = self._resolve_hooks(name_or_predicate)
+        for hp in targets:
+            hp.add_hook(fn, dir)
+        return targets
+
+    def reset_hooks(self) -> None:
+        """Remove every hook from every hook point below this module."""
+        for hp in self.hook_points().values():
+            hp.remove_hooks()
+
+    @contextmanager
+    def hooks(self, fwd_hooks=(), bwd_hooks=()):
+        """``with model.hooks(fwd_hooks=[(name or predicate, fn)], bwd_hooks=[...]):`` sets the
+        hooks for the block and removes them on the way out, even on an exception (hooks set
+        before the block stay)."""
+        added = []
+        try:
+            for dir, pairs in (("fwd", fwd_hooks), ("bwd", bwd_hooks)):
+                for name_or_predicate, fn in pairs:
+                    for hp in self.add_hook(name_or_predicate, fn, dir):
+                        added.append((hp, dir, fn))
+            yield self
+        finally:
+            for hp, dir, fn in added:
+                hooks = hp.fwd_hooks if dir == "fwd" else hp.bwd_hooks
+                if fn in hooks:
+                    hooks.remove(fn)
+
     def extra_repr(self) -> str:
         """The text inside ``Name(...)`` for this module's own settings (override in layers)."""
         return ""
 
     def __repr__(self) -> str:
         extra = self.extra_repr()
-        if not self._modules:
+        shown = [(n, c) for n, c in self._modules.items()    # hook points: listed by
+                 if not getattr(c, "is_hook_point", False)]   # hook_names(), not here
+        if not shown:
             return f"{type(self).__name__}({extra})"
         lines = [extra] if extra else []
-        for name, child in self._modules.items():
+        for name, child in shown:
             body = repr(child).replace("\n", "\n  ")
             lines.append(f"({name}): {body}")
         return f"{type(self).__name__}(\n  " + "\n  ".join(lines) + "\n)"

@@ -51,8 +51,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from .. import functional as F
-from ..models.transformer import TransformerEncoder, TransformerEncoderLayer
-from ..nn import Dropout, Embedding, LayerNorm, Linear, Module
+from ..models.transformer import BLOCK_HOOK_RENAMES, TransformerEncoder, TransformerEncoderLayer
+from ..nn import Dropout, Embedding, HookedModel, HookPoint, LayerNorm, Linear, Module
 from ..models.common import AttentionMaps
 from .common import activation, device_xp, padding_mask, token_array
 
@@ -104,12 +104,16 @@ class BertEmbeddings(Module):
         self.token_type_embeddings = Embedding(c.type_vocab_size, c.hidden_size)
         self.norm = LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.dropout = Dropout(c.hidden_dropout_prob)
+        self.hook_embed = HookPoint()             # (B, N, E) W_word[t] (input_ids only)
+        self.hook_pos_embed = HookPoint()         # (B, N, E) W_pos[p]
+        self.hook_token_type_embed = HookPoint()  # (B, N, E) W_type[s]
 
     def forward(self, input_ids=None, token_type_ids=None, inputs_embeds=None):
         """``input_ids`` (B, N) ints on the model's device, or ``inputs_embeds`` (B, N, E)
         (a Tensor, e.g. to take gradients with respect to it); ``token_type_ids`` (B, N)."""
         xp = device_xp(self)
-        x = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        x = self.hook_embed(self.word_embeddings(input_ids)) if inputs_embeds is None else \
+            inputs_embeds
         b, n = x.shape[0], x.shape[1]
         if n > self.position_embeddings.num_embeddings:
             raise ValueError(f"BertModel: {n} tokens exceed max_position_embeddings="
@@ -117,7 +121,10 @@ class BertEmbeddings(Module):
         positions = xp.arange(n)                                       # (N,)
         if token_type_ids is None:
             token_type_ids = xp.zeros((b, n), dtype=np.int64)
-        x = x + self.position_embeddings(positions) + self.token_type_embeddings(token_type_ids)
+        pos = self.position_embeddings(positions)                      # (N, E)
+        if self.hook_pos_embed.active:
+            pos = self.hook_pos_embed(F.broadcast_to(pos, x.shape))
+        x = x + pos + self.hook_token_type_embed(self.token_type_embeddings(token_type_ids))
         return self.dropout(self.norm(x))                              # (B, N, E)
 
 
@@ -132,7 +139,7 @@ class BertPooler(Module):
         return F.tanh(self.dense(hidden[:, 0]))
 
 
-class BertModel(Module, AttentionMaps):
+class BertModel(Module, AttentionMaps, HookedModel):
     """BERT's encoder (see the module docstring).
 
     ``forward(input_ids=None, attention_mask=None, token_type_ids=None, inputs_embeds=None)``
@@ -146,7 +153,15 @@ class BertModel(Module, AttentionMaps):
     (``attention_maps()`` → {"encoder.layers.{i}.self_attn": (B, H, N, N)}). Padding keys
     get probability 0; rows of padding *queries* are computed like any other (as in
     HuggingFace) and are simply not meaningful.
+
+    Hook points, ``run_with_cache`` (the cache's "logits" are the last hidden state) and
+    ``run_with_hooks`` under TransformerLens's BERT names: ``hook_embed``,
+    ``hook_pos_embed``, ``hook_token_type_embed``, ``embed.ln.*``, ``blocks.{i}.…`` (post-norm:
+    ``hook_resid_mid`` and ``hook_resid_post`` are the sums before ``ln1`` / ``ln2``).
     """
+
+    hook_renames = ((r"^embeddings\.norm\.", "embed.ln."), (r"^embeddings\.", ""),
+                    (r"^encoder\.", ""), *BLOCK_HOOK_RENAMES)
 
     def __init__(self, config: BertConfig):
         super().__init__()

@@ -52,8 +52,10 @@ from .. import backend
 from ..autograd.grad_mode import no_grad
 from ..attention import REGISTRY, KVCache
 from ..functional import linear
-from ..models.gpt import sample_next
-from ..nn import Dropout, Embedding, LayerNorm, Linear, Module, ModuleList
+from ..functional import broadcast_to
+from ..models.gpt import GPT, sample_next
+from ..nn import (Dropout, Embedding, HookedModel, HookPoint, LayerNorm, Linear, Module,
+                  ModuleList)
 from ..models.common import AttentionMaps
 from .common import activation, device_xp, padding_mask, token_array
 
@@ -107,14 +109,24 @@ class GPT2Block(Module):
         self.c_proj = Linear(inner, c.n_embd)
         self.drop = Dropout(c.resid_pdrop)
         self.act = activation(c.activation_function, "GPT2Block")
+        self.hook_resid_pre = HookPoint()      # hook points as minitx's GPT (TransformerLens's
+        self.hook_attn_out = HookPoint()       # names through GPT.hook_renames)
+        self.hook_resid_mid = HookPoint()
+        self.hook_mlp_pre = HookPoint()
+        self.hook_mlp_post = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
 
     def forward(self, x, attn_mask=None, kv_cache=None):
         """``attn_mask``: bool (B, 1, 1, Nk), True = may attend (ANDed with causality)."""
-        x = x + self.drop(self.attn(self.ln_1(x), attn_mask=attn_mask, kv_cache=kv_cache))
-        return x + self.drop(self.c_proj(self.act(self.c_fc(self.ln_2(x)))))
+        x = self.hook_resid_pre(x)
+        a = self.drop(self.attn(self.ln_1(x), attn_mask=attn_mask, kv_cache=kv_cache))
+        x = self.hook_resid_mid(x + self.hook_attn_out(a))
+        h = self.hook_mlp_post(self.act(self.hook_mlp_pre(self.c_fc(self.ln_2(x)))))
+        return self.hook_resid_post(x + self.hook_mlp_out(self.drop(self.c_proj(h))))
 
 
-class GPT2Model(Module, AttentionMaps):
+class GPT2Model(Module, AttentionMaps, HookedModel):
     """GPT-2 with its language-model head (HuggingFace's ``GPT2LMHeadModel``).
 
     ``forward(input_ids=None, attention_mask=None, inputs_embeds=None, kv_caches=None)`` →
@@ -123,7 +135,12 @@ class GPT2Model(Module, AttentionMaps):
     (offset by what the caches hold), as HuggingFace's default. Pad on the right: with
     causal attention the real tokens then never see the padding, and the logits at padded
     positions are meaningless. ``generate`` extends prompts token by token.
+
+    Hook points, ``run_with_cache`` and ``run_with_hooks`` under TransformerLens's names, as
+    minitx's ``GPT`` (``hook_embed`` fires for ``input_ids`` only).
     """
+
+    hook_renames = GPT.hook_renames
 
     def __init__(self, config: GPT2Config):
         super().__init__()
@@ -133,6 +150,8 @@ class GPT2Model(Module, AttentionMaps):
         self.drop = Dropout(c.embd_pdrop)
         self.h = ModuleList([GPT2Block(c) for _ in range(c.n_layer)])
         self.ln_f = LayerNorm(c.n_embd, eps=c.layer_norm_epsilon)
+        self.hook_embed = HookPoint()          # (B, T, E) wte[input_ids]
+        self.hook_pos_embed = HookPoint()      # (B, T, E) wpe[positions]
         self.lm_head = None if c.tie_word_embeddings else Linear(c.n_embd, c.vocab_size,
                                                                   bias=False)
 
@@ -146,7 +165,7 @@ class GPT2Model(Module, AttentionMaps):
             raise ValueError("GPT2Model: pass exactly one of input_ids and inputs_embeds")
         if input_ids is not None:
             input_ids = token_array(input_ids, xp)
-            x = self.wte(input_ids)                                    # (B, T, E)
+            x = self.hook_embed(self.wte(input_ids))                   # (B, T, E)
         else:
             x = inputs_embeds
         b, t = x.shape[0], x.shape[1]
@@ -154,7 +173,10 @@ class GPT2Model(Module, AttentionMaps):
         if offset + t > self.config.n_positions:
             raise ValueError(f"GPT2Model: {offset + t} positions exceed n_positions="
                              f"{self.config.n_positions}")
-        x = self.drop(x + self.wpe(xp.arange(offset, offset + t)))    # + (T, E)
+        pos = self.wpe(xp.arange(offset, offset + t))                  # (T, E)
+        if self.hook_pos_embed.active:
+            pos = self.hook_pos_embed(broadcast_to(pos, x.shape))
+        x = self.drop(x + pos)
         pad = padding_mask(attention_mask, (b, offset + t), xp)        # (B, Nk), True = pad
         allowed = None if pad is None else (~pad)[:, None, None, :]    # (B, 1, 1, Nk)
         for i, block in enumerate(self.h):
