@@ -49,6 +49,12 @@ class Section:
         return "".join(self.head_src + self.code_src)
 
 
+def _lines(text: str) -> list:
+    """The lines of ``text``, each with its "\\n" — split on "\\n" only, as Python counts lines
+    (``str.splitlines`` would also split on form feeds and Unicode separators)."""
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)
+
+
 # ---- Python -------------------------------------------------------------------------------
 
 def _docstring_owners(tree):
@@ -82,7 +88,7 @@ def _docstring_owners(tree):
 def _comment_lines(text):
     """1-based numbers of the lines whose first token is a comment (not inside a string)."""
     found = set()
-    lines = text.splitlines(keepends=True)
+    lines = _lines(text)
     for tok in tokenize.generate_tokens(io.StringIO(text).readline):
         if tok.type == tokenize.COMMENT:
             row, col = tok.start
@@ -109,7 +115,7 @@ _DEF = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+([A-Za-z_]\w*)")
 
 def python_sections(text: str) -> list:
     """Cut Python source ``text`` into sections (see the module docstring)."""
-    lines = text.splitlines(keepends=True)
+    lines = _lines(text)
     tree = ast.parse(text)
     owners = _docstring_owners(tree)
     comments = _comment_lines(text)
@@ -213,7 +219,7 @@ def _uncomment_c(lines):
 
 def cuda_sections(text: str) -> list:
     """Cut a CUDA/C++ source into sections: comment runs are the prose."""
-    lines = text.splitlines(keepends=True)
+    lines = _lines(text)
     sections, cur = [], None
     i = 0
     while i < len(lines):

@@ -1,0 +1,281 @@
+"""The reading site (``python -m minitx site``), checked on the files it writes.
+
+A session fixture builds the quick site once through the command line; the tests read it:
+every module has its page, every page gives back its source file byte for byte, every link
+and anchor resolves, nothing points outside the site, a bad formula or a failing proof stops
+the build, and two builds with one seed are identical outside the ``<!--measured-->`` regions.
+"""
+import glob
+import html
+import os
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from conftest import STRICT_CUPY
+
+pytestmark = pytest.mark.skipif(STRICT_CUPY, reason="the site is built on NumPy; the NumPy "
+                                                    "pass builds it")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+for _module in ("markdown_it", "mdit_py_plugins", "pygments", "latex2mathml"):
+    pytest.importorskip(_module, reason=f'{_module} missing: pip install ".[docs]"')
+
+from minitx.cli import main  # noqa: E402
+from minitx.site import build as site_build  # noqa: E402
+from minitx.site import command, proofs  # noqa: E402
+from minitx.site.render import MathError, Renderer  # noqa: E402
+
+
+def _build(out, cache, seed=0):
+    assert main(["site", "--out", str(out), "--quick", "--seed", str(seed), "--cache",
+                 str(cache)]) == 0
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory, notebook_cache):
+    return _build(tmp_path_factory.mktemp("site"), notebook_cache)
+
+
+def _read(path):
+    with open(path, encoding="utf-8", newline="") as fh:
+        return fh.read()
+
+
+class _Page(HTMLParser):
+    """Ids, references (href/src) and the (prose source, head count, code text) of each
+    section of one page."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.ids, self.refs, self.sections = set(), [], []
+        self._in_code, self._await_code = 0, False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.add(a["id"])
+        for key in ("href", "src"):
+            if key in a:
+                self.refs.append((tag, key, a[key]))
+        if tag == "div" and a.get("class") == "prose" and "data-src" in a:
+            self.sections.append([a["data-src"], 0, ""])
+        if tag == "div" and a.get("class") == "code" and "data-head" in a:
+            self.sections[-1][1] = int(a["data-head"])
+            self._await_code = True
+        elif tag == "pre" and self._await_code:
+            self._await_code, self._in_code = False, 1
+
+    def handle_endtag(self, tag):
+        if tag == "pre" and self._in_code:
+            self._in_code = 0
+
+    def handle_data(self, data):
+        if self._in_code:
+            self.sections[-1][2] += data
+
+
+def _parse(path):
+    page = _Page()
+    page.feed(_read(path))
+    return page
+
+
+def _html_files(site):
+    return sorted(glob.glob(os.path.join(site, "*.html")))
+
+
+# ---- pages --------------------------------------------------------------------------------
+
+REQUIRED = (["minitx/functional.py", "minitx/validate.py", "minitx/backend/__init__.py",
+             "minitx/backend/flash_cuda.py", "minitx/metrics.py"]
+            + [p for pattern in ("minitx/autograd/*.py", "minitx/ops/*.py",
+                                 "minitx/attention/*.py", "minitx/nn/*.py", "minitx/models/*.py",
+                                 "minitx/pretrained/*.py", "minitx/backend/kernels/*.cu",
+                                 "minitx/backend/kernels/*.cuh")
+               for p in glob.glob(os.path.join(ROOT, pattern))])
+
+
+def _rel(p):
+    return os.path.relpath(os.path.join(ROOT, p), ROOT).replace(os.sep, "/")
+
+
+def test_every_module_a_learner_reads_has_its_page(site):
+    required = sorted({_rel(p) for p in REQUIRED})
+    assert len(required) > 60
+    missing = [p for p in required
+               if not os.path.exists(os.path.join(site, site_build.page_url(p)))]
+    assert not missing, missing
+    for doc in ("docs/cuda_kernel.md", "docs/pretrained.md"):
+        assert os.path.exists(os.path.join(site, site_build.page_url(doc))), doc
+    index = _read(os.path.join(site, "index.html"))
+    for p in required:
+        assert f'href="{site_build.page_url(p)}"' in index, f"{p} not listed on the index"
+
+
+def test_each_page_gives_back_its_source_file_byte_for_byte(site):
+    checked = 0
+    for path in sorted({_rel(p) for p in REQUIRED}) + sorted(
+            _rel(p) for p in glob.glob(os.path.join(ROOT, "minitx/site/*.py"))):
+        page = _parse(os.path.join(site, site_build.page_url(path)))
+        assert page.sections, path
+        rebuilt = []
+        for prose_src, head, code in page.sections:
+            lines = code.splitlines(keepends=True)
+            rebuilt.append("".join(lines[:head]) + prose_src + "".join(lines[head:]))
+        assert "".join(rebuilt) == _read(os.path.join(ROOT, path)), path
+        checked += 1
+    assert checked > 60
+
+
+def test_the_course_runs_in_order_with_previous_and_next(site):
+    pages, _ = site_build.course_pages(ROOT)
+    order = [p.path for p in pages]
+    # the reading order of the issue: engine before softmax before SDPA … before pretrained
+    milestones = ["minitx/autograd/tensor.py", "minitx/ops/activation.py",
+                  "minitx/ops/attention.py", "minitx/models/attention.py",
+                  "minitx/nn/positional.py", "minitx/models/gpt.py", "minitx/attention/sparse.py",
+                  "minitx/attention/linformer.py", "minitx/attention/performer.py",
+                  "minitx/attention/reformer.py", "minitx/attention/routing.py",
+                  "minitx/attention/synthesizer.py", "minitx/ops/flash.py",
+                  "docs/cuda_kernel.md", "minitx/backend/kernels/flash_attn.cu",
+                  "docs/pretrained.md", "minitx/pretrained/bert.py"]
+    positions = [order.index(m) for m in milestones]
+    assert positions == sorted(positions)
+    for a, b in zip(order, order[1:]):
+        text = _read(os.path.join(site, site_build.page_url(a)))
+        assert f'rel="next" href="{site_build.page_url(b)}"' in text, (a, b)
+        back = _read(os.path.join(site, site_build.page_url(b)))
+        assert f'rel="prev" href="{site_build.page_url(a)}"' in back, (b, a)
+
+
+def test_pages_link_to_the_modules_they_build_on(site):
+    text = _read(os.path.join(site, "minitx.attention.performer.html"))
+    builds = re.search(r'<p class="builds">(.*?)</p>', text).group(1)
+    assert 'href="minitx.attention.base.html"' in builds
+
+
+# ---- links --------------------------------------------------------------------------------
+
+def test_every_internal_link_and_anchor_resolves(site):
+    pages = {os.path.basename(p): _parse(p) for p in _html_files(site)}
+    broken = []
+    for name, page in pages.items():
+        for tag, key, ref in page.refs:
+            if ref.startswith("data:"):
+                continue
+            target, _, anchor = html.unescape(ref).partition("#")
+            target = target or name
+            if not os.path.exists(os.path.join(site, target)):
+                broken.append(f"{name}: {tag} {key}={ref!r} (no file)")
+            elif anchor and (target not in pages or anchor not in pages[target].ids):
+                broken.append(f"{name}: {key}={ref!r} (no #{anchor})")
+    assert not broken, "\n".join(broken[:20])
+
+
+def test_nothing_points_outside_the_site(site):
+    outside = []
+    for path in _html_files(site):
+        for tag, key, ref in _parse(path).refs:
+            if re.match(r"^([a-z][a-z0-9+.-]*:|//|/)", ref, re.I) and not \
+                    ref.startswith("data:image/"):
+                outside.append(f"{os.path.basename(path)}: {tag} {key}={ref!r}")
+    css = _read(os.path.join(site, "style.css"))
+    assert not re.search(r"url\(|@import|https?://", css)
+    assert not outside, "\n".join(outside[:20])
+
+
+def test_outside_links_of_the_docs_become_visible_text():
+    r = Renderer("docs/x.md")
+    out = r("see [the paper](https://arxiv.org/abs/2009.14794) and ![pic](https://x.org/a.png)")
+    assert "href" not in out and "src" not in out
+    assert "(https://arxiv.org/abs/2009.14794)" in out
+
+
+# ---- maths --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("formula", [r"\frac{a}{", r"\frac{a}", r"x^{2", r"\notacommand x",
+                                     r"\left( x", r"a}"])
+def test_a_formula_that_does_not_parse_is_an_error_naming_page_and_formula(formula):
+    with pytest.raises(MathError) as info:
+        Renderer("minitx/ops/activation.py")(f"text ${formula}$ text")
+    assert "minitx/ops/activation.py" in str(info.value) and formula in str(info.value)
+
+
+@pytest.mark.parametrize("formula", [r"\operatorname{softmax}(x)_i = \frac{e^{x_i}}{\sum_j e^{x_j}}",
+                                     r"J = \operatorname{diag}(s) - s s^\top",
+                                     r"\sqrt{d_k}", r"O = \mathrm{softmax}(QK^\top/\sqrt{d})V"])
+def test_formulas_we_write_render_to_mathml(formula):
+    r = Renderer("p")
+    out = r(f"$${formula}$$")
+    assert "<math" in out and "merror" not in out and r.formulas == 1
+
+
+def test_a_bad_formula_in_a_docstring_fails_the_build(tmp_path, capsys):
+    root = tmp_path / "repo"
+    (root / "minitx" / "ops").mkdir(parents=True)
+    (root / "minitx" / "ops" / "activation.py").write_text(
+        'r"""Softmax.\n\n$$ s_i = \\frac{e^{x_i}}{ $$\n"""\nx = 1\n', encoding="utf-8")
+    with pytest.raises(MathError) as info:
+        site_build.build_site(str(tmp_path / "out"), root=str(root), quick=True, proofs=False,
+                              log=lambda *_: None)
+    assert "minitx/ops/activation.py" in str(info.value)
+    assert "\\frac{e^{x_i}}{" in str(info.value)
+
+
+def test_a_proof_below_its_threshold_fails_the_build_naming_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(proofs._APPROX_LIMIT, "performer", 1e-9)
+    code = main(["site", "--out", str(tmp_path), "--quick"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "proof 'performer'" in err and "threshold" in err
+
+
+def test_without_the_docs_extra_the_command_names_it_and_exits_2(tmp_path, monkeypatch,
+                                                                capsys):
+    real = command.importlib.util.find_spec
+    monkeypatch.setattr(command.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "markdown_it" else real(name, *a))
+    assert main(["site", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert 'pip install ".[docs]"' in err and "markdown-it-py" in err
+    assert not os.listdir(tmp_path)
+
+
+# ---- proofs -------------------------------------------------------------------------------
+
+def test_every_variant_and_key_op_has_its_proof_box(site):
+    from minitx.attention import REGISTRY
+    for name in sorted(REGISTRY):
+        path = REGISTRY[name].__module__.replace(".", "/") + ".py"
+        text = _read(os.path.join(site, site_build.page_url(path)))
+        assert f'id="proof-{name}"' in text, name
+    for name, (path, _) in proofs.OP_PAGES.items():
+        text = _read(os.path.join(site, site_build.page_url(path)))
+        assert f'id="proof-{name}"' in text, name
+    text = _read(os.path.join(site, "minitx.attention.reformer.html"))
+    assert "a different attention" in text
+    assert re.search(r"Built from commit <code>([0-9a-f]{40}|unknown)</code> with seed 0", text)
+
+
+# ---- determinism --------------------------------------------------------------------------
+
+MEASURED = re.compile(r"<!--measured-->.*?<!--/measured-->", re.S)
+
+
+def test_two_builds_with_one_seed_are_identical_outside_the_measured_regions(
+        site, tmp_path, notebook_cache):
+    other = _build(tmp_path / "again", notebook_cache)
+
+    def files(folder):
+        return sorted(os.path.relpath(os.path.join(d, f), folder)
+                      for d, _, fs in os.walk(folder) for f in fs)
+    assert files(site) == files(other)
+    for rel in files(site):
+        a, b = (open(os.path.join(f, rel), "rb").read() for f in (site, other))
+        if rel.endswith(".html"):
+            a, b = (MEASURED.sub("", x.decode("utf-8")) for x in (a, b))
+        assert a == b, rel
