@@ -24,6 +24,7 @@ for _module in ("markdown_it", "mdit_py_plugins", "pygments", "latex2mathml"):
     pytest.importorskip(_module, reason=f'{_module} missing: pip install ".[docs]"')
 
 from minitx.cli import main  # noqa: E402
+from site_support import quick_site  # noqa: E402
 from minitx.site import build as site_build  # noqa: E402
 from minitx.site import command, proofs  # noqa: E402
 from minitx.site.render import MathError, Renderer  # noqa: E402
@@ -37,7 +38,7 @@ def _build(out, cache, seed=0):
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory, notebook_cache):
-    return _build(tmp_path_factory.mktemp("site"), notebook_cache)
+    return quick_site(tmp_path_factory, notebook_cache)
 
 
 def _read(path):

@@ -558,6 +558,7 @@ main { max-width: 1500px; margin: 0 auto; padding: 0 1rem 2rem; }
 .code pre { margin: 0; padding: .6rem .9rem; overflow-x: auto; font-size: 13px; line-height: 1.5; }
 .prose pre { overflow-x: auto; background: var(--code-bg); padding: .5rem .7rem; font-size: 13px;
              border-radius: 4px; }
+.prose code, .doc code, .notebook code { overflow-wrap: anywhere; }
 .prose code, .doc code { font-size: .88em; background: #f1f1f4; padding: 0 .2em; border-radius: 3px; }
 .prose pre code, .doc pre code { background: none; padding: 0; }
 .prose p:first-of-type { margin-top: .2rem; }
@@ -577,7 +578,8 @@ math { font-size: 1.08em; }
 svg.plot { max-width: 100%; height: auto; font: 9px sans-serif; }
 .doc, .notebook, .intro, .course, .appendix { max-width: 920px; }
 .doc img, .notebook img { max-width: 100%; height: auto; }
-.doc table { border-collapse: collapse; display: block; overflow-x: auto; font-size: 14px; }
+.doc table { border-collapse: collapse; display: block; max-width: 100%; overflow-x: auto;
+             font-size: 14px; }
 .doc td, .doc th { border: 1px solid var(--rule); padding: .2rem .5rem; }
 .doc pre, .notebook pre { background: var(--code-bg); padding: .6rem .8rem; overflow-x: auto;
                           font-size: 13px; }
@@ -587,6 +589,7 @@ svg.plot { max-width: 100%; height: auto; font: 9px sans-serif; }
 .course { padding-left: 0; list-style: none; }
 .course h2 { font-size: 1.15rem; margin: 1.4rem 0 .2rem; }
 .course li li, .appendix li { margin: .15rem 0; }
+.course a, .appendix a, .builds a { overflow-wrap: anywhere; }
 .sum { display: block; color: var(--muted); font-size: 14px; }
 .foot { border-top: 1px solid var(--rule); padding: .8rem 1rem; font-size: 13px; }
 @media (max-width: 800px) {
