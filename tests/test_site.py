@@ -208,7 +208,10 @@ def test_a_formula_that_does_not_parse_is_an_error_naming_page_and_formula(formu
 
 @pytest.mark.parametrize("formula", [r"\operatorname{softmax}(x)_i = \frac{e^{x_i}}{\sum_j e^{x_j}}",
                                      r"J = \operatorname{diag}(s) - s s^\top",
-                                     r"\sqrt{d_k}", r"O = \mathrm{softmax}(QK^\top/\sqrt{d})V"])
+                                     r"\sqrt{d_k}", r"O = \mathrm{softmax}(QK^\top/\sqrt{d})V",
+                                     r"\begin{aligned} a &= b \\ c &= d \end{aligned}",
+                                     r"\begin{cases} s & j \le i \\ -\infty & \text{else} "
+                                     r"\end{cases}"])
 def test_formulas_we_write_render_to_mathml(formula):
     r = Renderer("p")
     out = r(f"$${formula}$$")
