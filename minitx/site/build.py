@@ -224,22 +224,22 @@ def _meta(page, known, seed, commit):
 def _proof_html(proof) -> str:
     rows = []
     for claim, value, limit, passed, measured in proof.lines:
-        mark = "✓" if passed else "✗"
-        row = (f"<tr><td>{esc(claim)}</td><td class=\"num\">{esc(value)}</td>"
-               f"<td class=\"num\">{esc(limit)}</td><td>{mark if limit else ''}</td></tr>")
+        verdict = (f'<span class="limit">{esc(limit)} {"✓" if passed else "✗"}</span>'
+                   if limit else "")
+        row = (f'<li><span class="claim">{esc(claim)}</span>'
+               f'<span class="value"><b>{esc(value)}</b>{verdict}</span></li>')
         rows.append(f"<!--measured-->{row}<!--/measured-->" if measured else row)
     parts = [f'<aside class="proof" id="proof-{esc(proof.name)}">'
              f'<p class="proof-title">Proof, computed at build: <code>{esc(proof.name)}</code></p>']
     if proof.note:
         parts.append(f'<p class="note">{esc(proof.note)}</p>')
-    parts.append('<table><thead><tr><th>claim</th><th>measured</th><th>threshold</th><th></th>'
-                 f'</tr></thead><tbody>{"".join(rows)}</tbody></table>')
+    parts.append(f'<ul class="claims">{"".join(rows)}</ul>')
     plots = []
     if proof.time:
         plots.append("<!--measured-->" + svg_plot({"time (s)": proof.time}, "N", "seconds")
                      + "<!--/measured-->")
     if proof.memory:
-        plots.append(svg_plot({"peak memory (B)": proof.memory}, "N", "bytes"))
+        plots.append(svg_plot({"peak memory (bytes)": proof.memory}, "N", "bytes"))
     if proof.budget:
         plots.append(svg_plot({"output error": [(b, e) for b, e in proof.budget if e > 0]},
                               proof.budget_label, "relative error"))
@@ -408,6 +408,8 @@ def _output_html(output, path, index):
 # ---- index --------------------------------------------------------------------------------
 
 def _index(pages, appendix, summaries, seed, commit, formulas_note):
+    inline = Renderer("index.html").md.renderInline
+    summaries = {k: inline(docstring_markdown(v)) for k, v in summaries.items()}
     chapters = []
     by_chapter = {}
     for p in pages:
@@ -418,12 +420,12 @@ def _index(pages, appendix, summaries, seed, commit, formulas_note):
         if not items:
             continue
         lis = "".join(f'<li><a href="{p.url}">{esc(p.path)}</a>'
-                      f'<span class="sum">{esc(summaries.get(p.path, ""))}</span></li>'
+                      f'<span class="sum">{summaries.get(p.path, "")}</span></li>'
                       for p in items)
         chapters.append(f'<li class="chapter"><h2>{n}. {esc(title)}</h2><p>{esc(learn)}</p>'
                         f'<ol>{lis}</ol></li>')
     apx = "".join(f'<li><a href="{p.url}">{esc(p.path)}</a>'
-                  f'<span class="sum">{esc(summaries.get(p.path, ""))}</span></li>'
+                  f'<span class="sum">{summaries.get(p.path, "")}</span></li>'
                   for p in appendix)
     first = pages[0]
     body = (
@@ -505,7 +507,8 @@ def build_site(out: str, seed: int = 0, quick: bool = False, root: str = None,
                                     seed, commit, pos, len(pages))
         formulas += renderer.formulas
         _write(os.path.join(out, page.url), html)
-    note = f"{len(everything) + 1} pages, {formulas} formulas rendered to MathML."
+    note = (f"{len(everything) + 1} pages, {formulas} formula{'s' * (formulas != 1)} "
+            "rendered to MathML.")
     _write(os.path.join(out, "index.html"), _index(pages, appendix, summaries, seed, commit,
                                                    note))
     _write(os.path.join(out, "style.css"), STYLE + pygments_css())
@@ -569,13 +572,15 @@ math { font-size: 1.08em; }
          background: #f5f9fe; font-size: 13px; overflow-x: auto; }
 .proof-title { margin: 0 0 .3rem; font-weight: 700; }
 .proof .note { margin: .2rem 0 .4rem; color: var(--muted); }
-.proof table { border-collapse: collapse; width: 100%; font-size: 12.5px; }
-.proof td.num { font-family: "DejaVu Sans Mono", monospace; }
-.proof td, .proof th { padding: .15rem .35rem; border-bottom: 1px solid #e2ecf8; text-align: left;
-                       vertical-align: top; }
-.proof td.num { white-space: nowrap; text-align: right; }
+.claims { list-style: none; margin: 0; padding: 0; }
+.claims li { display: flex; flex-wrap: wrap; justify-content: space-between; gap: 0 .8rem;
+             padding: .2rem 0; border-bottom: 1px solid #e2ecf8; }
+.claims .claim { flex: 1 1 14rem; min-width: 0; overflow-wrap: anywhere; }
+.claims .value { font-family: "DejaVu Sans Mono", monospace; font-size: 12px; white-space: nowrap; }
+.claims .limit { color: var(--muted); margin-left: .5rem; }
 .plots { display: flex; flex-wrap: wrap; gap: .5rem; margin-top: .5rem; }
-svg.plot { max-width: 100%; height: auto; font: 9px sans-serif; }
+.plots svg.plot { flex: 0 1 240px; min-width: 0; }
+svg.plot { max-width: 100%; height: auto; font: 10px sans-serif; }
 .doc, .notebook, .intro, .course, .appendix { max-width: 920px; }
 .doc img, .notebook img { max-width: 100%; height: auto; }
 .doc table { border-collapse: collapse; display: block; max-width: 100%; overflow-x: auto;
@@ -593,6 +598,7 @@ svg.plot { max-width: 100%; height: auto; font: 9px sans-serif; }
 .sum { display: block; color: var(--muted); font-size: 14px; }
 .foot { border-top: 1px solid var(--rule); padding: .8rem 1rem; font-size: 13px; }
 @media (max-width: 800px) {
+  .bar { position: static; }
   .sec { flex-direction: column; }
   .prose { padding: .6rem 0; }
   .code { border-left: 0; }

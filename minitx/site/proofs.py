@@ -348,7 +348,7 @@ def variant_proof(name: str, sizes: Sizes, seed: int) -> Proof:
                 lay(x)
         return call
     _growth(proof, run, sizes.growth)
-    proof.report("complexity (from the docstring)", cls.complexity)
+    proof.note = (proof.note + " " if proof.note else "") + f"Stated complexity: {cls.complexity}."
     return proof
 
 

@@ -260,7 +260,7 @@ def _nice(v: float) -> str:
     return f"{v:.3g}"
 
 
-def svg_plot(series: dict, xlabel: str, ylabel: str, log=True, width=300, height=170) -> str:
+def svg_plot(series: dict, xlabel: str, ylabel: str, log=True, width=240, height=150) -> str:
     """A small line plot as inline SVG, drawn by hand so the bytes depend only on the numbers.
 
     ``series``: {label: [(x, y), …]}; ``log``: both axes logarithmic (a power law is a line,
