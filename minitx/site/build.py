@@ -25,10 +25,18 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from mdit_py_plugins.anchors import anchors_plugin
+
 from . import proofs as proofs_mod
 from .render import (MathError, Renderer, docstring_markdown, esc, highlight_lines,
                      pygments_css, svg_plot)
 from .source import file_sections, module_summary
+
+try:      # the notebook runner (executes and caches notebooks; needs nbclient, jupytext)
+    from . import notebooks as notebook_runner
+    RUNNER_MISSING = None
+except ImportError as exc:       # not merged yet, or its tools are not installed
+    notebook_runner, RUNNER_MISSING = None, f"the notebook runner ({exc})"
 
 __all__ = ["COURSE", "Page", "build_site", "course_pages", "page_url", "repo_root",
            "MathError"]
@@ -329,7 +337,6 @@ def _doc_page(page, root, out, known, seed, commit, position, total):
         return None
 
     renderer = Renderer(page.path, link=link, image=image)
-    from mdit_py_plugins.anchors import anchors_plugin  # noqa: PLC0415 - docs pages only
     renderer.md.use(anchors_plugin, max_level=3)
     body = f'<article class="doc">{renderer(text)}</article>'
     page.builds_on = sorted(p for p in known if p.startswith("minitx/") and p in text)
@@ -341,22 +348,18 @@ def _doc_page(page, root, out, known, seed, commit, position, total):
 
 def _notebook_page(page, root, renderer, cache_dir, quick, seed, commit, known, position,
                    total):
-    try:
-        from . import notebooks as nb_mod  # noqa: PLC0415 - written on its own branch
-    except ImportError:
-        nb_mod = None
-    import jupytext  # noqa: PLC0415 - the docs extra
+    import jupytext  # noqa: PLC0415 - notebook pages only
 
     path = os.path.join(root, page.path)
     banner = ""
-    missing = nb_mod.notebook_requirements_missing(path) if nb_mod else \
-        "the notebook runner (minitx/site/notebooks.py)"
+    missing = (notebook_runner.notebook_requirements_missing(path) if notebook_runner
+               else RUNNER_MISSING)
     if missing:
         nb = jupytext.read(path)
         banner = (f'<p class="banner">Not executed in this build: {esc(missing)} is missing. '
                   'The code is shown as written.</p>')
     else:
-        nb = nb_mod.execute_notebook(path, quick=quick, seed=seed, cache_dir=cache_dir)
+        nb = notebook_runner.execute_notebook(path, quick=quick, seed=seed, cache_dir=cache_dir)
     cells = []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":

@@ -11,7 +11,7 @@ For each key op and each registered attention variant:
   (``minitx.metrics``), except Reformer (shared-QK attention under its no-self rule) — and
   Routing, whose windows within clusters approximate exact attention only as clusters → 1;
 - **growth**: forward time and peak traced memory (``tracemalloc``) over a few N, and the
-  fitted exponent p of cost ∝ N^p;
+  fitted exponent p of cost ∝ N^p (memory: ≤ 1.4 where linear memory is claimed, else ≤ 2.3);
 - **budget**: for the approximations, the error against budget (features, rank, rounds,
   clusters) — it must fall as the budget grows.
 
@@ -126,15 +126,19 @@ def _gradient(proof, fn, arrays, limit=1e-6):
 
 # ---- growth -------------------------------------------------------------------------------
 
-def _measure(run, sizes):
-    """[(N, seconds)], [(N, peak bytes)] of ``run(N)`` (each timed after one warm-up call)."""
+def _measure(run, sizes, repeats=3):
+    """[(N, seconds)], [(N, peak bytes)] of ``run(N)()``: the best of ``repeats`` timings after
+    one warm-up call, and the peak memory traced during one more call."""
     times, memory = [], []
     for n in sizes:
         call = run(n)
         call()
-        t0 = time.perf_counter()
-        call()
-        times.append((n, time.perf_counter() - t0))
+        best = float("inf")
+        for _ in range(repeats):       # the fastest of a few: the least disturbed by others
+            t0 = time.perf_counter()
+            call()
+            best = min(best, time.perf_counter() - t0)
+        times.append((n, best))
         tracemalloc.start()
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
@@ -151,13 +155,20 @@ def exponent(points) -> float:
     return float(np.polyfit(x, y, 1)[0])
 
 
-def _growth(proof, run, sizes, max_memory_exponent=2.3):
+# Stated linear memory (no N² term in the docstring's memory complexity, at fixed window,
+# features, rank, buckets): the measured exponent must stay near 1. Others: at most 2 (+ slack).
+LINEAR_MEMORY = {"flash", "flash_attention", "local", "dilated", "longformer", "bigbird",
+                 "linformer", "performer", "linear", "reformer", "routing", "fnet"}
+
+
+def _growth(proof, run, sizes):
     proof.time, proof.memory = _measure(run, sizes)
     ns = ", ".join(map(str, sizes))
-    proof.report(f"time exponent p (time ∝ N^p, N = {ns})", f"{exponent(proof.time):.2f}",
-                 measured=True)
+    proof.report(f"time exponent p (time ∝ N^p, N = {ns}; best of 3)",
+                 f"{exponent(proof.time):.2f}", measured=True)
+    limit = 1.4 if proof.name in LINEAR_MEMORY else 2.3
     proof.check(f"memory exponent p (peak traced memory ∝ N^p, N = {ns})",
-                exponent(proof.memory), max_memory_exponent, fmt="{:.2f}")
+                exponent(proof.memory), limit, fmt="{:.2f}")
 
 
 # ---- the ops ------------------------------------------------------------------------------
