@@ -283,3 +283,46 @@ def test_two_builds_with_one_seed_are_identical_outside_the_measured_regions(
         if rel.endswith(".html"):
             a, b = (MEASURED.sub("", x.decode("utf-8")) for x in (a, b))
         assert a == b, rel
+
+
+# ---- notebooks ----------------------------------------------------------------------------
+
+def _notebook(outputs, tags=()):
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# Attention\n\nWith $\\sqrt{d_k}$ and\n\n"
+                                              "$$\\frac{QK^\\top}{\\sqrt{d_k}}$$"),
+                nbformat.v4.new_code_cell("print(1 + 1)", metadata={"tags": list(tags)})]
+    nb.cells[1].outputs = outputs
+    return nb
+
+
+def test_a_notebook_renders_maths_code_text_and_figures():
+    nbformat = pytest.importorskip("nbformat")
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    r = Renderer("notebooks/x.py")
+    out = site_build.notebook_html(_notebook([
+        nbformat.v4.new_output("stream", name="stdout", text="2\n"),
+        nbformat.v4.new_output("display_data", data={"image/png": png,
+                                                     "text/plain": "<Figure>"})]), r, "x")
+    assert r.formulas == 2 and "<mfrac>" in out
+    assert '<span class="nb">print</span>' in out          # highlighted: a builtin
+    assert '<pre class="nb-out">2\n</pre>' in out
+    assert f'src="data:image/png;base64,{png}"' in out
+    assert "<!--measured-->" not in out
+
+
+def test_outputs_of_a_measured_cell_are_fenced():
+    nbformat = pytest.importorskip("nbformat")
+    out = site_build.notebook_html(
+        _notebook([nbformat.v4.new_output("stream", name="stdout", text="0.3 s\n")],
+                  tags=["measured"]), Renderer("n"), "x")
+    assert re.search(r"<!--measured--><pre class=\"nb-out\">0\.3 s\n</pre><!--/measured-->", out)
+
+
+def test_an_error_output_in_a_notebook_fails_the_build():
+    nbformat = pytest.importorskip("nbformat")
+    nb = _notebook([nbformat.v4.new_output("error", ename="AssertionError",
+                                           evalue="heads differ", traceback=[])])
+    with pytest.raises(site_build.NotebookError, match="notebooks/x.py, cell 1: AssertionError"):
+        site_build.notebook_html(nb, Renderer("n"), "notebooks/x.py")

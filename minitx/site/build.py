@@ -360,6 +360,19 @@ def _notebook_page(page, root, renderer, cache_dir, quick, seed, commit, known, 
                   'The code is shown as written.</p>')
     else:
         nb = notebook_runner.execute_notebook(path, quick=quick, seed=seed, cache_dir=cache_dir)
+    cells = notebook_html(nb, renderer, page.path)
+    title = nb.metadata.get("title") or page.path
+    head = (f'<div class="pagehead"><h1>{esc(title)}</h1>{banner}'
+            f'{_meta(page, known, seed, commit)}</div>')
+    return _frame(page.path, head + '<article class="notebook">' + cells + "</article>",
+                  _bar(page, position, total), _footer(page))
+
+
+def notebook_html(nb, renderer, path) -> str:
+    """The cells of an (executed) notebook as HTML: Markdown cells with maths, highlighted
+    code, stream and text outputs, PNG/SVG figures inline. Outputs of cells tagged
+    ``measured`` (wall-clock timings) are fenced in ``<!--measured-->`` markers. An error
+    output raises ``NotebookError``."""
     cells = []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
@@ -368,20 +381,12 @@ def _notebook_page(page, root, renderer, cache_dir, quick, seed, commit, known, 
         if cell.cell_type != "code":
             continue
         code = "".join(highlight_lines(cell.source, "python"))
-        outputs = []
-        measured = "measured" in cell.get("metadata", {}).get("tags", [])
-        for output in cell.get("outputs", []):
-            outputs.append(_output_html(output, page.path, i))
-        block = "".join(outputs)
-        if measured and block:
+        block = "".join(_output_html(output, path, i) for output in cell.get("outputs", []))
+        if block and "measured" in cell.get("metadata", {}).get("tags", []):
             block = f"<!--measured-->{block}<!--/measured-->"
         cells.append(f'<div class="nb-code" id="cell-{i}"><pre class="code">{code}</pre>'
                      f'{block}</div>')
-    title = nb.metadata.get("title") or page.path
-    head = (f'<div class="pagehead"><h1>{esc(title)}</h1>{banner}'
-            f'{_meta(page, known, seed, commit)}</div>')
-    return _frame(page.path, head + '<article class="notebook">' + "".join(cells) + "</article>",
-                  _bar(page, position, total), _footer(page))
+    return "\n".join(cells)
 
 
 class NotebookError(RuntimeError):
