@@ -135,14 +135,7 @@ def python_sections(text: str) -> list:
             role[i] = "comment"
 
     sections, cur = [], None
-    used = {}
-
-    def new(anchor):
-        count = used.get(anchor, 0) + 1
-        used[anchor] = count
-        sec = Section(anchor if count == 1 else f"{anchor}-{count}")
-        sections.append(sec)
-        return sec
+    new = _namer(sections)
 
     i = 1
     while i <= len(lines):
@@ -166,14 +159,14 @@ def python_sections(text: str) -> list:
             while j <= len(lines) and role[j] == "comment":
                 j += 1
             if cur is None or cur.code_src:
-                cur = new(f"s{len(sections) + 1}")
+                cur = new(slug(_uncomment(lines[i - 1:j - 1])))
             cur.prose_src.extend(lines[i - 1:j - 1])
             cur.prose = (cur.prose + "\n\n" + _uncomment(lines[i - 1:j - 1])).strip("\n")
             i = j
             continue
         else:
             if cur is None:
-                cur = new(f"s{len(sections) + 1}")
+                cur = new("top")
             if not line.strip() and not cur.code_src and cur.prose_src:
                 cur.prose_src.append(line)     # blank lines after prose stay with it
             else:
@@ -184,6 +177,26 @@ def python_sections(text: str) -> list:
         i += 1
     _unique_names(sections)
     return sections
+
+
+def slug(text: str, words: int = 6) -> str:
+    """A stable anchor from the first words of a comment: "---- 3. every variant ----" ->
+    "c-3-every-variant" (it moves only when the comment itself changes)."""
+    found = re.findall(r"[a-z0-9]+", text.split("\n")[0].lower())[:words]
+    return "c-" + "-".join(found) if found else "c"
+
+
+def _namer(sections):
+    """``new(anchor)``: append a Section whose anchor is made unique in the file (-2, -3 …)."""
+    used = {}
+
+    def new(anchor):
+        count = used.get(anchor, 0) + 1
+        used[anchor] = count
+        sec = Section(anchor if count == 1 else f"{anchor}-{count}")
+        sections.append(sec)
+        return sec
+    return new
 
 
 def _unique_names(sections):
@@ -221,6 +234,7 @@ def cuda_sections(text: str) -> list:
     """Cut a CUDA/C++ source into sections: comment runs are the prose."""
     lines = _lines(text)
     sections, cur = [], None
+    new = _namer(sections)
     i = 0
     while i < len(lines):
         s = lines[i].lstrip()
@@ -234,15 +248,13 @@ def cuda_sections(text: str) -> list:
                 j += 1
             block = lines[i:j]
             if cur is None or cur.code_src:
-                cur = Section(f"s{len(sections) + 1}")
-                sections.append(cur)
+                cur = new(slug(_uncomment_c(block)))
             cur.prose_src.extend(block)
             cur.prose = (cur.prose + "\n\n" + _uncomment_c(block)).strip("\n")
             i = j
             continue
         if cur is None:
-            cur = Section(f"s{len(sections) + 1}")
-            sections.append(cur)
+            cur = new("top")
         if not s.strip() and not cur.code_src and cur.prose_src:
             cur.prose_src.append(lines[i])
         else:
