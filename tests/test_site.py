@@ -326,3 +326,81 @@ def test_an_error_output_in_a_notebook_fails_the_build():
                                            evalue="heads differ", traceback=[])])
     with pytest.raises(site_build.NotebookError, match="notebooks/x.py, cell 1: AssertionError"):
         site_build.notebook_html(nb, Renderer("n"), "notebooks/x.py")
+
+
+# ---- the section model, on generated sources ----------------------------------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from minitx.site.source import cuda_sections, python_sections  # noqa: E402
+
+_WORD = st.sampled_from(["x", "q_k", "softmax", "Σ_j", "√d", "(B, H, N, D)", "$a_b$", "é"])
+
+
+@st.composite
+def _python_source(draw):
+    """Python text made of docstrings, comment blocks, defs, classes, decoys (a '#' line
+    inside a plain string, a docstring on its def's line: both code) and blank lines;
+    returns (text, docstring owners, decoy lines)."""
+    lines, owners, decoys = [], [], []
+    if draw(st.booleans()):
+        lines += ['"""Module: ' + draw(_WORD) + ".", "", "    indented formula", '"""']
+    for k in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["def", "class", "comment", "code", "decoy", "blank",
+                                     "oneliner"]))
+        name = f"f{k}"
+        if kind in ("def", "class"):
+            if draw(st.booleans()):
+                lines.append("@decorator")
+            lines.append(f"def {name}(a):" if kind == "def" else f"class {name}:")
+            doc = draw(st.lists(_WORD, min_size=1, max_size=3))
+            prefix = draw(st.sampled_from(['"""', 'r"""', "'''"]))
+            quote = prefix[-3:]
+            lines += [f"    {prefix}{' '.join(doc)}", f"    {quote}"]
+            owners.append(name)
+            if draw(st.booleans()):
+                lines += ["    # a comment inside", "    return a  # trailing"]
+            else:
+                lines.append("    pass")
+        elif kind == "comment":
+            lines += [f"# {draw(_WORD)}" for _ in range(draw(st.integers(1, 3)))]
+        elif kind == "code":
+            lines.append(f"v{k} = {k}  # shapes {draw(_WORD)}")
+        elif kind == "oneliner":                 # a docstring sharing its line with code
+            lines.append(f'def {name}(): "doc {k}"')
+            decoys.append(lines[-1] + "\n")
+        elif kind == "decoy":
+            lines += [f"s{k} = '''", "# not a comment: inside a string", "'''"]
+            decoys.append("# not a comment: inside a string\n")
+        else:
+            lines.append("")
+    end = "\n" if draw(st.booleans()) else ""
+    return "\n".join(lines) + end, owners, decoys
+
+
+@given(_python_source())
+def test_python_sections_give_back_every_byte_and_put_docstrings_left(case):
+    text, owners, decoys = case
+    sections = python_sections(text)
+    assert "".join(s.source for s in sections) == text
+    anchors = [s.anchor for s in sections]
+    assert len(set(anchors)) == len(anchors)
+    for name in owners:
+        sec = sections[anchors.index(name)]
+        assert sec.head_src and sec.head_src[-1].lstrip().startswith(("def ", "class "))
+        assert sec.prose and not any('"""' in line for line in sec.head_src)
+    code = [line.rstrip("\n") for s in sections for line in s.code_src]
+    prose = [line.rstrip("\n") for s in sections for line in s.prose_src]
+    for decoy in decoys:
+        assert decoy.rstrip("\n") in code and decoy.rstrip("\n") not in prose
+
+
+@given(st.lists(st.sampled_from(["// note", "/* block */", "/* two\n * lines */", "int x;",
+                                 "", "  // indented", "__global__ void k(int a) {", "}"]),
+                max_size=12), st.booleans())
+def test_cuda_sections_give_back_every_byte(parts, newline):
+    text = "\n".join(parts) + ("\n" if newline else "")
+    sections = cuda_sections(text)
+    assert "".join(s.source for s in sections) == text
+    assert all("//" not in line and "/*" not in line for s in sections for line in s.code_src)

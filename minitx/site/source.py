@@ -57,8 +57,17 @@ def _lines(text: str) -> list:
 
 # ---- Python -------------------------------------------------------------------------------
 
-def _docstring_owners(tree):
-    """{first docstring line: (anchor, head first line, docstring last line, text)}, 1-based."""
+def _alone(expr, lines) -> bool:
+    """True when the docstring ``expr`` has its lines to itself (not ``def f(): "doc"``)."""
+    first, last = lines[expr.lineno - 1], lines[expr.end_lineno - 1]
+    before = first.encode("utf-8")[:expr.col_offset].decode("utf-8")
+    after = last.encode("utf-8")[expr.end_col_offset:].decode("utf-8")
+    return not before.strip() and not after.strip()
+
+
+def _docstring_owners(tree, lines):
+    """{first docstring line: (anchor, head first line, docstring last line, text)}, 1-based,
+    for every module/class/function docstring that stands on lines of its own."""
     owners = {}
 
     def visit(node, prefix):
@@ -67,8 +76,8 @@ def _docstring_owners(tree):
             return
         doc = ast.get_docstring(node, clean=True) if isinstance(
             node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) else None
-        if doc is not None:
-            expr = body[0]
+        expr = body[0] if body else None
+        if doc is not None and _alone(expr, lines):
             if isinstance(node, ast.Module):
                 anchor, head = "module", expr.lineno
             else:
@@ -117,7 +126,7 @@ def python_sections(text: str) -> list:
     """Cut Python source ``text`` into sections (see the module docstring)."""
     lines = _lines(text)
     tree = ast.parse(text)
-    owners = _docstring_owners(tree)
+    owners = _docstring_owners(tree, lines)
     comments = _comment_lines(text)
     role = ["code"] * (len(lines) + 1)      # 1-based
     doc_at = {}                             # first line of a prose run -> (anchor, markdown)
