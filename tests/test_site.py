@@ -404,3 +404,15 @@ def test_cuda_sections_give_back_every_byte(parts, newline):
     sections = cuda_sections(text)
     assert "".join(s.source for s in sections) == text
     assert all("//" not in line and "/*" not in line for s in sections for line in s.code_src)
+
+
+def test_code_spans_that_name_a_page_or_a_section_link_there(site):
+    doc = _read(os.path.join(site, "docs.cuda_kernel.html"))
+    assert '<a class="ref" href="minitx.backend.kernels.flash_attn.cu.html"><code>' in doc
+    link = site_build.code_linker({"minitx/ops/flash.py", "minitx/attention/flash.py",
+                                   "minitx/backend/kernels/flash_attn.cu"}, ["softmax_array"])
+    assert link("minitx.ops.flash") == "minitx.ops.flash.html"
+    assert link("flash_attn.cu") == "minitx.backend.kernels.flash_attn.cu.html"
+    assert link("flash.py") is None                      # two files by that name: no guess
+    assert link("softmax_array()") == "#softmax_array"
+    assert link("np.exp") is None

@@ -195,6 +195,32 @@ def imported_files(root: str, path: str, text: str) -> list:
     return sorted(found)
 
 
+def code_linker(known, anchors=()):
+    """``code_link`` for a page: a code span naming a site page (``minitx/ops/flash.py``,
+    ``minitx.ops.flash``, or a file name found once, ``flash_attn.cu``) links to it; one naming a section of this page (``softmax_array``,
+    ``Tensor.backward``) links to its anchor."""
+    modules = {p[:-3].replace("/", "."): p for p in known if p.endswith(".py")}
+    modules.update({k[: -len(".__init__")]: v for k, v in modules.items()
+                    if k.endswith(".__init__")})
+    anchors = set(anchors)
+    by_base = {}
+    for p in known:
+        by_base.setdefault(p.rsplit("/", 1)[-1], []).append(p)
+    unique = {b: ps[0] for b, ps in by_base.items() if len(ps) == 1 and b != "__init__.py"}
+
+    def link(text):
+        text = text.strip()
+        name = text[:-2] if text.endswith("()") else text
+        if text in known or text in unique:
+            return page_url(unique.get(text, text))
+        if name in modules:
+            return page_url(modules[name])
+        if name in anchors:
+            return "#" + name
+        return None
+    return link
+
+
 # ---- page frame ---------------------------------------------------------------------------
 
 def _frame(page_title, body, top, bottom="") -> str:
@@ -259,10 +285,12 @@ def _proof_html(proof) -> str:
 
 # ---- source pages -------------------------------------------------------------------------
 
-def source_body(page, text, renderer, proofs=()) -> str:
+def source_body(page, text, renderer, proofs=(), known=()) -> str:
     """The sections of one source file as HTML rows (prose | code)."""
     language = "cuda" if page.path.endswith((".cu", ".cuh")) else "python"
     sections = file_sections(page.path, text)
+    renderer.code_link = code_linker(known, [s.anchor for s in sections] +
+                                     [n for s in sections for n in s.names])
     lines = highlight_lines(text, language)
     by_anchor = {}
     for proof in proofs:
@@ -296,7 +324,7 @@ def _source_page(page, root, renderer, proofs, known, seed, commit, position, to
     with open(os.path.join(root, page.path), encoding="utf-8", newline="") as fh:
         text = fh.read()
     page.builds_on = imported_files(root, page.path, text)
-    body = source_body(page, text, renderer, proofs)
+    body = source_body(page, text, renderer, proofs, known)
     head = (f'<div class="pagehead"><h1><code>{esc(page.path)}</code></h1>'
             f'{_meta(page, known, seed, commit)}</div>')
     return _frame(page.path, head + '<div class="sections">' + body + "</div>",
@@ -336,7 +364,7 @@ def _doc_page(page, root, out, known, seed, commit, position, total):
             return page_url(rel) + (f"#{frag}" if frag else "")
         return None
 
-    renderer = Renderer(page.path, link=link, image=image)
+    renderer = Renderer(page.path, link=link, image=image, code_link=code_linker(known))
     renderer.md.use(anchors_plugin, max_level=3)
     body = f'<article class="doc">{renderer(text)}</article>'
     page.builds_on = sorted(p for p in known if p.startswith("minitx/") and p in text)
@@ -502,7 +530,7 @@ def build_site(out: str, seed: int = 0, quick: bool = False, root: str = None,
             html, renderer = _doc_page(page, root, out, known, seed, commit, pos, len(pages))
             summaries[page.path] = _first_heading(root, page.path)
         else:
-            renderer = Renderer(page.path)
+            renderer = Renderer(page.path, code_link=code_linker(known))
             if page.kind == "notebook":
                 html = _notebook_page(page, root, renderer, cache_dir, quick, seed, commit,
                                       known, pos, len(pages))
@@ -572,6 +600,7 @@ main { max-width: 1500px; margin: 0 auto; padding: 0 1rem 2rem; }
 .prose code, .doc code, .notebook code { overflow-wrap: anywhere; }
 .prose code, .doc code { font-size: .88em; background: #f1f1f4; padding: 0 .2em; border-radius: 3px; }
 .prose pre code, .doc pre code { background: none; padding: 0; }
+a.ref code { color: var(--accent); }
 .prose p:first-of-type { margin-top: .2rem; }
 .anchor { position: absolute; left: -1rem; top: .6rem; color: #bbb; font-size: 13px; }
 .math { overflow-x: auto; overflow-y: hidden; margin: .6rem 0; }

@@ -101,11 +101,14 @@ class Renderer:
 
     ``link`` maps a link target to a site-relative URL, or None for an outside link (shown as
     text with its address, never as a live reference); ``image`` maps an image source to the
-    site-relative path of its copy. ``formulas`` counts the formulas rendered.
+    site-relative path of its copy; ``code_link`` maps the text of a code span (a file path,
+    a module, a function on the page) to the URL it names, or None. ``formulas`` counts the
+    formulas rendered.
     """
 
-    def __init__(self, page: str, link=None, image=None):
+    def __init__(self, page: str, link=None, image=None, code_link=None):
         self.page = page
+        self.code_link = code_link or (lambda text: None)
         self.formulas = 0
         self.resolve_link = link or (lambda href: href if _internal(href) else None)
         self.resolve_image = image or (lambda src: src if _internal(src) else None)
@@ -116,7 +119,7 @@ class Renderer:
                              ("math_block", self._math_block),
                              ("math_block_label", self._math_block),
                              ("link_open", self._link_open), ("link_close", self._link_close),
-                             ("image", self._image)):
+                             ("image", self._image), ("code_inline", self._code_inline)):
             # markdown-it binds a rule to its renderer: wrap so ours keeps this object
             md.add_render_rule(rule, lambda _r, tokens, idx, options, env, m=method:
                                m(tokens, idx, options, env))
@@ -144,6 +147,12 @@ class Renderer:
         if href is None:
             return "</a>"
         return f'</span> <span class="address">({esc(href)})</span>'
+
+    def _code_inline(self, tokens, idx, options, env):
+        text = tokens[idx].content
+        code = f"<code>{esc(text)}</code>"
+        target = None if self._outside else self.code_link(text)   # no link inside a link
+        return f'<a class="ref" href="{esc(target)}">{code}</a>' if target else code
 
     def _image(self, tokens, idx, options, env):
         token = tokens[idx]
