@@ -601,6 +601,7 @@ main { max-width: 1500px; margin: 0 auto; padding: 0 1rem 2rem; }
 .prose code, .doc code { font-size: .88em; background: #f1f1f4; padding: 0 .2em; border-radius: 3px; }
 .prose pre code, .doc pre code { background: none; padding: 0; }
 a.ref code { color: var(--accent); }
+.prose h1, .prose h2, .prose h3 { font-size: 1.1rem; margin: .4rem 0; }
 .prose p:first-of-type { margin-top: .2rem; }
 .anchor { position: absolute; left: -1rem; top: .6rem; color: #bbb; font-size: 13px; }
 .math { overflow-x: auto; overflow-y: hidden; margin: .6rem 0; }

@@ -107,15 +107,25 @@ def _comment_lines(text):
     return found
 
 
+_RULE = re.compile(r"^[-=]{3,}\s*(.*?)\s*[-=]{3,}\s*$")
+
+
+def _heading(line: str) -> str:
+    """A ruled comment, "---- the fused Functions ----", becomes a Markdown heading."""
+    m = _RULE.match(line.strip())
+    return f"### {m.group(1)}" if m and m.group(1) else line
+
+
 def _uncomment(lines):
-    """'# text' lines -> Markdown text (the '#' and one space removed, relative indent kept)."""
+    """'# text' lines -> Markdown text (the '#' and one space removed, relative indent kept;
+    a ruled line becomes a heading)."""
     out = []
     for line in lines:
         body = line.strip()
         if not body:
             continue
         body = body[1:]
-        out.append(body[1:] if body.startswith(" ") else body)
+        out.append(_heading(body[1:] if body.startswith(" ") else body))
     return "\n".join(out).strip("\n")
 
 
@@ -235,7 +245,7 @@ def _uncomment_c(lines):
             s = re.sub(r"^/\*+", "", s)
             s = re.sub(r"\*+/$", "", s)
             s = re.sub(r"^\*(?!\*)", "", s)
-        out.append(s[1:] if s.startswith(" ") else s)
+        out.append(_heading(s[1:] if s.startswith(" ") else s))
     return "\n".join(out).strip("\n")
 
 
