@@ -251,15 +251,21 @@ def test_without_the_docs_extra_the_command_names_it_and_exits_2(tmp_path, monke
 
 # ---- proofs -------------------------------------------------------------------------------
 
-def test_every_variant_and_key_op_has_its_proof_box(site):
+def _section_of(text, element_id):
+    """The id of the section that holds the element ``element_id``."""
+    at = text.index(f'id="{element_id}"')
+    return re.findall(r'<section class="sec" id="([^"]+)">', text[:at])[-1]
+
+
+def test_every_variant_and_key_op_has_its_proof_box_beside_its_code(site):
     from minitx.attention import REGISTRY
     for name in sorted(REGISTRY):
         path = REGISTRY[name].__module__.replace(".", "/") + ".py"
         text = _read(os.path.join(site, site_build.page_url(path)))
-        assert f'id="proof-{name}"' in text, name
-    for name, (path, _) in proofs.OP_PAGES.items():
+        assert _section_of(text, f"proof-{name}") == REGISTRY[name].__name__, name
+    for name, (path, anchor) in proofs.OP_PAGES.items():
         text = _read(os.path.join(site, site_build.page_url(path)))
-        assert f'id="proof-{name}"' in text, name
+        assert _section_of(text, f"proof-{name}") == anchor, name
     text = _read(os.path.join(site, "minitx.attention.reformer.html"))
     assert "a different attention" in text
     assert re.search(r"Built from commit <code>([0-9a-f]{40}|unknown)</code> with seed 0", text)
