@@ -465,3 +465,11 @@ def test_notebooks_are_the_last_chapter_executed_or_marked_not_run(tmp_path, mon
     assert "nb-out" not in second
     index = _read(out / "index.html")
     assert index.index("minitx.ops.flash.html") < index.index("notebooks.01_by_hand.html")
+
+
+def test_a_variant_docstring_reads_as_help_shows_it(site):
+    from minitx.attention import PerformerAttention
+    text = _read(os.path.join(site, "minitx.attention.performer.html"))
+    prose = re.sub(r'data-src="[^"]*"', "", text)
+    assert "{complexity}" not in prose
+    assert f"Complexity: {html.escape(PerformerAttention.complexity, quote=False)}." in prose

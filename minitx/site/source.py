@@ -65,6 +65,18 @@ def _alone(expr, lines) -> bool:
     return not before.strip() and not after.strip()
 
 
+def _as_help_shows(node, doc: str) -> str:
+    """An attention variant's docstring says ``{complexity}``; ``attention/base.py`` fills it
+    in from the class's ``complexity`` string when the class is registered — do the same."""
+    if isinstance(node, ast.ClassDef) and "{complexity}" in doc:
+        for stmt in node.body:
+            if isinstance(stmt, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "complexity" for t in stmt.targets) \
+                    and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+                return doc.replace("{complexity}", stmt.value.value)
+    return doc
+
+
 def _docstring_owners(tree, lines):
     """{first docstring line: (anchor, head first line, docstring last line, text)}, 1-based,
     for every module/class/function docstring that stands on lines of its own."""
@@ -83,7 +95,7 @@ def _docstring_owners(tree, lines):
             else:
                 anchor = prefix + node.name
                 head = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            owners[expr.lineno] = (anchor, head, expr.end_lineno, doc)
+            owners[expr.lineno] = (anchor, head, expr.end_lineno, _as_help_shows(node, doc))
         inner = prefix + node.name + "." if isinstance(node, ast.ClassDef) else (
             "" if isinstance(node, ast.Module) else prefix + node.name + ".")
         for child in body:
