@@ -1,4 +1,5 @@
-"""Command line: ``python -m minitx [--backend numpy|cupy] [tour|bench|train|patterns|doctor|site]``.
+"""Command line: ``python -m minitx [--backend numpy|cupy] [COMMAND]``, COMMAND one of
+tour, bench, train, patterns, doctor, site.
 
     python -m minitx                      # the tour: attention worked through, every variant
     python -m minitx bench --max-n 4096 --variants mha,flash,local,performer

@@ -206,7 +206,8 @@ def test_a_formula_that_does_not_parse_is_an_error_naming_page_and_formula(formu
     assert "minitx/ops/activation.py" in str(info.value) and formula in str(info.value)
 
 
-@pytest.mark.parametrize("formula", [r"\operatorname{softmax}(x)_i = \frac{e^{x_i}}{\sum_j e^{x_j}}",
+@pytest.mark.parametrize("formula", [r"\operatorname{softmax}(x)_i = "
+                                     r"\frac{e^{x_i}}{\sum_j e^{x_j}}",
                                      r"J = \operatorname{diag}(s) - s s^\top",
                                      r"\sqrt{d_k}", r"O = \mathrm{softmax}(QK^\top/\sqrt{d})V",
                                      r"\begin{aligned} a &= b \\ c &= d \end{aligned}",
@@ -305,7 +306,8 @@ def _notebook(outputs, tags=()):
 
 def test_a_notebook_renders_maths_code_text_and_figures():
     nbformat = pytest.importorskip("nbformat")
-    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    png = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWj"
+           "R9awAAAABJRU5ErkJggg==")          # a 1×1 PNG
     r = Renderer("notebooks/x.py")
     out = site_build.notebook_html(_notebook([
         nbformat.v4.new_output("stream", name="stdout", text="2\n"),

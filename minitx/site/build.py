@@ -197,8 +197,8 @@ def imported_files(root: str, path: str, text: str) -> list:
 
 def code_linker(known, anchors=()):
     """``code_link`` for a page: a code span naming a site page (``minitx/ops/flash.py``,
-    ``minitx.ops.flash``, or a file name found once, ``flash_attn.cu``) links to it; one naming a section of this page (``softmax_array``,
-    ``Tensor.backward``) links to its anchor."""
+    ``minitx.ops.flash``, or a file name found once, ``flash_attn.cu``) links to it; one
+    naming a section of this page (``softmax_array``, ``Tensor.backward``) to its anchor."""
     modules = {p[:-3].replace("/", "."): p for p in known if p.endswith(".py")}
     modules.update({k[: -len(".__init__")]: v for k, v in modules.items()
                     if k.endswith(".__init__")})
@@ -590,15 +590,18 @@ main { max-width: 1500px; margin: 0 auto; padding: 0 1rem 2rem; }
 .pagehead { padding: 1rem 0 .5rem; border-bottom: 1px solid var(--rule); }
 .pagehead h1 { font-size: 1.4rem; margin: .2rem 0; overflow-wrap: anywhere; }
 .builds, .stamp { color: var(--muted); font-size: 14px; margin: .25rem 0; }
-.sec { scroll-margin-top: 3rem; display: flex; align-items: stretch; border-bottom: 1px solid var(--rule); }
+.sec { scroll-margin-top: 3rem; display: flex; align-items: stretch;
+       border-bottom: 1px solid var(--rule); }
 .prose { flex: 0 0 var(--prose-w); min-width: 0; padding: .6rem 1.2rem .6rem 0; position: relative;
          overflow-wrap: break-word; }
-.code { flex: 1 1 auto; min-width: 0; background: var(--code-bg); border-left: 1px solid var(--rule); }
+.code { flex: 1 1 auto; min-width: 0; background: var(--code-bg);
+        border-left: 1px solid var(--rule); }
 .code pre { margin: 0; padding: .6rem .9rem; overflow-x: auto; font-size: 13px; line-height: 1.5; }
 .prose pre { overflow-x: auto; background: var(--code-bg); padding: .5rem .7rem; font-size: 13px;
              border-radius: 4px; }
 .prose code, .doc code, .notebook code { overflow-wrap: anywhere; }
-.prose code, .doc code { font-size: .88em; background: #f1f1f4; padding: 0 .2em; border-radius: 3px; }
+.prose code, .doc code { font-size: .88em; background: #f1f1f4; padding: 0 .2em;
+                         border-radius: 3px; }
 .prose pre code, .doc pre code { background: none; padding: 0; }
 a.ref code { color: var(--accent); }
 .prose h1, .prose h2, .prose h3 { font-size: 1.1rem; margin: .4rem 0; }

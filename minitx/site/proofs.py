@@ -323,7 +323,8 @@ def variant_proof(name: str, sizes: Sizes, seed: int) -> Proof:
                "exact softmax attention (its windows-within-clusters tend to it only as "
                "clusters → 1 and the window covers N)" if name == "routing" else
                "exact softmax attention softmax(QKᵀ/√D)V")
-        proof.note = f"Reference: {ref}. Output error ‖O − O*‖/‖O*‖, N = {n_a}, q, k ~ N(0, 0.5²)."
+        proof.note = (f"Reference: {ref}. Output error ‖O − O*‖/‖O*‖, N = {n_a}, "
+                      "q, k ~ N(0, 0.5²).")
         mid = curve[len(curve) // 2]
         proof.check(f"output error vs reference at {proof.budget_label} = {mid[0]}, N = {n_a}",
                     mid[1], _APPROX_LIMIT.get(name, 1.0))
