@@ -475,3 +475,15 @@ def test_a_variant_docstring_reads_as_help_shows_it(site):
     prose = re.sub(r'data-src="[^"]*"', "", text)
     assert "{complexity}" not in prose
     assert f"Complexity: {html.escape(PerformerAttention.complexity, quote=False)}." in prose
+
+
+def test_text_laid_out_by_hand_stays_laid_out():
+    from minitx.site.render import docstring_markdown
+    md = docstring_markdown("Lanes:\naccumulator C:  c0, c1 -> row g\n"
+                            "                c2, c3 -> row g + 8\nso a thread holds two rows.\n\n"
+                            "Kernels:\n  fwd<D>    grid (Nq / 64)   O\n  bwd<D>    grid (Nk / 64)   dK\n"
+                            "\nA plain paragraph with d_k in it.")
+    out = Renderer("p")(md)
+    assert "<pre><code>accumulator C:  c0, c1 -&gt; row g\n                c2, c3" in out
+    assert "<pre><code>fwd&lt;D&gt;    grid (Nq / 64)   O\nbwd&lt;D&gt;" in out
+    assert "<p>A plain paragraph with d_k in it.</p>" in out

@@ -171,32 +171,40 @@ def _internal(href: str) -> bool:
 
 
 def docstring_markdown(doc: str) -> str:
-    """A plain-text docstring as Markdown that reads as it does in ``help()``.
+    """A plain-text docstring (or comment) as Markdown that reads as it does in ``help()``.
 
-    An indented block (a formula, an example, a table) stays a preformatted block — a blank
-    line is put before it where the docstring has none — except a block that is one
-    ``$$ … $$`` formula, which becomes display maths. ``double backticks`` are already
-    Markdown code spans.
+    Text laid out by hand stays as laid out: an indented block (a formula, an example) and a
+    run of column-aligned lines (a table: text with gaps of 3+ spaces) become a preformatted
+    block, with the line that leads into an aligned block (``c0 -> row g`` above ``c2 -> …``)
+    kept in it. A block that is one ``$$ … $$`` formula becomes display maths; the lines
+    under a list item continue it. ``double backticks`` are already Markdown code spans.
     """
     out, prev, in_math = [], "", False
     lines = doc.split("\n")
     i = 0
     while i < len(lines):
         line = lines[i]
-        indent = len(line) - len(line.lstrip())
-        if line.strip() and indent >= 4 and (not prev.strip() or _indent(prev) < 4):
+        starts = line.strip() and not in_math and (
+            _tabular(line) or _indent(line) >= 4 and (not prev.strip() or _indent(prev) < 4))
+        if starts:
             j = i
-            while j < len(lines) and (not lines[j].strip() or _indent(lines[j]) >= 4):
+            while j < len(lines) and (not lines[j].strip() or _indent(lines[j]) >= 4
+                                      or _tabular(lines[j])):
                 j += 1
             while j > i and not lines[j - 1].strip():
                 j -= 1
-            block = textwrap.dedent("\n".join(lines[i:j]))
-            if block.strip().startswith("$$") and block.strip().endswith("$$"):
-                out += ["", block.strip(), ""]
-            elif _prose_list_continuation(prev):
+            block = lines[i:j]
+            if prev.strip() and _leads_into(prev, _indent(line)) and out and out[-1] == \
+                    _escape_plain(prev):
+                out.pop()                        # the lead line belongs to the layout
+                block = [prev] + block
+            text = textwrap.dedent("\n".join(block))
+            if text.strip().startswith("$$") and text.strip().endswith("$$"):
+                out += ["", text.strip(), ""]
+            elif _prose_list_continuation(prev) and not _tabular(line):
                 out += lines[i:j]
             else:
-                out += ["", textwrap.indent(block, "    "), ""]
+                out += ["", textwrap.indent(text, "    "), ""]
             prev = lines[j - 1]
             i = j
             continue
@@ -206,6 +214,18 @@ def docstring_markdown(doc: str) -> str:
         prev = line
         i += 1
     return "\n".join(out)
+
+
+def _tabular(line: str) -> bool:
+    """Column-aligned text: a gap of 3+ spaces between words (not counting the indent)."""
+    return bool(re.search(r"\S {3,}\S", line.strip())) and "$$" not in line
+
+
+def _leads_into(prev: str, column: int) -> bool:
+    """True when ``prev`` has a word starting at ``column`` after a gap: the first row of
+    the aligned block below it (``accumulator C: c0, c1 -> row g`` over ``c2, c3 -> …``)."""
+    return column >= 4 and len(prev) > column and prev[column - 1] == " " and \
+        prev[column] != " "
 
 
 _KEEP = re.compile(r"(``.+?``|`[^`]+`|\$\$.+?\$\$|\$[^$\s][^$]*?\$)")
