@@ -326,9 +326,22 @@ def _source_page(page, root, renderer, proofs, known, seed, commit, position, to
     page.builds_on = imported_files(root, page.path, text)
     body = source_body(page, text, renderer, proofs, known)
     head = (f'<div class="pagehead"><h1><code>{esc(page.path)}</code></h1>'
-            f'{_meta(page, known, seed, commit)}</div>')
+            f'{_meta(page, known, seed, commit)}{_contents(page.path, text)}</div>')
     return _frame(page.path, head + '<div class="sections">' + body + "</div>",
                   _bar(page, position, total), _footer(page))
+
+
+def _contents(path, text):
+    """"On this page": a link to each class and function that has its own section."""
+    names = []
+    for sec in file_sections(path, text):
+        names += [sec.anchor] if sec.head_src else []
+        names += sec.names
+    names = [n for n in names if not n.startswith("_") and "._" not in n]
+    if not names:
+        return ""
+    links = " · ".join(f'<a href="#{esc(n)}">{esc(n)}</a>' for n in names)
+    return f'<p class="contents">On this page: {links}</p>'
 
 
 def _footer(page):
@@ -589,7 +602,8 @@ a:hover { text-decoration: underline; }
 main { max-width: 1500px; margin: 0 auto; padding: 0 1rem 2rem; }
 .pagehead { padding: 1rem 0 .5rem; border-bottom: 1px solid var(--rule); }
 .pagehead h1 { font-size: 1.4rem; margin: .2rem 0; overflow-wrap: anywhere; }
-.builds, .stamp { color: var(--muted); font-size: 14px; margin: .25rem 0; }
+.builds, .stamp, .contents { color: var(--muted); font-size: 14px; margin: .25rem 0; }
+.contents a { overflow-wrap: anywhere; }
 .sec { scroll-margin-top: 3rem; display: flex; align-items: stretch;
        border-bottom: 1px solid var(--rule); }
 .prose { flex: 0 0 var(--prose-w); min-width: 0; padding: .6rem 1.2rem .6rem 0; position: relative;

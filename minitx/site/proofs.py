@@ -19,6 +19,7 @@ A proof whose number misses its threshold raises ``ProofFailure``, which fails t
 """
 from __future__ import annotations
 
+import gc
 import time
 import tracemalloc
 from dataclasses import dataclass, field
@@ -139,12 +140,19 @@ def _measure(run, sizes, repeats=3):
             call()
             best = min(best, time.perf_counter() - t0)
         times.append((n, best))
-        tracemalloc.start()
-        tracemalloc.reset_peak()
-        base = tracemalloc.get_traced_memory()[0]
-        call()
-        memory.append((n, tracemalloc.get_traced_memory()[1] - base))
-        tracemalloc.stop()
+        gc.collect()                   # no garbage of earlier calls freed inside this one:
+        gc.disable()                   # the same peak whatever ran before
+        was_tracing = tracemalloc.is_tracing()
+        try:
+            tracemalloc.start()
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            call()
+            memory.append((n, tracemalloc.get_traced_memory()[1] - base))
+        finally:
+            if not was_tracing:
+                tracemalloc.stop()
+            gc.enable()
     return times, memory
 
 
@@ -286,10 +294,11 @@ def op_proofs(sizes: Sizes, seed: int) -> list:
 
 # ---- the variants -------------------------------------------------------------------------
 
-def _layer(cls, embed, heads, n, **options):
-    minitx.manual_seed(0)
-    layer = cls(embed, heads, **{**_init_options(cls, n), **options})
-    return layer.to(dtype="float64").eval()
+def _layer(cls, embed, heads, n, seed, dtype="float64"):
+    """A variant in eval mode, its parameters drawn from ``seed`` (so every build draws the
+    same ones, whatever ran before: hashing and clustering depend on them)."""
+    minitx.manual_seed(seed)
+    return cls(embed, heads, **_init_options(cls, n)).to(dtype=dtype).eval()
 
 
 _BUDGET_WORDS = {"num_features": "random features m", "proj_dim": "projected length k",
@@ -305,7 +314,7 @@ def variant_proof(name: str, sizes: Sizes, seed: int) -> Proof:
     proof = Proof(name, cls.__name__)
     g = np.random.default_rng(seed)
     n = sizes.grad_n
-    layer = _layer(cls, 8, 2, n)
+    layer = _layer(cls, 8, 2, n, seed)
     _gradient(proof, lambda a, b, c: layer.attend(a, b, c),
               [g.standard_normal((1, 2, n, 4)) for _ in range(3)], limit=1e-5)
 
@@ -318,10 +327,11 @@ def variant_proof(name: str, sizes: Sizes, seed: int) -> Proof:
         curve = [(b, approx_distances(name, option, b, n=n_a, fixed=fixed, seed=seed)[1])
                  for b in budgets]
         proof.budget, proof.budget_label = curve, _BUDGET_WORDS.get(option, option)
-        ref = ("shared-QK attention under its no-self rule (its one-bucket limit) — a "
-               "different attention from softmax(QKᵀ/√D)V" if name == "reformer" else
-               "exact softmax attention (its windows-within-clusters tend to it only as "
-               "clusters → 1 and the window covers N)" if name == "routing" else
+        ref = ("shared-QK attention under its no-self rule (its one-bucket limit): Reformer "
+               "approximates a different attention from softmax(QKᵀ/√D)V" if name == "reformer"
+               else "exact softmax attention — but Routing computes a different attention "
+               "(softmax within k-means clusters and windows), which meets it only at one "
+               "cluster with the window covering N" if name == "routing" else
                "exact softmax attention softmax(QKᵀ/√D)V")
         proof.note = (f"Reference: {ref}. Output error ‖O − O*‖/‖O*‖, N = {n_a}, "
                       "q, k ~ N(0, 0.5²).")
@@ -332,7 +342,7 @@ def variant_proof(name: str, sizes: Sizes, seed: int) -> Proof:
         proof.check(f"error at the largest budget / error at the smallest ({curve[-1][0]} vs "
                     f"{curve[0][0]})", last / first, 0.5, fmt="{:.2f}")
     else:
-        layer = _layer(cls, 16, 2, m)
+        layer = _layer(cls, 16, 2, m, seed)
         q, k, v = (g.standard_normal((1, 2, m, 8)) for _ in range(3))
         with minitx.no_grad():
             out = _host(layer.attend(*(minitx.tensor(t, dtype="float64") for t in (q, k, v))))
@@ -352,7 +362,7 @@ def variant_proof(name: str, sizes: Sizes, seed: int) -> Proof:
         proof.check(f"error vs {what}, N = {m}", _rel(out, _host(ref)), 1e-12)
 
     def run(n_, cls=cls):
-        lay = cls(32, 2, **_init_options(cls, n_)).eval()
+        lay = _layer(cls, 32, 2, n_, seed, dtype="float32")
         x = minitx.tensor(np.random.default_rng(3).standard_normal((1, n_, 32)), dtype="float32")
 
         def call():
