@@ -471,6 +471,7 @@ def test_notebooks_are_the_last_chapter_executed_or_marked_not_run(tmp_path, mon
     assert "nb-out" not in second
     index = _read(out / "index.html")
     assert index.index("minitx.ops.flash.html") < index.index("notebooks.01_by_hand.html")
+    assert "Attention by hand" in index                 # the notebook's first heading
 
 
 def test_a_variant_docstring_reads_as_help_shows_it(site):

@@ -402,8 +402,7 @@ def _notebook_page(page, root, renderer, cache_dir, quick, seed, commit, known, 
     else:
         nb = notebook_runner.execute_notebook(path, quick=quick, seed=seed, cache_dir=cache_dir)
     cells = notebook_html(nb, renderer, page.path)
-    title = nb.metadata.get("title") or page.path
-    head = (f'<div class="pagehead"><h1>{esc(title)}</h1>{banner}'
+    head = (f'<div class="pagehead"><h1><code>{esc(page.path)}</code></h1>{banner}'
             f'{_meta(page, known, seed, commit)}</div>')
     return _frame(page.path, head + '<article class="notebook">' + cells + "</article>",
                   _bar(page, position, total), _footer(page))
@@ -545,6 +544,7 @@ def build_site(out: str, seed: int = 0, quick: bool = False, root: str = None,
         else:
             renderer = Renderer(page.path, code_link=code_linker(known))
             if page.kind == "notebook":
+                summaries[page.path] = _notebook_title(root, page.path)
                 html = _notebook_page(page, root, renderer, cache_dir, quick, seed, commit,
                                       known, pos, len(pages))
             else:
@@ -567,6 +567,16 @@ def build_site(out: str, seed: int = 0, quick: bool = False, root: str = None,
         f"{seconds:.1f} s -> {os.path.abspath(out)}")
     return {"pages": len(everything) + 1, "formulas": formulas, "seconds": seconds,
             "proofs": n_proofs}
+
+
+def _notebook_title(root, path):
+    """The first Markdown heading of a percent-format notebook (``# # Title``), or ""."""
+    with open(os.path.join(root, path), encoding="utf-8") as fh:
+        for line in fh:
+            m = re.match(r"^# #+ (.+)$", line)
+            if m:
+                return m.group(1).strip()
+    return ""
 
 
 def _first_heading(root, path):
