@@ -286,7 +286,7 @@ _COLOURS = ("#1f5fa8", "#c2410c", "#15803d", "#7e22ce", "#b45309")
 
 
 def _nice(v: float) -> str:
-    return f"{v:.3g}"
+    return str(int(v)) if float(v).is_integer() and abs(v) < 1e7 else f"{v:.3g}"
 
 
 def svg_plot(series: dict, xlabel: str, ylabel: str, log=True, width=240, height=150) -> str:
@@ -306,7 +306,7 @@ def svg_plot(series: dict, xlabel: str, ylabel: str, log=True, width=240, height
         x1 = x0 + 1
     if y1 == y0:
         y1 = y0 + 1
-    left, right, top, bottom = 46, 8, 8, 30
+    left, right, top, bottom = 46, 8, 18, 30
     sx = lambda x: left + (x - x0) / (x1 - x0) * (width - left - right)  # noqa: E731
     sy = lambda y: height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom)  # noqa: E731
     raw = [(x, y) for v in series.values() for x, y in v]
@@ -330,7 +330,7 @@ def svg_plot(series: dict, xlabel: str, ylabel: str, log=True, width=240, height
         out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.6"/>')
         out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.4" fill="{colour}"/>'
                 for x, y in v]
-        out.append(f'<text x="{left + 6}" y="{top + 12 + 11 * i}" fill="{colour}">'
-                   f'{esc(name)}</text>')
+        out.append(f'<text x="{left + 90 * i}" y="{top - 6}" fill="{colour}">'
+                   f'{esc(name)}</text>')                  # the legend, above the frame
     out.append("</svg>")
     return "".join(out)
