@@ -492,3 +492,27 @@ def test_text_laid_out_by_hand_stays_laid_out():
     assert "<pre><code>accumulator C:  c0, c1 -&gt; row g\n                c2, c3" in out
     assert "<pre><code>fwd&lt;D&gt;    grid (Nq / 64)   O\nbwd&lt;D&gt;" in out
     assert "<p>A plain paragraph with d_k in it.</p>" in out
+
+
+@pytest.mark.parametrize("doc", [
+    "Softmax:\n\n$$ \\operatorname{softmax}(x)_i = \\frac{e^{x_i}}{\\sum_j e^{x_j}} $$\n\nEnd.",
+    "Softmax:\n\n    $$ \\operatorname{softmax}(x)_i = \\frac{e^{x_i}}{\\sum_j e^{x_j}} $$\n\nEnd.",
+    "Softmax:\n    $$\n    \\operatorname{softmax}(x)_i = \\frac{e^{x_i}}{\\sum_j e^{x_j}}\n    $$\nEnd.",
+    "Softmax:\n\n$$\n\\operatorname{softmax}(x)_i = \\frac{e^{x_i}}{\\sum_j e^{x_j}}\n$$\n\nEnd.",
+])
+def test_display_formulas_in_docstrings_render_however_they_are_indented(doc):
+    from minitx.site.render import docstring_markdown
+    r = Renderer("p")
+    out = r(docstring_markdown(doc))
+    assert r.formulas == 1 and out.count("<mfrac>") == 1 and "$$" not in out
+    assert "<msub><mi>x</mi><mi>i</mi></msub>" in out          # x_i: no escaped underscore
+    assert out.rstrip().endswith("<p>End.</p>")
+
+
+def test_inline_maths_and_plain_subscripts_share_a_line():
+    from minitx.site.render import docstring_markdown
+    r = Renderer("p")
+    out = r(docstring_markdown("with $J = \\operatorname{diag}(s) - s s^\\top$ for d_k and "
+                               "``x_y``; cost $MINITX_BACKEND and $HOME are not maths"))
+    assert r.formulas == 1 and "d_k" in out and "<code>x_y</code>" in out
+    assert "$MINITX_BACKEND and $HOME" in out
