@@ -151,6 +151,8 @@ def course_pages(root: str):
     for a, b in zip(pages, pages[1:]):
         a.next, b.prev = b, a
     appendix = [Page(p, p, chapter="Appendix") for p in _appendix_files(root, listed)]
+    for a, b in zip(appendix, appendix[1:]):     # the appendix reads in its own order
+        a.next, b.prev = b, a
     return pages, appendix
 
 
