@@ -26,7 +26,8 @@ def missing_tools(names=DOCS_EXTRA) -> list:
 def add_parser(sub):
     p = sub.add_parser("site", help="build the reading site (notes beside code, live proofs, "
                                     "executed notebooks) into a folder; needs the [docs] extra")
-    p.add_argument("--out", default="minitx_out/site", help="output folder")
+    p.add_argument("--out", default="minitx_out/site",
+                   help="output folder (default minitx_out/site); open its index.html")
     p.add_argument("--seed", type=int, default=0, help="seed of the proofs and notebooks")
     p.add_argument("--quick", action="store_true",
                    help="small proof sizes and quick notebooks (seconds to a minute)")
