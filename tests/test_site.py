@@ -184,6 +184,8 @@ def test_nothing_points_outside_the_site(site):
             if re.match(r"^([a-z][a-z0-9+.-]*:|//|/)", ref, re.I) and not \
                     ref.startswith("data:image/"):
                 outside.append(f"{os.path.basename(path)}: {tag} {key}={ref!r}")
+        text = _read(path)
+        assert site not in text and ROOT not in text, f"{path} names a folder of this machine"
     css = _read(os.path.join(site, "style.css"))
     assert not re.search(r"url\(|@import|https?://", css)
     assert not outside, "\n".join(outside[:20])
