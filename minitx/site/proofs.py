@@ -97,7 +97,7 @@ def max_gradient_error(fn, arrays, eps=1e-6, seed=0) -> float:
     tensors = [minitx.tensor(a, dtype="float64", requires_grad=True) for a in arrays]
     out = fn(*tensors)
     r = np.random.default_rng(seed).standard_normal(out.shape)
-    (out * minitx.tensor(r)).sum().backward()
+    (out * minitx.tensor(r, dtype="float64")).sum().backward()
     worst = 0.0
     for i, a in enumerate(arrays):
         grad = tensors[i].grad                  # None: the output does not depend on it
