@@ -518,3 +518,10 @@ def test_inline_maths_and_plain_subscripts_share_a_line():
                                "``x_y``; cost $MINITX_BACKEND and $HOME are not maths"))
     assert r.formulas == 1 and "d_k" in out and "<code>x_y</code>" in out
     assert "$MINITX_BACKEND and $HOME" in out
+
+
+def test_proofs_are_computed_from_the_code_a_wrong_softmax_fails(monkeypatch):
+    import minitx.functional as F
+    monkeypatch.setattr(F, "softmax", lambda t, axis=-1: F.exp(t))    # differentiable, wrong
+    with pytest.raises(proofs.ProofFailure, match=r"proof 'softmax': error vs exp\(x\)/Σexp"):
+        proofs.op_proofs(proofs.Sizes.make(True), seed=0)
