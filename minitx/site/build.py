@@ -35,8 +35,10 @@ from .source import file_sections, module_summary
 try:      # the notebook runner (executes and caches notebooks; needs nbclient, jupytext)
     from . import notebooks as notebook_runner
     RUNNER_MISSING = None
-except ImportError as exc:       # not merged yet, or its tools are not installed
+    NOTEBOOK_ERRORS = (notebook_runner.NotebookExecutionError,)   # a cell raised, timed out
+except ImportError as exc:       # its tools (nbclient, jupytext) are not installed
     notebook_runner, RUNNER_MISSING = None, f"the notebook runner ({exc})"
+    NOTEBOOK_ERRORS = ()
 
 __all__ = ["COURSE", "Page", "build_site", "course_pages", "page_url", "repo_root",
            "MathError"]
@@ -399,8 +401,8 @@ def _notebook_page(page, root, renderer, cache_dir, quick, seed, commit, known, 
                else RUNNER_MISSING)
     if missing:
         nb = jupytext.read(path)
-        banner = (f'<p class="banner">Not executed in this build: {esc(missing)} is missing. '
-                  'The code is shown as written.</p>')
+        banner = (f'<p class="banner">Not executed in this build — {esc(missing)}. '
+                  'The code is shown as written, without outputs.</p>')
     else:
         nb = notebook_runner.execute_notebook(path, quick=quick, seed=seed, cache_dir=cache_dir)
     cells = notebook_html(nb, renderer, page.path)

@@ -50,7 +50,8 @@ def run(args) -> int:
     try:
         build.build_site(args.out, seed=args.seed, quick=args.quick, cache_dir=args.cache,
                          notebooks=with_notebooks)
-    except (build.MathError, build.proofs_mod.ProofFailure, build.NotebookError) as exc:
+    except (build.MathError, build.proofs_mod.ProofFailure, build.NotebookError,
+            *build.NOTEBOOK_ERRORS) as exc:
         print(f"error: site build failed: {exc}", file=sys.stderr)
         return 1
     return 0
