@@ -525,3 +525,19 @@ def test_proofs_are_computed_from_the_code_a_wrong_softmax_fails(monkeypatch):
     monkeypatch.setattr(F, "softmax", lambda t, axis=-1: F.exp(t))    # differentiable, wrong
     with pytest.raises(proofs.ProofFailure, match=r"proof 'softmax': error vs exp\(x\)/Σexp"):
         proofs.op_proofs(proofs.Sizes.make(True), seed=0)
+
+
+def test_a_notebook_that_fails_fails_the_build(tmp_path, notebook_cache):
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    if site_build.notebook_runner is None:
+        pytest.skip(site_build.RUNNER_MISSING)
+    root = tmp_path / "repo"
+    (root / "notebooks").mkdir(parents=True)
+    (root / "notebooks" / "01_broken.py").write_text(
+        "# %% [markdown]\n# # Broken\n\n# %%\nassert 1 + 1 == 3, 'arithmetic'\n",
+        encoding="utf-8")
+    with pytest.raises(site_build.NOTEBOOK_ERRORS) as info:
+        site_build.build_site(str(tmp_path / "out"), root=str(root), quick=True, proofs=False,
+                              cache_dir=str(notebook_cache), log=lambda *_: None)
+    assert "01_broken" in str(info.value) and "arithmetic" in str(info.value)
