@@ -1,10 +1,12 @@
-"""Command line: ``python -m minitx [--backend numpy|cupy] [tour|bench|train|patterns|doctor]``.
+"""Command line: ``python -m minitx [--backend numpy|cupy] [COMMAND]``, COMMAND one of
+tour, bench, train, patterns, doctor, site.
 
     python -m minitx                      # the tour: attention worked through, every variant
     python -m minitx bench --max-n 4096 --variants mha,flash,local,performer
     python -m minitx train seq2seq --quick
     python -m minitx patterns --n 24
     python -m minitx doctor
+    python -m minitx site --out site --quick   # the reading site (needs the [docs] extra)
 
 The helpers ``add_common_args`` and ``setup_run`` give every example the same
 ``--backend``, ``--seed``, ``--out`` and ``--quick`` options.
@@ -25,6 +27,7 @@ from minitx import backend
 
 from .attention import REGISTRY
 from .backend.cuda_tools import doctor_lines
+from .site import command as site_command
 from .tour import PATTERN_VARIANTS, _short, _time_and_memory, fmt_bytes, pattern_section, run_tour
 from .viz import line_plot
 
@@ -287,6 +290,7 @@ def build_parser():
                                       "CUDA kernels' compile report for sm_80 and sm_90")
     p.add_argument("--quick", action="store_true",
                    help="skip compiling every kernel instantiation with nvcc (about a minute)")
+    site_command.add_parser(sub)
     return parser
 
 
@@ -309,5 +313,7 @@ def main(argv=None) -> int:
             print(f"note: backend {args.backend!r} unavailable: {exc}")
     if command == "train":
         return cmd_train(args, extra)
+    if command == "site":
+        return site_command.run(args)
     return {"tour": cmd_tour, "bench": cmd_bench, "patterns": cmd_patterns,
             "doctor": cmd_doctor}[command](args)

@@ -1,0 +1,677 @@
+"""Building the site: the course, one page per source file, the docs, the notebooks, the index.
+
+``build_site(out, seed=0, quick=False)`` writes a folder of static files:
+
+- ``index.html`` — the course (the reading order below), then an appendix of the utilities;
+- one page per source file (``minitx.ops.activation.html`` for ``minitx/ops/activation.py``):
+  notes on the left, code on the right, section by section, and the live proofs
+  (``proofs.py``) beside the code they prove;
+- ``docs.cuda_kernel.html``, ``docs.pretrained.html`` and their images under ``img/``;
+- one page per notebook (``notebooks/*.py``), executed;
+- ``style.css``.
+
+Everything is sorted and nothing depends on the clock, so two builds with the same seed are
+byte-identical — except wall-clock timings, which are fenced in ``<!--measured-->`` markers.
+Every page links to the previous and next page of the course and to the pages it builds on
+(the minitx modules it imports).
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from mdit_py_plugins.anchors import anchors_plugin
+
+from . import proofs as proofs_mod
+from .render import (MathError, Renderer, docstring_markdown, esc, highlight_lines,
+                     pygments_css, svg_plot)
+from .source import file_sections, module_summary
+
+try:      # the notebook runner (executes and caches notebooks; needs nbclient, jupytext)
+    from . import notebooks as notebook_runner
+    RUNNER_MISSING = None
+    NOTEBOOK_ERRORS = (notebook_runner.NotebookExecutionError,)   # a cell raised, timed out
+except ImportError as exc:       # its tools (nbclient, jupytext) are not installed
+    notebook_runner, RUNNER_MISSING = None, f"the notebook runner ({exc})"
+    NOTEBOOK_ERRORS = ()
+
+__all__ = ["COURSE", "Page", "build_site", "course_pages", "page_url", "repo_root",
+           "MathError"]
+
+# The course: (chapter title, what the reader learns, [files]) in reading order.
+COURSE = [
+    ("The autograd engine", "Tensors that remember how they were made, and the backward pass.",
+     ["minitx/autograd/tensor.py", "minitx/autograd/function.py", "minitx/autograd/engine.py",
+      "minitx/autograd/grad_mode.py", "minitx/autograd/gradcheck.py",
+      "minitx/ops/elementwise.py", "minitx/ops/linalg.py", "minitx/ops/reduce.py"]),
+    ("Softmax and its Jacobian", "The one nonlinearity of attention, and its derivative.",
+     ["minitx/ops/activation.py"]),
+    ("Scaled dot-product attention and its backward",
+     "softmax(QKᵀ/√d_k)V, forward and backward, one fused op.",
+     ["minitx/attention/classic.py", "minitx/ops/attention.py", "minitx/attention/base.py",
+      "minitx/attention/exact.py"]),
+    ("Multi-head attention and masks", "Heads, projections, masks, the KV cache.",
+     ["minitx/models/attention.py", "minitx/attention/masks.py", "minitx/attention/kv_cache.py"]),
+    ("Positions", "Where a token is: sinusoids, learned tables, relative biases, rotations.",
+     ["minitx/nn/positional.py", "minitx/attention/positions.py"]),
+    ("Blocks and GPT", "Layers, normalisation, the transformer block, a GPT.",
+     ["minitx/nn/module.py", "minitx/nn/layers.py", "minitx/nn/init.py", "minitx/ops/norm.py",
+      "minitx/ops/loss.py", "minitx/models/transformer.py", "minitx/models/gpt.py",
+      "minitx/models/common.py", "minitx/models/seq2seq.py", "minitx/models/classifier.py",
+      "minitx/nn/reversible.py"]),
+    ("Efficient attention: sparse patterns", "Exact attention under a sparsity mask.",
+     ["minitx/attention/sparse.py"]),
+    ("Efficient attention: low rank", "Project the sequence to k rows (Linformer).",
+     ["minitx/attention/linformer.py"]),
+    ("Efficient attention: kernels and linear attention",
+     "Replace exp(q·k) by a feature map (Performer, linear attention).",
+     ["minitx/attention/performer.py", "minitx/attention/linear.py"]),
+    ("Efficient attention: hashing", "Attend within LSH buckets (Reformer).",
+     ["minitx/attention/reformer.py"]),
+    ("Efficient attention: clustering", "Attend within k-means clusters (Routing Transformer).",
+     ["minitx/attention/routing.py"]),
+    ("Efficient attention: synthetic and mixing", "Attention without q·k: Synthesizer, FNet, AFT.",
+     ["minitx/attention/synthesizer.py", "minitx/attention/mixers.py"]),
+    ("Tiled flash attention in NumPy", "Exact attention in O(N) memory: the online softmax.",
+     ["minitx/ops/flash.py", "minitx/attention/flash.py"]),
+    ("The CUDA kernel", "The same recurrence on a GPU, on tensor cores.",
+     ["docs/cuda_kernel.md", "minitx/backend/flash_cuda.py", "minitx/ops/dispatch.py",
+      "minitx/backend/kernels/flash_attn.cu", "minitx/backend/kernels/flash_common.cuh",
+      "minitx/backend/kernels/flash_tc.cuh", "minitx/backend/kernels/flash_simt.cuh"]),
+    ("Real pretrained models", "BERT and GPT-2 checkpoints, read and run by minitx.",
+     ["docs/pretrained.md", "minitx/pretrained/safetensors.py", "minitx/pretrained/common.py",
+      "minitx/pretrained/bert.py", "minitx/pretrained/gpt2.py",
+      "minitx/pretrained/tokenization.py", "minitx/pretrained/wordpiece.py",
+      "minitx/pretrained/bpe.py"]),
+]
+
+
+def repo_root() -> str:
+    """The checkout that holds the ``minitx`` package (and docs/, notebooks/)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def page_url(path: str) -> str:
+    """``minitx/ops/activation.py`` -> ``minitx.ops.activation.html`` (a flat site)."""
+    stem = path[:-3] if path.endswith((".py", ".md")) else path
+    return stem.replace("/", ".") + ".html"
+
+
+def _appendix_files(root: str, course: set) -> list:
+    found = []
+    for folder, dirs, files in os.walk(os.path.join(root, "minitx")):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+        for name in sorted(files):
+            if name.endswith((".py", ".cu", ".cuh")):
+                rel = os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
+                if rel not in course:
+                    found.append(rel)
+    return sorted(found)
+
+
+@dataclass
+class Page:
+    path: str                      # source path relative to the repository, or notebook path
+    title: str
+    chapter: str = ""
+    kind: str = "source"           # source | doc | notebook
+    summary: str = ""
+    builds_on: list = field(default_factory=list)
+    prev: "Page" = None
+    next: "Page" = None
+
+    @property
+    def url(self):
+        return page_url(self.path)
+
+
+def _notebooks(root):
+    folder = os.path.join(root, "notebooks")
+    if not os.path.isdir(folder):
+        return []
+    return sorted(f"notebooks/{n}" for n in os.listdir(folder)
+                  if n.endswith(".py") and not n.startswith("_"))
+
+
+def course_pages(root: str):
+    """(course pages in reading order, appendix pages) for the checkout at ``root``."""
+    pages = []
+    listed = set()
+    for title, _, files in COURSE:
+        for path in files:
+            if os.path.exists(os.path.join(root, path)):
+                kind = "doc" if path.endswith(".md") else "source"
+                pages.append(Page(path, path, chapter=title, kind=kind))
+                listed.add(path)
+    for path in _notebooks(root):
+        pages.append(Page(path, path, chapter="Notebooks", kind="notebook"))
+    for a, b in zip(pages, pages[1:]):
+        a.next, b.prev = b, a
+    appendix = [Page(p, p, chapter="Appendix") for p in _appendix_files(root, listed)]
+    for a, b in zip(appendix, appendix[1:]):     # the appendix reads in its own order
+        a.next, b.prev = b, a
+    return pages, appendix
+
+
+# ---- what a page builds on: the minitx modules it imports --------------------------------
+
+def _module_path(root, dotted):
+    base = os.path.join(root, *dotted.split("."))
+    for cand in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.exists(cand):
+            return os.path.relpath(cand, root).replace(os.sep, "/")
+    return None
+
+
+def imported_files(root: str, path: str, text: str) -> list:
+    """The minitx source files that ``path`` imports (or ``#include``s), sorted."""
+    found = set()
+    if path.endswith((".cu", ".cuh")):
+        for name in re.findall(r'#include\s+"([^"]+)"', text):
+            found.add(os.path.dirname(path) + "/" + name)
+        return sorted(found)
+    package = path[:-3].replace("/", ".")
+    if not path.endswith("__init__.py"):
+        package = package.rsplit(".", 1)[0]
+    else:
+        package = package[: -len(".__init__")]
+    for node in ast.walk(ast.parse(text)):
+        names = []
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for dotted in names:
+            if dotted.startswith("minitx"):
+                hit = _module_path(root, dotted)
+                if hit and hit != path:
+                    found.add(hit)
+    return sorted(found)
+
+
+def code_linker(known, anchors=()):
+    """``code_link`` for a page: a code span naming a site page (``minitx/ops/flash.py``,
+    ``minitx.ops.flash``, or a file name found once, ``flash_attn.cu``) links to it; one
+    naming a section of this page (``softmax_array``, ``Tensor.backward``) to its anchor."""
+    modules = {p[:-3].replace("/", "."): p for p in known if p.endswith(".py")}
+    modules.update({k[: -len(".__init__")]: v for k, v in modules.items()
+                    if k.endswith(".__init__")})
+    anchors = set(anchors)
+    by_base = {}
+    for p in known:
+        by_base.setdefault(p.rsplit("/", 1)[-1], []).append(p)
+    unique = {b: ps[0] for b, ps in by_base.items() if len(ps) == 1 and b != "__init__.py"}
+
+    def link(text):
+        text = text.strip()
+        name = text[:-2] if text.endswith("()") else text
+        if text in known or text in unique:
+            return page_url(unique.get(text, text))
+        if name in modules:
+            return page_url(modules[name])
+        if name in anchors:
+            return "#" + name
+        return None
+    return link
+
+
+# ---- page frame ---------------------------------------------------------------------------
+
+def _frame(page_title, body, top, bottom="") -> str:
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+            f"<title>{esc(page_title)} · minitx</title>\n"
+            "<link rel=\"stylesheet\" href=\"style.css\">\n</head>\n<body>\n"
+            f"{top}\n<main>\n{body}\n</main>\n{bottom}\n</body>\n</html>\n")
+
+
+def _bar(page, position, total):
+    where = (f'<span class="where">{esc(page.chapter)} · page {position} of {total}</span>'
+             if position else f'<span class="where">{esc(page.chapter)}</span>')
+    return (f'<header class="bar"><a class="home" href="index.html">minitx · read it</a>'
+            f'{where}{_prevnext(page)}</header>')
+
+
+def _prevnext(page):
+    prev = (f'<a rel="prev" href="{page.prev.url}">← {esc(page.prev.title)}</a>' if page.prev
+            else '<span></span>')
+    nxt = (f'<a rel="next" href="{page.next.url}">{esc(page.next.title)} →</a>' if page.next
+           else '<span></span>')
+    return f'<nav class="prevnext">{prev}{nxt}</nav>'
+
+
+def _meta(page, known, seed, commit):
+    links = [f'<a href="{page_url(p)}">{esc(p)}</a>' for p in page.builds_on if p in known]
+    on = f'<p class="builds">Builds on: {", ".join(links)}</p>' if links else ""
+    return (f'{on}<p class="stamp">Built from commit <code>{esc(commit)}</code> with seed '
+            f'{seed}; every number in a proof box was computed by that build.</p>')
+
+
+# ---- proof boxes --------------------------------------------------------------------------
+
+def _proof_html(proof) -> str:
+    rows = []
+    for claim, value, limit, passed, measured in proof.lines:
+        verdict = (f'<span class="limit">{esc(limit)} {"✓" if passed else "✗"}</span>'
+                   if limit else "")
+        row = (f'<li><span class="claim">{esc(claim)}</span>'
+               f'<span class="value"><b>{esc(value)}</b>{verdict}</span></li>')
+        rows.append(f"<!--measured-->{row}<!--/measured-->" if measured else row)
+    parts = [f'<aside class="proof" id="proof-{esc(proof.name)}">'
+             f'<p class="proof-title">Proof, computed at build: <code>{esc(proof.name)}</code></p>']
+    if proof.note:
+        parts.append(f'<p class="note">{esc(proof.note)}</p>')
+    parts.append(f'<ul class="claims">{"".join(rows)}</ul>')
+    plots = []
+    if proof.time:
+        plots.append("<!--measured-->" + svg_plot({"time (s)": proof.time}, "N", "seconds")
+                     + "<!--/measured-->")
+    if proof.memory:
+        plots.append(svg_plot({"peak memory (bytes)": proof.memory}, "N", "bytes"))
+    if proof.budget:
+        plots.append(svg_plot({"output error": [(b, e) for b, e in proof.budget if e > 0]},
+                              proof.budget_label, "relative error"))
+    if plots:
+        parts.append(f'<div class="plots">{"".join(plots)}</div>')
+    parts.append("</aside>")
+    return "".join(parts)
+
+
+# ---- source pages -------------------------------------------------------------------------
+
+def source_body(page, text, renderer, proofs=(), known=()) -> str:
+    """The sections of one source file as HTML rows (prose | code)."""
+    language = "cuda" if page.path.endswith((".cu", ".cuh")) else "python"
+    sections = file_sections(page.path, text)
+    renderer.code_link = code_linker(known, [s.anchor for s in sections] +
+                                     [n for s in sections for n in s.names])
+    lines = highlight_lines(text, language)
+    by_anchor = {}
+    for proof in proofs:
+        by_anchor.setdefault(proof.anchor, []).append(proof)
+    anchors = {s.anchor for s in sections} | {n for s in sections for n in s.names}
+    homeless = [p for a, ps in by_anchor.items() if a not in anchors for p in ps]
+    out, line_no = [], 0
+    for k, sec in enumerate(sections):
+        head = lines[line_no:line_no + len(sec.head_src)]
+        line_no += len(sec.head_src) + len(sec.prose_src)
+        code = lines[line_no:line_no + len(sec.code_src)]
+        line_no += len(sec.code_src)
+        prose = docstring_markdown(sec.prose)
+        notes = renderer(prose) if prose.strip() else ""
+        boxes = [p for n in [sec.anchor] + sec.names for p in by_anchor.get(n, [])]
+        if k == 0:
+            boxes += homeless
+        extra = "".join(f'<span id="{esc(n)}"></span>' for n in sec.names)
+        code_html = "".join(head + code)
+        label = f'<a class="anchor" href="#{esc(sec.anchor)}">§</a>'
+        out.append(
+            f'<section class="sec" id="{esc(sec.anchor)}">{extra}'
+            f'<div class="prose" data-src="{esc("".join(sec.prose_src))}">{label}{notes}'
+            f'{"".join(_proof_html(p) for p in boxes)}</div>'
+            f'<div class="code" data-head="{len(sec.head_src)}"><pre>{code_html}</pre></div>'
+            f'</section>')
+    return "\n".join(out)
+
+
+def _source_page(page, root, renderer, proofs, known, seed, commit, position, total):
+    with open(os.path.join(root, page.path), encoding="utf-8", newline="") as fh:
+        text = fh.read()
+    page.builds_on = imported_files(root, page.path, text)
+    body = source_body(page, text, renderer, proofs, known)
+    head = (f'<div class="pagehead"><h1><code>{esc(page.path)}</code></h1>'
+            f'{_meta(page, known, seed, commit)}{_contents(page.path, text)}</div>')
+    return _frame(page.path, head + '<div class="sections">' + body + "</div>",
+                  _bar(page, position, total), _footer(page))
+
+
+def _contents(path, text):
+    """"On this page": a link to each class and function that has its own section."""
+    names = []
+    for sec in file_sections(path, text):
+        names += [sec.anchor] if sec.head_src else []
+        names += sec.names
+    names = [n for n in names if not n.startswith("_") and "._" not in n]
+    if not names:
+        return ""
+    links = " · ".join(f'<a href="#{esc(n)}">{esc(n)}</a>' for n in names)
+    return f'<p class="contents">On this page: {links}</p>'
+
+
+def _footer(page):
+    return f'<footer class="foot">{_prevnext(page)}</footer>'
+
+
+# ---- docs pages ---------------------------------------------------------------------------
+
+def _doc_page(page, root, out, known, seed, commit, position, total):
+    with open(os.path.join(root, page.path), encoding="utf-8") as fh:
+        text = fh.read()
+    folder = os.path.dirname(page.path)
+
+    def image(src):
+        if re.match(r"^([a-z]+:|//|/)", src):
+            return None
+        source = os.path.normpath(os.path.join(root, folder, src))
+        if not os.path.exists(source):
+            return None
+        dest = os.path.join("img", os.path.basename(source))
+        os.makedirs(os.path.join(out, "img"), exist_ok=True)
+        shutil.copyfile(source, os.path.join(out, dest))
+        return dest
+
+    def link(href):
+        target, _, frag = href.partition("#")
+        if not target:
+            return href
+        if re.match(r"^([a-z]+:|//|/)", target):
+            return None
+        rel = os.path.normpath(os.path.join(folder, target)).replace(os.sep, "/")
+        if rel in known:
+            return page_url(rel) + (f"#{frag}" if frag else "")
+        return None
+
+    renderer = Renderer(page.path, link=link, image=image, code_link=code_linker(known))
+    renderer.md.use(anchors_plugin, max_level=3)
+    body = f'<article class="doc">{renderer(text)}</article>'
+    page.builds_on = sorted(p for p in known if p.startswith("minitx/") and p in text)
+    head = f'<div class="pagehead">{_meta(page, known, seed, commit)}</div>'
+    return _frame(page.path, head + body, _bar(page, position, total), _footer(page)), renderer
+
+
+# ---- notebooks ----------------------------------------------------------------------------
+
+def _notebook_page(page, root, renderer, cache_dir, quick, seed, commit, known, position,
+                   total):
+    import jupytext  # noqa: PLC0415 - notebook pages only
+
+    path = os.path.join(root, page.path)
+    banner = ""
+    missing = (notebook_runner.notebook_requirements_missing(path) if notebook_runner
+               else RUNNER_MISSING)
+    if missing:
+        nb = jupytext.read(path)
+        banner = (f'<p class="banner">Not executed in this build — {esc(missing)}. '
+                  'The code is shown as written, without outputs.</p>')
+    else:
+        nb = notebook_runner.execute_notebook(path, quick=quick, seed=seed, cache_dir=cache_dir)
+    cells = notebook_html(nb, renderer, page.path)
+    head = (f'<div class="pagehead"><h1><code>{esc(page.path)}</code></h1>{banner}'
+            f'{_meta(page, known, seed, commit)}</div>')
+    return _frame(page.path, head + '<article class="notebook">' + cells + "</article>",
+                  _bar(page, position, total), _footer(page))
+
+
+def notebook_html(nb, renderer, path) -> str:
+    """The cells of an (executed) notebook as HTML: Markdown cells with maths, highlighted
+    code, stream and text outputs, PNG/SVG figures inline. Outputs of cells tagged
+    ``measured`` (wall-clock timings) are fenced in ``<!--measured-->`` markers. An error
+    output raises ``NotebookError``."""
+    cells = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            cells.append(f'<div class="nb-md" id="cell-{i}">{renderer(cell.source)}</div>')
+            continue
+        if cell.cell_type != "code":
+            continue
+        code = "".join(highlight_lines(cell.source, "python"))
+        block = "".join(_output_html(output, path, i) for output in cell.get("outputs", []))
+        if block and "measured" in cell.get("metadata", {}).get("tags", []):
+            block = f"<!--measured-->{block}<!--/measured-->"
+        cells.append(f'<div class="nb-code" id="cell-{i}"><pre class="code">{code}</pre>'
+                     f'{block}</div>')
+    return "\n".join(cells)
+
+
+class NotebookError(RuntimeError):
+    """An error output in an executed notebook fails the build."""
+
+
+def _output_html(output, path, index):
+    kind = output.get("output_type")
+    if kind == "error":
+        raise NotebookError(f"notebook {path}, cell {index}: {output.get('ename')}: "
+                            f"{output.get('evalue')}")
+    if kind == "stream":
+        return f'<pre class="nb-out">{esc(output.get("text", ""))}</pre>'
+    data = output.get("data", {})
+    if "image/png" in data:
+        png = data["image/png"].replace("\n", "")
+        return f'<img class="nb-img" alt="figure" src="data:image/png;base64,{png}">'
+    if "image/svg+xml" in data:
+        svg = data["image/svg+xml"]
+        return f'<div class="nb-svg">{svg if isinstance(svg, str) else "".join(svg)}</div>'
+    if "text/plain" in data:
+        text = data["text/plain"]
+        return f'<pre class="nb-out">{esc(text if isinstance(text, str) else "".join(text))}</pre>'
+    return ""
+
+
+# ---- index --------------------------------------------------------------------------------
+
+def _index(pages, appendix, summaries, seed, commit, formulas_note):
+    inline = Renderer("index.html").md.renderInline
+    summaries = {k: inline(docstring_markdown(v)) for k, v in summaries.items()}
+    chapters = []
+    by_chapter = {}
+    for p in pages:
+        by_chapter.setdefault(p.chapter, []).append(p)
+    for n, (title, learn, _) in enumerate(COURSE + [("Notebooks", "Executed top to bottom at "
+                                                     "this build.", [])], 1):
+        items = by_chapter.get(title, [])
+        if not items:
+            continue
+        lis = "".join(f'<li><a href="{p.url}">{esc(p.path)}</a>'
+                      f'<span class="sum">{summaries.get(p.path, "")}</span></li>'
+                      for p in items)
+        chapters.append(f'<li class="chapter"><h2>{n}. {esc(title)}</h2><p>{esc(learn)}</p>'
+                        f'<ol>{lis}</ol></li>')
+    apx = "".join(f'<li><a href="{p.url}">{esc(p.path)}</a>'
+                  f'<span class="sum">{summaries.get(p.path, "")}</span></li>'
+                  for p in appendix)
+    first = pages[0]
+    body = (
+        '<div class="intro"><h1>minitx, read it</h1>'
+        "<p>Attention and transformers from scratch, in NumPy, read as a course. Each page is "
+        "one source file of minitx: the notes (docstrings and comments) on the left, the code "
+        "they explain on the right — all of it, generated from the files themselves. Beside "
+        "the ops and every attention variant, a proof box shows numbers this build computed: "
+        "a float64 gradient check, the error against the reference, how time and memory grow "
+        "with N.</p>"
+        f'<p>Start with <a href="{first.url}">{esc(first.path)}</a> and follow “next →”.</p>'
+        f'<p class="stamp">Built from commit <code>{esc(commit)}</code> with seed {seed}. '
+        f"{esc(formulas_note)}</p></div>"
+        f'<ol class="course">{"".join(chapters)}</ol>'
+        '<section class="appendix" id="appendix"><h2>Appendix: the utilities</h2>'
+        f'<p>Modules outside the course, each with its page.</p><ul>{apx}</ul></section>')
+    top = ('<header class="bar"><a class="home" href="index.html">minitx · read it</a>'
+           f'<span class="where">the course: {len(pages)} pages</span>'
+           f'<nav class="prevnext"><span></span><a rel="next" href="{first.url}">'
+           f'{esc(first.path)} →</a></nav></header>')
+    return _frame("the course", body, top)
+
+
+# ---- the build ----------------------------------------------------------------------------
+
+def _commit(root):
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True, timeout=20).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _write(path, text):
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        fh.write(text)
+
+
+def build_site(out: str, seed: int = 0, quick: bool = False, root: str = None,
+               cache_dir: str = None, log=print, notebooks: bool = True,
+               proofs: bool = True) -> dict:
+    """Build the site into ``out``; returns {pages, formulas, seconds, proofs}.
+
+    ``proofs=False`` leaves the proof boxes out (for tests of the rest of the build).
+    Raises ``MathError`` (a formula that does not parse), ``proofs.ProofFailure`` (a proof
+    below its threshold) or ``NotebookError`` (an error output in a notebook).
+    """
+    start = time.perf_counter()
+    root = root or repo_root()
+    os.makedirs(out, exist_ok=True)
+    commit = _commit(root)
+    pages, appendix = course_pages(root)
+    if not notebooks:
+        pages = [p for p in pages if p.kind != "notebook"]
+        if pages:
+            pages[-1].next = None
+    everything = pages + appendix
+    known = {p.path for p in everything}
+    log(f"proofs: computing ({'quick' if quick else 'full'} sizes, seed {seed}) …")
+    all_proofs = proofs_mod.all_proofs(quick=quick, seed=seed) if proofs else {}
+    summaries, formulas = {}, 0
+    for position, page in enumerate(everything, 1):
+        in_course = position <= len(pages)
+        pos = position if in_course else 0
+        if page.kind == "doc":
+            html, renderer = _doc_page(page, root, out, known, seed, commit, pos, len(pages))
+            summaries[page.path] = _first_heading(root, page.path)
+        else:
+            renderer = Renderer(page.path, code_link=code_linker(known))
+            if page.kind == "notebook":
+                summaries[page.path] = _notebook_title(root, page.path)
+                html = _notebook_page(page, root, renderer, cache_dir, quick, seed, commit,
+                                      known, pos, len(pages))
+            else:
+                with open(os.path.join(root, page.path), encoding="utf-8") as fh:
+                    text = fh.read()
+                summaries[page.path] = (module_summary(text) if page.path.endswith(".py")
+                                        else _first_comment(text))
+                html = _source_page(page, root, renderer, all_proofs.get(page.path, ()), known,
+                                    seed, commit, pos, len(pages))
+        formulas += renderer.formulas
+        _write(os.path.join(out, page.url), html)
+    note = (f"{len(everything) + 1} pages, {formulas} formula{'s' * (formulas != 1)} "
+            "rendered to MathML.")
+    _write(os.path.join(out, "index.html"), _index(pages, appendix, summaries, seed, commit,
+                                                   note))
+    _write(os.path.join(out, "style.css"), STYLE + pygments_css())
+    seconds = time.perf_counter() - start
+    n_proofs = sum(len(v) for v in all_proofs.values())
+    log(f"site: {len(everything) + 1} pages, {formulas} formulas, {n_proofs} proofs, "
+        f"{seconds:.1f} s -> {os.path.abspath(out)}")
+    return {"pages": len(everything) + 1, "formulas": formulas, "seconds": seconds,
+            "proofs": n_proofs}
+
+
+def _notebook_title(root, path):
+    """The first Markdown heading of a percent-format notebook (``# # Title``), or ""."""
+    with open(os.path.join(root, path), encoding="utf-8") as fh:
+        for line in fh:
+            m = re.match(r"^# #+ (.+)$", line)
+            if m:
+                return m.group(1).strip()
+    return ""
+
+
+def _first_heading(root, path):
+    with open(os.path.join(root, path), encoding="utf-8") as fh:
+        for line in fh:
+            if line.startswith("# "):
+                return line[2:].strip()
+    return ""
+
+
+def _first_comment(text):
+    m = re.search(r"^\s*(?://|/\*)\s*(.+)$", text, re.M)
+    return m.group(1).strip() if m else ""
+
+
+STYLE = """\
+:root { --ink: #1d1d1f; --muted: #5b5b66; --rule: #e3e3e8; --accent: #1f5fa8;
+        --code-bg: #f7f7f9; --prose-w: 40%; }
+* { box-sizing: border-box; }
+html { -webkit-text-size-adjust: 100%; }
+body { margin: 0; color: var(--ink); background: #fff;
+       font: 16px/1.6 "Iowan Old Style", "Charter", "Georgia", "DejaVu Serif", serif; }
+code, pre, .bar { font-family: "DejaVu Sans Mono", "Menlo", "Consolas", monospace; }
+a { color: var(--accent); text-decoration: none; }
+a:hover { text-decoration: underline; }
+.bar { position: sticky; top: 0; z-index: 5; display: flex; flex-wrap: wrap; gap: .3rem 1rem;
+       align-items: center; padding: .45rem 1rem; background: #fbfbfd; font-size: 13px;
+       border-bottom: 1px solid var(--rule); }
+.bar .home { font-weight: 700; color: var(--ink); }
+.bar .where { color: var(--muted); }
+.prevnext { display: flex; justify-content: space-between; gap: 1rem; margin-left: auto; }
+.prevnext a { overflow-wrap: anywhere; }
+main { max-width: 1500px; margin: 0 auto; padding: 0 1rem 2rem; }
+.pagehead { padding: 1rem 0 .5rem; border-bottom: 1px solid var(--rule); }
+.pagehead h1 { font-size: 1.4rem; margin: .2rem 0; overflow-wrap: anywhere; }
+.builds, .stamp, .contents { color: var(--muted); font-size: 14px; margin: .25rem 0; }
+.contents a { overflow-wrap: anywhere; }
+.sec { scroll-margin-top: 3rem; display: flex; align-items: stretch;
+       border-bottom: 1px solid var(--rule); }
+.prose { flex: 0 0 var(--prose-w); min-width: 0; padding: .6rem 1.2rem .6rem 0; position: relative;
+         overflow-wrap: break-word; }
+.code { flex: 1 1 auto; min-width: 0; background: var(--code-bg);
+        border-left: 1px solid var(--rule); }
+.code pre { margin: 0; padding: .6rem .9rem; overflow-x: auto; font-size: 13px; line-height: 1.5; }
+.prose pre { overflow-x: auto; background: var(--code-bg); padding: .5rem .7rem; font-size: 13px;
+             border-radius: 4px; }
+.prose code, .doc code, .notebook code { overflow-wrap: anywhere; }
+.prose code, .doc code { font-size: .88em; background: #f1f1f4; padding: 0 .2em;
+                         border-radius: 3px; }
+.prose pre code, .doc pre code { background: none; padding: 0; }
+a.ref code { color: var(--accent); }
+.prose h1, .prose h2, .prose h3 { font-size: 1.1rem; margin: .4rem 0; }
+.prose p:first-of-type { margin-top: .2rem; }
+.anchor { position: absolute; left: -1rem; top: .6rem; color: #bbb; font-size: 13px; }
+.math { overflow-x: auto; overflow-y: hidden; margin: .6rem 0; }
+math { font-size: 1.08em; }
+.proof { margin: .8rem 0; padding: .6rem .8rem; border: 1px solid #cfe0f5; border-radius: 6px;
+         background: #f5f9fe; font-size: 13px; overflow-x: auto; }
+.proof-title { margin: 0 0 .3rem; font-weight: 700; }
+.proof .note { margin: .2rem 0 .4rem; color: var(--muted); }
+.claims { list-style: none; margin: 0; padding: 0; }
+.claims li { display: flex; flex-wrap: wrap; justify-content: space-between; gap: 0 .8rem;
+             padding: .2rem 0; border-bottom: 1px solid #e2ecf8; }
+.claims .claim { flex: 1 1 14rem; min-width: 0; overflow-wrap: anywhere; }
+.claims .value { font-family: "DejaVu Sans Mono", monospace; font-size: 12px; white-space: nowrap; }
+.claims .limit { color: var(--muted); margin-left: .5rem; }
+.plots { display: flex; flex-wrap: wrap; gap: .5rem; margin-top: .5rem; }
+.plots svg.plot { flex: 0 1 240px; min-width: 0; }
+svg.plot { max-width: 100%; height: auto; font: 10px sans-serif; }
+.doc, .notebook, .intro, .course, .appendix { max-width: 920px; }
+.doc img, .notebook img { max-width: 100%; height: auto; }
+.doc table { border-collapse: collapse; display: block; max-width: 100%; overflow-x: auto;
+             font-size: 14px; }
+.doc td, .doc th { border: 1px solid var(--rule); padding: .2rem .5rem; }
+.doc pre, .notebook pre { background: var(--code-bg); padding: .6rem .8rem; overflow-x: auto;
+                          font-size: 13px; }
+.nb-out { border-left: 3px solid #cfe0f5; }
+.banner { background: #fff6e0; border: 1px solid #f0d48a; padding: .5rem .8rem; }
+.outside + .address { color: var(--muted); font-size: .85em; overflow-wrap: anywhere; }
+.course { padding-left: 0; list-style: none; }
+.course h2 { font-size: 1.15rem; margin: 1.4rem 0 .2rem; }
+.course li li, .appendix li { margin: .15rem 0; }
+.course a, .appendix a, .builds a { overflow-wrap: anywhere; }
+.sum { display: block; color: var(--muted); font-size: 14px; }
+.foot { border-top: 1px solid var(--rule); padding: .8rem 1rem; font-size: 13px; }
+@media (max-width: 800px) {
+  .bar { position: static; }
+  .sec { flex-direction: column; }
+  .prose { padding: .6rem 0; }
+  .code { border-left: 0; }
+  .anchor { display: none; }
+  .prevnext { margin-left: 0; width: 100%; }
+}
+"""

@@ -1,0 +1,57 @@
+"""``python -m minitx site --out DIR [--seed N] [--quick]``: the command-line hook.
+
+The site's tools are the ``[docs]`` extra. This module imports none of them, so ``minitx.cli``
+can offer the command on a bare install: ``run`` first checks the extra is there (else it says
+``pip install ".[docs]"`` and returns 2), then loads the builder.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+__all__ = ["DOCS_EXTRA", "missing_tools", "add_parser", "run"]
+
+# import name -> the package that provides it (the [docs] extra in setup.cfg)
+DOCS_EXTRA = {"markdown_it": "markdown-it-py", "mdit_py_plugins": "mdit-py-plugins",
+              "pygments": "pygments", "latex2mathml": "latex2mathml"}
+NOTEBOOK_TOOLS = {"jupytext": "jupytext", "nbclient": "nbclient", "nbformat": "nbformat"}
+
+
+def missing_tools(names=DOCS_EXTRA) -> list:
+    """The packages of ``names`` that are not installed."""
+    return [pkg for mod, pkg in names.items() if importlib.util.find_spec(mod) is None]
+
+
+def add_parser(sub):
+    p = sub.add_parser("site", help="build the reading site (notes beside code, live proofs, "
+                                    "executed notebooks) into a folder; needs the [docs] extra")
+    p.add_argument("--out", default="minitx_out/site",
+                   help="output folder (default minitx_out/site); open its index.html")
+    p.add_argument("--seed", type=int, default=0, help="seed of the proofs and notebooks")
+    p.add_argument("--quick", action="store_true",
+                   help="small proof sizes and quick notebooks (seconds to a minute)")
+    p.add_argument("--cache", default=None,
+                   help="folder to keep executed notebooks in between builds")
+    return p
+
+
+def run(args) -> int:
+    missing = missing_tools()
+    if missing:
+        print(f"error: the site needs the docs extra ({', '.join(missing)} missing): "
+              'pip install ".[docs]"', file=sys.stderr)
+        return 2
+    with_notebooks = not missing_tools(NOTEBOOK_TOOLS)
+    if not with_notebooks:
+        print("note: jupytext/nbclient/nbformat missing, building without notebooks "
+              '(pip install ".[docs]")')
+    build = importlib.import_module(".build", __package__)   # the extra is there: load it
+    try:
+        build.build_site(args.out, seed=args.seed, quick=args.quick, cache_dir=args.cache,
+                         notebooks=with_notebooks)
+    except (build.MathError, build.proofs_mod.ProofFailure, build.NotebookError,
+            *build.NOTEBOOK_ERRORS) as exc:
+        print(f"error: site build failed: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,137 @@
+"""The reading site as a reader sees it: every page loaded in headless Chromium, network off.
+
+Checks: no request leaves the site, zero maths errors (MathML ``<merror>``), no console
+errors; at 1280 px notes and code sit side by side, at 390 px (a phone) they stack and the page
+does not scroll sideways (long code lines scroll inside their own box). With
+``MINITX_SITE_SCREENSHOT=path`` it saves a screenshot of the Performer page there.
+
+Needs Playwright's Python package and a Chromium (Debian's ``chromium``); without them the
+test skips, naming what is missing.
+"""
+import glob
+import os
+import shutil
+
+import pytest
+
+from conftest import STRICT_CUPY
+
+pytestmark = pytest.mark.skipif(STRICT_CUPY, reason="the site is built on NumPy; the NumPy "
+                                                    "pass builds it")
+
+CHROMIUM = os.environ.get("MINITX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+for _module in ("markdown_it", "mdit_py_plugins", "pygments", "latex2mathml"):
+    pytest.importorskip(_module, reason=f'{_module} missing: pip install ".[docs]"')
+sync_api = pytest.importorskip("playwright.sync_api",
+                               reason='playwright missing: pip install ".[docs]"')
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"chromium missing (looked for {CHROMIUM}): apt-get install -y chromium",
+                allow_module_level=True)
+
+from site_support import quick_site  # noqa: E402
+
+# the side-by-side check is made on the first section with both notes and code
+PAIR = """() => {
+  for (const sec of document.querySelectorAll('section.sec')) {
+    const p = sec.querySelector('.prose'), c = sec.querySelector('.code pre');
+    if (p && c && p.innerText.trim() && c.innerText.trim()) {
+      const a = p.getBoundingClientRect(), b = c.getBoundingClientRect();
+      return [a.left, a.right, a.top, a.bottom, b.left, b.right, b.top, b.bottom];
+    }
+  }
+  return null;
+}"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        yield b
+        b.close()
+
+
+def _context(browser, width, outside, height=900):
+    ctx = browser.new_context(viewport={"width": width, "height": height})
+
+    def route(r):
+        if r.request.url.startswith("file:"):
+            r.continue_()
+        else:
+            outside.append(r.request.url)
+            r.abort()
+    ctx.route("**/*", route)
+    return ctx
+
+
+def test_every_page_reads_well_at_1280_and_390_px_offline(browser, tmp_path_factory,
+                                                          notebook_cache):
+    site = quick_site(tmp_path_factory, notebook_cache)
+    pages = sorted(glob.glob(os.path.join(site, "*.html")))
+    assert len(pages) > 60
+    outside, problems = [], []
+    for width in (1280, 390):
+        ctx = _context(browser, width, outside)
+        tab = ctx.new_page()
+        errors = []
+        tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        tab.on("pageerror", lambda e: errors.append(str(e)))
+        for path in pages:
+            name = os.path.basename(path)
+            errors.clear()
+            tab.goto("file://" + path, wait_until="load")
+            merror = tab.evaluate("document.querySelectorAll('merror').length")
+            if merror:
+                problems.append(f"{name}: {merror} maths errors")
+            if errors:
+                problems.append(f"{name} @ {width}px: console errors {errors[:3]}")
+            pair = tab.evaluate(PAIR)
+            if width == 1280 and pair:
+                pl, pr, pt, _, cl, _, ct, _ = pair
+                if not (pr <= cl + 1 and abs(pt - ct) < 40):
+                    problems.append(f"{name}: notes and code not side by side at 1280 px {pair}")
+            if width == 390:
+                if pair:
+                    _, _, _, pb, _, _, ct, _ = pair
+                    if not pb <= ct + 1:
+                        problems.append(f"{name}: notes and code not stacked at 390 px {pair}")
+                scroll = tab.evaluate("document.documentElement.scrollWidth")
+                if scroll > 390:
+                    problems.append(f"{name}: scrollWidth {scroll} > 390 at 390 px")
+        ctx.close()
+    assert not outside, f"requests outside the site: {sorted(set(outside))[:10]}"
+    assert not problems, "\n".join(problems[:30])
+
+
+def test_the_math_is_drawn_as_mathml(browser, tmp_path_factory, notebook_cache):
+    """Chromium lays MathML out: a rendered fraction is taller than one line of text."""
+    site = quick_site(tmp_path_factory, notebook_cache)
+    path = tmp_path_factory.mktemp("mathml") / "probe.html"
+    from minitx.site.render import Renderer
+    path.write_text("<!DOCTYPE html><meta charset='utf-8'><link rel='stylesheet' href='"
+                    + os.path.join(site, "style.css") + "'>"
+                    + Renderer("probe")(r"$$\frac{e^{x_i}}{\sum_j e^{x_j}}$$"), encoding="utf-8")
+    ctx = _context(browser, 800, [])
+    tab = ctx.new_page()
+    tab.goto("file://" + str(path))
+    height = tab.evaluate("document.querySelector('mfrac').getBoundingClientRect().height")
+    line = tab.evaluate("parseFloat(getComputedStyle(document.body).fontSize)")
+    ctx.close()
+    assert height > 1.5 * line
+
+
+def test_screenshot_of_a_variant_page(browser, tmp_path_factory, notebook_cache):
+    target = os.environ.get("MINITX_SITE_SCREENSHOT")
+    if not target:
+        pytest.skip("set MINITX_SITE_SCREENSHOT=path to save a screenshot of the Performer page")
+    site = quick_site(tmp_path_factory, notebook_cache)
+    outside = []
+    ctx = _context(browser, 1280, outside, height=1100)
+    tab = ctx.new_page()
+    tab.goto("file://" + os.path.join(site, "minitx.attention.performer.html#PerformerAttention"))
+    tab.screenshot(path=target)
+    ctx.close()
+    assert not outside and os.path.getsize(target) > 10_000
