@@ -13,6 +13,9 @@ import pathlib
 
 import pytest
 
+# the same pytest-xdist worker as the site tests: each notebook executes once per session
+pytestmark = pytest.mark.xdist_group("site")
+
 for _module in ("jupytext", "nbclient", "nbformat", "ipykernel"):
     pytest.importorskip(_module, reason=f"{_module} is missing: pip install -e '.[docs]'")
 

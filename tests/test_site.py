@@ -15,8 +15,11 @@ import pytest
 
 from conftest import STRICT_CUPY
 
-pytestmark = pytest.mark.skipif(STRICT_CUPY, reason="the site is built on NumPy; the NumPy "
-                                                    "pass builds it")
+pytestmark = [pytest.mark.skipif(STRICT_CUPY, reason="the site is built on NumPy; the NumPy "
+                                                     "pass builds it"),
+              # one pytest-xdist worker runs the site and notebook tests, so the session's quick
+              # site is built once and each notebook executes once (tests/conftest.py)
+              pytest.mark.xdist_group("site")]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
