@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from conftest import STRICT_CUPY
+STRICT_CUPY = os.environ.get("MINITX_TEST_BACKEND", "").strip().lower() == "strict-cupy"
 
 pytestmark = [pytest.mark.skipif(STRICT_CUPY, reason="the site is built on NumPy; the NumPy "
                                                      "pass builds it"),
