@@ -34,7 +34,7 @@ import numpy as np
 import minitx
 import minitx.pretrained as pt
 from minitx.cli import add_common_args, result_line, setup_run
-from minitx.viz import have_matplotlib, heatmap, text_heatmap
+from minitx.viz import have_matplotlib, heatmap, layer_head_figure, text_heatmap
 from minitx.backend import to_host
 
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.",
@@ -81,31 +81,8 @@ def draw_grid(maps, tokens, path, title):
     """All L × H maps in one picture (PNG), or a text file without matplotlib."""
     layers, heads = maps.shape[:2]
     if have_matplotlib():
-        import matplotlib  # noqa: PLC0415
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-        fig, axes = plt.subplots(layers, heads, figsize=(1.45 * heads + 1.2, 1.45 * layers + 1.2),
-                                 squeeze=False)
-        ticks = range(len(tokens))
-        for li in range(layers):
-            for hi in range(heads):
-                ax = axes[li, hi]
-                ax.imshow(maps[li, hi], cmap="viridis", vmin=0, vmax=1)
-                ax.set_xticks(ticks if li == layers - 1 else [])
-                ax.set_yticks(ticks if hi == 0 else [])
-                if li == layers - 1:
-                    ax.set_xticklabels(tokens, rotation=90, fontsize=5)
-                if hi == 0:
-                    ax.set_yticklabels(tokens, fontsize=5)
-                    ax.set_ylabel(f"layer {li}", fontsize=8)
-                if li == 0:
-                    ax.set_title(f"head {hi}", fontsize=8)
-        fig.suptitle(title, fontsize=11)
-        # fixed margins: tight_layout over 72 panels takes seconds
-        fig.subplots_adjust(left=0.06, right=0.995, bottom=0.09, top=0.92, wspace=0.08,
-                            hspace=0.12)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        fig = layer_head_figure(maps, tokens, title)
+        fig.savefig(path, dpi=110)            # a pyplot-free Figure: nothing to close
         return path
     path = os.path.splitext(path)[0] + ".txt"
     with open(path, "w", encoding="utf-8") as fh:

@@ -23,6 +23,7 @@ import numpy as np
 import minitx
 import minitx.pretrained as pt
 from minitx.backend import to_host
+from minitx.viz import layer_head_figure
 
 QUICK = os.environ.get("MINITX_QUICK", "0") == "1"
 SEED = int(os.environ.get("MINITX_SEED", "0"))
@@ -90,24 +91,8 @@ layers, heads, n = maps.shape[0], maps.shape[1], maps.shape[-1]
 print(f"{layers} layers × {heads} heads, {n} tokens: {' '.join(tokens)}")
 
 # %%
-fig, axes = plt.subplots(layers, heads, figsize=(1.3 * heads + 1, 1.3 * layers + 1),
-                         squeeze=False)
-for li in range(layers):
-    for hi in range(heads):
-        ax = axes[li, hi]
-        ax.imshow(maps[li, hi], cmap="viridis", vmin=0, vmax=1)
-        ax.set_xticks(range(n) if li == layers - 1 else [])
-        ax.set_yticks(range(n) if hi == 0 else [])
-        if li == layers - 1:
-            ax.set_xticklabels(tokens, rotation=90, fontsize=5)
-        if hi == 0:
-            ax.set_yticklabels(tokens, fontsize=5)
-            ax.set_ylabel(f"layer {li}", fontsize=8)
-        if li == 0:
-            ax.set_title(f"head {hi}", fontsize=8)
-fig.suptitle("all-MiniLM-L6-v2: attention of every layer (rows) and head (columns)")
-fig.subplots_adjust(left=0.07, right=0.995, bottom=0.1, top=0.92, wspace=0.08, hspace=0.12)
-plt.show()
+layer_head_figure(maps, tokens, "all-MiniLM-L6-v2: attention of every layer (rows) and head "
+                  "(columns)")
 
 # %% [markdown]
 # ## 3. Heads with a job

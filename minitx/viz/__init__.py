@@ -17,7 +17,7 @@ import numpy as np
 from ..backend import to_host
 
 __all__ = ["have_matplotlib", "text_heatmap", "heatmap", "heatmap_grid", "line_plot",
-           "text_line_plot", "render_mask", "SHADES"]
+           "text_line_plot", "render_mask", "SHADES", "layer_head_figure"]
 
 SHADES = " ░▒▓█"
 
@@ -165,6 +165,38 @@ def heatmap_grid(matrices, titles=None, path=None, suptitle=None, labels=None,
     if suptitle:
         text = suptitle + "\n" + text
     return _text_fallback(text, path, quiet)
+
+
+def layer_head_figure(maps, tokens, title: str):
+    """Every layer × head attention map of one sentence in one matplotlib ``Figure``: maps
+    (L, H, N, N), rows = layers, columns = heads, the N tokens on the outer axes.
+
+    Built without pyplot (no backend is switched), so a notebook shows the returned figure
+    inline and a script saves it (``fig.savefig(path)``). Needs matplotlib.
+    """
+    from matplotlib.figure import Figure  # noqa: PLC0415 (the [viz] extra, only here)
+    maps = to_host(maps).astype(float)
+    layers, heads = maps.shape[:2]
+    fig = Figure(figsize=(1.45 * heads + 1.2, 1.45 * layers + 1.2))
+    axes = fig.subplots(layers, heads, squeeze=False)
+    ticks = range(len(tokens))
+    for li in range(layers):
+        for hi in range(heads):
+            ax = axes[li, hi]
+            ax.imshow(maps[li, hi], cmap="viridis", vmin=0, vmax=1)
+            ax.set_xticks(ticks if li == layers - 1 else [])
+            ax.set_yticks(ticks if hi == 0 else [])
+            if li == layers - 1:
+                ax.set_xticklabels(tokens, rotation=90, fontsize=5)
+            if hi == 0:
+                ax.set_yticklabels(tokens, fontsize=5)
+                ax.set_ylabel(f"layer {li}", fontsize=8)
+            if li == 0:
+                ax.set_title(f"head {hi}", fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    # fixed margins: tight_layout over 72 panels takes seconds
+    fig.subplots_adjust(left=0.06, right=0.995, bottom=0.09, top=0.92, wspace=0.08, hspace=0.12)
+    return fig
 
 
 def _series(series):
