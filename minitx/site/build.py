@@ -88,6 +88,8 @@ COURSE = [
       "minitx/pretrained/bert.py", "minitx/pretrained/gpt2.py",
       "minitx/pretrained/tokenization.py", "minitx/pretrained/wordpiece.py",
       "minitx/pretrained/bpe.py"]),
+    ("Look inside a model", "Hook points, caches, patching: what every head and variant computes.",
+     ["docs/look_inside.md", "minitx/nn/hooks.py", "minitx/patching.py"]),
 ]
 
 
