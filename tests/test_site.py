@@ -337,6 +337,25 @@ def test_outputs_of_a_measured_cell_are_fenced():
     assert re.search(r"<!--measured--><pre class=\"nb-out\">0\.3 s\n</pre><!--/measured-->", out)
 
 
+def test_timings_and_traced_memory_are_fenced_as_measured_and_the_maths_is_not():
+    # CI once saw two same-seed builds differ by ~400 bytes of traced peak memory (the plot
+    # point moved 0.1 px): memory measures the allocator's state, like time measures the clock.
+    from minitx.site.proofs import Proof
+    p = Proof("x", "X")
+    p.time = [(64, 1e-3), (128, 2e-3)]
+    p.memory = [(64, 1000), (128, 2000)]
+    p.budget, p.budget_label = [(8, 0.5), (16, 0.25)], "features"
+    p.check("gradient error", 1e-9, 1e-6)
+    p.check("memory exponent", 1.0, 1.4, fmt="{:.2f}", measured=True)
+    html = site_build._proof_html(p)
+    fenced = "".join(re.findall(r"<!--measured-->(.*?)<!--/measured-->", html, re.S))
+    rest = MEASURED.sub("", html)
+    assert 'aria-label="seconds against N"' in fenced
+    assert 'aria-label="bytes against N"' in fenced and "memory exponent" in fenced
+    assert 'aria-label="relative error against features"' in rest
+    assert "gradient error" in rest and "gradient error" not in fenced
+
+
 def test_an_error_output_in_a_notebook_fails_the_build():
     nbformat = pytest.importorskip("nbformat")
     nb = _notebook([nbformat.v4.new_output("error", ename="AssertionError",
