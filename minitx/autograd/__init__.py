@@ -1,11 +1,15 @@
-"""The autograd engine: Tensor, Function, the backward engine, no_grad, gradcheck, checkpoint."""
+"""The autograd engine: Tensor, Function, the backward engine, no_grad, gradcheck, checkpoint,
+and two debugging aids: anomaly mode and saved-array version checks."""
 from .grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .tensor import Tensor, tensor
 from .function import Context, Function
 from .engine import backward, topological_order
 from .gradcheck import GradcheckError, gradcheck
 from .checkpoint import checkpoint
+from .anomaly import AnomalyError, detect_anomaly, is_anomaly_enabled, set_detect_anomaly
+from .versions import SavedArrayModified
 
 __all__ = ["Tensor", "tensor", "Function", "Context", "backward", "topological_order",
            "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled", "gradcheck",
-           "GradcheckError", "checkpoint"]
+           "GradcheckError", "checkpoint", "detect_anomaly", "set_detect_anomaly",
+           "is_anomaly_enabled", "AnomalyError", "SavedArrayModified"]

@@ -1,11 +1,15 @@
 r"""Reverse-mode differentiation: walk the graph from the output back to the leaves.
 
-The graph's nodes are the Function contexts (``tensor._ctx``). ``backward``
+The graph's nodes are the Function contexts (``tensor._ctx``); each is numbered, when it is
+recorded, by a counter that only grows (``ctx.seq``). ``backward``
 
-1. orders the nodes reachable from the output topologically with an explicit stack (no
-   recursion, so a 100,000-op chain is fine);
-2. visits them output-first, calling each ``Function.backward`` with the summed gradient of
-   its output, and checks every returned gradient's shape and dtype against its input;
+1. visits the nodes that receive a gradient in *decreasing* ``seq``: a node is created after
+   every node it consumes, so all its consumers — the nodes that send it gradient — come
+   before it, and its gradient is complete when it is visited (a topological order, found
+   with a heap as the walk goes: no separate pass, no recursion, so a 100,000-op chain is
+   fine);
+2. calls each ``Function.backward`` with that summed gradient, and checks every returned
+   gradient's shape and dtype against its input;
 3. sums gradients that meet at a node (a tensor used twice) and accumulates into each
    leaf's ``.grad`` (so two backward calls add up);
 4. frees what each node saved, unless ``retain_graph=True``.
@@ -19,33 +23,37 @@ $$
 $$
 
 and the sum runs over every use of x_i (step 3).
+
+Two debugging aids cost nothing when unused: a saved array changed in place after its
+forward raises (``versions``), and under ``detect_anomaly()`` a NaN or infinite gradient
+raises, naming the op and the line of user code where its forward ran (``anomaly``).
 """
 from __future__ import annotations
 
+from heapq import heappop, heappush
+
 from .. import backend
+from . import versions
+from .anomaly import AnomalyError, _state as _anomaly
+from .function import _describe
 from .tensor import Tensor
+from .versions import SavedArrayModified, written_after
 
 __all__ = ["backward", "topological_order"]
 
 
 def topological_order(root):
-    """Contexts reachable from ``root`` (a context), each before all of its parents' contexts."""
-    order = []
+    """Contexts reachable from ``root`` (a context), each before all of its parents' contexts:
+    the reachable nodes in decreasing creation number ``seq`` (see the module docstring)."""
     seen = {root}
-    stack = [(root, iter(root.parents))]
+    stack = [root]
     while stack:
-        node, parents = stack[-1]
-        for p in parents:
+        for p in stack.pop().parents:
             child = p._ctx if isinstance(p, Tensor) else None
             if child is not None and child not in seen:
                 seen.add(child)
-                stack.append((child, iter(child.parents)))
-                break
-        else:                      # every parent done: node can be placed
-            stack.pop()
-            order.append(node)
-    order.reverse()                # output first
-    return order
+                stack.append(child)
+    return sorted(seen, key=lambda ctx: ctx.seq, reverse=True)
 
 
 def _check(fn, index, parent, grad):
@@ -64,6 +72,30 @@ def _check(fn, index, parent, grad):
                 f"{index}, expected {dtype}")
         grad = grad.astype(dtype)
     return grad
+
+
+def _check_saved(ctx):
+    """Raise if an array ``ctx`` saved for its backward was written in place after its
+    forward (only called when some in-place write happened since then)."""
+    for i, saved in enumerate(ctx.saved_tensors or ()):
+        if saved is not None and hasattr(saved, "shape") and written_after(saved, ctx.stamp):
+            where = f"; its forward ran at {ctx.trace}" if getattr(ctx, "trace", None) else ""
+            raise SavedArrayModified(
+                f"{ctx.fn.__name__}: array {i} saved for its backward ({_describe(saved)}) was "
+                f"modified in place after the forward (by copy_, fill_, zero_, an in-place "
+                f"op or an optimizer step){where}; the gradient would be wrong. Do the "
+                "in-place change after backward(), or change a .clone() instead")
+
+
+def _check_finite(ctx, index, grad):
+    """Anomaly mode: a gradient with NaN or infinity raises, naming the op and its forward."""
+    xp = backend.get_array_module(grad)
+    if grad.dtype.kind == "f" and not bool(xp.isfinite(grad).all()):
+        what = "nan" if bool(xp.isnan(grad).any()) else "inf"
+        where = getattr(ctx, "trace", None) or "before anomaly mode was turned on"
+        raise AnomalyError(
+            f"{ctx.fn.__name__}.backward returned {what} in the gradient of input {index} "
+            f"({_describe(grad)}); its forward ran at {where}")
 
 
 def _accumulate_leaf(leaf, grad):
@@ -94,17 +126,22 @@ def backward(tensor, grad=None, retain_graph: bool = False) -> None:
         _accumulate_leaf(tensor, grad)
         return
 
-    grads = {tensor._ctx: grad}
-    for ctx in topological_order(tensor._ctx):
-        g = grads.pop(ctx, None)
-        if g is None:
-            continue
+    stamp = versions.state["stamp"]
+    anomaly = _anomaly["enabled"] and _anomaly.get("check_nan", True)
+    root = tensor._ctx
+    grads = {root: grad}              # node -> the gradient of its output, summed so far
+    heap = [(-root.seq, root)]        # nodes with a gradient, the latest created on top
+    while heap:
+        ctx = heappop(heap)[1]
+        g = grads.pop(ctx)
         if ctx.freed:
             raise RuntimeError(
                 f"trying to backward through {ctx.fn.__name__} a second time: its saved "
                 "arrays were freed; call backward(retain_graph=True) the first time")
+        if ctx.stamp != stamp:            # some in-place write since this forward: look
+            _check_saved(ctx)
         input_grads = ctx.fn.backward(ctx, g)
-        if not isinstance(input_grads, tuple):
+        if input_grads.__class__ is not tuple:
             input_grads = (input_grads,)
         if len(input_grads) != len(ctx.parents):
             raise RuntimeError(f"{ctx.fn.__name__}.backward returned {len(input_grads)} "
@@ -113,7 +150,12 @@ def backward(tensor, grad=None, retain_graph: bool = False) -> None:
                                                    input_grads)):
             if not need or ig is None:
                 continue
-            ig = _check(ctx.fn, i, parent, ig)
+            data = parent.data            # the fast test first; _check says what is wrong
+            if ig.__class__ is not data.__class__ or ig.shape != data.shape or \
+                    ig.dtype != data.dtype:
+                ig = _check(ctx.fn, i, parent, ig)
+            if anomaly:
+                _check_finite(ctx, i, ig)
             node = parent._ctx
             if node is None:
                 _accumulate_leaf(parent, ig)
@@ -121,5 +163,6 @@ def backward(tensor, grad=None, retain_graph: bool = False) -> None:
                 grads[node] = grads[node] + ig
             else:
                 grads[node] = ig
+                heappush(heap, (-node.seq, node))
         if not retain_graph:
             ctx.free()

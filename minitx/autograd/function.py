@@ -23,13 +23,16 @@ dtypes. Keyword arguments of ``apply`` are passed to ``forward`` and are not dif
 """
 from __future__ import annotations
 
+import itertools
 import re
 
 import numpy
 
 from .. import backend
 from . import grad_mode
+from .anomaly import _state as _anomaly, user_frame
 from .tensor import Tensor
+from .versions import state as _versions
 
 __all__ = ["Function", "Context"]
 
@@ -38,19 +41,24 @@ class Context:
     """What one Function call remembers for its backward: the graph node.
 
     Attributes: ``fn`` (the Function class), ``parents`` (the positional inputs; Tensors or
-    constants), ``needs_input_grad`` (a bool per input), ``saved_tensors`` (what forward
-    saved) and any attribute forward sets (``ctx.axis = axis``).
+    constants), ``needs_input_grad`` (a list of one bool per input), ``saved_tensors`` (what forward
+    saved), ``seq`` (its creation number: the engine visits nodes in decreasing ``seq``),
+    ``stamp`` (the in-place write counter at the forward, see ``versions``),
+    ``trace`` (where the forward ran, under anomaly mode) and any attribute forward sets
+    (``ctx.axis = axis``).
     """
 
-    __slots__ = ("fn", "parents", "needs_input_grad", "saved_tensors", "freed", "__dict__")
+    __slots__ = ("fn", "parents", "needs_input_grad", "saved_tensors", "freed", "seq",
+                 "stamp", "trace", "__dict__")
 
-    def __init__(self, needs_input_grad):
-        self.needs_input_grad = needs_input_grad
+    def __init__(self):
         self.saved_tensors = ()
         self.freed = False
 
     def save_for_backward(self, *arrays) -> None:
-        """Keep ``arrays`` (raw arrays or None) for ``backward``; freed after backward."""
+        """Keep ``arrays`` (raw arrays or None) for ``backward``; freed after backward. If one
+        is changed in place through minitx before the backward, the backward raises
+        (``minitx.autograd.versions``)."""
         self.saved_tensors = arrays
 
     def free(self) -> None:
@@ -76,15 +84,22 @@ class Function:
 
     @classmethod
     def apply(cls, *inputs, **kwargs):
-        """Run ``forward`` on the inputs' arrays and record the graph node when needed."""
-        if grad_mode._state["enabled"]:
-            needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in inputs)
-            record = any(needs)
-        else:
-            needs = (False,) * len(inputs)
-            record = False
-        ctx = Context(needs)
-        arrays = [a.data if isinstance(a, Tensor) else a for a in inputs]
+        """Run ``forward`` on the inputs' arrays and record the graph node when needed.
+
+        Specification: ``arrays = [a.data if Tensor else a]``; ``out = forward(ctx, *arrays)``;
+        record ``ctx`` as ``out``'s node iff grad mode is on and some input requires grad.
+        This is the hot path of every op, so it is written as one pass over the inputs.
+        """
+        ctx = Context()
+        arrays, needs = [], []
+        for a in inputs:
+            if isinstance(a, Tensor):
+                arrays.append(a.data)
+                needs.append(a.requires_grad)
+            else:
+                arrays.append(a)
+                needs.append(False)
+        record = True in needs and grad_mode._state["enabled"]
         if backend._cupy["module"] is not None:                 # only when CuPy is loaded
             arrays, kwargs = _one_device(cls, inputs, arrays, kwargs)
         try:
@@ -99,10 +114,16 @@ class Function:
         if record:
             ctx.fn = cls
             ctx.parents = inputs
+            ctx.needs_input_grad = needs
+            ctx.seq = next(_sequence)          # creation order: the engine's walk order
+            ctx.stamp = _versions["stamp"]
+            if _anomaly["enabled"]:
+                ctx.trace = user_frame()
             result._ctx = ctx
         return result
 
 
+_sequence = itertools.count()
 _NAMED = re.compile(r"[A-Za-z_][\w.]*: ")     # "var: …", "Embedding: …" — minitx's own errors
 
 

@@ -11,9 +11,12 @@ derivative live there, one Function per op.
 """
 from __future__ import annotations
 
+from operator import iadd as _iadd, imul as _imul, isub as _isub, itruediv as _itruediv
+
 import numpy
 
 from .. import backend
+from . import grad_mode as _grad_mode, versions
 
 __all__ = ["Tensor", "tensor"]
 
@@ -184,6 +187,11 @@ class Tensor:
         self.requires_grad = bool(mode)
         return self
 
+    # ---- in-place writes: not recorded in the graph, each one counted --------------------
+    # Every write below calls versions.mark_written, so a backward that saved this memory
+    # before the write raises instead of returning a wrong gradient. Writing to ``.data``
+    # directly bypasses that count, as in PyTorch.
+
     def copy_(self, src) -> "Tensor":
         """Write ``src`` (a Tensor, a NumPy/CuPy array or a nested list) into this tensor in
         place, on this tensor's device and in its dtype (PyTorch's ``copy_``); ``src`` must
@@ -201,7 +209,65 @@ class Tensor:
             raise ValueError(f"copy_: src of shape {tuple(data.shape)} does not broadcast to "
                              f"this tensor's shape {tuple(self.shape)}")
         self.data[...] = data.astype(self.dtype, copy=False)
+        versions.mark_written(self.data)
         return self
+
+    def fill_(self, value) -> "Tensor":
+        """Set every element to the number ``value``, in place. Returns ``self``."""
+        if isinstance(value, Tensor):
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, float, numpy.number)):
+            raise TypeError(f"fill_: value must be a number, got {type(value).__name__}")
+        self.data[...] = value
+        versions.mark_written(self.data)
+        return self
+
+    def zero_(self) -> "Tensor":
+        """Set every element to 0, in place. Returns ``self``."""
+        return self.fill_(0)
+
+    def _inplace(self, name, op, symbol, other) -> "Tensor":
+        """``self ← self op other`` in place (``other`` broadcast to this shape, cast to this
+        dtype). Refused on a tensor that requires grad while grad mode is on: the write is
+        not recorded, so a gradient through it would be wrong — write ``t = t + x``, or
+        update under ``minitx.no_grad()`` as an optimizer does."""
+        if self.requires_grad and _grad_mode._state["enabled"]:
+            raise RuntimeError(
+                f"{name}: in-place ops are not recorded in the graph, and this tensor requires "
+                f"grad; write t = t {symbol} x, or do it under "
+                "minitx.no_grad() (as an optimizer step does)")
+        other = backend.to_device_of(other.data if isinstance(other, Tensor) else other,
+                                     self.data)         # a host array meets device data once
+        try:
+            shape = numpy.broadcast_shapes(tuple(getattr(other, "shape", ())), self.shape)
+        except ValueError:
+            shape = None
+        if shape != tuple(self.shape):
+            raise ValueError(f"{name}: other of shape {tuple(other.shape)} does not broadcast "
+                             f"to this tensor's shape {tuple(self.shape)}")
+        try:
+            op(self.data, other)
+        except TypeError as exc:          # NumPy's casting rule: int tensor /= 2, …
+            raise TypeError(f"{name}: the result cannot be written into this {self.dtype} "
+                            f"tensor in place ({exc})") from exc
+        versions.mark_written(self.data)
+        return self
+
+    def add_(self, other) -> "Tensor":
+        """``self += other`` in place (see ``_inplace`` for when it is refused)."""
+        return self._inplace("add_", _iadd, "+", other)
+
+    def sub_(self, other) -> "Tensor":
+        """``self -= other`` in place."""
+        return self._inplace("sub_", _isub, "-", other)
+
+    def mul_(self, other) -> "Tensor":
+        """``self *= other`` in place."""
+        return self._inplace("mul_", _imul, "*", other)
+
+    def div_(self, other) -> "Tensor":
+        """``self /= other`` in place."""
+        return self._inplace("div_", _itruediv, "/", other)
 
     def to(self, device: str) -> "Tensor":
         """A copy on "cpu" or "cuda" (differentiable: gradients flow back to this device)."""

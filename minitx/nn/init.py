@@ -40,9 +40,7 @@ def _check_tensor(tensor, fn: str) -> None:
 
 def _fill(tensor: Tensor, host_values) -> Tensor:
     """Write host (NumPy) values into ``tensor.data`` in place, on its device and dtype."""
-    tensor.data[...] = backend.to_device(host_values, tensor.device).astype(tensor.dtype,
-                                                                           copy=False)
-    return tensor
+    return tensor.copy_(host_values)
 
 
 def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
@@ -131,8 +129,7 @@ def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float 
 def constant_(tensor: Tensor, val: float) -> Tensor:
     """Fill with ``val``."""
     _check_tensor(tensor, "constant_")
-    tensor.data[...] = val
-    return tensor
+    return tensor.fill_(val)
 
 
 def zeros_(tensor: Tensor) -> Tensor:

@@ -120,7 +120,7 @@ class Embedding(Module):
             raise ValueError(f"Embedding.from_pretrained expects a 2-D (V, E) table, got shape "
                              f"{tuple(table.shape)}")
         layer = cls(table.shape[0], table.shape[1], padding_idx=padding_idx, dtype=table.dtype)
-        layer.weight.data[...] = backend.to_device(table, layer.weight.device)
+        layer.weight.copy_(table)
         layer.weight.requires_grad = not freeze
         return layer
 

@@ -438,9 +438,7 @@ class Module:
             raise RuntimeError(f"error(s) loading state_dict into {type(self).__name__} "
                                "(nothing was changed):\n  " + "\n  ".join(problems))
         for key, array in arrays.items():
-            target = entries[key]
-            target.data[...] = backend.to_device(array, target.device).astype(target.dtype,
-                                                                             copy=False)
+            entries[key].copy_(array)        # on its device, in its dtype; counted as a write
         return IncompatibleKeys(missing, unexpected)
 
     @staticmethod

@@ -22,6 +22,7 @@ from typing import Callable
 from .. import backend
 from ..autograd.grad_mode import enable_grad
 from ..autograd.tensor import Tensor
+from ..autograd.versions import mark_written
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW"]
 
@@ -115,6 +116,7 @@ class Optimizer:
                     continue
                 state = self.state.setdefault(p, {})
                 self._update(p, p.grad.data, state, group)
+                mark_written(p.data)      # a graph that saved p before this step now raises
         return loss
 
     def _update(self, p: Tensor, grad, state: dict, group: dict) -> None:  # pragma: no cover
