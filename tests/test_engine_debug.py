@@ -13,6 +13,9 @@ from minitx import nn, optim
 from minitx.autograd import (AnomalyError, SavedArrayModified, detect_anomaly,
                              is_anomaly_enabled, set_detect_anomaly, versions)
 
+# the anomaly tests make inf and nan on purpose
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+
 
 def _t(values, grad=True):
     return minitx.tensor(np.asarray(values, dtype=np.float64), requires_grad=grad)

@@ -164,5 +164,6 @@ def backward(tensor, grad=None, retain_graph: bool = False) -> None:
             else:
                 grads[node] = ig
                 heappush(heap, (-node.seq, node))
-        if not retain_graph:
-            ctx.free()
+        if not retain_graph:              # ctx.free(), inlined: it runs for every node
+            ctx.saved_tensors = ctx.parents = None
+            ctx.__dict__.clear()

@@ -40,20 +40,19 @@ __all__ = ["Function", "Context"]
 class Context:
     """What one Function call remembers for its backward: the graph node.
 
-    Attributes: ``fn`` (the Function class), ``parents`` (the positional inputs; Tensors or
-    constants), ``needs_input_grad`` (a list of one bool per input), ``saved_tensors`` (what forward
-    saved), ``seq`` (its creation number: the engine visits nodes in decreasing ``seq``),
-    ``stamp`` (the in-place write counter at the forward, see ``versions``),
-    ``trace`` (where the forward ran, under anomaly mode) and any attribute forward sets
-    (``ctx.axis = axis``).
+    Attributes, set when the node is recorded: ``fn`` (the Function class), ``parents`` (the
+    positional inputs; Tensors or constants), ``needs_input_grad`` (a list of one bool per
+    input), ``saved_tensors`` (what forward saved), ``seq`` (its
+    creation number: the engine visits nodes in decreasing ``seq``), ``stamp`` (the in-place
+    write counter at the forward, see ``versions``), ``trace`` (where the forward ran, under
+    anomaly mode) and any attribute forward sets (``ctx.axis = axis``).
     """
 
-    __slots__ = ("fn", "parents", "needs_input_grad", "saved_tensors", "freed", "seq",
-                 "stamp", "trace", "__dict__")
+    __slots__ = ("fn", "parents", "needs_input_grad", "saved_tensors", "seq", "stamp",
+                 "trace", "__dict__")
 
     def __init__(self):
         self.saved_tensors = ()
-        self.freed = False
 
     def save_for_backward(self, *arrays) -> None:
         """Keep ``arrays`` (raw arrays or None) for ``backward``; freed after backward. If one
@@ -61,14 +60,17 @@ class Context:
         (``minitx.autograd.versions``)."""
         self.saved_tensors = arrays
 
+    @property
+    def freed(self) -> bool:
+        """Whether backward already ran through this node and freed it."""
+        return self.parents is None
+
     def free(self) -> None:
         """Drop everything saved for backward, and the links to the inputs (called by the
         engine unless retain_graph): after backward the graph holds no array any more — the
         intermediate tensors are freed as soon as the caller lets go of them."""
-        self.saved_tensors = None
-        self.parents = ()
+        self.saved_tensors = self.parents = None
         self.__dict__.clear()
-        self.freed = True
 
 
 class Function:
@@ -108,9 +110,11 @@ class Function:
             if _NAMED.match(str(exc)):                           # already says who refused
                 raise
             raise _in_op(cls, exc, arrays) from exc              # NumPy's words, with the op
-        if isinstance(out, numpy.generic):      # NumPy reductions return scalars, not arrays
+        if out.__class__ is not _ndarray and isinstance(out, numpy.generic):
+            # NumPy reductions return scalars, not arrays
             out = numpy.asarray(out)
-        result = Tensor._wrap(out, record)
+        result = _new(Tensor)                  # Tensor._wrap, inlined: this runs for every op
+        result.data, result.grad, result.requires_grad, result._ctx = out, None, record, None
         if record:
             ctx.fn = cls
             ctx.parents = inputs
@@ -124,6 +128,8 @@ class Function:
 
 
 _sequence = itertools.count()
+_new = object.__new__
+_ndarray = numpy.ndarray
 _NAMED = re.compile(r"[A-Za-z_][\w.]*: ")     # "var: …", "Embedding: …" — minitx's own errors
 
 

@@ -17,7 +17,7 @@ def unbroadcast(grad, shape, dtype=None):
     ``dtype`` (default: keep) casts the result, for ops that promoted their inputs.
     This is the one place in minitx that undoes broadcasting.
     """
-    if grad.shape != tuple(shape):
+    if grad.shape != shape and grad.shape != tuple(shape):
         extra = grad.ndim - len(shape)
         if extra:
             grad = grad.sum(axis=tuple(range(extra)))

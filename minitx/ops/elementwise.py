@@ -19,39 +19,35 @@ __all__ = ["add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "abs"
            "erf_array", "clone", "astype", "to_device", "leaky_relu", "softplus"]
 
 
-def _meta(x):
-    """(shape, dtype) of an input; Python scalars have shape () and no dtype."""
-    return getattr(x, "shape", ()), getattr(x, "dtype", None)
-
-
 # ---- arithmetic --------------------------------------------------------------------------
 
 class Add(Function):
+    # Nothing to save: the gradient is the output's, summed back to each input's shape, read
+    # from the graph node's inputs (an input that needs a gradient is a Tensor); the engine
+    # casts it to the input's dtype.
     @staticmethod
     def forward(ctx, a, b):
-        ctx.meta = (_meta(a), _meta(b))
         return a + b
 
     @staticmethod
     def backward(ctx, grad):
-        (sa, da), (sb, db) = ctx.meta
+        a, b = ctx.parents
         na, nb = ctx.needs_input_grad
-        return (unbroadcast(grad, sa, da) if na else None,
-                unbroadcast(grad, sb, db) if nb else None)
+        return (unbroadcast(grad, a.shape) if na else None,
+                unbroadcast(grad, b.shape) if nb else None)
 
 
 class Sub(Function):
     @staticmethod
     def forward(ctx, a, b):
-        ctx.meta = (_meta(a), _meta(b))
         return a - b
 
     @staticmethod
     def backward(ctx, grad):
-        (sa, da), (sb, db) = ctx.meta
+        a, b = ctx.parents
         na, nb = ctx.needs_input_grad
-        return (unbroadcast(grad, sa, da) if na else None,
-                unbroadcast(-grad, sb, db) if nb else None)
+        return (unbroadcast(grad, a.shape) if na else None,
+                unbroadcast(-grad, b.shape) if nb else None)
 
 
 class Mul(Function):

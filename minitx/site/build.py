@@ -50,6 +50,7 @@ COURSE = [
     ("The autograd engine", "Tensors that remember how they were made, and the backward pass.",
      ["minitx/autograd/tensor.py", "minitx/autograd/function.py", "minitx/autograd/engine.py",
       "minitx/autograd/grad_mode.py", "minitx/autograd/gradcheck.py",
+      "minitx/autograd/versions.py", "minitx/autograd/anomaly.py",
       "minitx/ops/elementwise.py", "minitx/ops/linalg.py", "minitx/ops/reduce.py"]),
     ("Softmax and its Jacobian", "The one nonlinearity of attention, and its derivative.",
      ["minitx/ops/activation.py"]),
