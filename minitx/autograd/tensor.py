@@ -1,7 +1,9 @@
 """``Tensor``: an ndarray (NumPy or CuPy) plus the graph node that produced it.
 
 A Tensor holds
-- ``data``: the raw array, of the active array module;
+- ``data``: the raw array, of the active array module (writing to it directly is invisible
+  to autograd; ``copy_``, ``fill_`` and the in-place methods are counted, so a backward that
+  saved the old values raises — see ``versions``);
 - ``requires_grad``: whether gradients flow to it;
 - ``grad``: after ``backward``, a Tensor of the same shape and dtype (leaves only);
 - ``_ctx``: the Function context that produced it (``None`` for leaves).
