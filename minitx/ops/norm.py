@@ -37,13 +37,15 @@ class LayerNorm(Function):
         # μ accumulated in float64 (then rounded to x's dtype): a constant row is then exactly
         # its value, so it normalises to 0 — a float32 sum of 1e4 + 0.1 repeated is not exact
         mu = x.mean(axis=axes, keepdims=True, dtype="float64").astype(x.dtype, copy=False)
-        centered = x - mu
-        rstd = 1.0 / xp.sqrt((centered * centered).mean(axis=axes, keepdims=True) + eps)
-        xhat = centered * rstd
+        xhat = x - mu                                      # x − μ, then x̂ in the same buffer
+        rstd = 1.0 / xp.sqrt((xhat * xhat).mean(axis=axes, keepdims=True) + eps)
+        xhat *= rstd                                       # x̂ = (x − μ)·rstd
         ctx.save_for_backward(xhat, rstd, weight)
         ctx.axes, ctx.has_bias = axes, bias is not None
-        out = xhat * weight if weight is not None else xhat
-        return out + bias if bias is not None else out
+        out = xhat * weight if weight is not None else xhat.copy()
+        if bias is not None:
+            out += bias
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -51,14 +53,24 @@ class LayerNorm(Function):
         axes = ctx.axes
         batch = tuple(range(grad.ndim - len(axes)))
         nx, nw, nb = ctx.needs_input_grad[:3]
-        gw = (grad * xhat).sum(axis=batch).astype(grad.dtype, copy=False) if nw else None
+        xp = get_array_module(grad)
+        scratch = grad * xhat                              # g ⊙ x̂, reused below
+        gw = scratch.sum(axis=batch).astype(grad.dtype, copy=False) if nw else None
         gb = grad.sum(axis=batch).astype(grad.dtype, copy=False) if nb else None
         gx = None
         if nx:
-            # x̂ = (x − μ)·rstd:  dx = rstd · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂))
-            dxhat = grad * weight if weight is not None else grad
-            gx = rstd * (dxhat - dxhat.mean(axis=axes, keepdims=True)
-                         - xhat * (dxhat * xhat).mean(axis=axes, keepdims=True))
+            # x̂ = (x − μ)·rstd:  dx = rstd · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂)),
+            # computed in two buffers (dx̂, then dx in its place; scratch for x̂ · mean(…))
+            if weight is not None:
+                dxhat = grad * weight
+                scratch = xp.multiply(dxhat, xhat, out=scratch)
+            else:
+                dxhat = grad.copy()
+            m2 = scratch.mean(axis=axes, keepdims=True)    # mean(dx̂ ⊙ x̂)
+            dxhat -= dxhat.mean(axis=axes, keepdims=True)
+            dxhat -= xp.multiply(xhat, m2, out=scratch)
+            dxhat *= rstd
+            gx = dxhat
         return gx, gw, gb, None, None
 
 
