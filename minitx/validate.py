@@ -16,11 +16,13 @@ This module imports nothing from minitx: any layer may use it.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
 __all__ = ["OptionError", "integer", "positive_int", "nonnegative_int", "real", "positive_real",
-           "nonnegative_real", "probability", "choice", "boolean", "int_tuple"]
+           "nonnegative_real", "probability", "choice", "boolean", "int_tuple", "mask",
+           "dim_alias"]
 
 
 class OptionError(ValueError, TypeError):
@@ -127,3 +129,61 @@ def int_tuple(value, name: str, *, minimum: int = None, owner=None) -> tuple:
         _fail(owner, name, "a tuple of ints", value)
     return tuple(integer(v, f"{name}[{i}]", minimum=minimum, owner=owner)
                  for i, v in enumerate(value))
+
+
+def mask(value, name: str, *, shape: tuple = None, dims: str = "", kinds: str = "bf",
+         owner=None, hint: str = ""):
+    """An array (or Tensor) mask of an allowed dtype kind and, when given, of ``shape``.
+
+    ``kinds``: the allowed ``dtype.kind`` letters, "b" (bool) and/or "f" (float); ``dims``
+    names the axes for the message, e.g. "(N, S)"; ``hint`` is appended (which polarity the
+    caller expects, how to convert). Returns ``value`` unchanged::
+
+        >>> validate.mask(np.zeros((2, 5), int), "key_padding_mask", shape=(2, 5),
+        ...               dims="(N, S)", owner="MultiheadAttention")
+        OptionError: MultiheadAttention: key_padding_mask must be a bool or float array
+        (N, S) = (2, 5), got int64 (2, 5)
+    """
+    dtype, got_shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    kind_names = " or ".join({"b": "bool", "f": "float"}[k] for k in kinds)
+    expected = f"a {kind_names} array" + (f" {dims}" if dims else "") + \
+        (f" = {tuple(shape)}" if shape is not None else "")
+    given = "a " + type(value).__name__ if dtype is None or got_shape is None else \
+        f"{dtype} {tuple(got_shape)}"
+    if dtype is None or got_shape is None or getattr(dtype, "kind", None) not in kinds or \
+            (shape is not None and tuple(got_shape) != tuple(shape)):
+        raise OptionError(f"{_who(owner)}{name} must be {expected}, got {given}"
+                          + (f". {hint}" if hint else ""))
+    return value
+
+
+_TORCH_SPELLINGS = (("dim", "axis"), ("keepdim", "keepdims"))
+
+
+def dim_alias(fn=None, *, torch_differs: str = None):
+    """Decorator: ``fn(..., axis=, keepdims=)`` also takes PyTorch's ``dim=`` and ``keepdim=``.
+
+    ``F.softmax(x, dim=-1)`` is then ``F.softmax(x, axis=-1)``. Passing both spellings of
+    one argument is an ``OptionError`` naming both. ``torch_differs``: where PyTorch's
+    ``dim=`` means something else (``torch.max(x, dim=1)`` returns values *and* indices),
+    ``dim=`` is refused with this explanation instead of being taken silently.
+    """
+    if fn is None:
+        return functools.partial(dim_alias, torch_differs=torch_differs)
+    who = fn.__qualname__                  # "softmax", or "Tensor.sum" for a method
+
+    @functools.wraps(fn)
+    def with_torch_spellings(*args, **kwargs):
+        for torch_name, name in _TORCH_SPELLINGS:
+            if torch_name not in kwargs:
+                continue
+            if torch_differs and torch_name == "dim":
+                raise OptionError(f"{who}: dim= is PyTorch's spelling and means something "
+                                  f"else here: {torch_differs}")
+            if name in kwargs:
+                raise OptionError(f"{who}: pass {name}= or its PyTorch spelling "
+                                  f"{torch_name}=, not both (got {name}={kwargs[name]!r} and "
+                                  f"{torch_name}={kwargs[torch_name]!r})")
+            kwargs[name] = kwargs.pop(torch_name)
+        return fn(*args, **kwargs)
+    return with_torch_spellings

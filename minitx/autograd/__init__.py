@@ -5,7 +5,10 @@ from .function import Context, Function
 from .engine import backward, topological_order
 from .gradcheck import GradcheckError, gradcheck
 from .checkpoint import checkpoint
+from .factories import (arange, full, full_like, ones, ones_like, rand, randn, randn_like,
+                        zeros, zeros_like)
 
 __all__ = ["Tensor", "tensor", "Function", "Context", "backward", "topological_order",
            "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled", "gradcheck",
-           "GradcheckError", "checkpoint"]
+           "GradcheckError", "checkpoint", "zeros", "ones", "full", "rand", "randn", "arange",
+           "zeros_like", "ones_like", "full_like", "randn_like"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..autograd.function import Function
 from ..backend import get_array_module
+from ..validate import dim_alias
 from ._util import normalize_axis, unbroadcast
 
 __all__ = ["reshape", "transpose", "swapaxes", "broadcast_to", "squeeze", "expand_dims",
@@ -147,6 +148,7 @@ def broadcast_to(x, shape):
     return BroadcastTo.apply(x, tuple(shape))
 
 
+@dim_alias
 def squeeze(x, axis=None):
     """Remove size-1 axes (all of them, or ``axis``)."""
     shape = x.shape
@@ -161,6 +163,7 @@ def squeeze(x, axis=None):
     return Reshape.apply(x, new)
 
 
+@dim_alias
 def expand_dims(x, axis):
     """Insert a size-1 axis at ``axis`` (int or tuple). NumPy's ``expand_dims``."""
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
@@ -172,6 +175,7 @@ def expand_dims(x, axis):
     return Reshape.apply(x, tuple(shape))
 
 
+@dim_alias
 def concatenate(xs, axis: int = 0):
     """Join tensors along an existing axis; backward splits the gradient at the seams."""
     xs = list(xs)
@@ -180,6 +184,7 @@ def concatenate(xs, axis: int = 0):
     return Concatenate.apply(*xs, axis=axis)
 
 
+@dim_alias
 def stack(xs, axis: int = 0):
     """Join same-shaped tensors along a new axis."""
     xs = list(xs)
@@ -191,6 +196,9 @@ def stack(xs, axis: int = 0):
     return Stack.apply(*xs, axis=axis)
 
 
+@dim_alias(torch_differs=(
+    "torch.split(x, size, dim=d) cuts pieces of length size, this split (NumPy's) "
+    "cuts into that many sections; pass axis=d"))
 def split(x, indices_or_sections, axis: int = 0):
     """Split along ``axis`` into equal sections (an int) or at the given indices (a list).
 
