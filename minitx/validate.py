@@ -131,27 +131,36 @@ def int_tuple(value, name: str, *, minimum: int = None, owner=None) -> tuple:
                  for i, v in enumerate(value))
 
 
-def mask(value, name: str, *, shape: tuple = None, dims: str = "", kinds: str = "bf",
-         owner=None, hint: str = ""):
+def mask(value, name: str, *, shape=None, dims="", kinds: str = "bf", owner=None,
+         hint: str = ""):
     """An array (or Tensor) mask of an allowed dtype kind and, when given, of ``shape``.
 
-    ``kinds``: the allowed ``dtype.kind`` letters, "b" (bool) and/or "f" (float); ``dims``
-    names the axes for the message, e.g. "(N, S)"; ``hint`` is appended (which polarity the
-    caller expects, how to convert). Returns ``value`` unchanged::
+    ``kinds``: the allowed ``dtype.kind`` letters, "b" (bool) and/or "f" (float). ``shape``:
+    the expected shape, or a list of the allowed ones; ``dims`` names their axes for the
+    message ("(N, S)", or a list matching ``shape``). ``hint`` is appended (the polarity
+    the caller expects, how to convert). Returns ``value`` unchanged::
 
         >>> validate.mask(np.zeros((2, 5), int), "key_padding_mask", shape=(2, 5),
         ...               dims="(N, S)", owner="MultiheadAttention")
         OptionError: MultiheadAttention: key_padding_mask must be a bool or float array
         (N, S) = (2, 5), got int64 (2, 5)
     """
-    dtype, got_shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    shapes = [] if shape is None else \
+        [tuple(shape)] if all(isinstance(e, numbers.Integral) for e in shape) else \
+        [tuple(s) for s in shape]
+    names = [dims] if isinstance(dims, str) else list(dims)
+    names += [""] * (len(shapes) - len(names))
     kind_names = " or ".join({"b": "bool", "f": "float"}[k] for k in kinds)
-    expected = f"a {kind_names} array" + (f" {dims}" if dims else "") + \
-        (f" = {tuple(shape)}" if shape is not None else "")
-    given = "a " + type(value).__name__ if dtype is None or got_shape is None else \
-        f"{dtype} {tuple(got_shape)}"
-    if dtype is None or got_shape is None or getattr(dtype, "kind", None) not in kinds or \
-            (shape is not None and tuple(got_shape) != tuple(shape)):
+    where = " or ".join(f"{d} = {s}" if d else f"{s}" for d, s in zip(names, shapes)) or \
+        " or ".join(names)
+    expected = f"a {kind_names} array" + (f" {where}" if where else "")
+    dtype, got_shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    if dtype is None or got_shape is None:
+        given = "a " + type(value).__name__
+    else:
+        given = f"{dtype} {tuple(got_shape)}"
+    if given.startswith("a ") or getattr(dtype, "kind", None) not in kinds or \
+            (shapes and tuple(got_shape) not in shapes):
         raise OptionError(f"{_who(owner)}{name} must be {expected}, got {given}"
                           + (f". {hint}" if hint else ""))
     return value
