@@ -253,8 +253,7 @@ class TransformerDecoderLayer(_Block):
 
 
 def _clones(layer, num_layers, owner):
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers <= 0:
-        raise ValueError(f"{owner}: num_layers must be a positive int, got {num_layers!r}")
+    num_layers = validate.positive_int(num_layers, "num_layers", owner=owner)
     return ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
 
 

@@ -3,10 +3,12 @@ stack, split, pad, tril/triu. Their backward moves the gradient back to the inpu
 """
 from __future__ import annotations
 
+import numbers
+
 from ..autograd.function import Function
 from ..backend import get_array_module
 from ..validate import dim_alias
-from ._util import normalize_axis, unbroadcast
+from ._util import as_tuple, normalize_axis, unbroadcast
 
 __all__ = ["reshape", "transpose", "swapaxes", "broadcast_to", "squeeze", "expand_dims",
            "concatenate", "stack", "split", "pad", "tril", "triu", "flip"]
@@ -129,8 +131,7 @@ class Flip(Function):
 
 def reshape(x, shape):
     """x with a new shape of the same size (one entry may be −1). NumPy's ``reshape``."""
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    return Reshape.apply(x, shape)
+    return Reshape.apply(x, as_tuple(shape))
 
 
 def transpose(x, axes=None):
@@ -145,7 +146,7 @@ def swapaxes(x, axis1: int, axis2: int):
 
 def broadcast_to(x, shape):
     """x broadcast to ``shape``; backward sums over the copies (``unbroadcast``)."""
-    return BroadcastTo.apply(x, tuple(shape))
+    return BroadcastTo.apply(x, as_tuple(shape))
 
 
 @dim_alias
@@ -155,7 +156,7 @@ def squeeze(x, axis=None):
     if axis is None:
         new = tuple(n for n in shape if n != 1)
     else:
-        axes = {normalize_axis(a, len(shape)) for a in ((axis,) if isinstance(axis, int) else axis)}
+        axes = {normalize_axis(a, len(shape)) for a in as_tuple(axis)}
         for a in axes:
             if shape[a] != 1:
                 raise ValueError(f"cannot squeeze axis {a} of size {shape[a]} (shape {shape})")
@@ -166,7 +167,7 @@ def squeeze(x, axis=None):
 @dim_alias
 def expand_dims(x, axis):
     """Insert a size-1 axis at ``axis`` (int or tuple). NumPy's ``expand_dims``."""
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = as_tuple(axis)
     ndim = len(x.shape) + len(axes)
     axes = sorted(normalize_axis(a, ndim) for a in axes)
     shape = list(x.shape)
@@ -206,7 +207,7 @@ def split(x, indices_or_sections, axis: int = 0):
     """
     n = x.shape[normalize_axis(axis, len(x.shape))]
     axis = normalize_axis(axis, len(x.shape))
-    if isinstance(indices_or_sections, int):
+    if isinstance(indices_or_sections, numbers.Integral):
         if indices_or_sections <= 0 or n % indices_or_sections:
             raise ValueError(f"indices_or_sections={indices_or_sections} does not divide "
                              f"axis {axis} of length {n} into equal sections")
@@ -222,7 +223,7 @@ def split(x, indices_or_sections, axis: int = 0):
 def pad(x, pad_width, value: float = 0.0):
     """Constant padding; ``pad_width`` is NumPy's ((before, after), ...) per axis, or an int."""
     ndim = len(x.shape)
-    if isinstance(pad_width, int):
+    if isinstance(pad_width, numbers.Integral):
         pad_width = ((pad_width, pad_width),) * ndim
     pad_width = tuple((int(a), int(b)) for a, b in pad_width)
     if len(pad_width) != ndim:
