@@ -5,6 +5,9 @@
 
     x = minitx.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
     F.softmax(x).sum().backward()
+
+PyTorch's spellings work too: ``minitx.randn(2, 3, requires_grad=True)``, ``t.size()``,
+``t.float()``, ``F.softmax(t, dim=-1)``, ``t.sum(dim=0, keepdim=True)``.
 """
 __version__ = "0.1.0"
 
@@ -13,6 +16,8 @@ from .backend import (get_array_module, get_backend, gpu_available, manual_seed,
                       set_backend)
 from .autograd import (Function, Tensor, checkpoint, enable_grad, gradcheck,
                        is_grad_enabled, no_grad, set_grad_enabled, tensor)
+from .autograd import (arange, full, full_like, ones, ones_like, rand, randn,  # PyTorch's
+                       randn_like, zeros, zeros_like)                          # factories
 from . import ops
 from . import functional
 
@@ -31,4 +36,5 @@ def __getattr__(name):
 __all__ = ["__version__", "Tensor", "tensor", "Function", "no_grad", "enable_grad",
            "is_grad_enabled", "set_grad_enabled", "gradcheck", "checkpoint", "manual_seed",
            "set_backend", "get_backend", "get_array_module", "gpu_available", "functional",
-           "backend", "ops"]
+           "backend", "ops", "zeros", "ones", "full", "rand", "randn", "arange", "zeros_like",
+           "ones_like", "full_like", "randn_like"]

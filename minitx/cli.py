@@ -143,6 +143,22 @@ def examples_dir():
     return path if os.path.isdir(path) else None
 
 
+def variant_list(text: str) -> list:
+    """``--variants a,b,c`` → ["a", "b", "c"], every name registered: an argparse ``type``, so
+    an unknown name stops the command (exit status 2) with REGISTRY's message, which names
+    the close ones (``nosuch`` is refused, ``perfomer`` gets "did you mean 'performer'?")."""
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected comma-separated registry names, got "
+                                         f"{text!r}")
+    for name in names:
+        try:
+            REGISTRY[name]
+        except KeyError as exc:
+            raise argparse.ArgumentTypeError(exc.args[0]) from None
+    return names
+
+
 # ---- subcommands --------------------------------------------------------------------------
 
 def cmd_tour(args) -> int:
@@ -151,7 +167,7 @@ def cmd_tour(args) -> int:
 
 
 def cmd_patterns(args) -> int:
-    names = args.variants.split(",") if args.variants else PATTERN_VARIANTS
+    names = args.variants or PATTERN_VARIANTS
     print("\n".join(pattern_section(n=args.n, names=names)))
     return 0
 
@@ -199,7 +215,7 @@ def bench_table(rows, sizes) -> list:
 
 
 def cmd_bench(args) -> int:
-    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    names = args.variants
     sizes = []
     n = args.min_n
     while n <= args.max_n:
@@ -272,7 +288,7 @@ def build_parser():
     p = sub.add_parser("tour", help="the guided tour (the default)")
     p.add_argument("--n", type=int, default=1024, help="sequence length for the timing column")
     p = sub.add_parser("bench", help="time and memory versus N for chosen variants")
-    p.add_argument("--variants", default=DEFAULT_BENCH,
+    p.add_argument("--variants", default=DEFAULT_BENCH, type=variant_list,
                    help=f"comma-separated registry names (default {DEFAULT_BENCH})")
     p.add_argument("--min-n", type=int, default=128)
     p.add_argument("--max-n", type=int, default=2048)
@@ -285,7 +301,8 @@ def build_parser():
     p.add_argument("task", choices=EXAMPLES)
     p = sub.add_parser("patterns", help="text pictures of sparse attention patterns")
     p.add_argument("--n", type=int, default=16)
-    p.add_argument("--variants", default=None, help="comma-separated registry names")
+    p.add_argument("--variants", default=None, type=variant_list,
+                   help="comma-separated registry names")
     p = sub.add_parser("doctor", help="backend, NumPy/CuPy versions, GPU, nvcc, and the "
                                       "CUDA kernels' compile report for sm_80 and sm_90")
     p.add_argument("--quick", action="store_true",

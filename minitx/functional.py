@@ -7,6 +7,11 @@
 Everything here comes from ``minitx.ops`` (one Function per op); attention's fused ops are
 ``ops/attention.py`` (``scaled_dot_product_attention``, ``attention_weights``,
 ``why_not_flash``) and ``ops/flash.py`` (``flash_attention``).
+
+Every op with an ``axis`` also takes PyTorch's ``dim=`` (and ``keepdim=`` for ``keepdims``):
+``F.softmax(x, dim=-1)``. Where PyTorch's ``dim=`` means something else (``max``/``min``
+return indices too, ``var`` is unbiased, ``split`` cuts pieces of a length) it is refused with
+minitx's spelling named (``minitx.validate.dim_alias``).
 """
 from .ops import *  # noqa: F401,F403
 from .ops import unbroadcast  # noqa: F401

@@ -16,11 +16,13 @@ This module imports nothing from minitx: any layer may use it.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
 __all__ = ["OptionError", "integer", "positive_int", "nonnegative_int", "real", "positive_real",
-           "nonnegative_real", "probability", "choice", "boolean", "int_tuple"]
+           "nonnegative_real", "probability", "choice", "boolean", "int_tuple", "mask",
+           "dim_alias"]
 
 
 class OptionError(ValueError, TypeError):
@@ -127,3 +129,70 @@ def int_tuple(value, name: str, *, minimum: int = None, owner=None) -> tuple:
         _fail(owner, name, "a tuple of ints", value)
     return tuple(integer(v, f"{name}[{i}]", minimum=minimum, owner=owner)
                  for i, v in enumerate(value))
+
+
+def mask(value, name: str, *, shape=None, dims="", kinds: str = "bf", owner=None,
+         hint: str = ""):
+    """An array (or Tensor) mask of an allowed dtype kind and, when given, of ``shape``.
+
+    ``kinds``: the allowed ``dtype.kind`` letters, "b" (bool) and/or "f" (float). ``shape``:
+    the expected shape, or a list of the allowed ones; ``dims`` names their axes for the
+    message ("(N, S)", or a list matching ``shape``). ``hint`` is appended (the polarity
+    the caller expects, how to convert). Returns ``value`` unchanged::
+
+        >>> validate.mask(np.zeros((2, 5), int), "key_padding_mask", shape=(2, 5),
+        ...               dims="(N, S)", owner="MultiheadAttention")
+        OptionError: MultiheadAttention: key_padding_mask must be a bool or float array
+        (N, S) = (2, 5), got int64 (2, 5)
+    """
+    shapes = [] if shape is None else \
+        [tuple(shape)] if all(isinstance(e, numbers.Integral) for e in shape) else \
+        [tuple(s) for s in shape]
+    names = [dims] if isinstance(dims, str) else list(dims)
+    names += [""] * (len(shapes) - len(names))
+    kind_names = " or ".join({"b": "bool", "f": "float"}[k] for k in kinds)
+    where = " or ".join(f"{d} = {s}" if d else f"{s}" for d, s in zip(names, shapes)) or \
+        " or ".join(names)
+    expected = f"a {kind_names} array" + (f" {where}" if where else "")
+    dtype, got_shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    if dtype is None or got_shape is None:
+        given = "a " + type(value).__name__
+    else:
+        given = f"{dtype} {tuple(got_shape)}"
+    if given.startswith("a ") or getattr(dtype, "kind", None) not in kinds or \
+            (shapes and tuple(got_shape) not in shapes):
+        raise OptionError(f"{_who(owner)}{name} must be {expected}, got {given}"
+                          + (f". {hint}" if hint else ""))
+    return value
+
+
+_TORCH_SPELLINGS = (("dim", "axis"), ("keepdim", "keepdims"))
+
+
+def dim_alias(fn=None, *, torch_differs: str = None):
+    """Decorator: ``fn(..., axis=, keepdims=)`` also takes PyTorch's ``dim=`` and ``keepdim=``.
+
+    ``F.softmax(x, dim=-1)`` is then ``F.softmax(x, axis=-1)``. Passing both spellings of
+    one argument is an ``OptionError`` naming both. ``torch_differs``: where PyTorch's
+    ``dim=`` means something else (``torch.max(x, dim=1)`` returns values *and* indices),
+    ``dim=`` is refused with this explanation instead of being taken silently.
+    """
+    if fn is None:
+        return functools.partial(dim_alias, torch_differs=torch_differs)
+    who = fn.__qualname__                  # "softmax", or "Tensor.sum" for a method
+
+    @functools.wraps(fn)
+    def with_torch_spellings(*args, **kwargs):
+        for torch_name, name in _TORCH_SPELLINGS:
+            if torch_name not in kwargs:
+                continue
+            if torch_differs and torch_name == "dim":
+                raise OptionError(f"{who}: dim= is PyTorch's spelling and means something "
+                                  f"else here: {torch_differs}")
+            if name in kwargs:
+                raise OptionError(f"{who}: pass {name}= or its PyTorch spelling "
+                                  f"{torch_name}=, not both (got {name}={kwargs[name]!r} and "
+                                  f"{torch_name}={kwargs[torch_name]!r})")
+            kwargs[name] = kwargs.pop(torch_name)
+        return fn(*args, **kwargs)
+    return with_torch_spellings

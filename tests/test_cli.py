@@ -79,11 +79,25 @@ def test_patterns_and_doctor():
 
 
 def test_bench_small(tmp_path):
-    proc = run("bench", "--variants", "mha,local,nope", "--min-n", "64", "--max-n", "128",
+    proc = run("bench", "--variants", "mha,local", "--min-n", "64", "--max-n", "128",
                "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    assert "N=64" in proc.stdout and "N=128" in proc.stdout and "error" in proc.stdout
+    assert "N=64" in proc.stdout and "N=128" in proc.stdout and "error" not in proc.stdout
     assert any(f.startswith("bench_time") for f in os.listdir(tmp_path))
+
+
+@pytest.mark.parametrize("command", ["patterns", "bench"])
+@pytest.mark.parametrize("variants, says", [
+    ("nosuch", "no attention variant named 'nosuch'"),
+    ("local,perfomer", "did you mean 'performer'"),
+    (",", "expected comma-separated registry names"),
+])
+def test_an_unknown_variant_stops_the_command_naming_it(command, variants, says, tmp_path):
+    proc = run(command, "--variants", variants, "--out", str(tmp_path)) if command == "bench" \
+        else run(command, "--variants", variants)
+    assert proc.returncode == 2, proc.stdout
+    assert "argument --variants" in proc.stderr and says in proc.stderr
+    assert "■" not in proc.stdout and "N=" not in proc.stdout      # nothing ran
 
 
 def test_cupy_backend_message():

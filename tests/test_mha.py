@@ -139,9 +139,11 @@ def test_mha_call_errors(rng):
         layer(tensor(np.zeros((5, 2, 7)), requires_grad=True), x, x)
     with pytest.raises(ValueError, match="3-d .batched. or 2-d"):
         layer(tensor(np.zeros((5, 2, 8, 1)), requires_grad=True), x, x)
-    with pytest.raises(ValueError, match=r"attn_mask must be \(L, S\) = \(5, 5\)"):
+    with pytest.raises(ValueError, match=r"attn_mask must be a bool or float array "
+                                         r"\(L, S\) = \(5, 5\) .*, got bool \(4, 5\)"):
         layer(x, x, x, attn_mask=np.zeros((4, 5), bool))
-    with pytest.raises(ValueError, match=r"key_padding_mask must be \(N, S\) = \(2, 5\)"):
+    with pytest.raises(ValueError, match=r"key_padding_mask must be a bool or float array "
+                                         r"\(N, S\) = \(2, 5\), got bool \(5, 2\)"):
         layer(x, x, x, key_padding_mask=np.zeros((5, 2), bool))
     with pytest.raises(ValueError, match="batch sizes differ"):
         layer(x, tensor(np.zeros((5, 3, 8)), requires_grad=True),

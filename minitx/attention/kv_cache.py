@@ -21,11 +21,34 @@ from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import device_of, get_array_module, to_device_of, xp as active_xp
 
-__all__ = ["KVCache", "PagedKVCache", "PagedCacheView"]
+__all__ = ["KVCache", "PagedKVCache", "PagedCacheView", "cached_length"]
 
 
 def _raw(x):
     return x.data if isinstance(x, Tensor) else x
+
+
+def cached_length(kv_caches, num_layers: int, *, owner: str) -> int:
+    """How many tokens the per-layer caches ``kv_caches`` hold (0 when it is None): the
+    position the next token takes.
+
+    A model with ``num_layers`` layers needs one cache per layer, all holding the same
+    tokens; anything else raises a ``ValueError`` naming ``owner``, the expected and the
+    given count (a short list would otherwise surface as a bare ``IndexError`` in layer i).
+    """
+    if kv_caches is None:
+        return 0
+    if not isinstance(kv_caches, (list, tuple)):
+        raise validate.OptionError(f"{owner}: kv_caches must be a list of one cache per layer "
+                                   f"({num_layers}), got a {type(kv_caches).__name__}")
+    if len(kv_caches) != num_layers:
+        raise validate.OptionError(f"{owner}: kv_caches must hold one cache per layer: "
+                                   f"{num_layers} caches, got {len(kv_caches)}")
+    lengths = {len(c) for c in kv_caches}
+    if len(lengths) > 1:
+        raise validate.OptionError(f"{owner}: kv_caches must all hold the same tokens, got "
+                                   f"lengths {[len(c) for c in kv_caches]}")
+    return lengths.pop() if lengths else 0
 
 
 class KVCache:

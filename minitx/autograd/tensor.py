@@ -105,10 +105,6 @@ class Tensor:
         return self.data.ndim
 
     @property
-    def size(self) -> int:
-        return self.data.size
-
-    @property
     def dtype(self):
         return self.data.dtype
 
@@ -401,39 +397,11 @@ class Tensor:
     def swapaxes(self, axis1: int, axis2: int):
         return _F.swapaxes(self, axis1, axis2)
 
-    def squeeze(self, axis=None):
-        return _F.squeeze(self, axis)
-
-    def expand_dims(self, axis):
-        return _F.expand_dims(self, axis)
-
     def broadcast_to(self, shape):
         return _F.broadcast_to(self, shape)
 
     def flatten(self):
         return _F.reshape(self, (-1,))
-
-    # ---- reductions ----------------------------------------------------------------------
-    def sum(self, axis=None, keepdims=False):
-        return _F.sum(self, axis=axis, keepdims=keepdims)
-
-    def mean(self, axis=None, keepdims=False):
-        return _F.mean(self, axis=axis, keepdims=keepdims)
-
-    def var(self, axis=None, keepdims=False, ddof=0):
-        return _F.var(self, axis=axis, keepdims=keepdims, ddof=ddof)
-
-    def max(self, axis=None, keepdims=False):
-        return _F.max(self, axis=axis, keepdims=keepdims)
-
-    def min(self, axis=None, keepdims=False):
-        return _F.min(self, axis=axis, keepdims=keepdims)
-
-    def argmax(self, axis=None):
-        return Tensor._wrap(self.data.argmax(axis=axis), False)
-
-    def argmin(self, axis=None):
-        return Tensor._wrap(self.data.argmin(axis=axis), False)
 
     # ---- elementwise shortcuts -----------------------------------------------------------
     def exp(self):
@@ -454,14 +422,112 @@ class Tensor:
     def relu(self):
         return _F.relu(self)
 
-    def softmax(self, axis=-1):
-        return _F.softmax(self, axis=axis)
-
-    def log_softmax(self, axis=-1):
-        return _F.log_softmax(self, axis=axis)
-
     def masked_fill(self, mask, value):
         return _F.masked_fill(self, mask, value)
+
+    # ---- reductions, softmax, size and the PyTorch spellings --------------------------------
+    # Code ported from PyTorch runs as written: each method below is PyTorch's name for what
+    # minitx spells the NumPy way, and forwards to that spelling. The axis-taking ones
+    # forward every argument to ``minitx.functional``, whose ops take ``dim=`` / ``keepdim=``
+    # as aliases of ``axis=`` / ``keepdims=`` (``validate.dim_alias``, the one place this is
+    # done).
+
+    class _Size(int):
+        """The element count (an int, NumPy's ``a.size``) that, called, is PyTorch's
+        ``t.size()``: the shape, or ``t.size(dim)``: one extent (negative dims count back)."""
+
+        def __new__(cls, shape):
+            count = 1
+            for extent in shape:
+                count *= extent
+            size = super().__new__(cls, count)
+            size.shape = tuple(shape)
+            return size
+
+        def __call__(self, dim=None):
+            if dim is None:
+                return self.shape
+            if isinstance(dim, bool) or not isinstance(dim, (int, numpy.integer)) or \
+                    not -len(self.shape) <= dim < len(self.shape):
+                raise IndexError(f"size: dim must be an int in [{-len(self.shape)}, "
+                                 f"{len(self.shape) - 1}] for shape {self.shape}, got {dim!r}")
+            return self.shape[dim]
+
+    @property
+    def size(self) -> "Tensor._Size":
+        """The number of elements (NumPy: ``t.size``); ``t.size()`` is the shape and
+        ``t.size(dim)`` one extent (PyTorch)."""
+        return Tensor._Size(self.data.shape)
+
+    def numel(self) -> int:
+        """The number of elements (PyTorch's name for ``t.size``)."""
+        return int(self.data.size)
+
+    def dim(self) -> int:
+        """The number of dimensions (PyTorch's name for ``t.ndim``)."""
+        return self.data.ndim
+
+    def float(self) -> "Tensor":
+        """Cast to float32, differentiably (PyTorch's ``t.float()``; ``t.astype("float32")``)."""
+        return self.astype("float32")
+
+    def double(self) -> "Tensor":
+        """Cast to float64, differentiably (``t.astype("float64")``)."""
+        return self.astype("float64")
+
+    def half(self) -> "Tensor":
+        """Cast to float16, differentiably (``t.astype("float16")``)."""
+        return self.astype("float16")
+
+    def unsqueeze(self, dim: int) -> "Tensor":
+        """A new axis of length 1 at ``dim`` (PyTorch's name for ``expand_dims``)."""
+        return _F.expand_dims(self, dim)
+
+    def sum(self, *args, **kwargs):
+        """Σ over ``axis`` (or ``dim``); ``keepdims`` (or ``keepdim``). See ``F.sum``."""
+        return _F.sum(self, *args, **kwargs)
+
+    def mean(self, *args, **kwargs):
+        """Mean over ``axis`` (or ``dim``); ``keepdims`` (or ``keepdim``). See ``F.mean``."""
+        return _F.mean(self, *args, **kwargs)
+
+    def var(self, *args, **kwargs):
+        """Variance over ``axis`` with ``ddof`` (NumPy's, default 0). ``dim=`` is refused:
+        PyTorch's ``var(dim=)`` divides by n − 1. See ``F.var``."""
+        return _F.var(self, *args, **kwargs)
+
+    def max(self, *args, **kwargs):
+        """Maximum over ``axis``. ``dim=`` is refused: PyTorch's ``max(dim=)`` returns
+        (values, indices); use ``max(axis=)`` and ``argmax(axis=)``. See ``F.max``."""
+        return _F.max(self, *args, **kwargs)
+
+    def min(self, *args, **kwargs):
+        """Minimum over ``axis``; ``dim=`` is refused as for ``max``. See ``F.min``."""
+        return _F.min(self, *args, **kwargs)
+
+    def argmax(self, *args, **kwargs):
+        """Index of the maximum over ``axis`` (or ``dim``; None: flattened). See ``F.argmax``."""
+        return _F.argmax(self, *args, **kwargs)
+
+    def argmin(self, *args, **kwargs):
+        """Index of the minimum over ``axis`` (or ``dim``). See ``F.argmin``."""
+        return _F.argmin(self, *args, **kwargs)
+
+    def softmax(self, *args, **kwargs):
+        """softmax along ``axis`` (or ``dim``), default −1. See ``F.softmax``."""
+        return _F.softmax(self, *args, **kwargs)
+
+    def log_softmax(self, *args, **kwargs):
+        """log softmax along ``axis`` (or ``dim``), default −1. See ``F.log_softmax``."""
+        return _F.log_softmax(self, *args, **kwargs)
+
+    def squeeze(self, *args, **kwargs):
+        """Drop length-1 axes (``axis`` or ``dim``; None: all). See ``F.squeeze``."""
+        return _F.squeeze(self, *args, **kwargs)
+
+    def expand_dims(self, *args, **kwargs):
+        """A new length-1 axis at ``axis`` (or ``dim``). See ``F.expand_dims``."""
+        return _F.expand_dims(self, *args, **kwargs)
 
 
 def tensor(data, requires_grad: bool = False, dtype=None) -> Tensor:

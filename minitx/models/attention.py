@@ -48,26 +48,25 @@ def _param(*shape):
 
 
 def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq, nk,
-                        dtype="float32", xp=None):
+                        dtype="float32", xp=None, owner="MultiheadAttention"):
     """Turn PyTorch-polarity module masks into ONE mask for ``scaled_dot_product_attention``.
 
     ``attn_mask`` (L, S) or (N·H, L, S) and ``key_padding_mask`` (N, S): bool True = NOT
     allowed, or float (added — the trap: HuggingFace's 1/0 ``attention_mask`` as floats masks
     nothing; a float key_padding_mask of only 0s and 1s warns). ``is_causal`` without ``attn_mask`` adds the causal mask. Returns
     None, a bool mask (True = MAY attend) or a float mask (−inf where not allowed), broadcastable
-    to (N, H, L, S).
+    to (N, H, L, S). A mask of another dtype or shape raises an ``OptionError`` naming
+    ``owner`` (the module the caller called), the argument, and the dtype and shape expected
+    and given.
     """
     xp = xp or backend.xp()
     allowed, bias = [], []
     if attn_mask is not None:
         m = xp.asarray(_raw(attn_mask))
-        if m.shape == (nq, nk):
-            m = m[None, None]                                     # (1, 1, L, S)
-        elif m.shape == (n * num_heads, nq, nk):
-            m = m.reshape(n, num_heads, nq, nk)                   # (N, H, L, S)
-        else:
-            raise ValueError(f"attn_mask must be (L, S) = {(nq, nk)} or (N·num_heads, L, S) = "
-                             f"{(n * num_heads, nq, nk)}, got {tuple(m.shape)}")
+        validate.mask(m, "attn_mask", shape=[(nq, nk), (n * num_heads, nq, nk)],
+                      dims=["(L, S)", "(N·num_heads, L, S)"], owner=owner,
+                      hint="True = NOT allowed (PyTorch's rule), float = added to the scores")
+        m = m[None, None] if m.ndim == 2 else m.reshape(n, num_heads, nq, nk)  # (N|1, H|1, L, S)
         if m.dtype == bool and nq == nk and m.size and bool(
                 xp.diagonal(m, axis1=-2, axis2=-1).all()):
             warnings.warn("attn_mask hides every query's own position: for MultiheadAttention "
@@ -81,8 +80,9 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
         allowed.append(causal_pattern(nq, nk, xp))
     if key_padding_mask is not None:
         m = xp.asarray(_raw(key_padding_mask))
-        if m.shape != (n, nk):
-            raise ValueError(f"key_padding_mask must be (N, S) = {(n, nk)}, got {tuple(m.shape)}")
+        validate.mask(m, "key_padding_mask", shape=(n, nk), dims="(N, S)", owner=owner,
+                      hint="True = padding (PyTorch's rule; HuggingFace's attention_mask "
+                           "is the opposite: pass attention_mask == 0)")
         if m.dtype.kind == "f" and m.size and bool(((m == 0) | (m == 1)).all()):
             warnings.warn("key_padding_mask is a float 0/1 array: a float mask is ADDED to the "
                           "scores (PyTorch's rule), so it masks nothing. For padding pass a bool "
@@ -95,9 +95,6 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
                           UserWarning, stacklevel=4)
         m = m[:, None, None, :]                                   # (N, 1, 1, S)
         (allowed if m.dtype == bool else bias).append(~m if m.dtype == bool else m)
-    for m in bias:
-        if m.dtype.kind != "f":
-            raise TypeError(f"attention masks must be bool or float, got dtype {m.dtype}")
     ok = None
     for m in allowed:
         ok = m if ok is None else ok & m
@@ -265,7 +262,7 @@ class MultiheadAttention(Module):
         # is_causal without attn_mask goes to SDPA as a flag (the kernel takes it), not a mask
         causal = bool(is_causal) and attn_mask is None
         mask = torch_masks_to_sdpa(attn_mask, key_padding_mask, False, n, self.num_heads,
-                                   nq, k.shape[2], q.dtype, xp)
+                                   nq, k.shape[2], q.dtype, xp, owner=type(self).__name__)
         want = bool(need_weights) or self.record_weights
         dropout_p = self.dropout if self.training else 0.0
         if self.hook_attn_scores.active or self.hook_pattern.active:

@@ -5,7 +5,7 @@ learned "cls" token, Devlin et al. 2019) + a linear head.
 """
 from __future__ import annotations
 
-from .. import backend
+from .. import backend, validate
 from ..autograd.tensor import Tensor
 from ..nn import init
 from ..nn.hooks import HookedModel, HookPoint
@@ -27,8 +27,10 @@ class EncoderClassifier(Module, AttentionMaps, HookedModel):
     ``cls_token`` (1, 1, E) is prepended and its final state is classified (BERT).
     ``position``: "sinusoidal" | "learned" | "none". ``attention``: None (PyTorch's MHA) or a
     REGISTRY name for the self-attention. ``forward(tokens (B, N), key_padding_mask=None)``
-    → logits (B, num_classes); ``key_padding_mask`` (B, N) True = padding (derived from
-    ``pad_idx`` when given).
+    → logits (B, num_classes); ``key_padding_mask`` (B, N) bool, True = padding (derived
+    from ``pad_idx`` when given; it also decides which states the mean pools, so a float or
+    int mask is refused rather than guessed at). With ``position="learned"`` at most
+    ``max_len`` tokens (the table has one more row, for the cls token).
     """
 
     # hook names as TransformerLens's BERT: blocks.{i}.…, ln_final.…, plus hook_embed
@@ -47,6 +49,8 @@ class EncoderClassifier(Module, AttentionMaps, HookedModel):
             raise ValueError(f"EncoderClassifier: position must be 'sinusoidal', 'learned' or "
                              f"'none', got {position!r}")
         self.pooling, self.pad_idx, self.d_model = pooling, pad_idx, d_model
+        self.max_len = validate.positive_int(max_len, "max_len", owner="EncoderClassifier")
+        self.position = position
         self.embed = Embedding(vocab_size, d_model, padding_idx=pad_idx)
         # Sinusoidal positions have entries of size ~1: word embeddings start at the same
         # scale (std 1) so that word identity is not drowned by position; learned positions
@@ -77,11 +81,17 @@ class EncoderClassifier(Module, AttentionMaps, HookedModel):
         tokens = token_ids(tokens, "tokens")
         xp = backend.get_array_module(tokens)
         b, n = tokens.shape
+        if self.position == "learned" and n > self.max_len:
+            raise ValueError(f"EncoderClassifier: {n} tokens exceed max_len={self.max_len}")
         pad = key_padding_mask
         if pad is None and self.pad_idx is not None:
             pad = tokens == self.pad_idx
         if pad is not None:                                       # a host mask enters once
             pad = xp.asarray(pad.data if isinstance(pad, Tensor) else pad)
+            validate.mask(pad, "key_padding_mask", shape=(b, n), dims="(B, N)", kinds="b",
+                          owner="EncoderClassifier",
+                          hint="True = padding; from HuggingFace's attention_mask (1 = token) "
+                               "pass attention_mask == 0, from a 0/1 float mask mask > 0")
         x = self.hook_embed(self.embed(tokens))                   # (B, N, E)
         if self.pooling == "cls":
             cls = broadcast_to(self.cls_token, (b, 1, self.d_model))

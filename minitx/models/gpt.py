@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass, field
 
 from .. import backend, validate
-from ..attention import REGISTRY, ExactSelfAttention, KVCache, PagedKVCache
+from ..attention import (REGISTRY, ExactSelfAttention, KVCache, PagedKVCache,
+                         cached_length)
 from ..autograd.grad_mode import no_grad
 from ..autograd.tensor import Tensor
 from ..nn import init
@@ -197,7 +198,7 @@ class GPT(Module, AttentionMaps, HookedModel):
     def forward(self, idx, targets=None, kv_caches=None):
         tokens = token_ids(idx)
         b, t = tokens.shape
-        offset = len(kv_caches[0]) if kv_caches is not None else 0
+        offset = cached_length(kv_caches, len(self.h), owner="GPT")
         if self.config.position == "learned" and offset + t > self.config.block_size:
             raise ValueError(f"GPT: sequence of {offset + t} tokens exceeds block_size="
                              f"{self.config.block_size}")

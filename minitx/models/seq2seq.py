@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from .. import backend, validate
-from ..attention import KVCache
+from ..attention import KVCache, cached_length
 from ..autograd.grad_mode import no_grad
 from ..autograd.tensor import Tensor
 from ..nn import init
@@ -83,7 +83,8 @@ class Transformer(Module, AttentionMaps, HookedModel):
                kv_caches=None):
         """tgt (B, T) (only the new tokens when ``kv_caches`` are given) → logits (B, T, V)."""
         tgt = token_ids(tgt, "tgt")
-        offset = len(kv_caches[0]) if kv_caches is not None else 0
+        offset = cached_length(kv_caches, len(self.decoder.layers),
+                               owner="Transformer.decode")
         x = self.decoder(self._embed(self.tgt_embed, tgt, offset), memory,
                          tgt_key_padding_mask=None if kv_caches is not None else
                          self._padding(tgt, tgt_key_padding_mask),

@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 
 from .. import validate
-from ..attention import REGISTRY, ExactSelfAttention
+from ..attention import REGISTRY, ExactSelfAttention, cached_length
 from ..nn.hooks import HookedModel, HookPoint
 from ..nn.layers import Dropout, LayerNorm, Linear
 from ..nn.module import Module, ModuleList
@@ -137,7 +137,7 @@ class _Block(Module):
         mask = None
         if attn_mask is not None or key_padding_mask is not None or causal:
             mask = torch_masks_to_sdpa(attn_mask, key_padding_mask, causal, n, sa.num_heads,
-                                       s, nk, xb.dtype)
+                                       s, nk, xb.dtype, owner=type(self).__name__)
         if mask is not None or kv_cache is not None:
             if not getattr(sa, "supports_attn_mask", False):
                 raise ValueError(f"{type(self).__name__}: attention={self.attention!r} does not "
@@ -253,8 +253,7 @@ class TransformerDecoderLayer(_Block):
 
 
 def _clones(layer, num_layers, owner):
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers <= 0:
-        raise ValueError(f"{owner}: num_layers must be a positive int, got {num_layers!r}")
+    num_layers = validate.positive_int(num_layers, "num_layers", owner=owner)
     return ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
 
 
@@ -302,9 +301,7 @@ class TransformerDecoder(Module):
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal: bool = False,
                 memory_is_causal: bool = False, *, kv_caches=None):
-        if kv_caches is not None and len(kv_caches) != len(self.layers):
-            raise ValueError(f"TransformerDecoder: kv_caches must hold one cache per layer "
-                             f"({len(self.layers)}), got {len(kv_caches)}")
+        cached_length(kv_caches, len(self.layers), owner="TransformerDecoder")
         x = tgt
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,

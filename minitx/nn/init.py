@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from .. import backend
+from .. import backend, validate
 from ..autograd.tensor import Tensor
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "zeros_",
@@ -58,9 +58,8 @@ def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
     if nonlinearity == "selu":
         return 3.0 / 4.0
     if nonlinearity == "leaky_relu":
-        slope = 0.01 if param is None else param
-        if isinstance(slope, bool) or not isinstance(slope, (int, float)):
-            raise ValueError(f"negative_slope (param) must be a number, got {slope!r}")
+        slope = 0.01 if param is None else validate.real(param, "param (negative_slope)",
+                                                          owner="calculate_gain")
         return math.sqrt(2.0 / (1.0 + slope ** 2))
     raise ValueError(f"unsupported nonlinearity {nonlinearity!r}; expected one of linear, "
                      "identity, sigmoid, tanh, relu, leaky_relu, selu")

@@ -29,6 +29,7 @@ state-dict key ``0.weight``, exactly as in PyTorch.
 """
 from __future__ import annotations
 
+import numbers
 import os
 import re
 from collections import OrderedDict
@@ -544,8 +545,9 @@ class Module:
 # ---- containers -------------------------------------------------------------------------------
 
 def _norm_index(index: int, length: int, kind: str) -> int:
-    if not isinstance(index, int):
+    if isinstance(index, bool) or not isinstance(index, numbers.Integral):
         raise TypeError(f"{kind} indices must be int or slice, got {type(index).__name__}")
+    index = int(index)
     if not -length <= index < length:
         raise IndexError(f"{kind} index {index} out of range for length {length}")
     return index % length

@@ -1,6 +1,8 @@
 """Helpers shared by the ops: undoing broadcasting, normalising axes."""
 from __future__ import annotations
 
+import numbers
+
 from ..backend import get_array_module
 
 __all__ = ["unbroadcast", "normalize_axis", "normalize_axes", "restore_reduced"]
@@ -40,9 +42,13 @@ def normalize_axes(axis, ndim: int):
     """``None`` → all axes; an int or tuple → a sorted tuple of non-negative axes."""
     if axis is None:
         return tuple(range(ndim))
-    if isinstance(axis, int):
-        axis = (axis,)
-    return tuple(sorted(normalize_axis(a, ndim) for a in axis))
+    return tuple(sorted(normalize_axis(a, ndim) for a in as_tuple(axis)))
+
+
+def as_tuple(value) -> tuple:
+    """An int (a NumPy integer too) → ``(value,)``; a sequence → a tuple. For the arguments
+    that take one int or several: a shape, an axis, ``normalized_shape``."""
+    return (int(value),) if isinstance(value, numbers.Integral) else tuple(value)
 
 
 def restore_reduced(grad, axes, keepdims: bool):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from ..autograd.function import Function
 from ..backend import get_array_module
+from ..validate import dim_alias
 from . import elementwise as E
 from ._util import normalize_axis
 from .shape import swapaxes
@@ -112,6 +113,7 @@ class LogSoftmax(Function):
         return grad - xp.exp(out) * grad.sum(axis=ctx.axis, keepdims=True), None
 
 
+@dim_alias
 def softmax(x, axis: int = -1):
     """softmax(x)ᵢ = exp(xᵢ) / Σⱼ exp(xⱼ) along ``axis``; same shape as x.
 
@@ -122,6 +124,7 @@ def softmax(x, axis: int = -1):
     return Softmax.apply(x, axis)
 
 
+@dim_alias
 def log_softmax(x, axis: int = -1):
     """log softmax(x) = x − logsumexp(x) along ``axis``, computed stably.
 
@@ -131,6 +134,7 @@ def log_softmax(x, axis: int = -1):
     return LogSoftmax.apply(x, axis)
 
 
+@dim_alias
 def softmax_jacobian(x, axis: int = -1):
     """The full Jacobian of softmax along ``axis``: J = diag(s) − s sᵀ.
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from ..autograd.function import Function
 from ..backend import get_array_module
+from ._util import as_tuple
 
 __all__ = ["layer_norm", "rms_norm"]
 
 
 def _norm_axes(x, normalized_shape, name):
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    shape = as_tuple(normalized_shape)
     if tuple(x.shape[len(x.shape) - len(shape):]) != shape:
         raise ValueError(f"{name}: normalized_shape {shape} must match the last dimensions of "
                          f"the input, got input shape {tuple(x.shape)}")

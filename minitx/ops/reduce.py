@@ -8,10 +8,12 @@ from __future__ import annotations
 import builtins
 
 from ..autograd.function import Function
+from ..autograd.tensor import Tensor
 from ..backend import get_array_module
+from ..validate import dim_alias
 from ._util import normalize_axes, normalize_axis, restore_reduced
 
-__all__ = ["sum", "mean", "var", "max", "min", "logsumexp", "cumsum"]
+__all__ = ["sum", "mean", "var", "max", "min", "argmax", "argmin", "logsumexp", "cumsum"]
 
 
 class Sum(Function):
@@ -135,31 +137,58 @@ class Cumsum(Function):
         return xp.flip(xp.cumsum(flipped, axis=ctx.axis), axis=ctx.axis)
 
 
+@dim_alias
 def sum(x, axis=None, keepdims: bool = False):  # noqa: A001
     """Σ over ``axis`` (None: all). Gradient: broadcast back to x's shape."""
     return Sum.apply(x, axis=axis, keepdims=keepdims)
 
 
+@dim_alias
 def mean(x, axis=None, keepdims: bool = False):
     """Mean over ``axis``. Gradient: 1/n broadcast back."""
     return Mean.apply(x, axis=axis, keepdims=keepdims)
 
 
+@dim_alias(torch_differs=(
+    "torch.var(x, dim=d) is unbiased (divides by n - 1) by default, this var by n "
+    "(NumPy's ddof=0); pass axis=d and ddof=1 for PyTorch's value"))
 def var(x, axis=None, keepdims: bool = False, ddof: int = 0):
     """Variance Σ(x − x̄)²/(n − ddof) over ``axis`` (NumPy's default ddof=0)."""
     return Var.apply(x, axis, keepdims, ddof)
 
 
+@dim_alias(torch_differs=(
+    "torch.max(x, dim=d) returns (values, indices); use max(x, axis=d) for the values"
+    " and argmax(x, axis=d) for the indices"))
 def max(x, axis=None, keepdims: bool = False):  # noqa: A001
     """Maximum over ``axis``; ties share the gradient equally."""
     return MaxMin.apply(x, axis, keepdims, True)
 
 
+@dim_alias(torch_differs=(
+    "torch.min(x, dim=d) returns (values, indices); use min(x, axis=d) for the values"
+    " and argmin(x, axis=d) for the indices"))
 def min(x, axis=None, keepdims: bool = False):  # noqa: A001
     """Minimum over ``axis``; ties share the gradient equally."""
     return MaxMin.apply(x, axis, keepdims, False)
 
 
+@dim_alias
+def argmax(x, axis=None, keepdims: bool = False):
+    """Index of the maximum over ``axis`` (None: of the flattened x); an integer Tensor, no
+    gradient (an index is not differentiable). The first one wins a tie, as in NumPy."""
+    data = x.data if isinstance(x, Tensor) else x
+    return Tensor._wrap(data.argmax(axis=axis, keepdims=keepdims), False)
+
+
+@dim_alias
+def argmin(x, axis=None, keepdims: bool = False):
+    """Index of the minimum over ``axis``; see ``argmax``."""
+    data = x.data if isinstance(x, Tensor) else x
+    return Tensor._wrap(data.argmin(axis=axis, keepdims=keepdims), False)
+
+
+@dim_alias
 def logsumexp(x, axis=None, keepdims: bool = False):
     """log Σ exp(x) over ``axis``, computed as m + log Σ exp(x − m) with m = max x.
 
@@ -169,6 +198,7 @@ def logsumexp(x, axis=None, keepdims: bool = False):
     return LogSumExp.apply(x, axis=axis, keepdims=keepdims)
 
 
+@dim_alias
 def cumsum(x, axis: int = -1):
     """Running sum along ``axis``: yᵢ = Σ_{j≤i} xⱼ. Gradient: reversed running sum."""
     return Cumsum.apply(x, axis=axis)

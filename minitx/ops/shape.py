@@ -3,9 +3,12 @@ stack, split, pad, tril/triu. Their backward moves the gradient back to the inpu
 """
 from __future__ import annotations
 
+import numbers
+
 from ..autograd.function import Function
 from ..backend import get_array_module
-from ._util import normalize_axis, unbroadcast
+from ..validate import dim_alias
+from ._util import as_tuple, normalize_axis, unbroadcast
 
 __all__ = ["reshape", "transpose", "swapaxes", "broadcast_to", "squeeze", "expand_dims",
            "concatenate", "stack", "split", "pad", "tril", "triu", "flip"]
@@ -128,8 +131,7 @@ class Flip(Function):
 
 def reshape(x, shape):
     """x with a new shape of the same size (one entry may be −1). NumPy's ``reshape``."""
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    return Reshape.apply(x, shape)
+    return Reshape.apply(x, as_tuple(shape))
 
 
 def transpose(x, axes=None):
@@ -144,16 +146,17 @@ def swapaxes(x, axis1: int, axis2: int):
 
 def broadcast_to(x, shape):
     """x broadcast to ``shape``; backward sums over the copies (``unbroadcast``)."""
-    return BroadcastTo.apply(x, tuple(shape))
+    return BroadcastTo.apply(x, as_tuple(shape))
 
 
+@dim_alias
 def squeeze(x, axis=None):
     """Remove size-1 axes (all of them, or ``axis``)."""
     shape = x.shape
     if axis is None:
         new = tuple(n for n in shape if n != 1)
     else:
-        axes = {normalize_axis(a, len(shape)) for a in ((axis,) if isinstance(axis, int) else axis)}
+        axes = {normalize_axis(a, len(shape)) for a in as_tuple(axis)}
         for a in axes:
             if shape[a] != 1:
                 raise ValueError(f"cannot squeeze axis {a} of size {shape[a]} (shape {shape})")
@@ -161,9 +164,10 @@ def squeeze(x, axis=None):
     return Reshape.apply(x, new)
 
 
+@dim_alias
 def expand_dims(x, axis):
     """Insert a size-1 axis at ``axis`` (int or tuple). NumPy's ``expand_dims``."""
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = as_tuple(axis)
     ndim = len(x.shape) + len(axes)
     axes = sorted(normalize_axis(a, ndim) for a in axes)
     shape = list(x.shape)
@@ -172,6 +176,7 @@ def expand_dims(x, axis):
     return Reshape.apply(x, tuple(shape))
 
 
+@dim_alias
 def concatenate(xs, axis: int = 0):
     """Join tensors along an existing axis; backward splits the gradient at the seams."""
     xs = list(xs)
@@ -180,6 +185,7 @@ def concatenate(xs, axis: int = 0):
     return Concatenate.apply(*xs, axis=axis)
 
 
+@dim_alias
 def stack(xs, axis: int = 0):
     """Join same-shaped tensors along a new axis."""
     xs = list(xs)
@@ -191,6 +197,9 @@ def stack(xs, axis: int = 0):
     return Stack.apply(*xs, axis=axis)
 
 
+@dim_alias(torch_differs=(
+    "torch.split(x, size, dim=d) cuts pieces of length size, this split (NumPy's) "
+    "cuts into that many sections; pass axis=d"))
 def split(x, indices_or_sections, axis: int = 0):
     """Split along ``axis`` into equal sections (an int) or at the given indices (a list).
 
@@ -198,7 +207,7 @@ def split(x, indices_or_sections, axis: int = 0):
     """
     n = x.shape[normalize_axis(axis, len(x.shape))]
     axis = normalize_axis(axis, len(x.shape))
-    if isinstance(indices_or_sections, int):
+    if isinstance(indices_or_sections, numbers.Integral):
         if indices_or_sections <= 0 or n % indices_or_sections:
             raise ValueError(f"indices_or_sections={indices_or_sections} does not divide "
                              f"axis {axis} of length {n} into equal sections")
@@ -214,7 +223,7 @@ def split(x, indices_or_sections, axis: int = 0):
 def pad(x, pad_width, value: float = 0.0):
     """Constant padding; ``pad_width`` is NumPy's ((before, after), ...) per axis, or an int."""
     ndim = len(x.shape)
-    if isinstance(pad_width, int):
+    if isinstance(pad_width, numbers.Integral):
         pad_width = ((pad_width, pad_width),) * ndim
     pad_width = tuple((int(a), int(b)) for a, b in pad_width)
     if len(pad_width) != ndim:

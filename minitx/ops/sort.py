@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module
+from ..validate import dim_alias
 from ._util import normalize_axis
 from .indexing import take_along_axis
 
 __all__ = ["sort", "topk", "argsort"]
 
 
+@dim_alias
 def argsort(x, axis: int = -1, descending: bool = False):
     """Indices that sort x along ``axis`` (a stable sort); an integer tensor, no gradient."""
     data = x.data if isinstance(x, Tensor) else x
@@ -18,6 +20,7 @@ def argsort(x, axis: int = -1, descending: bool = False):
     return Tensor._wrap(idx, False)
 
 
+@dim_alias
 def sort(x, axis: int = -1, descending: bool = False):
     """(values, indices) sorted along ``axis``; values carry the gradient back to where each
     element came from (a permutation: dx = scatter of the gradient)."""
@@ -26,6 +29,7 @@ def sort(x, axis: int = -1, descending: bool = False):
     return take_along_axis(x, idx, axis), idx
 
 
+@dim_alias
 def topk(x, k: int, axis: int = -1, largest: bool = True, sorted: bool = True):  # noqa: A002
     """The k largest (or smallest) values along ``axis`` and their indices.
 

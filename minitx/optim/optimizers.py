@@ -17,6 +17,7 @@ update), η the learning rate, λ the weight decay.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Callable
 
 from .. import backend
@@ -33,7 +34,8 @@ def _check(cond: bool, opt: str, name: str, expected: str, value) -> None:
 
 
 def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    # numbers.Real: Python and NumPy scalars alike (np.float32(1e-3) is a learning rate too).
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
 class Optimizer:

@@ -50,7 +50,7 @@ import numpy as np
 
 from .. import backend
 from ..autograd.grad_mode import no_grad
-from ..attention import REGISTRY, KVCache
+from ..attention import REGISTRY, KVCache, cached_length
 from ..functional import linear
 from ..functional import broadcast_to
 from ..models.gpt import GPT, sample_next
@@ -169,7 +169,7 @@ class GPT2Model(Module, AttentionMaps, HookedModel):
         else:
             x = inputs_embeds
         b, t = x.shape[0], x.shape[1]
-        offset = len(kv_caches[0]) if kv_caches is not None else 0
+        offset = cached_length(kv_caches, len(self.h), owner="GPT2Model")
         if offset + t > self.config.n_positions:
             raise ValueError(f"GPT2Model: {offset + t} positions exceed n_positions="
                              f"{self.config.n_positions}")

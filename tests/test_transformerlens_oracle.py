@@ -1,0 +1,94 @@
+"""TransformerLens as an optional test oracle for minitx's hook points (issue 21).
+
+A tiny random GPT-2 (2 layers, 2 heads, d_model 16, vocabulary 50) is built by
+``transformers``, saved as a HuggingFace folder and loaded by ``minitx.pretrained.load``; the
+same HuggingFace module is wrapped by TransformerLens 4.x (``build_bridge_from_module``, which
+needs no download). Both caches of one forward are then compared: every name minitx caches
+must be a TransformerLens name, with the same shape and the same values.
+
+Both sides run in float64, so the tolerance is rounding only (1e-12 against values of order
+1–10; the two compute the same sums in different orders). The one documented difference is the
+value of masked scores in ``hook_attn_scores``: minitx writes −inf, TransformerLens 4.x
+(HuggingFace's eager attention underneath) the dtype's minimum; both patterns are 0 there.
+
+Install (CPU torch stays as it is; every package pinned, none pulls torch or CUDA):
+``pip install --no-deps transformer-lens==4.3.0 einops==0.8.2 fancy-einsum==0.0.3
+jaxtyping==0.3.11 wadler-lindig==0.1.8 beartype==0.23.1 typeguard==4.6.1`` and
+``pip install datasets==5.2.0 accelerate==1.15.0 pandas==3.1.1`` (TransformerLens imports
+them at start-up).
+"""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+bridge_sources = pytest.importorskip(
+    "transformer_lens.model_bridge.sources",
+    reason="TransformerLens 4.x is an optional oracle: see this file's docstring to install it")
+
+import minitx.pretrained as pt  # noqa: E402
+from pretrained_util import _randomize  # noqa: E402
+
+TOL = 1e-12                  # float64 on both sides: rounding only
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory):
+    """(minitx cache, TransformerLens cache, minitx logits, TL logits) of one forward."""
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=50,
+                                     n_positions=32)
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    _randomize(hf, torch, seed=21)          # LayerNorm gains and biases too: nothing is 1 or 0
+    folder = tmp_path_factory.mktemp("tl_gpt2")
+    hf.save_pretrained(folder)
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    bridge = bridge_sources.build_bridge_from_module(hf.double(), "GPT2LMHeadModel",
+                                                     hf_config=config)
+    tokens = np.array([[1, 5, 7, 9, 3, 44, 2], [0, 49, 13, 13, 8, 21, 30]])
+    logits, cache = model.run_with_cache(tokens)
+    with torch.no_grad():
+        tl_logits, tl_cache = bridge.run_with_cache(torch.tensor(tokens))
+    return cache, tl_cache, logits.numpy(), tl_logits.numpy()
+
+
+def test_every_minitx_hook_name_is_a_transformerlens_name(caches):
+    cache, tl_cache, _, _ = caches
+    mine, theirs = set(cache), set(tl_cache.keys())
+    assert mine <= theirs, sorted(mine - theirs)
+    # the names of issue 21's list, per block and outside the blocks
+    for i in range(2):
+        for name in ("hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized", "attn.hook_q",
+                     "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores", "attn.hook_pattern",
+                     "attn.hook_z", "hook_attn_out", "hook_resid_mid", "ln2.hook_scale",
+                     "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out",
+                     "hook_resid_post"):
+            assert f"blocks.{i}.{name}" in mine
+    assert {"hook_embed", "hook_pos_embed", "ln_final.hook_scale",
+            "ln_final.hook_normalized"} <= mine
+
+
+def test_shapes_and_values_match_transformerlens(caches):
+    cache, tl_cache, logits, tl_logits = caches
+    assert np.abs(logits - tl_logits).max() <= TOL
+    for name in sorted(cache):
+        ours, theirs = cache[name].numpy(), tl_cache[name].numpy()
+        assert ours.shape == theirs.shape, (name, ours.shape, theirs.shape)
+        assert ours.dtype == theirs.dtype == np.float64, name
+        if name.endswith("hook_attn_scores"):
+            continue                                     # masked entries differ: next test
+        assert np.abs(ours - theirs).max() <= TOL, name
+
+
+def test_scores_agree_where_attention_is_allowed_and_masked_values_are_as_documented(caches):
+    cache, tl_cache, _, _ = caches
+    for i in range(2):
+        ours = cache[f"blocks.{i}.attn.hook_attn_scores"].numpy()      # (B, H, N, N)
+        theirs = tl_cache[f"blocks.{i}.attn.hook_attn_scores"].numpy()
+        n = ours.shape[-1]
+        allowed = np.broadcast_to(np.tril(np.ones((n, n), bool)), ours.shape)
+        assert np.abs(ours[allowed] - theirs[allowed]).max() <= TOL
+        assert np.all(ours[~allowed] == -np.inf)
+        assert np.all(theirs[~allowed] == np.finfo(np.float64).min)
+        pattern = cache[f"blocks.{i}.attn.hook_pattern"].numpy()
+        assert np.all(pattern[~allowed] == 0)
