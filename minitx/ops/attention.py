@@ -56,6 +56,7 @@ no weights requested, the hand-written flash kernel runs instead (``ops/dispatch
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 from .. import validate
@@ -69,6 +70,7 @@ from .dropout import dropout, dropout_mask
 from .elementwise import astype
 from .indexing import masked_fill
 from .linalg import matmul
+from .parallel import map_in_threads
 from .shape import broadcast_to, reshape
 
 __all__ = ["scaled_dot_product_attention", "attention_weights", "why_not_flash",
@@ -77,8 +79,8 @@ __all__ = ["scaled_dot_product_attention", "attention_weights", "why_not_flash",
            "SDPAFunction", "AttentionWeightsFunction", "merge_masks", "check_scale",
            "CAUSAL_BLOCK", "BLOCK_SCORES", "attention_blocks"]
 
-BLOCK_SCORES = 2 ** 18  # score entries per block of the fused op: 1 MiB of float32, in L2
-CAUSAL_BLOCK = 128      # most query rows per causal block: smaller blocks skip more future
+BLOCK_SCORES = 2 ** 19  # score entries per block of the fused op: 2 MiB of float32
+CAUSAL_BLOCK = 256      # most query rows per causal block: smaller ones skip more future
 
 
 # ---- head bookkeeping --------------------------------------------------------------------
@@ -233,6 +235,12 @@ def attention_blocks(b, hkv, group, nq, nk, causal, scores=None, causal_rows=Non
                     yield bs, slice(h0, h1), slice(h0 * group, h1 * group), i0, i1, kend
 
 
+def _by_heads(blocks):
+    """Blocks grouped by their (batches, key heads): groups touch disjoint slices of every
+    output and gradient (dK, dV included), so groups may run in parallel."""
+    return [list(g) for _, g in itertools.groupby(blocks, key=lambda b: (b[0].start, b[1].start))]
+
+
 class SDPAFunction(Function):
     """O = dropout(softmax(Q Kᵀ·scale + bias, masked)) V in one node; inputs (q, k, v, bias).
 
@@ -241,7 +249,9 @@ class SDPAFunction(Function):
     attend) or None; ``causal`` adds the bottom-right causal mask (no N × N mask is built:
     only each block's diagonal part gets one). Work goes by the blocks of
     ``attention_blocks``: a few heads × query rows against every key they can see, one BLAS
-    call per matmul, the softmax in place on the block's scores.
+    call per matmul, the softmax in place on the block's scores; blocks of different heads
+    run in parallel threads (``ops/parallel.py``; in order with dropout, whose random draws
+    must come in order, and for a bias gradient, which heads may share).
 
     Saved for backward: Q·scale, K, V, O and P per block (B', H', rows, keys seen).
     Backward: ``attention_backward`` per block, dBias = dS un-broadcast. Masked entries have
@@ -261,9 +271,9 @@ class SDPAFunction(Function):
         offset = nk - nq                                  # bottom-right causal alignment
         qs = q * scale                                    # scale Q (N·D), not S (N²)
         o = xp.zeros((b, h, nq, dv), dtype=q.dtype)
-        blocks = []
-        for bs, hs, hq, i0, i1, kend in attention_blocks(b, hkv, h // hkv, nq, nk, causal,
-                                                         causal_rows=block):
+
+        def one(block):
+            bs, hs, hq, i0, i1, kend = block
             s = grouped_scores(qs[bs, hq, i0:i1], k[bs, hs, :kend])   # (B', H', rows, kend)
             if bias is not None:
                 s += _part(bias, bs, hq, i0, i1, kend).astype(s.dtype, copy=False)
@@ -278,9 +288,16 @@ class SDPAFunction(Function):
             keep = dropout_mask(p.shape, dropout_p, p) if dropout_p > 0 else None
             o[bs, hq, i0:i1] = grouped_values(p if keep is None else p * keep,
                                               v[bs, hs, :kend])
-            blocks.append((bs, hs, hq, i0, i1, kend, p, keep))
+            return block + (p, keep)
+
+        groups = _by_heads(attention_blocks(b, hkv, h // hkv, nq, nk, causal, causal_rows=block))
+        if dropout_p > 0:                                 # random draws in a fixed order
+            ctx.groups = [[one(blk) for blk in g] for g in groups]
+        else:
+            ctx.groups = map_in_threads(lambda g: [one(blk) for blk in g], groups, like=qs)
+        ctx.blocks = [blk for g in ctx.groups for blk in g]       # for readers and tests
         ctx.save_for_backward(qs, k, v, o)
-        ctx.blocks, ctx.scale = blocks, scale
+        ctx.scale = scale
         ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
         return o
 
@@ -294,19 +311,27 @@ class SDPAFunction(Function):
         dk = xp.zeros(k.shape, dtype=k.dtype) if needs[1] else None
         dv = xp.zeros(v.shape, dtype=v.dtype) if needs[2] else None
         dbias = xp.zeros(ctx.bias_meta[0], dtype=ctx.bias_meta[1]) if needs[3] else None
-        for bs, hs, hq, i0, i1, kend, p, keep in ctx.blocks:
-            bq, bk, bv, ds = attention_backward(
-                grad[bs, hq, i0:i1], p, qs[bs, hq, i0:i1], k[bs, hs, :kend],
-                v[bs, hs, :kend], delta[bs, hq, i0:i1], ctx.scale, needs[:3], keep)
-            if needs[0]:
-                dq[bs, hq, i0:i1] = bq
-            if needs[1]:
-                dk[bs, hs, :kend] += bk
-            if needs[2]:
-                dv[bs, hs, :kend] += bv
-            if needs[3]:
-                part = _part(dbias, bs, hq, i0, i1, kend)
-                part += unbroadcast(ds, part.shape, dbias.dtype)
+
+        def group(blocks):
+            for bs, hs, hq, i0, i1, kend, p, keep in blocks:
+                bq, bk, bv, ds = attention_backward(
+                    grad[bs, hq, i0:i1], p, qs[bs, hq, i0:i1], k[bs, hs, :kend],
+                    v[bs, hs, :kend], delta[bs, hq, i0:i1], ctx.scale, needs[:3], keep)
+                if needs[0]:
+                    dq[bs, hq, i0:i1] = bq
+                if needs[1]:
+                    dk[bs, hs, :kend] += bk
+                if needs[2]:
+                    dv[bs, hs, :kend] += bv
+                if needs[3]:
+                    part = _part(dbias, bs, hq, i0, i1, kend)
+                    part += unbroadcast(ds, part.shape, dbias.dtype)
+
+        if needs[3]:                                      # heads may share a bias entry
+            for g in ctx.groups:
+                group(g)
+        else:
+            map_in_threads(group, ctx.groups, like=qs)
         return dq, dk, dv, dbias
 
 
