@@ -24,9 +24,9 @@ def dense_reference(q, k, v, do, allowed=None, bias=None, causal=False):
     """Output and (dq, dk, dv, dbias-before-unbroadcast) of dense attention, by hand.
 
     S = Q Kᵀ/√D + bias, masked to −inf; P = softmax(S) (0 on a row with no key); O = P V.
-    Backward through the dense graph: dV = Pᵀ dO, dP = dO Vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)),
-    dQ = dS K/√D, dK = dSᵀ Q/√D, with K, V repeated over the G query heads that share them and
-    their gradients summed back.
+    Backward through the dense graph: dV = Pᵀ dO, dP = dO Vᵀ,
+    dS = P ⊙ (dP − rowsum(dP ⊙ P)), dQ = dS K/√D, dK = dSᵀ Q/√D, with K, V repeated over
+    the G query heads that share them and their gradients summed back.
     """
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]

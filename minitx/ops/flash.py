@@ -198,8 +198,9 @@ def flash_attention(q, k, v, causal: bool = False, scale: float = None, key_mask
     ``key_mask`` (B, Nk) bool (True = may attend; a NumPy mask is moved to the data's device).
     Returns (B, H, Nq, Dv). Memory O(N·D + block_q·block_k) in forward and backward; exact
     (the same result as dense up to rounding). The default tiles, 128 queries × 1,024 keys
-    (512 KiB of float32 scores), are large enough for BLAS and small next to any long sequence. On CuPy float32/float16 the CUDA kernel runs
-    (``ops/dispatch.py``); the tiles are the CPU's version of the same algorithm.
+    (512 KiB of float32 scores), are large enough for BLAS and small next to a long sequence.
+    On CuPy float32/float16 the CUDA kernel runs (``ops/dispatch.py``); the tiles are the
+    CPU's version of the same algorithm.
     """
     fn = "flash_attention"
     _, h, _, nq, nk, d = check_heads(q, k, v, fn)
