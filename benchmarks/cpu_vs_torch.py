@@ -17,7 +17,7 @@
    backward against the same PyTorch modules with the same weights.
 5. ``--memory``: forward + backward of the ``flash``, ``local``, ``linear`` and ``performer``
    layers' ``attend`` at N = 65,536, D = 64, one head, traced by ``tracemalloc`` (peak above
-   the inputs), against the floor of 80 MB: the gradients of q, k, v, the output and its
+   the inputs), against the floor of 80 MiB: the gradients of q, k, v, the output and its
    gradient, five N × D float32 arrays. Minutes, so a flag.
 
 Times are the best of ``--repeats`` runs after a warm-up (a shared machine only ever slows
@@ -48,7 +48,6 @@ except ImportError:                     # the comparison is optional; minitx's n
 
 TORCH_THREADS = 2
 D = 64
-FLOOR_MB = 80
 
 
 def best_time(fn, repeats):
@@ -212,8 +211,9 @@ def block_rows(repeats, b=4, t=256, e=256, h=8, ff=1024):
 # ---- 5. memory -----------------------------------------------------------------------------
 
 def memory_rows(n, names=("flash", "local", "linear", "performer")):
+    floor = 5 * n * D * 4 / 2 ** 20                     # 80 MiB at N = 65,536
     print(f"\nmemory, forward + backward of attend(q, k, v), N = {n}, D = {D}, one head, "
-          f"float32: tracemalloc peak above the inputs; floor {FLOOR_MB} MB "
+          f"float32: tracemalloc peak above the inputs; floor {floor:.0f} MiB "
           "(q, k, v grads + output + its grad)")
     r = np.random.default_rng(0)
     arrays = [r.standard_normal((1, 1, n, D)).astype(np.float32) for _ in range(4)]
@@ -224,9 +224,9 @@ def memory_rows(n, names=("flash", "local", "linear", "performer")):
         t0 = time.perf_counter()
         layer.attend(q, k, v).backward(arrays[3].copy())     # the output gradient, traced
         seconds = time.perf_counter() - t0
-        peak = tracemalloc.get_traced_memory()[1] / 1e6
+        peak = tracemalloc.get_traced_memory()[1] / 2 ** 20
         tracemalloc.stop()
-        print(f"  {name:10} {peak:8.1f} MB  {peak / FLOOR_MB:5.2f}× the floor  ({seconds:.1f} s)")
+        print(f"  {name:10} {peak:8.1f} MiB  {peak / floor:5.2f}× the floor  ({seconds:.1f} s)")
 
 
 def main(argv=None):

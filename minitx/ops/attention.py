@@ -77,9 +77,10 @@ __all__ = ["scaled_dot_product_attention", "attention_weights", "why_not_flash",
            "split_heads", "merge_heads", "repeat_kv", "check_heads",
            "attention_backward", "grouped_scores", "grouped_values", "grouped_key_grad",
            "SDPAFunction", "AttentionWeightsFunction", "merge_masks", "check_scale",
-           "CAUSAL_BLOCK", "BLOCK_SCORES", "attention_blocks"]
+           "CAUSAL_BLOCK", "BLOCK_SCORES", "PACK_SCORES", "attention_blocks"]
 
-BLOCK_SCORES = 2 ** 19  # score entries per block of the fused op: 2 MiB of float32
+BLOCK_SCORES = 2 ** 21  # most score entries per block of the fused op: 8 MiB of float32
+PACK_SCORES = 2 ** 18   # whole heads share a block up to this many scores (short sequences)
 CAUSAL_BLOCK = 256      # most query rows per causal block: smaller ones skip more future
 
 
@@ -184,7 +185,9 @@ def attention_backward(do, p, qs, k, v, delta, scale, needs=(True, True, True), 
     dp = grouped_scores(do, v)                                 # (2) dP = dO Vᵀ …
     if keep is not None:
         dp *= keep                                             #     … ⊙ keep/(1 − p)
-    ds = softmax_backward_array(p, dp, delta=delta)            # (3) dS = P ⊙ (dP − δ)
+    dp -= delta                                                # (3) dS = P ⊙ (dP − δ),
+    dp *= p                                                    #     in dP's fresh memory
+    ds = dp
     dq = dk = None
     if needs[0]:
         dq = grouped_values(ds, k)                             # (4) dQ = dS K · scale
@@ -206,24 +209,28 @@ def _part(x, bs, hs, i0, i1, kend):
              slice(0, kend) if x.shape[3] != 1 else slice(None)]
 
 
-def attention_blocks(b, hkv, group, nq, nk, causal, scores=None, causal_rows=None):
+def attention_blocks(b, hkv, group, nq, nk, causal, scores=None, causal_rows=None,
+                     pack=None):
     """The blocks the fused op works by: (bs, hs, hq, i0, i1, kend) tuples.
 
     A block is batches ``bs`` × key/value heads ``hs`` (query heads ``hq``, G = ``group`` per key
-    head) × query rows [i0, i1) against keys [0, kend). Its score array holds about ``scores``
-    entries (``BLOCK_SCORES``: small enough for the cache, large enough for BLAS): long
-    sequences go one head and a few hundred rows at a time, short ones several heads at once.
-    Causal blocks are at most ``causal_rows`` (``CAUSAL_BLOCK``) rows, so that the future keys
-    they skip are most of the upper triangle; keys past kend = i1 + Nk − Nq are in every row's
-    future. Blocks whose rows see no key at all are left out (their output rows stay 0).
+    head) × query rows [i0, i1) against keys [0, kend). Long sequences go one head and
+    ``scores`` // (G·Nk) query rows at a time (``BLOCK_SCORES``: hundreds of rows, enough
+    for BLAS to run near its peak); causal blocks have at most ``causal_rows``
+    (``CAUSAL_BLOCK``) rows, so that the future keys they skip are most of the upper triangle
+    (keys past kend = i1 + Nk − Nq are in every row's future). Short sequences put several
+    whole heads in one block while it holds at most ``pack`` (``PACK_SCORES``) scores, so that
+    the calls are few but there are still blocks for every core. Blocks whose rows see no key
+    are left out (their output rows stay 0).
     """
     scores = BLOCK_SCORES if scores is None else scores
+    pack = PACK_SCORES if pack is None else pack
     per_head = group * nk                                 # score entries per row per key head
     rows = max(1, min(nq, scores // max(per_head, 1)))
     if causal:
         rows = min(rows, CAUSAL_BLOCK if causal_rows is None else causal_rows)
-    heads = max(1, min(hkv, scores // max(per_head * nq, 1))) if rows == nq else 1
-    batches = max(1, min(b, scores // max(per_head * nq * hkv, 1))) if heads == hkv else 1
+    heads = max(1, min(hkv, pack // max(per_head * nq, 1))) if rows == nq else 1
+    batches = max(1, min(b, pack // max(per_head * nq * hkv, 1))) if heads == hkv else 1
     for b0 in range(0, b, batches):
         bs = slice(b0, min(b0 + batches, b))
         for h0 in range(0, hkv, heads):
