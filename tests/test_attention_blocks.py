@@ -92,9 +92,10 @@ def test_sdpa_equals_dense_across_block_boundaries(case, causal, mask_kind, grou
     elif mask_kind == "bias":                    # (1, H, Nq, Nk), learned: gets a gradient
         bias = rng.standard_normal((1, h, nq, nk))
     # "rows": r query rows per block, one head; "heads": whole heads, 2 per block; "all": one
-    scores = {"rows": r * (h // hkv) * nk, "heads": 2 * (h // hkv) * nk * nq,
-              "all": 10 ** 9}[grouping]
+    scores, pack = {"rows": (r * (h // hkv) * nk, 1), "heads": (10 ** 9, 2 * (h // hkv) * nk * nq),
+                    "all": (10 ** 9, 10 ** 9)}[grouping]
     with mock.patch.object(ops_attention, "BLOCK_SCORES", scores), \
+            mock.patch.object(ops_attention, "PACK_SCORES", pack), \
             mock.patch.object(ops_attention, "CAUSAL_BLOCK", r):
         def fn(q, k, v, *rest):
             mask = rest[0] if rest else allowed
@@ -135,13 +136,14 @@ def test_flash_equals_dense_across_tile_boundaries(case, causal, padded, ratio):
 
 def test_block_plan_covers_every_visible_score_once():
     """``attention_blocks``: every (batch, head, query, visible key) in exactly one block."""
-    for b, hkv, g, nq, nk, causal, scores, rows in [(2, 3, 2, 9, 9, True, 40, 4),
-                                                    (1, 2, 1, 5, 11, True, 10 ** 6, 2),
-                                                    (2, 2, 2, 11, 5, True, 30, 3),
-                                                    (3, 2, 2, 6, 6, False, 150, 8)]:
+    for b, hkv, g, nq, nk, causal, scores, rows, pack in [(2, 3, 2, 9, 9, True, 40, 4, 1),
+                                                          (1, 2, 1, 5, 11, True, 10 ** 6, 2, 1),
+                                                          (2, 2, 2, 11, 5, True, 30, 3, 1),
+                                                          (3, 2, 2, 6, 6, False, 150, 8, 150),
+                                                          (3, 2, 2, 6, 6, False, 150, 8, 500)]:
         count = np.zeros((b, hkv * g, nq, nk), dtype=int)
         for bs, hs, hq, i0, i1, kend in ops_attention.attention_blocks(
-                b, hkv, g, nq, nk, causal, scores=scores, causal_rows=rows):
+                b, hkv, g, nq, nk, causal, scores=scores, causal_rows=rows, pack=pack):
             assert (hq.start, hq.stop) == (hs.start * g, hs.stop * g)
             count[bs, hq, i0:i1, :kend] += 1
         visible = np.tri(nq, nk, nk - nq, dtype=bool) if causal else np.ones((nq, nk), bool)
