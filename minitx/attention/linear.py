@@ -31,7 +31,7 @@ from .base import (AttentionBase, check_heads, kernel_feature_hooks, register, r
                    repeat_kv_array)
 
 __all__ = ["FEATURE_MAPS", "linear_attention", "linear_attention_step", "LinearAttention",
-           "LinearAttentionFunction"]
+           "KernelAttentionFunction", "ElementwiseFeatures"]
 
 FEATURE_MAPS = {
     "elu": lambda x: F.elu(x) + 1.0,
@@ -46,79 +46,89 @@ def _feature_map(name):
     return FEATURE_MAPS[name]
 
 
-def _phi_array(name, x):
-    """φ(x) on a raw array, a fresh array: the same values as ``FEATURE_MAPS[name]``."""
-    xp = get_array_module(x)
-    if name == "elu":                                  # elu(x) + 1 = x + 1 (x > 0), eˣ (x ≤ 0)
-        return xp.where(x > 0, x + 1, xp.exp(xp.minimum(x, 0)))
-    return xp.maximum(x, 0) if name == "relu" else x.copy()
+class ElementwiseFeatures:
+    """φ applied entry by entry (linear attention's maps), on raw arrays, with its VJP.
+
+    ``phi(x)``: a fresh array of the same values as ``FEATURE_MAPS[name]``; ``vjp(x, phi, g)``:
+    g ⊙ φ'(x), computed in g's memory from φ = φ(x) (which it overwrites): elu + 1 has
+    φ' = min(φ, 1) (1 where x > 0, eˣ = φ where x ≤ 0); relu φ' = [φ > 0]; identity φ' = 1.
+    """
+
+    def __init__(self, name):
+        self.name = name
+
+    def phi(self, x, is_query):
+        xp = get_array_module(x)
+        if self.name == "elu":                         # elu(x) + 1: x + 1 (x > 0), eˣ (x ≤ 0),
+            phi = xp.where(x > 0, x, xp.exp(xp.minimum(x, 0)) - 1)      # rounded as F.elu(x) + 1
+            phi += 1
+            return phi
+        return xp.maximum(x, 0) if self.name == "relu" else x.copy()
+
+    def vjp(self, x, phi, grad, is_query):
+        xp = get_array_module(grad)
+        if self.name == "elu":
+            grad *= xp.minimum(phi, 1, out=phi)
+        elif self.name == "relu":
+            xp.copyto(grad, 0, where=phi <= 0)
+        return grad
 
 
-def _times_phi_prime(name, grad, phi):
-    """grad ⊙ φ'(x) in place, from φ = φ(x) (overwritten): elu + 1 has φ' = min(φ, 1) (1 where
-    x > 0, eˣ = φ where x ≤ 0); relu has φ' = [φ > 0]; identity φ' = 1."""
-    xp = get_array_module(grad)
-    if name == "elu":
-        grad *= xp.minimum(phi, 1, out=phi)
-    elif name == "relu":
-        xp.copyto(grad, 0, where=phi <= 0)
-    return grad
+class KernelAttentionFunction(Function):
+    """Bidirectional kernel attention as one node, O(N·(D + m)) memory: inputs (q, k, v).
 
-
-class LinearAttentionFunction(Function):
-    """Bidirectional linear attention as one node, O(N·D) memory: inputs (q, k, v).
-
-    Forward: S = φ(K)ᵀ V (D, Dv), z = Σ_j φ(k_j) (D,), O = φ(Q) S / (φ(Q) z + ε) (or φ(Q) S
-    unnormalised). Saved: S, z, the denominators (B, H, N, 1) and O; φ(Q), φ(K) are
-    recomputed in backward instead of kept (each is as large as an input). Backward, with
-    G = dO, den = φ(Q) z + ε:
+    With a feature map φ (``features``: linear attention's ``ElementwiseFeatures``, the
+    Performer's ``FavorFeatures``): S = φ(K)ᵀ V (m, Dv), z = Σ_j φ(k_j) (m,),
+    O = φ(Q) S / (φ(Q) z + ε) (or φ(Q) S unnormalised). Saved: S, z, the denominators
+    (B, H, N, 1) and O; φ(Q), φ(K) are recomputed in backward instead of kept (each is as
+    large as an input). Backward, with G = dO, den = φ(Q) z + ε:
 
         dNum = G / den,   dDen = −rowsum(G ⊙ O) / den,
         dφ(Q) = dNum Sᵀ + dDen zᵀ,   dS = φ(Q)ᵀ dNum,   dz = φ(Q)ᵀ dDen,
-        dφ(K) = V dSᵀ + 1 dzᵀ,   dV = φ(K) dS,   dQ = dφ(Q) ⊙ φ'(Q),   dK = dφ(K) ⊙ φ'(K).
+        dφ(K) = V dSᵀ + 1 dzᵀ,   dV = φ(K) dS,   dQ, dK = the feature map's VJPs.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, *, feature_map, normalize, eps):
+    def forward(ctx, q, k, v, *, features, normalize, eps):
         xp = get_array_module(q, k, v)
-        fk = _phi_array(feature_map, k)                             # (B, H, N, D)
-        s = xp.swapaxes(fk, -1, -2) @ v                             # (B, H, D, Dv)
-        z = fk.sum(axis=2, keepdims=True)                           # (B, H, 1, D)
+        fk = features.phi(k, False)                                 # (B, H, N, m)
+        s = xp.swapaxes(fk, -1, -2) @ v                             # (B, H, m, Dv)
+        z = fk.sum(axis=2, keepdims=True)                           # (B, H, 1, m)
         del fk
-        fq = _phi_array(feature_map, q)
+        fq = features.phi(q, True)
         out = fq @ s                                                # (B, H, N, Dv)
         den = None
         if normalize:
-            den = fq @ xp.swapaxes(z, -1, -2)                       # (B, H, N, 1) = φ(q)·z
-            den += eps
+            den = (fq * z).sum(axis=-1, keepdims=True)              # (B, H, N, 1) = φ(q)·z
+            den += eps                                 # (as the composed ops: the same bits)
             out /= den
         ctx.save_for_backward(q, k, v, s, z, den, out)
-        ctx.feature_map = feature_map
+        ctx.features = features
         return out
 
     @staticmethod
     def backward(ctx, grad):
         q, k, v, s, z, den, out = ctx.saved_tensors
         xp = get_array_module(grad)
-        name = ctx.feature_map
-        fq = _phi_array(name, q)
+        features = ctx.features
+        fq = features.phi(q, True)
         dnum = grad if den is None else grad / den                  # (B, H, N, Dv)
-        dq = dnum @ xp.swapaxes(s, -1, -2)                          # dφ(Q), (B, H, N, D)
-        ds = xp.swapaxes(fq, -1, -2) @ dnum                         # (B, H, D, Dv)
+        dfq = dnum @ xp.swapaxes(s, -1, -2)                         # dφ(Q), (B, H, N, m)
+        ds = xp.swapaxes(fq, -1, -2) @ dnum                         # (B, H, m, Dv)
         dz = None
         if den is not None:
             dden = -xp.einsum("...nc,...nc->...n", grad, out)[..., None] / den   # (B, H, N, 1)
-            dq += dden * z
-            dz = xp.swapaxes(dden, -1, -2) @ fq                    # (B, H, 1, D)
+            dfq += dden * z
+            dz = xp.swapaxes(dden, -1, -2) @ fq                    # (B, H, 1, m)
         del dnum
-        _times_phi_prime(name, dq, fq)
-        del fq
-        fk = _phi_array(name, k)
+        dq = features.vjp(q, fq, dfq, True)
+        del fq, dfq
+        fk = features.phi(k, False)
         dv = fk @ ds                                                # (B, H, N, Dv)
-        dk = v @ xp.swapaxes(ds, -1, -2)                            # dφ(K), (B, H, N, D)
+        dfk = v @ xp.swapaxes(ds, -1, -2)                           # dφ(K), (B, H, N, m)
         if dz is not None:
-            dk += dz
-        return dq, _times_phi_prime(name, dk, fk), dv
+            dfk += dz
+        return dq, features.vjp(k, fk, dfk, False), dv
 
 
 def linear_attention(q, k, v, feature_map: str = "elu", causal: bool = False,
@@ -126,13 +136,13 @@ def linear_attention(q, k, v, feature_map: str = "elu", causal: bool = False,
     """φ(q)(φ(k)ᵀ v) / φ(q)·Σφ(k): q, k (B, H, N, D), v (B, H, N, Dv) Tensors → (B, H, N, Dv).
     ``hooks``: the layer whose φ hooks to run (``kernel_feature_hooks``), or None.
 
-    Bidirectional, with no φ hook set, it is one node (``LinearAttentionFunction``, O(N·D)
+    Bidirectional, with no φ hook set, it is one node (``KernelAttentionFunction``, O(N·D)
     memory); otherwise it is composed of differentiable ops, so hooks can see and replace φ."""
     phi = _feature_map(feature_map)
     hooked = hooks is not None and (hooks.hook_phi_q.active or hooks.hook_phi_k.active or
                                     hooks.hook_pattern.active)
     if not causal and not hooked:
-        return LinearAttentionFunction.apply(q, k, v, feature_map=feature_map,
+        return KernelAttentionFunction.apply(q, k, v, features=ElementwiseFeatures(feature_map),
                                              normalize=normalize, eps=eps)
     fq, fk = phi(q), phi(k)                                         # (B, H, N, D)
     if hooks is not None:
