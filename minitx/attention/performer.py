@@ -128,7 +128,7 @@ class FavorFeatures:
         xp = get_array_module(x)
         xs = x * self.scale
         logits = xs @ self.w.T                                      # (B, H, N, m)
-        logits -= (xs * xs).sum(axis=-1, keepdims=True) * 0.5
+        logits -= (xs * xs).sum(axis=-1, keepdims=True) * 0.5      # as favor_features rounds
         logits -= logits.max(axis=-1 if is_query else (-2, -1), keepdims=True)
         phi = xp.exp(logits, out=logits)
         phi *= 1.0 / math.sqrt(self.w.shape[0])
@@ -137,8 +137,8 @@ class FavorFeatures:
     def vjp(self, x, phi, grad, is_query):
         grad *= phi                                                 # dL, in dφ's memory
         dx = grad @ self.w                                          # (B, H, N, D)
-        dx -= grad.sum(axis=-1, keepdims=True) * (x * self.scale)
-        dx *= self.scale
+        dx *= self.scale                        # dx = scale·dL W − scale²·rowsum(dL)·x
+        dx -= x * (grad.sum(axis=-1, keepdims=True) * self.scale ** 2)
         return dx
 
 
