@@ -149,3 +149,24 @@ def test_block_plan_covers_every_visible_score_once():
         visible = np.tri(nq, nk, nk - nq, dtype=bool) if causal else np.ones((nq, nk), bool)
         assert np.all(count[:, :, visible] == 1)
         assert np.all(count[:, :, ~visible] <= 1)       # the diagonal blocks' masked part
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["local", "dilated", "strided", "fixed"]), st.integers(1, 40),
+       st.sampled_from([1, 2, 3, 16]), st.integers(1, 50), st.booleans(), st.integers(0, 2 ** 16))
+def test_sparse_chunks_equal_dense_under_the_pattern(name, n, block, chunk, causal, seed):
+    """The fused sparse op by chunks of ``SPARSE_CHUNK`` scores (here as small as one query
+    block per chunk), against dense attention masked to ``pattern(n)``."""
+    from minitx.attention import REGISTRY
+    from minitx.attention import sparse
+    rng = np.random.default_rng(seed)
+    q, k, v = qkv(n, b=2, h=2, d=3, rng=rng)
+    do = rng.standard_normal((2, 2, n, 3))
+    layer = REGISTRY[name](6, 2, causal=causal, block_size=block)
+    with mock.patch.object(sparse, "SPARSE_CHUNK", chunk):
+        out, grads = run(layer.attend, (q, k, v), do)
+    assert out._ctx.fn is sparse.BlockedSparseFunction
+    want, refs = dense_reference(q, k, v, do, layer.pattern(n), None, False)
+    assert_close(out, want, rtol=1e-10, atol=1e-12)
+    for got, ref in zip(grads, refs[:3]):
+        assert_close(got, ref, rtol=1e-10, atol=1e-12)
