@@ -170,30 +170,44 @@ def grouped_key_grad(ds, x, hkv: int):
 
 # ---- the backward, written once ----------------------------------------------------------
 
-def attention_backward(do, p, qs, k, v, delta, scale, needs=(True, True, True), keep=None):
+def attention_backward(do, p, qs, k, v, delta, scale, needs=(True, True, True), keep=None,
+                       row_scale=None):
     """The five equations of the module docstring, for one block of queries.
 
     do (B, H, n, Dv), p (B, H, n, m) the probabilities (before dropout), qs = Q·scale
     (B, H, n, D), k (B, Hkv, m, D), v (B, Hkv, m, Dv), delta (B, H, n, 1) = rowsum(dO ⊙ O),
     ``keep`` the dropout mask (scaled, or None). ``needs`` = which of (dQ, dK, dV) to compute.
+    ``row_scale`` (B, H, n, 1) or None: then ``p`` holds the *unnormalised* E = exp(S − max)
+    and P = E · row_scale; the row scale goes onto the N × D operands (dO, dQ, Q), never
+    onto an N × N array: P̃ᵀ dO = Ẽᵀ (dO·r), dS K = (E ⊙ (dP − δ)) K · r,
+    dSᵀ Q = (E ⊙ (dP − δ))ᵀ (Q·r).
     Returns (dq (B, H, n, D), dk (B, Hkv, m, D), dv (B, Hkv, m, Dv), ds (B, H, n, m)); entries
-    not needed are None (ds is always returned: a bias gradient is ds un-broadcast).
+    not needed are None. ds (a bias gradient is ds un-broadcast) is None with ``row_scale``
+    unless ``needs`` has a fourth entry True (then it costs one more pass over it).
     """
     hkv = k.shape[1]
-    pd = p if keep is None else p * keep                       # P̃
-    dv = grouped_key_grad(pd, do, hkv) if needs[2] else None    # (1) dV = P̃ᵀ dO
+    pd = p if keep is None else p * keep                       # P̃ (or Ẽ)
+    if needs[2]:                                               # (1) dV = P̃ᵀ dO
+        dv = grouped_key_grad(pd, do if row_scale is None else do * row_scale, hkv)
+    else:
+        dv = None
     dp = grouped_scores(do, v)                                 # (2) dP = dO Vᵀ …
     if keep is not None:
         dp *= keep                                             #     … ⊙ keep/(1 − p)
     dp -= delta                                                # (3) dS = P ⊙ (dP − δ),
     dp *= p                                                    #     in dP's fresh memory
-    ds = dp
+    ds = dp                                                    #     (÷ r with row_scale)
     dq = dk = None
     if needs[0]:
         dq = grouped_values(ds, k)                             # (4) dQ = dS K · scale
-        dq *= scale
-    if needs[1]:
-        dk = grouped_key_grad(ds, qs, hkv)                      # (5) dK = dSᵀ (Q · scale)
+        dq *= scale if row_scale is None else row_scale * scale
+    if needs[1]:                                               # (5) dK = dSᵀ (Q · scale)
+        dk = grouped_key_grad(ds, qs if row_scale is None else qs * row_scale, hkv)
+    if row_scale is not None:
+        if len(needs) > 3 and needs[3]:
+            ds *= row_scale
+        else:
+            ds = None
     return dq, dk, dv, ds
 
 
@@ -260,9 +274,12 @@ class SDPAFunction(Function):
     run in parallel threads (``ops/parallel.py``; in order with dropout, whose random draws
     must come in order, and for a bias gradient, which heads may share).
 
-    Saved for backward: Q·scale, K, V, O and P per block (B', H', rows, keys seen).
-    Backward: ``attention_backward`` per block, dBias = dS un-broadcast. Masked entries have
-    P = 0, hence dS = 0: fully masked rows get zero gradients.
+    Saved for backward: Q·scale, K, V, O and, per block, E = exp(S − rowmax) (B', H', rows,
+    keys seen) with the row scale r = 1/rowsum(E), so P = E·r: the normalisation is applied
+    to the (rows, Dv) output and, in backward, to N × D operands (``attention_backward``'s
+    ``row_scale``) — one pass over the N × N scores fewer. Backward: ``attention_backward``
+    per block, dBias = dS un-broadcast. Masked entries have P = 0, hence dS = 0: fully
+    masked rows get zero gradients.
 
     Why P is saved rather than recomputed from the row logsumexp (as ``flash_attention``
     does): recomputing costs one more N²·D matmul and an exp pass in backward, measured 15–20 %
@@ -291,11 +308,18 @@ class SDPAFunction(Function):
                 c0 = max(0, i0 + offset)                  # keys < c0 are past for every row
                 tri = xp.tri(i1 - i0, kend - c0, i0 + offset - c0, dtype=bool)
                 xp.copyto(s[..., c0:], -xp.inf, where=~tri)   # j ≤ i + Nk − Nq
-            p = softmax_array(s, inplace=True)            # fully masked rows → zeros
-            keep = dropout_mask(p.shape, dropout_p, p) if dropout_p > 0 else None
-            o[bs, hq, i0:i1] = grouped_values(p if keep is None else p * keep,
-                                              v[bs, hs, :kend])
-            return block + (p, keep)
+            # softmax in place, its normalisation left for the (rows, Dv) output: O = (E V)·r
+            m = s.max(axis=-1, keepdims=True)
+            m = xp.where(xp.isfinite(m), m, 0)            # a row with no key: shift by 0
+            s -= m
+            e = xp.exp(s, out=s)                          # E = exp(S − max), P = E · r
+            total = e.sum(axis=-1, keepdims=True)
+            r = 1 / xp.where(total > 0, total, 1)         # (B', H', rows, 1); no key: E = 0
+            keep = dropout_mask(e.shape, dropout_p, e) if dropout_p > 0 else None
+            ob = grouped_values(e if keep is None else e * keep, v[bs, hs, :kend])
+            ob *= r
+            o[bs, hq, i0:i1] = ob
+            return block + (e, r, keep)
 
         groups = _by_heads(attention_blocks(b, hkv, h // hkv, nq, nk, causal, causal_rows=block))
         if dropout_p > 0:                                 # random draws in a fixed order
@@ -320,10 +344,10 @@ class SDPAFunction(Function):
         dbias = xp.zeros(ctx.bias_meta[0], dtype=ctx.bias_meta[1]) if needs[3] else None
 
         def group(blocks):
-            for bs, hs, hq, i0, i1, kend, p, keep in blocks:
+            for bs, hs, hq, i0, i1, kend, e, r, keep in blocks:
                 bq, bk, bv, ds = attention_backward(
-                    grad[bs, hq, i0:i1], p, qs[bs, hq, i0:i1], k[bs, hs, :kend],
-                    v[bs, hs, :kend], delta[bs, hq, i0:i1], ctx.scale, needs[:3], keep)
+                    grad[bs, hq, i0:i1], e, qs[bs, hq, i0:i1], k[bs, hs, :kend],
+                    v[bs, hs, :kend], delta[bs, hq, i0:i1], ctx.scale, needs, keep, r)
                 if needs[0]:
                     dq[bs, hq, i0:i1] = bq
                 if needs[1]:

@@ -26,6 +26,7 @@ __all__ = ["map_in_threads", "thread_count"]
 
 _state = threading.local()          # marks the worker threads: no pools inside pools
 _pool = _controller = None
+_pool_size = 0
 _lock = threading.Lock()
 
 
@@ -53,11 +54,13 @@ def _blas_controller():
 
 
 def _executor(n):
-    global _pool
+    """The shared pool of ``n`` worker threads (made again if ``n`` changed)."""
+    global _pool, _pool_size
     with _lock:
-        if _pool is None or _pool._max_workers != n:
+        if _pool is None or _pool_size != n:
             _pool = ThreadPoolExecutor(n, thread_name_prefix="minitx",
                                        initializer=setattr, initargs=(_state, "worker", True))
+            _pool_size = n
         return _pool
 
 
