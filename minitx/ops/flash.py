@@ -82,8 +82,8 @@ def _key_end(q1, nk, offset, causal):
     return max(0, min(nk, q1 + offset)) if causal else nk
 
 
-def flash_attention_arrays(q, k, v, *, causal=False, scale=None, key_mask=None, block_q=128,
-                           block_k=1024):
+def flash_attention_arrays(q, k, v, *, causal=False, scale=None, key_mask=None, block_q=256,
+                           block_k=512):
     """Tiled forward on raw arrays: q (B, H, Nq, D), k/v (B, Hkv, Nk, D/Dv) → (O, lse).
 
     O (B, H, Nq, Dv); lse (B, H, Nq) = log Σ_j exp(s_ij) over visible j (−inf if none).
@@ -133,7 +133,7 @@ def flash_attention_arrays(q, k, v, *, causal=False, scale=None, key_mask=None, 
 
 
 def flash_backward_arrays(q, k, v, o, lse, do, *, causal=False, scale=None, key_mask=None,
-                          block_q=128, block_k=1024):
+                          block_q=256, block_k=512):
     """Tiled backward on raw arrays: recompute P per tile from lse → (dq, dk, dv)."""
     xp = get_array_module(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -192,12 +192,12 @@ class FlashAttentionFunction(Function):
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float = None, key_mask=None,
-                    block_q: int = 128, block_k: int = 1024):
+                    block_q: int = 256, block_k: int = 512):
     """Exact softmax(q kᵀ·scale) v by tiles: q (B, H, Nq, D), k/v (B, Hkv, Nk, D/Dv) Tensors.
 
     ``key_mask`` (B, Nk) bool (True = may attend; a NumPy mask is moved to the data's device).
     Returns (B, H, Nq, Dv). Memory O(N·D + block_q·block_k) in forward and backward; exact
-    (the same result as dense up to rounding). The default tiles, 128 queries × 1,024 keys
+    (the same result as dense up to rounding). The default tiles, 256 queries × 512 keys
     (512 KiB of float32 scores), are large enough for BLAS and small next to a long sequence.
     On CuPy float32/float16 the CUDA kernel runs (``ops/dispatch.py``); the tiles are the
     CPU's version of the same algorithm.
