@@ -50,7 +50,7 @@ class ElementwiseFeatures:
     """φ applied entry by entry (linear attention's maps), on raw arrays, with its VJP.
 
     ``phi(x)``: a fresh array of the same values as ``FEATURE_MAPS[name]``; ``vjp(x, phi, g)``:
-    g ⊙ φ'(x), computed in g's memory from φ = φ(x) (which it overwrites): elu + 1 has
+    g ⊙ φ'(x), computed in g's memory (φ = φ(x) is read, not changed): elu + 1 has
     φ' = min(φ, 1) (1 where x > 0, eˣ = φ where x ≤ 0); relu φ' = [φ > 0]; identity φ' = 1.
     """
 
@@ -68,7 +68,7 @@ class ElementwiseFeatures:
     def vjp(self, x, phi, grad, is_query):
         xp = get_array_module(grad)
         if self.name == "elu":
-            grad *= xp.minimum(phi, 1, out=phi)
+            grad *= xp.minimum(phi, 1)
         elif self.name == "relu":
             xp.copyto(grad, 0, where=phi <= 0)
         return grad
@@ -124,11 +124,12 @@ class KernelAttentionFunction(Function):
         dq = features.vjp(q, fq, dfq, True)
         del fq, dfq
         fk = features.phi(k, False)
-        dv = fk @ ds                                                # (B, H, N, Dv)
         dfk = v @ xp.swapaxes(ds, -1, -2)                           # dφ(K), (B, H, N, m)
         if dz is not None:
             dfk += dz
-        return dq, features.vjp(k, fk, dfk, False), dv
+        dk = features.vjp(k, fk, dfk, False)
+        del dfk                                     # (dV after dK: one N × m array fewer)
+        return dq, dk, fk @ ds                                      # dV (B, H, N, Dv)
 
 
 def linear_attention(q, k, v, feature_map: str = "elu", causal: bool = False,
