@@ -12,6 +12,7 @@ written out below independently of ``attention_backward``.
 from unittest import mock
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -170,3 +171,48 @@ def test_sparse_chunks_equal_dense_under_the_pattern(name, n, block, chunk, caus
     assert_close(out, want, rtol=1e-10, atol=1e-12)
     for got, ref in zip(grads, refs[:3]):
         assert_close(got, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_threads_leave_blas_as_they_found_it_even_when_called_from_threads():
+    """Calls from several user threads at once: the BLAS thread count lowered for the blocks
+    is restored once the last one finishes (each restoring its own view would leave it at 1),
+    and every call still gives the single-thread answer."""
+    import threading
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
+    before = [lib["num_threads"] for lib in blas.info()]
+    q, k, v = qkv(64, b=2, h=4, d=8)
+    want = F.scaled_dot_product_attention(tensor(q), tensor(k), tensor(v)).numpy()
+    results = []
+
+    def call():
+        for _ in range(5):
+            results.append(F.scaled_dot_product_attention(tensor(q), tensor(k), tensor(v)).numpy())
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 15
+    for got in results:
+        np.testing.assert_array_equal(got, want)
+    assert [lib["num_threads"] for lib in blas.info()] == before
+
+
+def test_blas_is_restored_by_the_last_caller_out_not_the_first():
+    """Interleaved callers (A in, B in, A out, B out): BLAS stays at one thread until B is
+    out, then is back where it was — a per-call limit would restore A's saved value at A's
+    exit and B's saved value (one thread) at B's exit."""
+    from minitx.ops import parallel
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
+    before = [lib["num_threads"] for lib in blas.info()]
+    controller = parallel._blas_controller()
+    a, b = parallel._one_thread_blas(controller), parallel._one_thread_blas(controller)
+    a.__enter__()
+    b.__enter__()
+    assert all(lib["num_threads"] == 1 for lib in blas.info())
+    a.__exit__(None, None, None)
+    assert all(lib["num_threads"] == 1 for lib in blas.info())
+    b.__exit__(None, None, None)
+    assert [lib["num_threads"] for lib in blas.info()] == before

@@ -16,6 +16,7 @@ either way: each piece writes its own slice of the outputs, in the same order of
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -25,8 +26,8 @@ import numpy as np
 __all__ = ["map_in_threads", "thread_count"]
 
 _state = threading.local()          # marks the worker threads: no pools inside pools
-_pool = _controller = None
-_pool_size = 0
+_pool = _controller = _blas_limit = None
+_pool_size = _blas_users = 0
 _lock = threading.Lock()
 
 
@@ -77,5 +78,25 @@ def map_in_threads(fn, items, like=None):
     if (controller is None or getattr(_state, "worker", False)
             or (like is not None and not isinstance(like, np.ndarray))):
         return [fn(item) for item in items]
-    with controller.limit(limits=1, user_api="blas"):       # restored on the way out
+    with _one_thread_blas(controller):
         return list(_executor(n).map(fn, items))
+
+
+@contextlib.contextmanager
+def _one_thread_blas(controller):
+    """BLAS at one thread while any caller is inside; the first one in lowers it, the last
+    one out restores it (callers in several threads at once must not restore each other's
+    lowered value)."""
+    global _blas_users, _blas_limit
+    with _lock:
+        if _blas_users == 0:
+            _blas_limit = controller.limit(limits=1, user_api="blas")
+        _blas_users += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _blas_users -= 1
+            if _blas_users == 0:
+                _blas_limit.restore_original_limits()
+                _blas_limit = None
