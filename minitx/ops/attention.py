@@ -47,9 +47,12 @@ zero gradients, never NaN.
 head h // G, G = H/Hkv. Query heads of a group are contiguous, so q viewed as (B, Hkv, G·Nq, D)
 meets its shared key head in one matmul — no copy of K or V (``grouped_*`` helpers).
 
-**Causal block skipping.** For causal attention the fused op works by blocks of queries: block
-[i0, i1) only meets keys [0, i1 + Nk − Nq), so the upper triangle is never computed — about half
-the work and memory of the dense form for long sequences.
+**Blocks, causal skipping, cores.** The fused op works by blocks (``attention_blocks``): a few
+hundred query rows of one head against every key they can see, one BLAS call per matmul,
+the softmax in place. For causal attention block [i0, i1) only meets keys [0, i1 + Nk − Nq),
+so the upper triangle is never computed — about half the work and memory of the dense form
+for long sequences — and only the block's diagonal part is masked. Blocks of different heads
+run in parallel threads (``ops/parallel.py``): NumPy's element-wise passes use one core each.
 
 **The CUDA kernel.** On CuPy arrays, with at most causal and key-padding masks, no dropout and
 no weights requested, the hand-written flash kernel runs instead (``ops/dispatch.py``).
