@@ -10,7 +10,7 @@ Measured on 2 cores, fused attention forward + backward, N = 1,024, 8 heads: 97 
 order, 50 ms in two threads (the matmuls alone would not have been faster).
 
 The BLAS thread count is lowered for the duration with ``threadpoolctl`` (an optional extra:
-``pip install threadpoolctl``); without it, or with ``MINITX_THREADS=1``, or on a GPU, or
+``pip install ".[fast]"``); without it, or with ``MINITX_THREADS=1``, or on a GPU, or
 with a single core, the work runs in order, in the calling thread. Results are identical
 either way: each piece writes its own slice of the outputs, in the same order of operations.
 """
@@ -33,9 +33,11 @@ _lock = threading.Lock()
 
 def thread_count() -> int:
     """Threads to use: ``MINITX_THREADS`` if set, else the cores this process may run on."""
-    env = os.environ.get("MINITX_THREADS")
+    env = os.environ.get("MINITX_THREADS", "").strip()
     if env:
-        return max(1, int(env))
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"MINITX_THREADS must be a positive integer, got {env!r}")
+        return int(env)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:                                  # not on Linux
