@@ -32,7 +32,7 @@ class FlashAttention(AttentionBase):
     q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D); ``key_mask`` (B, N) bool (True = may
     attend). Saved for backward: O and lse (B, H, N); tiles S (B, H, b_q, b_k).
 
-    Options: ``block_q`` b_q (64), ``block_k`` b_k (64), ``causal`` (False; tiles entirely
+    Options: ``block_q`` b_q (256), ``block_k`` b_k (512), ``causal`` (False; tiles entirely
     above the diagonal are skipped), ``num_kv_heads`` (None → H), ``bias`` (True).
 
     Complexity: {complexity}; time like dense, but no N × N matrix in forward or backward. (On
@@ -48,8 +48,8 @@ class FlashAttention(AttentionBase):
 
     kind = "exact"
 
-    def __init__(self, embed_dim, num_heads, causal=False, block_q: int = 64,
-                 block_k: int = 64, **base):
+    def __init__(self, embed_dim, num_heads, causal=False, block_q: int = 256,
+                 block_k: int = 512, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
         self.block_q = validate.positive_int(block_q, "block_q", owner="flash")
         self.block_k = validate.positive_int(block_k, "block_k", owner="flash")

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 from .. import functional as F
 from .. import validate
+from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module
 from ..nn.hooks import HookPoint
 from .base import (AttentionBase, check_heads, kernel_feature_hooks, register, repeat_kv,
                    repeat_kv_array)
 
-__all__ = ["FEATURE_MAPS", "linear_attention", "linear_attention_step", "LinearAttention"]
+__all__ = ["FEATURE_MAPS", "linear_attention", "linear_attention_step", "LinearAttention",
+           "KernelAttentionFunction", "ElementwiseFeatures"]
 
 FEATURE_MAPS = {
     "elu": lambda x: F.elu(x) + 1.0,
@@ -44,11 +46,105 @@ def _feature_map(name):
     return FEATURE_MAPS[name]
 
 
+class ElementwiseFeatures:
+    """φ applied entry by entry (linear attention's maps), on raw arrays, with its VJP.
+
+    ``phi(x)``: a fresh array of the same values as ``FEATURE_MAPS[name]``; ``vjp(x, phi, g)``:
+    g ⊙ φ'(x), computed in g's memory (φ = φ(x) is read, not changed): elu + 1 has
+    φ' = min(φ, 1) (1 where x > 0, eˣ = φ where x ≤ 0); relu φ' = [φ > 0]; identity φ' = 1.
+    """
+
+    def __init__(self, name):
+        self.name = name
+
+    def phi(self, x, is_query):
+        xp = get_array_module(x)
+        if self.name == "elu":                         # elu(x) + 1: x + 1 (x > 0), eˣ (x ≤ 0),
+            phi = xp.where(x > 0, x, xp.exp(xp.minimum(x, 0)) - 1)      # rounded as F.elu(x) + 1
+            phi += 1
+            return phi
+        return xp.maximum(x, 0) if self.name == "relu" else x.copy()
+
+    def vjp(self, x, phi, grad, is_query):
+        xp = get_array_module(grad)
+        if self.name == "elu":
+            grad *= xp.minimum(phi, 1)
+        elif self.name == "relu":
+            xp.copyto(grad, 0, where=phi <= 0)
+        return grad
+
+
+class KernelAttentionFunction(Function):
+    """Bidirectional kernel attention as one node, O(N·(D + m)) memory: inputs (q, k, v).
+
+    With a feature map φ (``features``: linear attention's ``ElementwiseFeatures``, the
+    Performer's ``FavorFeatures``): S = φ(K)ᵀ V (m, Dv), z = Σ_j φ(k_j) (m,),
+    O = φ(Q) S / (φ(Q) z + ε) (or φ(Q) S unnormalised). Saved: S, z, the denominators
+    (B, H, N, 1) and O; φ(Q), φ(K) are recomputed in backward instead of kept (each is as
+    large as an input). Backward, with G = dO, den = φ(Q) z + ε:
+
+        dNum = G / den,   dDen = −rowsum(G ⊙ O) / den,
+        dφ(Q) = dNum Sᵀ + dDen zᵀ,   dS = φ(Q)ᵀ dNum,   dz = φ(Q)ᵀ dDen,
+        dφ(K) = V dSᵀ + 1 dzᵀ,   dV = φ(K) dS,   dQ, dK = the feature map's VJPs.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, *, features, normalize, eps):
+        xp = get_array_module(q, k, v)
+        fk = features.phi(k, False)                                 # (B, H, N, m)
+        s = xp.swapaxes(fk, -1, -2) @ v                             # (B, H, m, Dv)
+        z = fk.sum(axis=2, keepdims=True)                           # (B, H, 1, m)
+        del fk
+        fq = features.phi(q, True)
+        out = fq @ s                                                # (B, H, N, Dv)
+        den = None
+        if normalize:
+            den = (fq * z).sum(axis=-1, keepdims=True)              # (B, H, N, 1) = φ(q)·z
+            den += eps                                 # (as the composed ops: the same bits)
+            out /= den
+        ctx.save_for_backward(q, k, v, s, z, den, out)
+        ctx.features = features
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, s, z, den, out = ctx.saved_tensors
+        xp = get_array_module(grad)
+        features = ctx.features
+        fq = features.phi(q, True)
+        dnum = grad if den is None else grad / den                  # (B, H, N, Dv)
+        dfq = dnum @ xp.swapaxes(s, -1, -2)                         # dφ(Q), (B, H, N, m)
+        ds = xp.swapaxes(fq, -1, -2) @ dnum                         # (B, H, m, Dv)
+        dz = None
+        if den is not None:
+            dden = -xp.einsum("...nc,...nc->...n", grad, out)[..., None] / den   # (B, H, N, 1)
+            dfq += dden * z
+            dz = xp.swapaxes(dden, -1, -2) @ fq                    # (B, H, 1, m)
+        del dnum
+        dq = features.vjp(q, fq, dfq, True)
+        del fq, dfq
+        fk = features.phi(k, False)
+        dfk = v @ xp.swapaxes(ds, -1, -2)                           # dφ(K), (B, H, N, m)
+        if dz is not None:
+            dfk += dz
+        dk = features.vjp(k, fk, dfk, False)
+        del dfk                                     # (dV after dK: one N × m array fewer)
+        return dq, dk, fk @ ds                                      # dV (B, H, N, Dv)
+
+
 def linear_attention(q, k, v, feature_map: str = "elu", causal: bool = False,
                      normalize: bool = True, eps: float = 1e-6, hooks=None):
     """φ(q)(φ(k)ᵀ v) / φ(q)·Σφ(k): q, k (B, H, N, D), v (B, H, N, Dv) Tensors → (B, H, N, Dv).
-    ``hooks``: the layer whose φ hooks to run (``kernel_feature_hooks``), or None."""
+    ``hooks``: the layer whose φ hooks to run (``kernel_feature_hooks``), or None.
+
+    Bidirectional, with no φ hook set, it is one node (``KernelAttentionFunction``, O(N·D)
+    memory); otherwise it is composed of differentiable ops, so hooks can see and replace φ."""
     phi = _feature_map(feature_map)
+    hooked = hooks is not None and (hooks.hook_phi_q.active or hooks.hook_phi_k.active or
+                                    hooks.hook_pattern.active)
+    if not causal and not hooked:
+        return KernelAttentionFunction.apply(q, k, v, features=ElementwiseFeatures(feature_map),
+                                             normalize=normalize, eps=eps)
     fq, fk = phi(q), phi(k)                                         # (B, H, N, D)
     if hooks is not None:
         fq, fk = kernel_feature_hooks(hooks, fq, fk, causal, eps, normalize)

@@ -53,9 +53,10 @@ from ..autograd.tensor import Tensor
 from ..backend import get_array_module, rng, xp as active_xp
 from ..nn.hooks import HookPoint
 from .base import AttentionBase, check_heads, kernel_feature_hooks, register, repeat_kv
+from .linear import KernelAttentionFunction
 
 __all__ = ["orthogonal_gaussian", "favor_features", "performer_kernel", "performer_attention",
-           "PerformerAttention"]
+           "FavorFeatures", "PerformerAttention"]
 
 
 def orthogonal_gaussian(m: int, d: int, orthogonal: bool = True):
@@ -111,10 +112,49 @@ def performer_kernel(q, k, w):
     return phi(q) @ xp.swapaxes(phi(k), -1, -2)
 
 
+class FavorFeatures:
+    """``favor_features`` on raw arrays, with its VJP, for ``KernelAttentionFunction``.
+
+    φ(x) = exp(L − c) / √m, L = W x' − ‖x'‖²/2, x' = x·``scale`` (D^(−1/4)); c the same
+    constants as ``favor_features`` (a query row's max; one max over all keys per batch and
+    head), constants in backward too. VJP: dL = dφ ⊙ φ, dx' = dL W − rowsum(dL) x',
+    dx = dx'·scale.
+    """
+
+    def __init__(self, w, scale):
+        self.w, self.scale = w, scale                               # w (m, D)
+
+    def phi(self, x, is_query):
+        xp = get_array_module(x)
+        xs = x * self.scale
+        logits = xs @ self.w.T                                      # (B, H, N, m)
+        logits -= (xs * xs).sum(axis=-1, keepdims=True) * 0.5      # as favor_features rounds
+        logits -= logits.max(axis=-1 if is_query else (-2, -1), keepdims=True)
+        phi = xp.exp(logits, out=logits)
+        phi *= 1.0 / math.sqrt(self.w.shape[0])
+        return phi
+
+    def vjp(self, x, phi, grad, is_query):
+        grad *= phi                                                 # dL, in dφ's memory
+        dx = grad @ self.w                                          # (B, H, N, D)
+        dx *= self.scale                        # dx = scale·dL W − scale²·rowsum(dL)·x
+        dx -= x * (grad.sum(axis=-1, keepdims=True) * self.scale ** 2)
+        return dx
+
+
 def performer_attention(q, k, v, w, causal: bool = False, eps: float = 1e-12, hooks=None):
-    """FAVOR+ attention: q (B, H, N, D), k (B, H, N, D), v (B, H, N, Dv) Tensors → (B, H, N, Dv)."""
+    """FAVOR+ attention: q (B, H, N, D), k (B, H, N, D), v (B, H, N, Dv) Tensors → (B, H, N, Dv).
+
+    Bidirectional, with no φ hook set, it is one node (``KernelAttentionFunction``: φ(Q),
+    φ(K) recomputed in backward, O(N·(D + m)) memory); otherwise composed of differentiable
+    ops, so the hooks can see and replace φ."""
     d = q.shape[-1]
     scale = d ** -0.25
+    hooked = hooks is not None and (hooks.hook_phi_q.active or hooks.hook_phi_k.active or
+                                    hooks.hook_pattern.active)
+    if not causal and not hooked:
+        return KernelAttentionFunction.apply(q, k, v, features=FavorFeatures(w, scale),
+                                             normalize=True, eps=eps)
     phi_q = favor_features(q * scale, w, True)                      # (B, H, N, m)
     phi_k = favor_features(k * scale, w, False)                     # (B, H, N, m)
     if hooks is not None:                       # the layer's φ hooks (kernel_feature_hooks)

@@ -26,15 +26,17 @@ import math
 
 from .. import functional as F
 from .. import validate
-from ..backend import get_array_module, host_xp, to_device_of
+from ..autograd.function import Function
 from ..autograd.tensor import Tensor
+from ..backend import get_array_module, host_xp, scatter_add, to_device_of
 from ..nn.hooks import HookPoint
+from ..ops.attention import attention_backward
 from .base import AttentionBase, check_heads, materialized_attention, register, repeat_kv
 from .masks import (bigbird_random_blocks, bigbird_rule, dilated_rule, fixed_rule, grid_mask,
                     local_rule, longformer_rule, strided_rule)
 
-__all__ = ["blocked_sparse_attention", "SparseAttentionBase", "LocalAttention",
-           "DilatedAttention", "LongformerAttention", "BigBirdAttention",
+__all__ = ["blocked_sparse_attention", "BlockedSparseFunction", "SparseAttentionBase",
+           "LocalAttention", "DilatedAttention", "LongformerAttention", "BigBirdAttention",
            "StridedAttention", "FixedAttention"]
 
 
@@ -52,6 +54,98 @@ def _dedup(index, valid):
     first = xp.empty_like(repeat)
     first[xp.arange(index.shape[0])[:, None], order] = ~repeat     # back to the row's order
     return valid & first
+
+
+SPARSE_CHUNK = 2 ** 15     # score entries per chunk of query blocks in the fused op (128 KiB)
+
+
+class BlockedSparseFunction(Function):
+    """Exact attention on gathered key blocks as one node, O(N·D) memory: inputs (q, k, v).
+
+    The same computation as the composed form of ``blocked_sparse_attention`` (steps 1–4 of
+    the module docstring), done by chunks of query blocks: only a chunk's gathered keys,
+    values and scores exist at a time. Saved: the output and the row logsumexp lse (B, H,
+    nb·b, 1) (+inf for a row with no key, so that P = exp(S − lse) = 0 there); backward
+    recomputes each chunk's P = exp(S − lse) and applies the five equations of
+    ``ops/attention.py`` (``attention_backward``), scatter-adding the gathered keys' and
+    values' gradients back to their positions (``backend.scatter_add``).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, *, block, idx, allowed_of, scale):
+        xp = get_array_module(q, k, v)
+        bsz, h, n, _ = q.shape
+        nb = idx.shape[0]
+        out = xp.zeros((bsz, h, nb * block, v.shape[-1]), dtype=q.dtype)   # padded rows
+        lse = xp.empty((bsz, h, nb * block, 1), dtype=q.dtype)
+        for t0, t1 in _chunks(nb, bsz * h * block * idx.shape[1]):
+            qb, kg, vg, s = _chunk_scores(q, k, v, idx, t0, t1, block, allowed_of, scale)
+            m = s.max(axis=-1, keepdims=True)
+            m = xp.where(xp.isfinite(m), m, 0)                  # no key: shift by 0
+            s -= m
+            p = xp.exp(s, out=s)
+            total = p.sum(axis=-1, keepdims=True)
+            seen = total > 0
+            p /= xp.where(seen, total, 1)                        # a row with no key: zeros
+            rows = slice(t0 * block, t1 * block)
+            out[:, :, rows] = (p @ vg).reshape(bsz, h, -1, out.shape[-1])
+            lse[:, :, rows] = xp.where(seen, m + xp.log(xp.where(seen, total, 1)),
+                                       xp.inf).reshape(bsz, h, -1, 1)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = dict(block=block, idx=idx, allowed_of=allowed_of, scale=scale)
+        return out[:, :, :n]
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        block, idx, allowed_of, scale = (ctx.options[key] for key in
+                                         ("block", "idx", "allowed_of", "scale"))
+        xp = get_array_module(grad)
+        bsz, h, n, _ = q.shape
+        dq, dk, dv = xp.zeros_like(q), xp.zeros_like(k), xp.zeros_like(v)
+        for t0, t1 in _chunks(idx.shape[0], bsz * h * block * idx.shape[1]):
+            qb, kg, vg, s = _chunk_scores(q, k, v, idx, t0, t1, block, allowed_of, scale)
+            cb = t1 - t0
+            r0, r1 = t0 * block, min(t1 * block, n)
+            s -= lse[:, :, t0 * block:t1 * block].reshape(bsz, h, cb, block, 1)
+            p = xp.exp(s, out=s)                                 # P recomputed
+            g = xp.zeros((bsz, h, cb * block, grad.shape[-1]), dtype=grad.dtype)
+            g[:, :, :r1 - r0] = grad[:, :, r0:r1]                # padding rows: no gradient
+            g = g.reshape(bsz, h, cb, block, -1)
+            o = out[:, :, t0 * block:t1 * block].reshape(g.shape)
+            delta = (g * o).sum(axis=-1, keepdims=True)          # δ = rowsum(dO ⊙ O)
+            # (B·H·cb) independent small attentions: fold the chunk axis into the heads
+            fold = lambda x: x.reshape((bsz, h * cb) + x.shape[3:])          # noqa: E731
+            tq, tk, tv, _ = attention_backward(fold(g), fold(p), fold(qb), fold(kg),
+                                               fold(vg), fold(delta), scale)
+            dq[:, :, r0:r1] = tq.reshape(bsz, h, cb * block, -1)[:, :, :r1 - r0]
+            where = (slice(None), slice(None), idx[t0:t1])
+            scatter_add(dk, where, tk.reshape(kg.shape))
+            scatter_add(dv, where, tv.reshape(vg.shape))
+        return dq, dk, dv
+
+
+def _chunks(nb, scores_per_block):
+    """[t0, t1) ranges of query blocks holding about ``SPARSE_CHUNK`` scores each."""
+    step = max(1, SPARSE_CHUNK // max(scores_per_block, 1))
+    return [(t0, min(t0 + step, nb)) for t0 in range(0, nb, step)]
+
+
+def _chunk_scores(q, k, v, idx, t0, t1, block, allowed_of, scale):
+    """Query blocks [t0, t1): Q·scale (B, H, cb, b, D) (zero rows past N), gathered keys and
+    values (B, H, cb, c, D/Dv), and the scores (B, H, cb, b, c), −inf where not allowed."""
+    xp = get_array_module(q)
+    bsz, h, n, d = q.shape
+    cb = t1 - t0
+    r0, r1 = t0 * block, min(t1 * block, n)
+    qb = xp.zeros((bsz, h, cb * block, d), dtype=q.dtype)
+    qb[:, :, :r1 - r0] = q[:, :, r0:r1]
+    qb *= scale
+    qb = qb.reshape(bsz, h, cb, block, d)
+    kg, vg = k[:, :, idx[t0:t1]], v[:, :, idx[t0:t1]]                    # (B, H, cb, c, ·)
+    s = qb @ xp.swapaxes(kg, -1, -2)                                     # (B, H, cb, b, c)
+    xp.copyto(s, -xp.inf, where=~allowed_of(t0, t1))
+    return qb, kg, vg, s
 
 
 def blocked_sparse_attention(q, k, v, *, block: int, key_index, rule, global_rows=None,
@@ -76,6 +170,15 @@ def blocked_sparse_attention(q, k, v, *, block: int, key_index, rule, global_row
     valid = _dedup(key_index, valid)
     idx = xp.clip(key_index, 0, n - 1)                                      # (nb, c)
 
+    def allowed_of(t0, t1):                          # (cb, b, c) for query blocks [t0, t1)
+        i = (xp.arange(t0, t1)[:, None] * block + xp.arange(block)[None, :])[:, :, None]
+        j = idx[t0:t1, None, :]
+        real = i < n                                 # padding queries (past N) see nothing
+        return rule(xp.minimum(i, n - 1), j) & valid[t0:t1, None, :] & real
+
+    if global_rows is None or len(global_rows) == 0:
+        return BlockedSparseFunction.apply(q, k, v, block=block, idx=idx, allowed_of=allowed_of,
+                                           scale=scale)
     qp = F.pad(q, ((0, 0), (0, 0), (0, padded - n), (0, 0))) if padded > n else q
     qb = F.reshape(qp, (bsz, h, nb, block, d))                              # (B, H, nb, b, D)
     kg = F.getitem(k, (slice(None), slice(None), idx))                      # (B, H, nb, c, D)
@@ -83,11 +186,7 @@ def blocked_sparse_attention(q, k, v, *, block: int, key_index, rule, global_row
     # (B, H, nb, b, D) @ (B, H, nb, D, c) -> (B, H, nb, b, c)
     s = F.matmul(qb, F.swapaxes(kg, -1, -2)) * scale
 
-    i = (xp.arange(nb)[:, None] * block + xp.arange(block)[None, :])[:, :, None]   # (nb, b, 1)
-    j = idx[:, None, :]                                                             # (nb, 1, c)
-    real = i < n                                     # padding queries (past N) see nothing
-    allowed = rule(xp.minimum(i, n - 1), j) & valid[:, None, :] & real              # (nb, b, c)
-    s = F.masked_fill(s, ~allowed, -math.inf)
+    s = F.masked_fill(s, ~allowed_of(0, nb), -math.inf)                    # (nb, b, c) mask
     p = F.softmax(s, axis=-1)                       # rows with nothing allowed -> zeros
     out = F.matmul(p, vg)                           # (B, H, nb, b, c) @ (B, H, nb, c, Dv)
     out = F.reshape(out, (bsz, h, padded, v.shape[-1]))

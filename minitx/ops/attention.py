@@ -47,15 +47,19 @@ zero gradients, never NaN.
 head h // G, G = H/Hkv. Query heads of a group are contiguous, so q viewed as (B, Hkv, G·Nq, D)
 meets its shared key head in one matmul — no copy of K or V (``grouped_*`` helpers).
 
-**Causal block skipping.** For causal attention the fused op works by blocks of queries: block
-[i0, i1) only meets keys [0, i1 + Nk − Nq), so the upper triangle is never computed — about half
-the work and memory of the dense form for long sequences.
+**Blocks, causal skipping, cores.** The fused op works by blocks (``attention_blocks``): a few
+hundred query rows of one head against every key they can see, one BLAS call per matmul,
+the softmax in place. For causal attention block [i0, i1) only meets keys [0, i1 + Nk − Nq),
+so the upper triangle is never computed — about half the work and memory of the dense form
+for long sequences — and only the block's diagonal part is masked. Blocks of different heads
+run in parallel threads (``ops/parallel.py``): NumPy's element-wise passes use one core each.
 
 **The CUDA kernel.** On CuPy arrays, with at most causal and key-padding masks, no dropout and
 no weights requested, the hand-written flash kernel runs instead (``ops/dispatch.py``).
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 from .. import validate
@@ -69,15 +73,18 @@ from .dropout import dropout, dropout_mask
 from .elementwise import astype
 from .indexing import masked_fill
 from .linalg import matmul
+from .parallel import map_in_threads
 from .shape import broadcast_to, reshape
 
 __all__ = ["scaled_dot_product_attention", "attention_weights", "why_not_flash",
            "split_heads", "merge_heads", "repeat_kv", "check_heads",
            "attention_backward", "grouped_scores", "grouped_values", "grouped_key_grad",
            "SDPAFunction", "AttentionWeightsFunction", "merge_masks", "check_scale",
-           "CAUSAL_BLOCK"]
+           "CAUSAL_BLOCK", "BLOCK_SCORES", "PACK_SCORES", "attention_blocks"]
 
-CAUSAL_BLOCK = 64   # query block of the causal path: above it, skipping the future pays off
+BLOCK_SCORES = 2 ** 21  # most score entries per block of the fused op: 8 MiB of float32
+PACK_SCORES = 2 ** 18   # whole heads share a block up to this many scores (short sequences)
+CAUSAL_BLOCK = 256      # most query rows per causal block: smaller ones skip more future
 
 
 # ---- head bookkeeping --------------------------------------------------------------------
@@ -166,40 +173,96 @@ def grouped_key_grad(ds, x, hkv: int):
 
 # ---- the backward, written once ----------------------------------------------------------
 
-def attention_backward(do, p, qs, k, v, delta, scale, needs=(True, True, True), keep=None):
+def attention_backward(do, p, qs, k, v, delta, scale, needs=(True, True, True), keep=None,
+                       row_scale=None):
     """The five equations of the module docstring, for one block of queries.
 
     do (B, H, n, Dv), p (B, H, n, m) the probabilities (before dropout), qs = Q·scale
     (B, H, n, D), k (B, Hkv, m, D), v (B, Hkv, m, Dv), delta (B, H, n, 1) = rowsum(dO ⊙ O),
     ``keep`` the dropout mask (scaled, or None). ``needs`` = which of (dQ, dK, dV) to compute.
+    ``row_scale`` (B, H, n, 1) or None: then ``p`` holds the *unnormalised* E = exp(S − max)
+    and P = E · row_scale; the row scale goes onto the N × D operands (dO, dQ, Q), never
+    onto an N × N array: P̃ᵀ dO = Ẽᵀ (dO·r), dS K = (E ⊙ (dP − δ)) K · r,
+    dSᵀ Q = (E ⊙ (dP − δ))ᵀ (Q·r).
     Returns (dq (B, H, n, D), dk (B, Hkv, m, D), dv (B, Hkv, m, Dv), ds (B, H, n, m)); entries
-    not needed are None (ds is always returned: a bias gradient is ds un-broadcast).
+    not needed are None. ds (a bias gradient is ds un-broadcast) is None with ``row_scale``
+    unless ``needs`` has a fourth entry True (then it costs one more pass over it).
     """
     hkv = k.shape[1]
-    pd = p if keep is None else p * keep                       # P̃
-    dv = grouped_key_grad(pd, do, hkv) if needs[2] else None    # (1) dV = P̃ᵀ dO
+    pd = p if keep is None else p * keep                       # P̃ (or Ẽ)
+    if needs[2]:                                               # (1) dV = P̃ᵀ dO
+        dv = grouped_key_grad(pd, do if row_scale is None else do * row_scale, hkv)
+    else:
+        dv = None
     dp = grouped_scores(do, v)                                 # (2) dP = dO Vᵀ …
     if keep is not None:
         dp *= keep                                             #     … ⊙ keep/(1 − p)
-    ds = softmax_backward_array(p, dp, delta=delta)            # (3) dS = P ⊙ (dP − δ)
+    dp -= delta                                                # (3) dS = P ⊙ (dP − δ),
+    dp *= p                                                    #     in dP's fresh memory
+    ds = dp                                                    #     (÷ r with row_scale)
     dq = dk = None
     if needs[0]:
         dq = grouped_values(ds, k)                             # (4) dQ = dS K · scale
-        dq *= scale
-    if needs[1]:
-        dk = grouped_key_grad(ds, qs, hkv)                      # (5) dK = dSᵀ (Q · scale)
+        dq *= scale if row_scale is None else row_scale * scale
+    if needs[1]:                                               # (5) dK = dSᵀ (Q · scale)
+        dk = grouped_key_grad(ds, qs if row_scale is None else qs * row_scale, hkv)
+    if row_scale is not None:
+        if len(needs) > 3 and needs[3]:
+            ds *= row_scale
+        else:
+            ds = None
     return dq, dk, dv, ds
 
 
 # ---- the fused Functions -----------------------------------------------------------------
 
-def _rows(mask, i0, i1, kend):
-    """The part of a (B|1, H|1, Nq|1, Nk|1) mask for query rows [i0, i1) and keys [0, kend)."""
-    if mask is None:
+def _part(x, bs, hs, i0, i1, kend):
+    """Batches ``bs``, heads ``hs``, query rows [i0, i1) and keys [0, kend) of a
+    (B|1, H|1, Nq|1, Nk|1) mask, bias or bias gradient (size-1 dims stay whole)."""
+    if x is None:
         return None
-    rows = slice(i0, i1) if mask.shape[2] != 1 else slice(None)
-    cols = slice(0, kend) if mask.shape[3] != 1 else slice(None)
-    return mask[:, :, rows, cols]
+    return x[bs if x.shape[0] != 1 else slice(None), hs if x.shape[1] != 1 else slice(None),
+             slice(i0, i1) if x.shape[2] != 1 else slice(None),
+             slice(0, kend) if x.shape[3] != 1 else slice(None)]
+
+
+def attention_blocks(b, hkv, group, nq, nk, causal, scores=None, causal_rows=None,
+                     pack=None):
+    """The blocks the fused op works by: (bs, hs, hq, i0, i1, kend) tuples.
+
+    A block is batches ``bs`` × key/value heads ``hs`` (query heads ``hq``, G = ``group`` per key
+    head) × query rows [i0, i1) against keys [0, kend). Long sequences go one head and
+    ``scores`` // (G·Nk) query rows at a time (``BLOCK_SCORES``: hundreds of rows, enough
+    for BLAS to run near its peak); causal blocks have at most ``causal_rows``
+    (``CAUSAL_BLOCK``) rows, so that the future keys they skip are most of the upper triangle
+    (keys past kend = i1 + Nk − Nq are in every row's future). Short sequences put several
+    whole heads in one block while it holds at most ``pack`` (``PACK_SCORES``) scores, so that
+    the calls are few but there are still blocks for every core. Blocks whose rows see no key
+    are left out (their output rows stay 0).
+    """
+    scores = BLOCK_SCORES if scores is None else scores
+    pack = PACK_SCORES if pack is None else pack
+    per_head = group * nk                                 # score entries per row per key head
+    rows = max(1, min(nq, scores // max(per_head, 1)))
+    if causal:
+        rows = min(rows, CAUSAL_BLOCK if causal_rows is None else causal_rows)
+    heads = max(1, min(hkv, pack // max(per_head * nq, 1))) if rows == nq else 1
+    batches = max(1, min(b, pack // max(per_head * nq * hkv, 1))) if heads == hkv else 1
+    for b0 in range(0, b, batches):
+        bs = slice(b0, min(b0 + batches, b))
+        for h0 in range(0, hkv, heads):
+            h1 = min(h0 + heads, hkv)
+            for i0 in range(0, nq, rows):
+                i1 = min(i0 + rows, nq)
+                kend = min(nk, i1 + nk - nq) if causal else nk
+                if kend > 0:
+                    yield bs, slice(h0, h1), slice(h0 * group, h1 * group), i0, i1, kend
+
+
+def _by_heads(blocks):
+    """Blocks grouped by their (batches, key heads): groups touch disjoint slices of every
+    output and gradient (dK, dV included), so groups may run in parallel."""
+    return [list(g) for _, g in itertools.groupby(blocks, key=lambda b: (b[0].start, b[1].start))]
 
 
 class SDPAFunction(Function):
@@ -207,44 +270,71 @@ class SDPAFunction(Function):
 
     Shapes: q (B, H, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), Hkv | H; ``bias`` None or
     (B|1, H|1, Nq|1, Nk|1) (differentiable); ``allowed`` bool of the same form (True = may
-    attend) or None; ``causal`` adds the bottom-right causal mask. Work goes by blocks of
-    ``block`` queries: with ``causal`` a block skips the keys no row of it can see.
+    attend) or None; ``causal`` adds the bottom-right causal mask (no N × N mask is built:
+    only each block's diagonal part gets one). Work goes by the blocks of
+    ``attention_blocks``: a few heads × query rows against every key they can see, one BLAS
+    call per matmul, the softmax in place on the block's scores; blocks of different heads
+    run in parallel threads (``ops/parallel.py``; in order with dropout, whose random draws
+    must come in order, and for a bias gradient, which heads may share).
 
-    Saved for backward: Q·scale, K, V, O and P per block (B, H, rows, keys seen). Backward:
-    ``attention_backward`` per block, dBias = dS un-broadcast. Masked entries have P = 0,
-    hence dS = 0: fully masked rows get zero gradients.
-    Time O(B·H·Nq·Nk·D) (about half with causal), memory O(B·H·Nq·Nk) for P (about half).
+    Saved for backward: Q·scale, K, V, O and, per block, E = exp(S − rowmax) (B', H', rows,
+    keys seen) with the row scale r = 1/rowsum(E), so P = E·r: the normalisation is applied
+    to the (rows, Dv) output and, in backward, to N × D operands (``attention_backward``'s
+    ``row_scale``) — one pass over the N × N scores fewer. Backward: ``attention_backward``
+    per block, dBias = dS un-broadcast. Masked entries have P = 0, hence dS = 0: fully
+    masked rows get zero gradients.
+
+    Why E is saved rather than recomputed from the row logsumexp (as ``flash_attention``
+    does): recomputing costs one more N²·D matmul and an exp pass in backward — measured
+    about 20 % slower at N = 1,024 (a NumPy prototype of both), and ``flash_attention`` at
+    N = 4,096 is 1.0–1.3× this op's time. The price is memory: 512 MiB of saved E for
+    B·H = 8, N = 4,096 in float32; ``flash_attention`` is the linear-memory choice.
+    Time O(B·H·Nq·Nk·D) (about half with causal), memory O(B·H·Nq·Nk) for E (about half).
+    ``block`` overrides ``CAUSAL_BLOCK``.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, *, allowed, causal, scale, dropout_p, block):
+    def forward(ctx, q, k, v, bias, *, allowed, causal, scale, dropout_p, block=None):
         xp = get_array_module(q, k, v)
         b, h, nq, _ = q.shape
-        nk, dv = v.shape[2], v.shape[3]
+        hkv, nk, dv = v.shape[1], v.shape[2], v.shape[3]
         offset = nk - nq                                  # bottom-right causal alignment
         qs = q * scale                                    # scale Q (N·D), not S (N²)
         o = xp.zeros((b, h, nq, dv), dtype=q.dtype)
-        blocks = []
-        for i0 in range(0, nq, block):
-            i1 = min(i0 + block, nq)
-            kend = min(nk, i1 + offset) if causal else nk     # keys past kend: future for all
-            if kend <= 0:                                     # nothing visible: rows stay 0
-                continue
-            s = grouped_scores(qs[:, :, i0:i1], k[:, :, :kend])          # (B, H, bq, kend)
+
+        def one(block):
+            bs, hs, hq, i0, i1, kend = block
+            s = grouped_scores(qs[bs, hq, i0:i1], k[bs, hs, :kend])   # (B', H', rows, kend)
             if bias is not None:
-                s += _rows(bias, i0, i1, kend).astype(s.dtype, copy=False)
-            visible = _rows(allowed, i0, i1, kend)
-            if causal:
-                tri = xp.tri(i1 - i0, kend, i0 + offset, dtype=bool)      # j ≤ i + Nk − Nq
-                visible = tri if visible is None else visible & tri
+                s += _part(bias, bs, hq, i0, i1, kend).astype(s.dtype, copy=False)
+            visible = _part(allowed, bs, hq, i0, i1, kend)
             if visible is not None:
-                xp.copyto(s, -xp.inf, where=~visible)         # in place, broadcasting the mask
-            p = softmax_array(s, inplace=True)                # fully masked rows → zeros
-            keep = dropout_mask(p.shape, dropout_p, p) if dropout_p > 0 else None
-            o[:, :, i0:i1] = grouped_values(p if keep is None else p * keep, v[:, :, :kend])
-            blocks.append((i0, i1, kend, p, keep))
+                xp.copyto(s, -xp.inf, where=~visible)     # in place, broadcasting the mask
+            if causal:                                    # only the block's diagonal part:
+                c0 = max(0, i0 + offset)                  # keys < c0 are past for every row
+                tri = xp.tri(i1 - i0, kend - c0, i0 + offset - c0, dtype=bool)
+                xp.copyto(s[..., c0:], -xp.inf, where=~tri)   # j ≤ i + Nk − Nq
+            # softmax in place, its normalisation left for the (rows, Dv) output: O = (E V)·r
+            m = s.max(axis=-1, keepdims=True)
+            m = xp.where(xp.isfinite(m), m, 0)            # a row with no key: shift by 0
+            s -= m
+            e = xp.exp(s, out=s)                          # E = exp(S − max), P = E · r
+            total = e.sum(axis=-1, keepdims=True)
+            r = 1 / xp.where(total > 0, total, 1)         # (B', H', rows, 1); no key: E = 0
+            keep = dropout_mask(e.shape, dropout_p, e) if dropout_p > 0 else None
+            ob = grouped_values(e if keep is None else e * keep, v[bs, hs, :kend])
+            ob *= r
+            o[bs, hq, i0:i1] = ob
+            return block + (e, r, keep)
+
+        groups = _by_heads(attention_blocks(b, hkv, h // hkv, nq, nk, causal, causal_rows=block))
+        if dropout_p > 0:                                 # random draws in a fixed order
+            ctx.groups = [[one(blk) for blk in g] for g in groups]
+        else:
+            ctx.groups = map_in_threads(lambda g: [one(blk) for blk in g], groups, like=qs)
+        ctx.blocks = [blk for g in ctx.groups for blk in g]       # for readers and tests
         ctx.save_for_backward(qs, k, v, o)
-        ctx.blocks, ctx.scale = blocks, scale
+        ctx.scale = scale
         ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
         return o
 
@@ -258,21 +348,27 @@ class SDPAFunction(Function):
         dk = xp.zeros(k.shape, dtype=k.dtype) if needs[1] else None
         dv = xp.zeros(v.shape, dtype=v.dtype) if needs[2] else None
         dbias = xp.zeros(ctx.bias_meta[0], dtype=ctx.bias_meta[1]) if needs[3] else None
-        for i0, i1, kend, p, keep in ctx.blocks:
-            bq, bk, bv, ds = attention_backward(
-                grad[:, :, i0:i1], p, qs[:, :, i0:i1], k[:, :, :kend], v[:, :, :kend],
-                delta[:, :, i0:i1], ctx.scale, needs[:3], keep)
-            if needs[0]:
-                dq[:, :, i0:i1] = bq
-            if needs[1]:
-                dk[:, :, :kend] += bk
-            if needs[2]:
-                dv[:, :, :kend] += bv
-            if needs[3]:
-                shape = dbias.shape
-                part = (shape[0], shape[1], i1 - i0 if shape[2] != 1 else 1,
-                        kend if shape[3] != 1 else 1)
-                _rows(dbias, i0, i1, kend)[...] += unbroadcast(ds, part, dbias.dtype)
+
+        def group(blocks):
+            for bs, hs, hq, i0, i1, kend, e, r, keep in blocks:
+                bq, bk, bv, ds = attention_backward(
+                    grad[bs, hq, i0:i1], e, qs[bs, hq, i0:i1], k[bs, hs, :kend],
+                    v[bs, hs, :kend], delta[bs, hq, i0:i1], ctx.scale, needs, keep, r)
+                if needs[0]:
+                    dq[bs, hq, i0:i1] = bq
+                if needs[1]:
+                    dk[bs, hs, :kend] += bk
+                if needs[2]:
+                    dv[bs, hs, :kend] += bv
+                if needs[3]:
+                    part = _part(dbias, bs, hq, i0, i1, kend)
+                    part += unbroadcast(ds, part.shape, dbias.dtype)
+
+        if needs[3]:                                      # heads may share a bias entry
+            for g in ctx.groups:
+                group(g)
+        else:
+            map_in_threads(group, ctx.groups, like=qs)
         return dq, dk, dv, dbias
 
 
@@ -495,9 +591,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         if o.dtype != dtype:
             o, w = astype(o, dtype), astype(w, dtype)
         return _unflatten(o, lead, nd), _unflatten(w, lead, nd)
-    block = CAUSAL_BLOCK if is_causal and nq > CAUSAL_BLOCK else max(nq, 1)
     o = SDPAFunction.apply(q4, k4, v4, bias, allowed=allowed, causal=is_causal, scale=scale,
-                           dropout_p=dropout_p, block=block)
+                           dropout_p=dropout_p)
     return _unflatten(o if o.dtype == dtype else astype(o, dtype), lead, nd)
 
 

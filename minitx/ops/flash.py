@@ -30,7 +30,7 @@ Only (O, lse) are kept for backward — the same statistics as the CUDA kernel
 
 Backward recomputes each tile's probabilities from the saved lse, P = exp(S − lse), and applies
 the five equations of ``ops/attention.py`` to the tile (``attention_backward``), with
-δ = rowsum(dO ⊙ O) computed once.
+δ = rowsum(dO ⊙ O) computed once per block of queries.
 
 Time O(N²·D) (like dense), memory O(N·D + b_q·b_k): exact. Causal masking is bottom-right
 aligned (key j visible to query i iff j ≤ i + Nk − Nq) and tiles entirely above the diagonal
@@ -50,100 +50,125 @@ from . import dispatch
 from .attention import (_widen_half, attention_backward, check_heads, check_scale,
                         grouped_scores, grouped_values)
 from .elementwise import astype
+from .parallel import map_in_threads
 
 __all__ = ["flash_attention", "flash_attention_arrays", "flash_backward_arrays",
            "FlashAttentionFunction"]
 
 
-def _tile_mask(xp, q0, q1, k0, k1, offset, causal, key_mask):
-    """Allowed (query, key) pairs of one tile: (B or 1, 1, b_q, b_k) bool, or None (all)."""
+def _tile_mask(xp, q0, q1, k0, k1, offset, causal, key_mask, bs):
+    """Allowed (query, key) pairs of one tile: (B' or 1, 1, b_q, b_k) bool, or None when every
+    pair is allowed (no key mask, and the tile lies wholly on or below the causal diagonal)."""
     mask = None
-    if causal:
+    if causal and k1 - 1 > q0 + offset:                # some key is in the first row's future
         i = xp.arange(q0, q1)[:, None]
         j = xp.arange(k0, k1)[None, :]
         mask = (j <= i + offset)[None, None]
     if key_mask is not None:
-        km = key_mask[:, None, None, k0:k1]                       # (B, 1, 1, b_k)
+        km = key_mask[bs, None, None, k0:k1]                      # (B', 1, 1, b_k)
         mask = km if mask is None else mask & km
     return mask
 
 
-def _tile_visible(q1, k0, offset, causal):
-    """False when the whole tile lies above the causal diagonal (skip it)."""
-    return not causal or k0 <= (q1 - 1) + offset
+def _head_groups(b, hkv, group):
+    """One (batch, key/value head) at a time: (bs, hs, hq) slices. Groups write disjoint parts
+    of every output and gradient, so they may run in parallel threads."""
+    return [(slice(i, i + 1), slice(j, j + 1), slice(j * group, (j + 1) * group))
+            for i in range(b) for j in range(hkv)]
 
 
-def flash_attention_arrays(q, k, v, *, causal=False, scale=None, key_mask=None, block_q=64,
-                           block_k=64):
+def _key_end(q1, nk, offset, causal):
+    """Keys [0, end) that some row of a query block ending at q1 may see: past it, all future."""
+    return max(0, min(nk, q1 + offset)) if causal else nk
+
+
+def flash_attention_arrays(q, k, v, *, causal=False, scale=None, key_mask=None, block_q=256,
+                           block_k=512):
     """Tiled forward on raw arrays: q (B, H, Nq, D), k/v (B, Hkv, Nk, D/Dv) → (O, lse).
 
     O (B, H, Nq, Dv); lse (B, H, Nq) = log Σ_j exp(s_ij) over visible j (−inf if none).
-    ``scale`` None → 1/√D.
+    ``scale`` None → 1/√D. Heads run in parallel threads (``ops/parallel.py``).
     """
     xp = get_array_module(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     bsz, h, nq, _ = q.shape
-    nk, dv = k.shape[2], v.shape[-1]
+    hkv, nk, dv = k.shape[1], k.shape[2], v.shape[-1]
     offset = nk - nq
     out = xp.empty((bsz, h, nq, dv), dtype=q.dtype)
     lse = xp.empty((bsz, h, nq), dtype=q.dtype)
-    for q0 in range(0, nq, block_q):
-        q1 = min(q0 + block_q, nq)
-        qi = q[:, :, q0:q1] * scale                                     # (B, H, bq, D)
-        m = xp.full((bsz, h, q1 - q0, 1), -xp.inf, dtype=q.dtype)       # running max
-        l = xp.zeros((bsz, h, q1 - q0, 1), dtype=q.dtype)               # running sum
-        acc = xp.zeros((bsz, h, q1 - q0, dv), dtype=q.dtype)
-        for k0 in range(0, nk, block_k):
-            if not _tile_visible(q1, k0, offset, causal):
-                break                                   # every later tile is above too
-            k1 = min(k0 + block_k, nk)
-            s = grouped_scores(qi, k[:, :, k0:k1])                       # (B, H, bq, bk)
-            mask = _tile_mask(xp, q0, q1, k0, k1, offset, causal, key_mask)
+
+    def rows(bs, hs, hq, q0, q1):
+        qi = q[bs, hq, q0:q1] * scale                                   # (1, G, bq, D)
+        shape = qi.shape[:3] + (1,)
+        m = xp.full(shape, -xp.inf, dtype=q.dtype)                      # running max
+        l = xp.zeros(shape, dtype=q.dtype)                              # running sum
+        acc = xp.zeros(qi.shape[:3] + (dv,), dtype=q.dtype)             # running P V
+        kend = _key_end(q1, nk, offset, causal)
+        for k0 in range(0, kend, block_k):
+            k1 = min(k0 + block_k, kend)
+            s = grouped_scores(qi, k[bs, hs, k0:k1])                     # (1, G, bq, bk)
+            mask = _tile_mask(xp, q0, q1, k0, k1, offset, causal, key_mask, bs)
             if mask is not None:
-                s = xp.where(mask, s, -xp.inf)
+                xp.copyto(s, -xp.inf, where=~mask)
             m_new = xp.maximum(m, s.max(axis=-1, keepdims=True))
             m_safe = xp.where(xp.isfinite(m_new), m_new, 0)   # all −inf so far: shift by 0
-            p = xp.exp(s - m_safe)                            # (B, H, bq, bk)
+            s -= m_safe
+            p = xp.exp(s, out=s)                              # P, in the scores' memory
             alpha = xp.exp(m - m_safe)                        # rescales the old sums (0 if m=−inf)
-            l = alpha * l + p.sum(axis=-1, keepdims=True)
-            acc = alpha * acc + grouped_values(p, v[:, :, k0:k1])   # + P V_j
+            l *= alpha
+            l += p.sum(axis=-1, keepdims=True)
+            acc *= alpha
+            acc += grouped_values(p, v[bs, hs, k0:k1])        # + P V_j
             m = m_new
         seen = l > 0
-        out[:, :, q0:q1] = acc / xp.where(seen, l, 1)
-        lse[:, :, q0:q1] = xp.where(seen, m + xp.log(xp.where(seen, l, 1)), -xp.inf)[..., 0]
+        out[bs, hq, q0:q1] = acc / xp.where(seen, l, 1)
+        lse[bs, hq, q0:q1] = xp.where(seen, m + xp.log(xp.where(seen, l, 1)), -xp.inf)[..., 0]
+
+    def group(g):
+        for q0 in range(0, nq, block_q):
+            rows(*g, q0, min(q0 + block_q, nq))
+
+    map_in_threads(group, _head_groups(bsz, hkv, h // hkv), like=q)
     return out, lse
 
 
 def flash_backward_arrays(q, k, v, o, lse, do, *, causal=False, scale=None, key_mask=None,
-                          block_q=64, block_k=64):
+                          block_q=256, block_k=512):
     """Tiled backward on raw arrays: recompute P per tile from lse → (dq, dk, dv)."""
     xp = get_array_module(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    nq, nk = q.shape[2], k.shape[2]
+    bsz, h, nq = q.shape[:3]
+    hkv, nk = k.shape[1], k.shape[2]
     offset = nk - nq
     dq = xp.zeros_like(q)
     dk = xp.zeros_like(k)
     dv = xp.zeros_like(v)
-    delta = (do * o).sum(axis=-1, keepdims=True)                  # δ = rowsum(dO ⊙ O)
     lse_safe = xp.where(xp.isfinite(lse), lse, xp.inf)[..., None]  # no key: P = exp(−inf) = 0
-    for k0 in range(0, nk, block_k):
-        k1 = min(k0 + block_k, nk)
-        kj, vj = k[:, :, k0:k1], v[:, :, k0:k1]
+
+    def group(g):
+        bs, hs, hq = g
         for q0 in range(0, nq, block_q):
             q1 = min(q0 + block_q, nq)
-            if not _tile_visible(q1, k0, offset, causal):
-                continue
-            qs = q[:, :, q0:q1] * scale
-            s = grouped_scores(qs, kj)                                  # (B, H, bq, bk)
-            mask = _tile_mask(xp, q0, q1, k0, k1, offset, causal, key_mask)
-            if mask is not None:
-                s = xp.where(mask, s, -xp.inf)
-            p = xp.exp(s - lse_safe[:, :, q0:q1])                       # P recomputed
-            tq, tk, tv, _ = attention_backward(do[:, :, q0:q1], p, qs, kj, vj,
-                                               delta[:, :, q0:q1], scale)
-            dq[:, :, q0:q1] += tq
-            dk[:, :, k0:k1] += tk
-            dv[:, :, k0:k1] += tv
+            qs = q[bs, hq, q0:q1] * scale                                # (1, G, bq, D)
+            # δ = rowsum(dO ⊙ O) per block: no N × D temporary (linear memory is the point)
+            delta = (do[bs, hq, q0:q1] * o[bs, hq, q0:q1]).sum(axis=-1, keepdims=True)
+            kend = _key_end(q1, nk, offset, causal)
+            for k0 in range(0, kend, block_k):
+                k1 = min(k0 + block_k, kend)
+                kj, vj = k[bs, hs, k0:k1], v[bs, hs, k0:k1]
+                s = grouped_scores(qs, kj)                               # (1, G, bq, bk)
+                mask = _tile_mask(xp, q0, q1, k0, k1, offset, causal, key_mask, bs)
+                if mask is not None:
+                    xp.copyto(s, -xp.inf, where=~mask)
+                s -= lse_safe[bs, hq, q0:q1]
+                p = xp.exp(s, out=s)                                     # P recomputed
+                tq, tk, tv, _ = attention_backward(do[bs, hq, q0:q1], p, qs, kj, vj, delta,
+                                                   scale)
+                dq[bs, hq, q0:q1] += tq
+                dk[bs, hs, k0:k1] += tk
+                dv[bs, hs, k0:k1] += tv
+
+    map_in_threads(group, _head_groups(bsz, hkv, h // hkv), like=q)
     return dq, dk, dv
 
 
@@ -167,13 +192,15 @@ class FlashAttentionFunction(Function):
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float = None, key_mask=None,
-                    block_q: int = 64, block_k: int = 64):
+                    block_q: int = 256, block_k: int = 512):
     """Exact softmax(q kᵀ·scale) v by tiles: q (B, H, Nq, D), k/v (B, Hkv, Nk, D/Dv) Tensors.
 
     ``key_mask`` (B, Nk) bool (True = may attend; a NumPy mask is moved to the data's device).
     Returns (B, H, Nq, Dv). Memory O(N·D + block_q·block_k) in forward and backward; exact
-    (the same result as dense up to rounding). On CuPy float32/float16 the CUDA kernel runs
-    (``ops/dispatch.py``); the tiles are the CPU's version of the same algorithm.
+    (the same result as dense up to rounding). The default tiles, 256 queries × 512 keys
+    (512 KiB of float32 scores), are large enough for BLAS and small next to a long sequence.
+    On CuPy float32/float16 the CUDA kernel runs (``ops/dispatch.py``); the tiles are the
+    CPU's version of the same algorithm.
     """
     fn = "flash_attention"
     _, h, _, nq, nk, d = check_heads(q, k, v, fn)

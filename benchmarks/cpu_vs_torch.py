@@ -1,0 +1,265 @@
+"""minitx against PyTorch on the CPU, every ratio of issue 20 in one run (float32).
+
+    python benchmarks/cpu_vs_torch.py [--quick] [--memory] [--repeats 5]
+
+1. **Engine**: a chain of 2,000 ops, ``y = y * 0.999`` then ``y = y + 0.001`` alternately, on
+   an 8 × 8 tensor, then ``sum`` and backward: µs per op, forward + backward.
+2. **SDPA**: ``F.scaled_dot_product_attention`` forward + backward, B·H = 8 (B = 2, H = 4),
+   D = 64, N = 256 / 1,024 / 4,096, full and causal, against
+   ``torch.nn.functional.scaled_dot_product_attention``; and the share of NumPy's sgemm
+   GFLOP/s (a 2,048³ ``np.matmul``, measured in the same run) that minitx reaches. FLOPs as
+   FlashAttention's papers count them: 2 matmuls forward, 5 backward, 2·N²·D each, per head,
+   halved for causal.
+3. **Flash**: the tiled ``F.flash_attention`` (linear memory) against the fused op at
+   N = 4,096.
+4. **Blocks**: ``nn.MultiheadAttention`` (causal, B = 4, T = 256, E = 256, H = 8) and
+   ``nn.TransformerEncoderLayer`` (same sizes, feed-forward 1,024, no dropout) forward +
+   backward against the same PyTorch modules with the same weights.
+5. ``--memory``: forward + backward of the ``flash``, ``local``, ``linear`` and ``performer``
+   layers' ``attend`` at N = 65,536, D = 64, one head, traced by ``tracemalloc`` (peak above
+   the inputs), against the floor of 80 MiB: the gradients of q, k, v, the output and its
+   gradient, five N × D float32 arrays. Minutes, so a flag.
+
+Times are the best of ``--repeats`` runs after a warm-up (a shared machine only ever slows
+a run down, so the best is the least disturbed); the load average is printed. Ratios are
+minitx ÷ PyTorch in time: below 1 minitx is faster. PyTorch runs with 2 threads (NumPy's
+BLAS uses its own, printed too). Without PyTorch the comparisons are skipped with a line
+saying so; minitx's own numbers still print.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+
+import minitx
+import minitx.functional as F
+from minitx import nn
+from minitx.attention import REGISTRY
+
+try:
+    import torch
+except ImportError:                     # the comparison is optional; minitx's numbers are not
+    torch = None
+
+TORCH_THREADS = 2
+D = 64
+
+
+def best_time(fn, repeats):
+    """Least wall time of ``repeats`` calls after one warm-up call, in seconds."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def ratio(a, b):
+    return "—" if b is None else f"{a / b:.2f}×"
+
+
+def ms(t):
+    return "—" if t is None else f"{t * 1e3:9.2f}"
+
+
+def sgemm_gflops(repeats):
+    """NumPy's float32 matmul speed on 2,048³: the ceiling for matmul-bound attention."""
+    a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
+    return 2 * 2048 ** 3 / best_time(lambda: a @ a, repeats) / 1e9
+
+
+# ---- 1. engine overhead ------------------------------------------------------------------
+
+def chain_times(n_ops, repeats):
+    x0 = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+
+    def run_minitx():
+        x = minitx.tensor(x0, requires_grad=True)
+        y = x
+        for _ in range(n_ops // 2):
+            y = y * 0.999
+            y = y + 0.001
+        y.sum().backward()
+
+    def run_torch():
+        x = torch.tensor(x0, requires_grad=True)
+        y = x
+        for _ in range(n_ops // 2):
+            y = y * 0.999
+            y = y + 0.001
+        y.sum().backward()
+
+    mt = best_time(run_minitx, repeats) / n_ops
+    tt = best_time(run_torch, repeats) / n_ops if torch else None
+    return mt, tt
+
+
+# ---- 2. SDPA, 3. flash ---------------------------------------------------------------------
+
+def qkv_arrays(n, b=2, h=4, seed=0):
+    r = np.random.default_rng(seed)
+    return [r.standard_normal((b, h, n, D)).astype(np.float32) for _ in range(4)]
+
+
+def minitx_attention(arrays, fn):
+    """A callable running ``fn(q, k, v)`` forward + backward with gradient ``do``."""
+    q, k, v = (minitx.tensor(a, requires_grad=True) for a in arrays[:3])
+    do = arrays[3]
+
+    def run():
+        for t in (q, k, v):
+            t.grad = None
+        fn(q, k, v).backward(do)
+    return run
+
+
+def torch_sdpa(arrays, causal):
+    q, k, v = (torch.tensor(a, requires_grad=True) for a in arrays[:3])
+    do = torch.tensor(arrays[3])
+
+    def run():
+        for t in (q, k, v):
+            t.grad = None
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(do)
+    return run
+
+
+def sdpa_table(ns, repeats, gflops):
+    print(f"SDPA forward + backward, B·H = 8, D = {D}, float32 "
+          f"(% = share of the {gflops:.0f} GFLOP/s sgemm)")
+    print(f"  {'N':>6} {'causal':>6} {'minitx ms':>10} {'torch ms':>9} {'minitx/torch':>12} "
+          f"{'minitx %':>8} {'torch %':>7}")
+    for n in ns:
+        arrays = qkv_arrays(n)
+        for causal in (False, True):
+            flops = 14 * n * n * D * 8 * (0.5 if causal else 1.0)
+            mt = best_time(minitx_attention(arrays, lambda q, k, v: F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal)), repeats)
+            tt = best_time(torch_sdpa(arrays, causal), repeats) if torch else None
+            share = f"{100 * flops / mt / 1e9 / gflops:7.0f}%"
+            tshare = "—" if tt is None else f"{100 * flops / tt / 1e9 / gflops:6.0f}%"
+            print(f"  {n:>6} {str(causal):>6} {ms(mt):>10} {ms(tt):>9} {ratio(mt, tt):>12} "
+                  f"{share:>8} {tshare:>7}")
+
+
+def flash_vs_fused(n, repeats):
+    print(f"\nflash_attention (tiled, linear memory) vs the fused SDPA, N = {n}, B·H = 8")
+    arrays = qkv_arrays(n)
+    for causal in (False, True):
+        fused = best_time(minitx_attention(arrays, lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, is_causal=causal)), repeats)
+        flash = best_time(minitx_attention(arrays, lambda q, k, v: F.flash_attention(
+            q, k, v, causal=causal)), repeats)
+        print(f"  causal={str(causal):5}  fused {ms(fused)} ms  flash {ms(flash)} ms  "
+              f"flash/fused {flash / fused:.2f}×")
+
+
+# ---- 4. blocks -----------------------------------------------------------------------------
+
+def copy_weights(ours, theirs):
+    """Give the torch module minitx's parameter values (the names are PyTorch's)."""
+    mine = dict(ours.named_parameters())
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            p.copy_(torch.tensor(mine[name].numpy()))
+
+
+def block_rows(repeats, b=4, t=256, e=256, h=8, ff=1024):
+    print(f"\nblocks forward + backward, B = {b}, T = {t}, E = {e}, H = {h} (causal), float32")
+    x0 = np.random.default_rng(1).standard_normal((b, t, e)).astype(np.float32)
+    mask = np.triu(np.ones((t, t), dtype=bool), 1)          # True = masked (PyTorch polarity)
+    minitx.manual_seed(0)
+    cases = [("MultiheadAttention",
+              nn.MultiheadAttention(e, h, batch_first=True),
+              lambda m, x, msk: m(x, x, x, attn_mask=msk, need_weights=False,
+                                  is_causal=True)[0],
+              lambda: torch.nn.MultiheadAttention(e, h, batch_first=True)),
+             ("TransformerEncoderLayer",
+              nn.TransformerEncoderLayer(e, h, ff, dropout=0.0, batch_first=True),
+              lambda m, x, msk: m(x, src_mask=msk, is_causal=True),
+              lambda: torch.nn.TransformerEncoderLayer(e, h, ff, dropout=0.0,
+                                                       batch_first=True))]
+    for name, ours, call, make_theirs in cases:
+        x = minitx.tensor(x0, requires_grad=True)
+
+        def run_minitx():
+            ours.zero_grad()
+            x.grad = None
+            call(ours, x, mask).sum().backward()
+        mt = best_time(run_minitx, repeats)
+        tt = None
+        if torch:
+            theirs = make_theirs()
+            copy_weights(ours, theirs)
+            tx, tmask = torch.tensor(x0, requires_grad=True), torch.tensor(mask)
+
+            def run_torch():
+                theirs.zero_grad()
+                tx.grad = None
+                call(theirs, tx, tmask).sum().backward()
+            tt = best_time(run_torch, repeats)
+        print(f"  {name:24} minitx {ms(mt)} ms  torch {ms(tt)} ms  minitx/torch {ratio(mt, tt)}")
+
+
+# ---- 5. memory -----------------------------------------------------------------------------
+
+def memory_rows(n, names=("flash", "local", "linear", "performer")):
+    floor = 5 * n * D * 4 / 2 ** 20                     # 80 MiB at N = 65,536
+    print(f"\nmemory, forward + backward of attend(q, k, v), N = {n}, D = {D}, one head, "
+          f"float32: tracemalloc peak above the inputs; floor {floor:.0f} MiB "
+          "(q, k, v grads + output + its grad)")
+    r = np.random.default_rng(0)
+    arrays = [r.standard_normal((1, 1, n, D)).astype(np.float32) for _ in range(4)]
+    for name in names:
+        layer = REGISTRY[name](D, 1)
+        q, k, v = (minitx.tensor(a, requires_grad=True) for a in arrays[:3])
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        layer.attend(q, k, v).backward(arrays[3].copy())     # the output gradient, traced
+        seconds = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1] / 2 ** 20
+        tracemalloc.stop()
+        print(f"  {name:10} {peak:8.1f} MiB  {peak / floor:5.2f}× the floor  ({seconds:.1f} s)")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="a seconds-long smoke run: small sizes, one repeat")
+    parser.add_argument("--memory", action="store_true",
+                        help="also the N = 65,536 memory table (minutes)")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    minitx.backend.tune_host_allocator()         # the caching allocator the examples use
+    repeats = 1 if args.quick else args.repeats
+    if torch is None:
+        print("PyTorch is not installed: its columns are skipped (pip install torch to compare)")
+    else:
+        torch.set_num_threads(TORCH_THREADS)
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"numpy {np.__version__}, BLAS threads: "
+          f"{os.environ.get('OPENBLAS_NUM_THREADS', 'default (all cores)')}; "
+          f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} "
+          f"(at the start), best of {repeats}\n")
+    gflops = sgemm_gflops(repeats)
+    mt, tt = chain_times(200 if args.quick else 2000, repeats)
+    print(f"engine chain, y*0.999 + 0.001 on 8×8, forward + backward: minitx "
+          f"{mt * 1e6:.2f} µs/op, torch {'—' if tt is None else f'{tt * 1e6:.2f}'} µs/op, "
+          f"minitx/torch {ratio(mt, tt)}\n")
+    sdpa_table((64, 256) if args.quick else (256, 1024, 4096), repeats, gflops)
+    flash_vs_fused(256 if args.quick else 4096, repeats)
+    block_rows(repeats, t=32 if args.quick else 256)
+    if args.memory:
+        memory_rows(4096 if args.quick else 65536)
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
