@@ -4,6 +4,7 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import minitx
 import minitx.functional as F
@@ -309,3 +310,110 @@ def test_graph_memory_benchmark_runs_and_reports_the_graph_let_go(capsys):
     assert "torch (saved tensors)" in out and "max |grad minitx - grad torch|" in out, out
     diff = float(out.split("max |grad minitx - grad torch| = ")[1].split()[0])
     assert diff < 1e-12, out
+
+
+# ---- leaf gradients: kept without a copy when nobody else holds them, copied otherwise ----
+
+class _PassThrough(Function):
+    """y = x₁ + x₂ whose backward returns the incoming gradient itself for both inputs."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        return a + b
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, grad
+
+
+class _SameNewArray(Function):
+    """y = x₁ + x₂ whose backward returns one new array for both inputs."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        return a + b
+
+    @staticmethod
+    def backward(ctx, grad):
+        both = grad * 1.0
+        return both, both
+
+
+_GRAPHS = {
+    "add": lambda x, y: x + y,
+    "one new array for both": lambda x, y: _SameNewArray.apply(x, y),
+    "sub": lambda x, y: x - y,
+    "pass-through": lambda x, y: _PassThrough.apply(x, y),
+    "reshape": lambda x, y: (x + y).reshape(4, 3).reshape(3, 4),
+    "views of one gradient": lambda x, y: x.reshape(4, 3) + y.transpose().reshape(4, 3),
+    "transpose": lambda x, y: (x - y).transpose().transpose(),
+    "scale": lambda x, y: x * 1.0 + y,
+    "used twice": lambda x, y: x + x + y,
+    "broadcast": lambda x, y: x + y.sum(axis=0),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(graph=st.sampled_from(sorted(_GRAPHS)), seed=st.integers(0, 2**16))
+def test_no_leaf_gradient_shares_memory_with_another_or_with_the_callers_gradient(graph, seed):
+    """Writing into one leaf's ``.grad`` in place (as ``clip_grad_norm_`` does) changes no other
+    gradient and not the caller's ``grad``; writing into the caller's ``grad`` changes no leaf's.
+    The graphs are those where a backward passes its incoming gradient on, or a view of it."""
+    rng = np.random.default_rng(seed)
+    x = tensor(rng.standard_normal((3, 4)), requires_grad=True)
+    y = tensor(rng.standard_normal((3, 4)), requires_grad=True)
+    out = _GRAPHS[graph](x, y)
+    g = tensor(rng.standard_normal(out.shape))
+    out.backward(g)
+    g0, gx, gy = (np.array(to_host(t), copy=True) for t in (g, x.grad, y.grad))  # snapshots
+    x.grad.data[...] = 0.0
+    np.testing.assert_array_equal(to_host(y.grad), gy)
+    np.testing.assert_array_equal(to_host(g), g0)
+    g.data[...] = 5.0
+    np.testing.assert_array_equal(to_host(y.grad), gy)
+    assert not np.any(to_host(x.grad)) and np.any(gx)
+
+
+def test_a_leafs_gradient_of_its_own_backward_is_kept_without_a_copy_and_the_callers_is_copied():
+    made = []
+
+    class Double(Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a * 2.0
+
+        @staticmethod
+        def backward(ctx, grad):
+            made.append(grad * 2.0)           # a new array nobody else holds
+            return made[-1]
+
+    x = tensor(np.ones(3), requires_grad=True)
+    Double.apply(x).sum().backward()
+    assert x.grad.data is made[0]
+    leaf = tensor(np.ones(3), requires_grad=True)
+    g = tensor(np.full(3, 2.0))
+    leaf.backward(g)                          # backward on a leaf: the caller's array, copied
+    assert leaf.grad.data is not g.data
+    g.data[...] = 0.0
+    np.testing.assert_array_equal(to_host(leaf.grad), [2.0, 2.0, 2.0])
+
+
+def test_a_saved_array_returned_as_a_gradient_is_copied_so_a_retained_graph_stays_right():
+    class TimesThree(Function):
+        @staticmethod
+        def forward(ctx, a):
+            w = a * 0.0 + 3.0
+            ctx.save_for_backward(w)
+            return a * w
+
+        @staticmethod
+        def backward(ctx, grad):
+            (w,) = ctx.saved_tensors
+            return w if bool((grad == 1.0).all()) else grad * w   # w itself when grad is 1
+
+    x = tensor(np.ones(4), requires_grad=True)
+    y = TimesThree.apply(x).sum()
+    y.backward(retain_graph=True)
+    x.grad.data[...] = 0.0                    # in place, as an optimizer's clipping would
+    y.backward()
+    np.testing.assert_array_equal(to_host(x.grad), [3.0] * 4)

@@ -98,11 +98,24 @@ def _check_finite(ctx, index, grad):
             f"({_describe(grad)}); its forward ran at {where}")
 
 
-def _accumulate_leaf(leaf, grad):
+def _accumulate_leaf(leaf, grad, owned=False):
+    """Add ``grad`` into ``leaf.grad``. A first gradient is copied unless ``owned``: the engine
+    knows that no one else holds it (see ``_unshared``), and the leaf can keep it as it is."""
     if leaf.grad is None:
-        leaf.grad = Tensor._wrap(grad.copy(), False)   # copy: a grad may be shared by inputs
+        leaf.grad = Tensor._wrap(grad if owned else grad.copy(), False)
     else:
         leaf.grad = Tensor._wrap(leaf.grad.data + grad, False)
+
+
+def _unshared(ig, g, ctx, given):
+    """Whether ``ig``, a gradient ``ctx``'s backward returned, may become a leaf's ``.grad``
+    without a copy: it is not the incoming gradient ``g`` (which the caller or another input
+    may hold), not a view (``base``: its memory belongs to another array), not an array the node
+    saved, and not already given to a leaf in this backward (``given``: their ids). At the
+    sizes where memory matters (q, k, v of a long sequence) the copy would double each leaf
+    gradient at the peak."""
+    return ig is not g and getattr(ig, "base", ig) is None and id(ig) not in given and \
+        not any(ig is saved for saved in ctx.saved_tensors or ())
 
 
 def backward(tensor, grad=None, retain_graph: bool = False) -> None:
@@ -131,6 +144,7 @@ def backward(tensor, grad=None, retain_graph: bool = False) -> None:
     root = tensor._ctx
     grads = {root: grad}              # node -> the gradient of its output, summed so far
     heap = [(-root.seq, root)]        # nodes with a gradient, the latest created on top
+    given = set()                     # ids of the arrays handed to leaves (see _unshared)
     while heap:
         ctx = heappop(heap)[1]
         g = grads.pop(ctx)
@@ -158,7 +172,8 @@ def backward(tensor, grad=None, retain_graph: bool = False) -> None:
                 _check_finite(ctx, i, ig)
             node = parent._ctx
             if node is None:
-                _accumulate_leaf(parent, ig)
+                _accumulate_leaf(parent, ig, _unshared(ig, g, ctx, given))
+                given.add(id(ig))
             elif node in grads:
                 grads[node] = grads[node] + ig
             else:

@@ -20,6 +20,10 @@ wraps the result in a Tensor and, when some input requires a gradient and grad m
 records the context as the output's graph node. ``backward`` returns one gradient per
 positional input (``None`` where there is none to give); the engine checks their shapes and
 dtypes. Keyword arguments of ``apply`` are passed to ``forward`` and are not differentiated.
+
+``backward`` reads ``grad`` and never writes into it (it may be shared: returned for two inputs,
+or already some leaf's ``.grad``), and returns new arrays, ``grad`` itself, or views: the engine
+hands a new array that nobody else holds to a leaf as its ``.grad`` without copying it.
 """
 from __future__ import annotations
 
