@@ -24,7 +24,7 @@ def _output_tensors(out):
 
 
 def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3,
-              raise_exception: bool = True, seed: int = 0) -> bool:
+              raise_exception: bool = True, seed: int = 0, fast: bool = False) -> bool:
     """Check ``fn``'s gradients against central differences, like ``torch.autograd.gradcheck``.
 
     ``fn(*inputs)`` returns a Tensor (or a tuple of Tensors). Every input Tensor with
@@ -36,6 +36,15 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
 
     compared with the analytic dL/dx_i from ``backward`` under
     ``|analytic − numerical| ≤ atol + rtol·|numerical|``.
+
+    ``fast=True`` (PyTorch's ``fast_mode``): instead of one element at a time, one random unit
+    direction u per input, the directional derivative
+
+        numerical = (L(x + eps·u) − L(x − eps·u)) / (2 eps)   against   analytic = ⟨dL/dx, u⟩,
+
+    two evaluations of ``fn`` per input instead of two per element. With r and u random, a
+    wrong gradient passes only if its error happens to be orthogonal to u, which has
+    probability zero; the failure message cannot name the element (rerun without ``fast``).
 
     Returns True, or on failure raises ``GradcheckError`` (or returns False when
     ``raise_exception=False``) naming the input, the worst element, and both values.
@@ -77,6 +86,10 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
         analytic[i] = (numpy.zeros(inputs[i].shape) if g is None else g.numpy())
         inputs[i].grad = None
 
+    if fast:
+        return _check_directions(inputs, targets, analytic, scalar_loss, gen, eps, atol, rtol,
+                                 raise_exception)
+
     # numerical, one element at a time (inputs are perturbed in place, then restored)
     for i in targets:
         xp = backend.get_array_module(inputs[i].data)
@@ -101,6 +114,31 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
             msg = (f"gradcheck failed for input {i} (shape {x.shape}) at element {worst}: "
                    f"analytic {float(a[worst])!r} vs numerical {float(numerical[worst])!r} "
                    f"(atol={atol}, rtol={rtol}, eps={eps})")
+            if raise_exception:
+                raise GradcheckError(msg)
+            return False
+    return True
+
+
+def _check_directions(inputs, targets, analytic, scalar_loss, gen, eps, atol, rtol,
+                      raise_exception):
+    """``gradcheck(fast=True)``: one random unit direction per input (see ``gradcheck``)."""
+    for i in targets:
+        x = inputs[i].data
+        u = gen.standard_normal(x.shape)
+        u /= max(float(numpy.linalg.norm(u)), 1e-300)
+        step = backend.to_device(eps * u, inputs[i].device).astype(x.dtype)
+        inputs[i].data = x + step
+        plus = scalar_loss()
+        inputs[i].data = x - step
+        minus = scalar_loss()
+        inputs[i].data = x                                    # the original array, untouched
+        numerical = (plus - minus) / (2 * eps)
+        a = float((analytic[i] * u).sum())
+        if not (numpy.isfinite(a) and abs(a - numerical) <= atol + rtol * abs(numerical)):
+            msg = (f"gradcheck (fast) failed for input {i} (shape {x.shape}) along a random "
+                   f"direction: analytic {a!r} vs numerical {numerical!r} (atol={atol}, "
+                   f"rtol={rtol}, eps={eps}); gradcheck without fast=True names the element")
             if raise_exception:
                 raise GradcheckError(msg)
             return False
