@@ -112,6 +112,9 @@ def performer_kernel(q, k, w):
     return phi(q) @ xp.swapaxes(phi(k), -1, -2)
 
 
+ROWS = 4096     # rows per block of FavorFeatures.vjp's last update (1 MiB at D = 64)
+
+
 class FavorFeatures:
     """``favor_features`` on raw arrays, with its VJP, for ``KernelAttentionFunction``.
 
@@ -138,7 +141,9 @@ class FavorFeatures:
         grad *= phi                                                 # dL, in dφ's memory
         dx = grad @ self.w                                          # (B, H, N, D)
         dx *= self.scale                        # dx = scale·dL W − scale²·rowsum(dL)·x
-        dx -= x * (grad.sum(axis=-1, keepdims=True) * self.scale ** 2)
+        rows = grad.sum(axis=-1, keepdims=True) * self.scale ** 2   # (B, H, N, 1)
+        for i in range(0, x.shape[-2], ROWS):   # in blocks of rows: no N × D temporary
+            dx[..., i:i + ROWS, :] -= x[..., i:i + ROWS, :] * rows[..., i:i + ROWS, :]
         return dx
 
 
