@@ -21,7 +21,8 @@
    gradient, five N × D float32 arrays. Minutes, so a flag.
 
 Times are the best of ``--repeats`` runs after a warm-up (a shared machine only ever slows
-a run down, so the best is the least disturbed); the load average is printed. Ratios are
+a run down, so the best is the least disturbed; calls of a few milliseconds are repeated for
+about half a second); the load average is printed. Ratios are
 minitx ÷ PyTorch in time: below 1 minitx is faster. PyTorch runs with 2 threads (NumPy's
 BLAS uses its own, printed too). Without PyTorch the comparisons are skipped with a line
 saying so; minitx's own numbers still print.
@@ -50,9 +51,17 @@ TORCH_THREADS = 2
 D = 64
 
 
+BUDGET = {"seconds": 0.5}       # per timed case, for short calls (0 with --quick)
+
+
 def best_time(fn, repeats):
-    """Least wall time of ``repeats`` calls after one warm-up call, in seconds."""
+    """Least wall time of at least ``repeats`` calls after one warm-up call, in seconds; a
+    call of a few milliseconds is repeated until about ``BUDGET`` seconds have run (at most
+    200 times), since one short call is easily disturbed."""
+    t0 = time.perf_counter()
     fn()
+    budget = BUDGET["seconds"]
+    repeats = max(repeats, min(200, int(budget / max(time.perf_counter() - t0, 1e-9))))
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -239,6 +248,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     minitx.backend.tune_host_allocator()         # the caching allocator the examples use
     repeats = 1 if args.quick else args.repeats
+    BUDGET["seconds"] = 0.0 if args.quick else 0.5
     if torch is None:
         print("PyTorch is not installed: its columns are skipped (pip install torch to compare)")
     else:
