@@ -30,18 +30,26 @@ def test_fused_equals_composed_with_a_hook(n, d, feature_map, seed):
     arrays = qkv(n, b=2, h=2, d=d, rng=rng)
     g = rng.standard_normal((2, 2, n, d))
     layer = REGISTRY["linear"](2 * d, 2, feature_map=feature_map)
+    fused, composed = _fused_and_composed(layer, layer.hook_phi_q, arrays, g)
+    for a, b in zip(fused, composed):
+        assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def _fused_and_composed(layer, hook_point, arrays, g):
+    """[output, dq, dk, dv] of ``layer.attend`` without a hook (one fused node) and with a
+    pass-through hook at ``hook_point`` (the composed ops)."""
     results = []
     for hooked in (False, True):
-        layer.hook_phi_q.remove_hooks()
+        hook_point.remove_hooks()
         if hooked:
-            layer.hook_phi_q.add_hook(lambda x, hook=None: x)
+            hook_point.add_hook(lambda x, hook=None: x)
         ts = [tensor(x, requires_grad=True) for x in arrays]
         out = layer.attend(*ts)
         assert (out._ctx.fn is KernelAttentionFunction) == (not hooked)
         out.backward(tensor(g))
         results.append([out] + [t.grad for t in ts])
-    for fused, composed in zip(*results):
-        assert_close(fused, composed, rtol=1e-10, atol=1e-12)
+    hook_point.remove_hooks()
+    return results
 
 
 def test_performer_gradcheck():
@@ -70,19 +78,10 @@ def test_performer_fused_equals_composed_with_a_hook(n, d, m, seed, rows):
     minitx.manual_seed(seed)
     layer = REGISTRY["performer"](2 * d, 2, num_features=m).to(dtype="float64")
     layer.eval()                                           # no redraw between the two runs
-    results = []
-    for hooked in (False, True):
-        layer.hook_phi_k.remove_hooks()
-        if hooked:
-            layer.hook_phi_k.add_hook(lambda x, hook=None: x)
-        ts = [tensor(x, requires_grad=True) for x in arrays]
-        out = layer.attend(*ts)
-        assert (out._ctx.fn is KernelAttentionFunction) == (not hooked)
-        saved, performer.ROWS = performer.ROWS, rows
-        try:
-            out.backward(tensor(g))
-        finally:
-            performer.ROWS = saved
-        results.append([out] + [t.grad for t in ts])
-    for fused, composed in zip(*results):
-        assert_close(fused, composed, rtol=1e-9, atol=1e-12)   # exp of shifted logits: 1e-9
+    saved, performer.ROWS = performer.ROWS, rows
+    try:
+        fused, composed = _fused_and_composed(layer, layer.hook_phi_k, arrays, g)
+    finally:
+        performer.ROWS = saved
+    for a, b in zip(fused, composed):
+        assert_close(a, b, rtol=1e-9, atol=1e-12)   # exp of shifted logits: 1e-9

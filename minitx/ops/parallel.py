@@ -21,7 +21,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
+from .. import backend
 
 __all__ = ["map_in_threads", "thread_count"]
 
@@ -78,7 +78,7 @@ def map_in_threads(fn, items, like=None):
     n = min(thread_count(), len(items))
     controller = _blas_controller() if n > 1 else None
     if (controller is None or getattr(_state, "worker", False)
-            or (like is not None and not isinstance(like, np.ndarray))):
+            or (like is not None and backend.device_of(like) != "cpu")):
         return [fn(item) for item in items]
     with _one_thread_blas(controller):
         return list(_executor(n).map(fn, items))
