@@ -290,10 +290,14 @@ def test_causal_block_path_equals_dense_fused_path(monkeypatch, b, h, hkv, nq, n
               r.standard_normal((b, hkv, nk, dv)))
     g = r.standard_normal((b, h, nq, dv))
     results = {}
-    for path, block in (("blocked", 32), ("dense", 10 ** 9)):
-        monkeypatch.setattr(ops_attention, "CAUSAL_BLOCK", block)
+    monkeypatch.setattr(ops_attention, "CAUSAL_BLOCK", 32)
+    for path in ("blocked", "dense"):
         ts = [tensor(x, requires_grad=True) for x in arrays]
-        o = F.scaled_dot_product_attention(*ts, is_causal=True, enable_gqa=True)
+        if path == "blocked":              # is_causal: blocks of at most 32 query rows
+            o = F.scaled_dot_product_attention(*ts, is_causal=True, enable_gqa=True)
+        else:                              # the same mask given whole, one block
+            o = F.scaled_dot_product_attention(*ts, attn_mask=np.tri(nq, nk, nk - nq, dtype=bool),
+                                               enable_gqa=True)
         assert o._ctx.fn is ops_attention.SDPAFunction
         assert (len(o._ctx.blocks) > 1) == (path == "blocked")
         (o * tensor(g)).sum().backward()

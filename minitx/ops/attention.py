@@ -234,10 +234,11 @@ def attention_blocks(b, hkv, group, nq, nk, causal, scores=None, causal_rows=Non
     head) × query rows [i0, i1) against keys [0, kend). Long sequences go one head and
     ``scores`` // (G·Nk) query rows at a time (``BLOCK_SCORES``: hundreds of rows, enough
     for BLAS to run near its peak); causal blocks have at most ``causal_rows``
-    (``CAUSAL_BLOCK``) rows, so that the future keys they skip are most of the upper triangle
-    (keys past kend = i1 + Nk − Nq are in every row's future). Short sequences put several
-    whole heads in one block while it holds at most ``pack`` (``PACK_SCORES``) scores, so that
-    the calls are few but there are still blocks for every core. Blocks whose rows see no key
+    (``CAUSAL_BLOCK``) rows and at most half the query rows, so that the future keys they skip
+    are most of the upper triangle (keys past kend = i1 + Nk − Nq are in every row's future),
+    even for a short sequence. Short sequences put several heads in one block while the
+    heads' whole score matrices hold at most ``pack`` (``PACK_SCORES``) scores, so that the
+    calls are few but there are still blocks for every core. Blocks whose rows see no key
     are left out (their output rows stay 0).
     """
     scores = BLOCK_SCORES if scores is None else scores
@@ -245,8 +246,8 @@ def attention_blocks(b, hkv, group, nq, nk, causal, scores=None, causal_rows=Non
     per_head = group * nk                                 # score entries per row per key head
     rows = max(1, min(nq, scores // max(per_head, 1)))
     if causal:
-        rows = min(rows, CAUSAL_BLOCK if causal_rows is None else causal_rows)
-    heads = max(1, min(hkv, pack // max(per_head * nq, 1))) if rows == nq else 1
+        rows = min(rows, CAUSAL_BLOCK if causal_rows is None else causal_rows, -(-nq // 2))
+    heads = max(1, min(hkv, pack // max(per_head * nq, 1))) if per_head * nq <= pack else 1
     batches = max(1, min(b, pack // max(per_head * nq * hkv, 1))) if heads == hkv else 1
     for b0 in range(0, b, batches):
         bs = slice(b0, min(b0 + batches, b))
