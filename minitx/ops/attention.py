@@ -246,7 +246,8 @@ def attention_blocks(b, hkv, group, nq, nk, causal, scores=None, causal_rows=Non
     per_head = group * nk                                 # score entries per row per key head
     rows = max(1, min(nq, scores // max(per_head, 1)))
     if causal:
-        rows = min(rows, CAUSAL_BLOCK if causal_rows is None else causal_rows, -(-nq // 2))
+        rows = max(1, min(rows, CAUSAL_BLOCK if causal_rows is None else causal_rows,
+                          -(-nq // 2)))                   # ⌈Nq / 2⌉; 1 for Nq = 0
     heads = max(1, min(hkv, pack // max(per_head * nq, 1))) if per_head * nq <= pack else 1
     batches = max(1, min(b, pack // max(per_head * nq * hkv, 1))) if heads == hkv else 1
     for b0 in range(0, b, batches):
