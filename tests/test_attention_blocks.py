@@ -135,21 +135,23 @@ def test_flash_equals_dense_across_tile_boundaries(case, causal, padded, ratio):
         assert_close(got, ref, rtol=1e-10, atol=1e-12)
 
 
-def test_block_plan_covers_every_visible_score_once():
-    """``attention_blocks``: every (batch, head, query, visible key) in exactly one block."""
-    for b, hkv, g, nq, nk, causal, scores, rows, pack in [(2, 3, 2, 9, 9, True, 40, 4, 1),
-                                                          (1, 2, 1, 5, 11, True, 10 ** 6, 2, 1),
-                                                          (2, 2, 2, 11, 5, True, 30, 3, 1),
-                                                          (3, 2, 2, 6, 6, False, 150, 8, 150),
-                                                          (3, 2, 2, 6, 6, False, 150, 8, 500)]:
-        count = np.zeros((b, hkv * g, nq, nk), dtype=int)
-        for bs, hs, hq, i0, i1, kend in ops_attention.attention_blocks(
-                b, hkv, g, nq, nk, causal, scores=scores, causal_rows=rows, pack=pack):
-            assert (hq.start, hq.stop) == (hs.start * g, hs.stop * g)
-            count[bs, hq, i0:i1, :kend] += 1
-        visible = np.tri(nq, nk, nk - nq, dtype=bool) if causal else np.ones((nq, nk), bool)
-        assert np.all(count[:, :, visible] == 1)
-        assert np.all(count[:, :, ~visible] <= 1)       # the diagonal blocks' masked part
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.integers(0, 40),
+       st.integers(0, 40), st.booleans(), st.integers(1, 400), st.integers(1, 12),
+       st.integers(1, 2000))
+def test_block_plan_covers_every_visible_score_once(b, hkv, g, nq, nk, causal, scores, rows,
+                                                    pack):
+    """``attention_blocks``: every (batch, head, query, visible key) in exactly one block, for
+    any sizes (empty sequences too) and any block limits."""
+    count = np.zeros((b, hkv * g, nq, nk), dtype=int)
+    for bs, hs, hq, i0, i1, kend in ops_attention.attention_blocks(
+            b, hkv, g, nq, nk, causal, scores=scores, causal_rows=rows, pack=pack):
+        assert (hq.start, hq.stop) == (hs.start * g, hs.stop * g)
+        assert i1 > i0 and kend > 0
+        count[bs, hq, i0:i1, :kend] += 1
+    visible = np.tri(nq, nk, nk - nq, dtype=bool) if causal else np.ones((nq, nk), bool)
+    assert np.all(count[:, :, visible] == 1)
+    assert np.all(count[:, :, ~visible] <= 1)           # the diagonal blocks' masked part
 
 
 @settings(max_examples=40, deadline=None)
