@@ -23,9 +23,9 @@ import math
 import time
 import tracemalloc
 
+import minitx  # before NumPy: minitx keeps OpenBLAS's idle threads from spinning
 import numpy as np
 
-import minitx
 import minitx.functional as F
 from minitx.attention import REGISTRY
 

@@ -35,9 +35,9 @@ import sys
 import time
 import tracemalloc
 
+import minitx  # before NumPy: minitx keeps OpenBLAS's idle threads from spinning
 import numpy as np
 
-import minitx
 import minitx.functional as F
 from minitx import nn
 from minitx.attention import REGISTRY

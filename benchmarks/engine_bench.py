@@ -29,9 +29,9 @@ import statistics
 import sys
 import time
 
+import minitx  # before NumPy: minitx keeps OpenBLAS's idle threads from spinning
 import numpy as np
 
-import minitx
 import minitx.functional as F
 
 B, T, C, H = 4, 256, 256, 8

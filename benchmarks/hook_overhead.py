@@ -22,8 +22,8 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = r"""
 import json, statistics, sys, time
+import minitx  # before NumPy: minitx keeps OpenBLAS's idle threads from spinning
 import numpy as np
-import minitx
 from minitx.models import GPTBlock, GPTConfig, MultiheadAttention
 what, iters = sys.argv[1], int(sys.argv[2])
 rng = np.random.default_rng(0)

@@ -27,9 +27,9 @@ import os
 import sys
 import time
 
+import minitx  # before NumPy: minitx keeps OpenBLAS's idle threads from spinning
 import numpy as np
 
-import minitx
 from minitx.attention import REGISTRY, split_heads
 from minitx.cli import add_common_args, bench_rows, bench_table, result_line, setup_run
 from minitx.metrics import masked_distances, quality_table

@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 import os
 
+import minitx  # before NumPy: minitx keeps OpenBLAS's idle threads from spinning
 import numpy as np
 
-import minitx
 from minitx import nn, optim
 from minitx.attention import REGISTRY
 from minitx.backend import to_host

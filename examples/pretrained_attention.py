@@ -29,9 +29,9 @@ import os
 import sys
 import time
 
+import minitx  # before NumPy: minitx keeps OpenBLAS's idle threads from spinning
 import numpy as np
 
-import minitx
 import minitx.pretrained as pt
 from minitx.cli import add_common_args, result_line, setup_run
 from minitx.viz import have_matplotlib, heatmap, layer_head_figure, text_heatmap

@@ -19,9 +19,9 @@ import sys
 import time
 from collections import defaultdict
 
+import minitx  # before NumPy: minitx keeps OpenBLAS's idle threads from spinning
 import numpy as np
 
-import minitx
 import minitx.functional as F
 from minitx import nn, optim
 from minitx.cli import Progress, add_common_args, result_line, setup_run

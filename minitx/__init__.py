@@ -11,6 +11,19 @@ PyTorch's spellings work too: ``minitx.randn(2, 3, requires_grad=True)``, ``t.si
 """
 __version__ = "0.1.0"
 
+import os as _os
+import sys as _sys
+
+# NumPy's OpenBLAS keeps each idle worker thread spinning for 2**28 cycles (about 0.1 s) after
+# every matmul. That spinning thread takes a core from the element-wise passes after the matmul
+# and from attention's worker threads (ops/parallel.py), measured as a causal attention block
+# forward + backward going from 8.8 to 14.1 ms right after a matmul. 2**4 cycles instead: the
+# idle threads sleep at once (waking them costs microseconds). OpenBLAS reads this once, when
+# NumPy loads it, so it only takes effect when minitx is imported before NumPy (the CLI, the
+# examples and the benchmarks do so); a value the user set is kept.
+if "numpy" not in _sys.modules:
+    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
 from . import backend
 from .backend import (get_array_module, get_backend, gpu_available, manual_seed,
                       set_backend)

@@ -174,3 +174,19 @@ def test_scanner_catches_violations():
     assert len(DIRECT_NUMPY.findall(_code_lines(bad))) == 2
     good = 'xp = get_array_module(a)\ny = xp.exp(a)  # np.exp would be wrong\n"""np.x in docs"""\n'
     assert not DIRECT_NUMPY.findall(_code_lines(good))
+
+
+@pytest.mark.parametrize("given,first,expected", [
+    (None, "minitx", "4"),           # minitx first: OpenBLAS's idle threads sleep at once
+    ("9", "minitx", "9"),            # a value the user set is kept
+    (None, "numpy", None),           # NumPy (so OpenBLAS) already loaded: too late, untouched
+])
+def test_openblas_thread_timeout_is_set_only_before_numpy_loads(given, first, expected):
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if given is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = given
+    code = (f"import {first}, minitx, os, sys; "
+            "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == str(expected)

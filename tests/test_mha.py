@@ -2,12 +2,13 @@
 gradients, keys, masks, GQA, fully masked batch elements, causality, errors."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 import minitx
 import minitx.nn as nn
 from minitx.attention import (REGISTRY, ExactSelfAttention, causal_pattern,
                               dense_attention_array, default_kv_heads)
+from minitx.models import attention as models_attention
 from support import tensor, to_host
 
 MINE = ["mha", "mqa", "gqa", "dot", "additive", "rope", "alibi", "relative"]
@@ -106,6 +107,70 @@ def test_mha_is_causal_without_mask_and_kv_cache(rng):
     steps = [layer(*qkv_leaves(x[:, t:t + 1]), is_causal=True, kv_cache=cache)[0].numpy()
              for t in range(6)]
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full.numpy(), atol=1e-12)
+
+
+def _blocked(nq, nk):
+    """The causal mask in PyTorch's polarity, built here with triu: True where key j is in
+    query i's future, j > i + (nk − nq) (bottom-right aligned)."""
+    return np.triu(np.ones((nq, nk), bool), nk - nq + 1)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 6), st.sampled_from(["bool", "float"]),
+       st.integers(-1, 35))
+def test_a_causal_attn_mask_is_recognised_exactly(nq, nk, kind, flip):
+    """``is_causal_mask``: True for exactly the causal mask (bool True / float −inf above the
+    diagonal, False / 0 elsewhere), False once one entry differs, for another shape, or for
+    a per-head 3-d mask."""
+    blocked = _blocked(nq, nk)
+    mask = blocked if kind == "bool" else np.where(blocked, -np.inf, 0.0)
+    changed = mask.copy()
+    if 0 <= flip < mask.size:
+        i, j = divmod(flip, nk)
+        if kind == "bool":
+            changed[i, j] = not changed[i, j]
+        else:                                   # unblock a future key, or bias a visible one
+            changed[i, j] = 0.0 if blocked[i, j] else 1.0
+    is_causal = models_attention.is_causal_mask
+    assert is_causal(mask, nq, nk)
+    assert is_causal(minitx.tensor(mask), nq, nk)          # a Tensor too
+    assert is_causal(changed, nq, nk) == (not 0 <= flip < mask.size)
+    assert not is_causal(mask, nq + 1, nk)
+    assert not is_causal(mask[None], nq, nk)
+    assert not is_causal(blocked.astype(np.int64), nq, nk)
+    assert not is_causal(None, nq, nk)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float", "near"])
+def test_mha_runs_a_causal_attn_mask_as_the_causal_flag(rng, kind, monkeypatch):
+    """A causal ``attn_mask`` reaches attention as ``is_causal=True`` with no mask (the flag
+    skips the upper triangle); a mask one entry away from causal stays a mask. Either way the
+    output and gradients equal the dense formula under that mask."""
+    nq = 5
+    blocked = _blocked(nq, nq)
+    if kind == "near":
+        blocked[3, 4] = False                   # query 3 may see key 4: not causal
+    mask = blocked if kind != "float" else np.where(blocked, -np.inf, 0.0)
+    seen = []
+    sdpa = models_attention.scaled_dot_product_attention
+
+    def spy(*args, **kw):
+        seen.append((kw["is_causal"], kw["attn_mask"] is None))
+        return sdpa(*args, **kw)
+    monkeypatch.setattr(models_attention, "scaled_dot_product_attention", spy)
+    layer = mha(4, 2, batch_first=True)
+    x = tensor(rng.standard_normal((2, nq, 4)), requires_grad=True)
+    out, _ = layer(x, x, x, attn_mask=mask, need_weights=False, is_causal=kind != "near")
+    assert seen == [(True, True)] if kind != "near" else seen == [(False, False)]
+    w, b = layer.in_proj_weight.numpy(), layer.in_proj_bias.numpy()
+    split = lambda t: t.reshape(2, nq, 2, 2).transpose(0, 2, 1, 3)   # noqa: E731
+    xs = x.numpy()
+    q, k, v = (split(xs @ w[i * 4:(i + 1) * 4].T + b[i * 4:(i + 1) * 4]) for i in range(3))
+    heads = dense_attention_array(q, k, v, allowed=~blocked)
+    ref = heads.transpose(0, 2, 1, 3).reshape(2, nq, 4) @ layer.out_proj.weight.numpy().T \
+        + layer.out_proj.bias.numpy()
+    np.testing.assert_allclose(out.numpy(), ref, atol=1e-12)
+    minitx.gradcheck(lambda x: layer(x, x, x, attn_mask=mask, need_weights=False)[0], (x,))
 
 
 def test_mha_dropout_only_in_training(rng):

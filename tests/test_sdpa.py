@@ -295,11 +295,12 @@ def test_causal_block_path_equals_dense_fused_path(monkeypatch, b, h, hkv, nq, n
         ts = [tensor(x, requires_grad=True) for x in arrays]
         if path == "blocked":              # is_causal: blocks of at most 32 query rows
             o = F.scaled_dot_product_attention(*ts, is_causal=True, enable_gqa=True)
-        else:                              # the same mask given whole, one block
+        else:                              # the same mask given whole: rows never split
             o = F.scaled_dot_product_attention(*ts, attn_mask=np.tri(nq, nk, nk - nq, dtype=bool),
                                                enable_gqa=True)
         assert o._ctx.fn is ops_attention.SDPAFunction
-        assert (len(o._ctx.blocks) > 1) == (path == "blocked")
+        whole_rows = all(blk[3] == 0 and blk[4] == nq for blk in o._ctx.blocks)
+        assert whole_rows == (path == "dense")  # blocks of heads may split, never the rows
         (o * tensor(g)).sum().backward()
         results[path] = [o.numpy()] + [t.grad.numpy() for t in ts]
     for got, want in zip(results["blocked"], results["dense"]):

@@ -36,7 +36,7 @@ from ..ops.indexing import getitem
 from ..ops.linalg import linear
 from ..ops.shape import expand_dims, squeeze, transpose
 
-__all__ = ["MultiheadAttention", "torch_masks_to_sdpa"]
+__all__ = ["MultiheadAttention", "torch_masks_to_sdpa", "is_causal_mask"]
 
 
 def _raw(x):
@@ -102,6 +102,30 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
         return ok
     total = sum(b.astype(dtype) for b in bias)
     return total if ok is None else xp.where(ok, total, -xp.inf).astype(dtype)
+
+
+def is_causal_mask(attn_mask, nq: int, nk: int, xp=None) -> bool:
+    """True when ``attn_mask`` (PyTorch's polarity: bool True = NOT allowed, float added) is
+    exactly the causal mask of (nq, nk): True (or −inf) strictly above the bottom-right aligned
+    diagonal and False (or 0) elsewhere.
+
+    Such a mask is then passed to attention as the causal *flag*, which skips the upper
+    triangle instead of computing and masking it: the same result, about half the work.
+    PyTorch does this only when told (``is_causal=True`` is a hint it trusts unchecked); here the
+    mask is compared, in O(nq·nk), so a wrong hint cannot change a result. Anything else
+    (another shape or dtype, a 3-d per-head mask) returns False and is left to the mask checks.
+    """
+    if attn_mask is None:
+        return False
+    xp = xp or backend.xp()
+    m = _raw(attn_mask)
+    if tuple(getattr(m, "shape", ())) != (nq, nk) or m.dtype.kind not in "bf":
+        return False
+    blocked = ~causal_pattern(nq, nk, xp)
+    if m.dtype == bool:
+        return bool(xp.array_equal(xp.asarray(m), blocked))
+    m = xp.asarray(m)
+    return bool(xp.array_equal(m == -xp.inf, blocked) and not xp.any(m[~blocked]))
 
 
 class MultiheadAttention(Module):
@@ -259,7 +283,10 @@ class MultiheadAttention(Module):
         if kv_cache is not None:                                          # q (N, H, L, D)
             k, v = kv_cache.append(k, v)                                  # (N, Hkv, S_all, D)
         xp = backend.get_array_module(q.data)
-        # is_causal without attn_mask goes to SDPA as a flag (the kernel takes it), not a mask
+        # is_causal without attn_mask goes to SDPA as a flag (the kernel takes it), not a mask;
+        # so does an attn_mask that is exactly the causal mask (compared, not trusted)
+        if is_causal_mask(attn_mask, nq, k.shape[2], xp):
+            attn_mask, is_causal = None, True
         causal = bool(is_causal) and attn_mask is None
         mask = torch_masks_to_sdpa(attn_mask, key_padding_mask, False, n, self.num_heads,
                                    nq, k.shape[2], q.dtype, xp, owner=type(self).__name__)

@@ -73,7 +73,7 @@ from .dropout import dropout, dropout_mask
 from .elementwise import astype
 from .indexing import masked_fill
 from .linalg import matmul
-from .parallel import map_in_threads
+from .parallel import map_in_threads, thread_count
 from .shape import broadcast_to, reshape
 
 __all__ = ["scaled_dot_product_attention", "attention_weights", "why_not_flash",
@@ -83,7 +83,7 @@ __all__ = ["scaled_dot_product_attention", "attention_weights", "why_not_flash",
            "CAUSAL_BLOCK", "BLOCK_SCORES", "PACK_SCORES", "attention_blocks"]
 
 BLOCK_SCORES = 2 ** 21  # most score entries per block of the fused op: 8 MiB of float32
-PACK_SCORES = 2 ** 18   # whole heads share a block up to this many scores (short sequences)
+PACK_SCORES = 2 ** 20   # whole heads share a block up to this many scores (short sequences)
 CAUSAL_BLOCK = 256      # most query rows per causal block: smaller ones skip more future
 
 
@@ -227,7 +227,7 @@ def _part(x, bs, hs, i0, i1, kend):
 
 
 def attention_blocks(b, hkv, group, nq, nk, causal, scores=None, causal_rows=None,
-                     pack=None):
+                     pack=None, parts=1):
     """The blocks the fused op works by: (bs, hs, hq, i0, i1, kend) tuples.
 
     A block is batches ``bs`` × key/value heads ``hs`` (query heads ``hq``, G = ``group`` per key
@@ -237,9 +237,9 @@ def attention_blocks(b, hkv, group, nq, nk, causal, scores=None, causal_rows=Non
     (``CAUSAL_BLOCK``) rows and at most half the query rows, so that the future keys they skip
     are most of the upper triangle (keys past kend = i1 + Nk − Nq are in every row's future),
     even for a short sequence. Short sequences put several heads in one block while the
-    heads' whole score matrices hold at most ``pack`` (``PACK_SCORES``) scores, so that the
-    calls are few but there are still blocks for every core. Blocks whose rows see no key
-    are left out (their output rows stay 0).
+    heads' whole score matrices hold at most ``pack`` (``PACK_SCORES``) scores and at most
+    1/``parts`` of the (batch, key head) pairs, so that the calls are few but there are blocks
+    for ``parts`` cores. Blocks whose rows see no key are left out (their output rows stay 0).
     """
     scores = BLOCK_SCORES if scores is None else scores
     pack = PACK_SCORES if pack is None else pack
@@ -248,8 +248,12 @@ def attention_blocks(b, hkv, group, nq, nk, causal, scores=None, causal_rows=Non
     if causal:
         rows = max(1, min(rows, CAUSAL_BLOCK if causal_rows is None else causal_rows,
                           -(-nq // 2)))                   # ⌈Nq / 2⌉; 1 for Nq = 0
-    heads = max(1, min(hkv, pack // max(per_head * nq, 1))) if per_head * nq <= pack else 1
-    batches = max(1, min(b, pack // max(per_head * nq * hkv, 1))) if heads == hkv else 1
+    # whole (batch, key head) score matrices per block: as many as ``pack`` holds, but at
+    # most 1/parts of them, so that there are blocks for ``parts`` cores
+    units = pack // max(per_head * nq, 1) if per_head * nq <= pack else 1
+    units = max(1, min(units, (b * hkv) // max(parts, 1)))
+    heads = min(hkv, units)
+    batches = max(1, min(b, units // hkv)) if heads == hkv else 1
     for b0 in range(0, b, batches):
         bs = slice(b0, min(b0 + batches, b))
         for h0 in range(0, hkv, heads):
@@ -329,7 +333,8 @@ class SDPAFunction(Function):
             o[bs, hq, i0:i1] = ob
             return block + (e, r, keep)
 
-        groups = _by_heads(attention_blocks(b, hkv, h // hkv, nq, nk, causal, causal_rows=block))
+        groups = _by_heads(attention_blocks(b, hkv, h // hkv, nq, nk, causal, causal_rows=block,
+                                            parts=thread_count()))
         if dropout_p > 0:                                 # random draws in a fixed order
             ctx.groups = [[one(blk) for blk in g] for g in groups]
         else:
