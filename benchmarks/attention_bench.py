@@ -23,7 +23,7 @@ import math
 import time
 import tracemalloc
 
-import minitx  # before NumPy: minitx keeps OpenBLAS's idle threads from spinning
+import minitx  # before NumPy: minitx shortens OpenBLAS's idle spinning (see its __init__)
 import numpy as np
 
 import minitx.functional as F

@@ -35,7 +35,7 @@ import sys
 import time
 import tracemalloc
 
-import minitx  # before NumPy: minitx keeps OpenBLAS's idle threads from spinning
+import minitx  # before NumPy: minitx shortens OpenBLAS's idle spinning (see its __init__)
 import numpy as np
 
 import minitx.functional as F
@@ -68,6 +68,31 @@ def best_time(fn, repeats):
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
+
+
+def best_times(fns, repeats, turns=4):
+    """``best_time`` of each of ``fns`` (a None gives None), taken in ``turns`` turns each: the
+    machine has slow stretches (seen here lasting about half a second), and taking turns puts
+    them on minitx and PyTorch alike. Each turn starts with an untimed call: the other
+    library's idle threads may still be spinning on the cores (PyTorch's OpenMP threads do
+    for a while after each call), which would slow the first call of a turn."""
+    live = [fn for fn in fns if fn is not None]
+    t0 = time.perf_counter()
+    for fn in live:                                     # the warm-up calls
+        fn()
+    budget = BUDGET["seconds"] * len(live)
+    calls = max(repeats, min(200, int(budget / max(time.perf_counter() - t0, 1e-9))))
+    per_turn = max(1, -(-calls // turns))
+    best = [float("inf")] * len(live)
+    for _ in range(turns):
+        for i, fn in enumerate(live):
+            fn()                                        # untimed: see above
+            for _ in range(per_turn):
+                t0 = time.perf_counter()
+                fn()
+                best[i] = min(best[i], time.perf_counter() - t0)
+    found = iter(best)
+    return [None if fn is None else next(found) for fn in fns]
 
 
 def ratio(a, b):
@@ -105,9 +130,8 @@ def chain_times(n_ops, repeats):
             y = y + 0.001
         y.sum().backward()
 
-    mt = best_time(run_minitx, repeats) / n_ops
-    tt = best_time(run_torch, repeats) / n_ops if torch else None
-    return mt, tt
+    mt, tt = best_times([run_minitx, run_torch if torch else None], repeats)
+    return mt / n_ops, None if tt is None else tt / n_ops
 
 
 # ---- 2. SDPA, 3. flash ---------------------------------------------------------------------
@@ -149,9 +173,10 @@ def sdpa_table(ns, repeats, gflops):
         arrays = qkv_arrays(n)
         for causal in (False, True):
             flops = 14 * n * n * D * 8 * (0.5 if causal else 1.0)
-            mt = best_time(minitx_attention(arrays, lambda q, k, v: F.scaled_dot_product_attention(
-                q, k, v, is_causal=causal)), repeats)
-            tt = best_time(torch_sdpa(arrays, causal), repeats) if torch else None
+            mt, tt = best_times([minitx_attention(arrays, lambda q, k, v:
+                                                  F.scaled_dot_product_attention(
+                                                      q, k, v, is_causal=causal)),
+                                 torch_sdpa(arrays, causal) if torch else None], repeats)
             share = f"{100 * flops / mt / 1e9 / gflops:7.0f}%"
             tshare = "—" if tt is None else f"{100 * flops / tt / 1e9 / gflops:6.0f}%"
             print(f"  {n:>6} {str(causal):>6} {ms(mt):>10} {ms(tt):>9} {ratio(mt, tt):>12} "
@@ -162,10 +187,11 @@ def flash_vs_fused(n, repeats):
     print(f"\nflash_attention (tiled, linear memory) vs the fused SDPA, N = {n}, B·H = 8")
     arrays = qkv_arrays(n)
     for causal in (False, True):
-        fused = best_time(minitx_attention(arrays, lambda q, k, v: F.scaled_dot_product_attention(
-            q, k, v, is_causal=causal)), repeats)
-        flash = best_time(minitx_attention(arrays, lambda q, k, v: F.flash_attention(
-            q, k, v, causal=causal)), repeats)
+        fused, flash = best_times([
+            minitx_attention(arrays, lambda q, k, v: F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal)),
+            minitx_attention(arrays, lambda q, k, v: F.flash_attention(q, k, v, causal=causal))],
+            repeats)
         print(f"  causal={str(causal):5}  fused {ms(fused)} ms  flash {ms(flash)} ms  "
               f"flash/fused {flash / fused:.2f}×")
 
@@ -202,8 +228,7 @@ def block_rows(repeats, b=4, t=256, e=256, h=8, ff=1024):
             ours.zero_grad()
             x.grad = None
             call(ours, x, mask).sum().backward()
-        mt = best_time(run_minitx, repeats)
-        tt = None
+        run_torch = None
         if torch:
             theirs = make_theirs()
             copy_weights(ours, theirs)
@@ -213,7 +238,7 @@ def block_rows(repeats, b=4, t=256, e=256, h=8, ff=1024):
                 theirs.zero_grad()
                 tx.grad = None
                 call(theirs, tx, tmask).sum().backward()
-            tt = best_time(run_torch, repeats)
+        mt, tt = best_times([run_minitx, run_torch], repeats)
         print(f"  {name:24} minitx {ms(mt)} ms  torch {ms(tt)} ms  minitx/torch {ratio(mt, tt)}")
 
 

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-import minitx  # before NumPy: minitx keeps OpenBLAS's idle threads from spinning
+import minitx  # before NumPy: minitx shortens OpenBLAS's idle spinning (see its __init__)
 import numpy as np
 
 from minitx import nn, optim

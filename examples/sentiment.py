@@ -19,7 +19,7 @@ import sys
 import time
 from collections import defaultdict
 
-import minitx  # before NumPy: minitx keeps OpenBLAS's idle threads from spinning
+import minitx  # before NumPy: minitx shortens OpenBLAS's idle spinning (see its __init__)
 import numpy as np
 
 import minitx.functional as F

@@ -15,14 +15,16 @@ import os as _os
 import sys as _sys
 
 # NumPy's OpenBLAS keeps each idle worker thread spinning for 2**28 cycles (about 0.1 s) after
-# every matmul. That spinning thread takes a core from the element-wise passes after the matmul
-# and from attention's worker threads (ops/parallel.py), measured as a causal attention block
-# forward + backward going from 8.8 to 14.1 ms right after a matmul. 2**4 cycles instead: the
-# idle threads sleep at once (waking them costs microseconds). OpenBLAS reads this once, when
-# NumPy loads it, so it only takes effect when minitx is imported before NumPy (the CLI, the
-# examples and the benchmarks do so); a value the user set is kept.
+# every matmul. The spinning thread takes a core from the element-wise passes that follow and
+# from attention's worker threads (ops/parallel.py). 2**20 cycles (about 0.4 ms) instead: the
+# threads are still awake for the next of a run of small matmuls, and asleep during a longer
+# element-wise stretch. Measured on 2 cores, with 2**28 / 2**4 / 2**20: TransformerEncoderLayer
+# (B = 4, T = 256, E = 256) forward + backward 55 / 42 / 40 ms; 300 steps of the seq2seq
+# example 7.2 / 7.6 / 6.0 s. OpenBLAS reads this once, when NumPy loads it, so it only takes
+# effect when minitx is imported before NumPy (the CLI, the examples and the benchmarks do);
+# a value the user set is kept.
 if "numpy" not in _sys.modules:
-    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
 from . import backend
 from .backend import (get_array_module, get_backend, gpu_available, manual_seed,

@@ -455,6 +455,51 @@ def test_layer_norm_rms_norm(shape, n_norm, affine, seed):
         check(lambda v: F.rms_norm(v, norm_shape), x)
 
 
+@given(hnp.array_shapes(min_dims=2, max_dims=3, min_side=2, max_side=5),
+       st.sampled_from(["weight", "bias"]), st.booleans(), seeds)
+def test_layer_norm_with_weight_or_bias_alone(shape, which, strided, seed):
+    """Only γ or only β, on a large offset and on a strided (non-contiguous) input."""
+    r = gen(seed)
+    x = r.standard_normal(shape) * 5 + 100
+    if strided:
+        x = x.swapaxes(0, -1)
+    d = x.shape[-1]
+
+    def fn(v, p):
+        return F.layer_norm(v, d, p if which == "weight" else None,
+                            p if which == "bias" else None)
+    check(fn, x, r.standard_normal(d))
+
+
+@given(hnp.array_shapes(min_dims=1, max_dims=3, min_side=2, max_side=6), seeds)
+def test_layer_norm_in_half_precision_matches_float64(shape, seed):
+    """float16 in, float16 out (computed in float32): within float16's rounding of the
+    float64 formula, and its gradients too."""
+    r = gen(seed)
+    x, w, b, g = (r.standard_normal(s).astype(np.float16).astype(np.float64)   # as given
+                  for s in (shape, shape[-1:], shape[-1:], shape))
+    mu = x.mean(-1, keepdims=True)
+    rstd = 1 / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
+    xhat = (x - mu) * rstd
+    want = xhat * w + b
+    dxhat = g * w                                   # dx = rstd·(dx̂ − mean dx̂ − x̂·mean(dx̂ x̂))
+    want_dx = rstd * (dxhat - dxhat.mean(-1, keepdims=True)
+                      - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+    xt, wt, bt = (minitx.tensor(a.astype(np.float16), requires_grad=True) for a in (x, w, b))
+    y = F.layer_norm(xt, shape[-1], wt, bt)
+    y.backward(g.astype(np.float16))
+    assert y.dtype == np.float16 and xt.grad.dtype == np.float16
+    # computed in float32 (a few roundings of 2⁻²⁴ of the terms summed: 2⁻¹⁸ of their
+    # magnitudes, an entry may be a small difference of large terms), then rounded once to
+    # float16 (2⁻¹¹ of the result; 2⁻¹⁰ for a margin)
+    terms_y = np.abs(xhat * w) + np.abs(b)
+    terms_dx = rstd * (np.abs(dxhat) + np.abs(dxhat.mean(-1, keepdims=True))
+                       + np.abs(xhat) * np.abs((dxhat * xhat).mean(-1, keepdims=True)))
+    for got, ref, terms in ((y, want, terms_y), (xt.grad, want_dx, terms_dx)):
+        err = np.abs(got.numpy().astype(np.float64) - ref)
+        assert np.all(err <= 2 ** -10 * np.abs(ref) + 2 ** -18 * terms)
+
+
 @given(shapes_nd, st.sampled_from([0.1, 0.5, 0.9]), seeds)
 def test_dropout_with_fixed_mask(shape, p, seed):
     def fn(v):

@@ -80,10 +80,12 @@ __all__ = ["scaled_dot_product_attention", "attention_weights", "why_not_flash",
            "split_heads", "merge_heads", "repeat_kv", "check_heads",
            "attention_backward", "grouped_scores", "grouped_values", "grouped_key_grad",
            "SDPAFunction", "AttentionWeightsFunction", "merge_masks", "check_scale",
-           "CAUSAL_BLOCK", "BLOCK_SCORES", "PACK_SCORES", "attention_blocks"]
+           "CAUSAL_BLOCK", "BLOCK_SCORES", "PACK_SCORES", "PARALLEL_SCORES",
+           "attention_blocks"]
 
 BLOCK_SCORES = 2 ** 21  # most score entries per block of the fused op: 8 MiB of float32
 PACK_SCORES = 2 ** 20   # whole heads share a block up to this many scores (short sequences)
+PARALLEL_SCORES = 2 ** 18  # fewer scores in all run in one thread: a hand-off costs ~50 µs
 CAUSAL_BLOCK = 256      # most query rows per causal block: smaller ones skip more future
 
 
@@ -227,7 +229,7 @@ def _part(x, bs, hs, i0, i1, kend):
 
 
 def attention_blocks(b, hkv, group, nq, nk, causal, scores=None, causal_rows=None,
-                     pack=None, parts=1):
+                     pack=None, parts=1, parallel=None):
     """The blocks the fused op works by: (bs, hs, hq, i0, i1, kend) tuples.
 
     A block is batches ``bs`` × key/value heads ``hs`` (query heads ``hq``, G = ``group`` per key
@@ -238,20 +240,24 @@ def attention_blocks(b, hkv, group, nq, nk, causal, scores=None, causal_rows=Non
     are most of the upper triangle (keys past kend = i1 + Nk − Nq are in every row's future),
     even for a short sequence. Short sequences put several heads in one block while the
     heads' whole score matrices hold at most ``pack`` (``PACK_SCORES``) scores and at most
-    1/``parts`` of the (batch, key head) pairs, so that the calls are few but there are blocks
-    for ``parts`` cores. Blocks whose rows see no key are left out (their output rows stay 0).
+    1/``parts`` of the (batch, key head) pairs when there are more than ``parallel``
+    (``PARALLEL_SCORES``) scores in all, so that the calls are few but there are blocks for
+    ``parts`` cores. Blocks whose rows see no key are left out (their output rows stay 0).
     """
     scores = BLOCK_SCORES if scores is None else scores
     pack = PACK_SCORES if pack is None else pack
+    parallel = PARALLEL_SCORES if parallel is None else parallel
     per_head = group * nk                                 # score entries per row per key head
     rows = max(1, min(nq, scores // max(per_head, 1)))
     if causal:
         rows = max(1, min(rows, CAUSAL_BLOCK if causal_rows is None else causal_rows,
                           -(-nq // 2)))                   # ⌈Nq / 2⌉; 1 for Nq = 0
-    # whole (batch, key head) score matrices per block: as many as ``pack`` holds, but at
-    # most 1/parts of them, so that there are blocks for ``parts`` cores
+    # whole (batch, key head) score matrices per block: as many as ``pack`` holds and, when
+    # the work is worth a thread hand-off, at most 1/parts of them (blocks for parts cores)
     units = pack // max(per_head * nq, 1) if per_head * nq <= pack else 1
-    units = max(1, min(units, (b * hkv) // max(parts, 1)))
+    if b * hkv * per_head * nq > parallel:
+        units = min(units, (b * hkv) // max(parts, 1))
+    units = max(units, 1)
     heads = min(hkv, units)
     batches = max(1, min(b, units // hkv)) if heads == hkv else 1
     for b0 in range(0, b, batches):
@@ -306,7 +312,8 @@ class SDPAFunction(Function):
         hkv, nk, dv = v.shape[1], v.shape[2], v.shape[3]
         offset = nk - nq                                  # bottom-right causal alignment
         qs = q * scale                                    # scale Q (N·D), not S (N²)
-        o = xp.zeros((b, h, nq, dv), dtype=q.dtype)
+        # (B, H, Nq, Dv) stored as (B, Nq, H, Dv): merge_heads is then a view, not a copy
+        o = xp.zeros((b, nq, h, dv), dtype=q.dtype).transpose(0, 2, 1, 3)
 
         def one(block):
             bs, hs, hq, i0, i1, kend = block
@@ -351,9 +358,11 @@ class SDPAFunction(Function):
         xp = get_array_module(grad)
         needs = ctx.needs_input_grad
         delta = (grad * o).sum(axis=-1, keepdims=True)            # δ = rowsum(dO ⊙ O)
+        # laid out as the inputs are (zeros_like keeps their strides): for heads split from
+        # (B, N, H·D) by split_heads, its backward is then a view, not a copy
         dq = xp.zeros_like(qs) if needs[0] else None
-        dk = xp.zeros(k.shape, dtype=k.dtype) if needs[1] else None
-        dv = xp.zeros(v.shape, dtype=v.dtype) if needs[2] else None
+        dk = xp.zeros_like(k) if needs[1] else None
+        dv = xp.zeros_like(v) if needs[2] else None
         dbias = xp.zeros(ctx.bias_meta[0], dtype=ctx.bias_meta[1]) if needs[3] else None
 
         def group(blocks):

@@ -16,6 +16,8 @@ Layer Normalization".
 """
 from __future__ import annotations
 
+import math
+
 from ..autograd.function import Function
 from ..backend import get_array_module
 from ._util import as_tuple
@@ -32,46 +34,68 @@ def _norm_axes(x, normalized_shape, name):
 
 
 class LayerNorm(Function):
+    """The formula above over the trailing axes, on the rows of a (rows, d) view of x.
+
+    Every row reduction is a matrix-vector product (one BLAS call, where NumPy's ``mean`` is
+    a slower pass of its own): μ = X·1/d, and the backward's column sums 1ᵀG, 1ᵀ(G ⊙ x̂) and
+    row sums G·γ/d, (G ⊙ x̂)·γ/d. μ is corrected once by the mean of the residual,
+    X − μ − mean(X − μ), so a constant row normalises to exactly 0 even when float32 rounding
+    of its sum is not exact (a row of 1e4 + 0.1). Backward, with x̂ = (x − μ)·rstd,
+    dx̂ = g ⊙ γ:  dx = rstd · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂)), where
+    mean(dx̂) = g·γ/d and mean(dx̂ ⊙ x̂) = (g ⊙ x̂)·γ/d reuse g ⊙ x̂ (also dγ's summand).
+    Half precision is computed in float32.
+    """
+
     @staticmethod
     def forward(ctx, x, weight, bias, axes, eps):
         xp = get_array_module(x)
-        # μ accumulated in float64 (then rounded to x's dtype): a constant row is then exactly
-        # its value, so it normalises to 0 — a float32 sum of 1e4 + 0.1 repeated is not exact
-        mu = x.mean(axis=axes, keepdims=True, dtype="float64").astype(x.dtype, copy=False)
-        xhat = x - mu                                      # x − μ, then x̂ in the same buffer
-        rstd = 1.0 / xp.sqrt((xhat * xhat).mean(axis=axes, keepdims=True) + eps)
-        xhat *= rstd                                       # x̂ = (x − μ)·rstd
-        ctx.save_for_backward(xhat, rstd, weight)
-        ctx.axes, ctx.has_bias = axes, bias is not None
-        out = xhat * weight if weight is not None else xhat.copy()
+        d = math.prod(x.shape[len(x.shape) - len(axes):])
+        work = x.dtype if x.dtype.itemsize >= 4 else xp.dtype("float32")
+        rows = x.reshape(-1, d).astype(work, copy=False)            # (rows, d)
+        ones = xp.ones(d, dtype=work)
+        mu = rows @ ones
+        mu /= d
+        xhat = rows - mu[:, None]                                  # x − μ, then x̂ in place
+        mu = xhat @ ones                                           # the residual's mean
+        mu /= d
+        xhat -= mu[:, None]
+        var = xp.einsum("ij,ij->i", xhat, xhat)
+        var /= d
+        rstd = 1.0 / xp.sqrt(var + eps)
+        xhat *= rstd[:, None]                                      # x̂ = (x − μ)·rstd
+        w = None if weight is None else weight.reshape(d).astype(work, copy=False)
+        ctx.save_for_backward(xhat, rstd, w)
+        ctx.shapes = x.shape, x.shape[len(x.shape) - len(axes):]     # x, normalized_shape
+        out = xhat * w if w is not None else xhat.copy()
         if bias is not None:
-            out += bias
-        return out
+            out += bias.reshape(d)
+        return out.reshape(x.shape).astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):
-        xhat, rstd, weight = ctx.saved_tensors
-        axes = ctx.axes
-        batch = tuple(range(grad.ndim - len(axes)))
+        xhat, rstd, w = ctx.saved_tensors
+        (x_shape, norm_shape), d = ctx.shapes, xhat.shape[1]
         nx, nw, nb = ctx.needs_input_grad[:3]
         xp = get_array_module(grad)
-        scratch = grad * xhat                              # g ⊙ x̂, reused below
-        gw = scratch.sum(axis=batch).astype(grad.dtype, copy=False) if nw else None
-        gb = grad.sum(axis=batch).astype(grad.dtype, copy=False) if nb else None
-        gx = None
+        g = grad.reshape(-1, d).astype(xhat.dtype, copy=False)       # (rows, d)
+        down = xp.ones(g.shape[0], dtype=g.dtype)                  # sums over the rows
+        gb = (down @ g).reshape(norm_shape).astype(grad.dtype, copy=False) if nb else None
+        gw = gx = None
+        if nx or nw:
+            scratch = g * xhat                                     # g ⊙ x̂
+            if nw:
+                gw = (down @ scratch).reshape(norm_shape).astype(grad.dtype, copy=False)
         if nx:
-            # x̂ = (x − μ)·rstd:  dx = rstd · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂)),
-            # computed in two buffers (dx̂, then dx in its place; scratch for x̂ · mean(…))
-            if weight is not None:
-                dxhat = grad * weight
-                scratch = xp.multiply(dxhat, xhat, out=scratch)
-            else:
-                dxhat = grad.copy()
-            m2 = scratch.mean(axis=axes, keepdims=True)    # mean(dx̂ ⊙ x̂)
-            dxhat -= dxhat.mean(axis=axes, keepdims=True)
-            dxhat -= xp.multiply(xhat, m2, out=scratch)
-            dxhat *= rstd
-            gx = dxhat
+            gamma = w if w is not None else xp.ones(d, dtype=g.dtype)
+            mean_dxhat = g @ gamma                                 # mean(dx̂) = g·γ/d
+            mean_dxhat /= d
+            mean_dxhat_xhat = scratch @ gamma                      # mean(dx̂ ⊙ x̂) = (g ⊙ x̂)·γ/d
+            mean_dxhat_xhat /= d
+            gx = g * gamma                                         # dx̂, then dx in place
+            gx -= xp.multiply(xhat, mean_dxhat_xhat[:, None], out=scratch)
+            gx -= mean_dxhat[:, None]
+            gx *= rstd[:, None]
+            gx = gx.reshape(x_shape).astype(grad.dtype, copy=False)
         return gx, gw, gb, None, None
 
 
