@@ -4,6 +4,7 @@ import operator
 
 import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 
 import minitx
 from minitx import Tensor
@@ -266,3 +267,36 @@ def test_forward_and_backward_preserve_float_dtype(dtype, rng):
     target = minitx.tensor(np.array([0, 2, 1]))
     ce = F.cross_entropy(minitx.tensor(a, requires_grad=True), target)
     assert ce.dtype == dtype
+
+
+@given(st.sampled_from(["float16", "float32", "float64", "int64"]),
+       st.sampled_from(["add", "sub", "mul", "truediv"]), st.booleans(),
+       st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=64),
+                 st.integers(-2 ** 70, 2 ** 70), st.booleans()))
+def test_a_python_number_meets_a_tensor_as_numpy_would_have_it(dtype, op, reflected, number):
+    """``t ∘ number`` and ``number ∘ t`` give NumPy's values and dtype for the same arrays
+    (NEP 50: the number takes the array's float dtype; an int array with a float gives
+    float64; a bool stays a bool), whether or not the number was converted first."""
+    import warnings
+    data = np.array([1.5, -2.0, 0.0, 3.0]).astype(dtype)
+    fn = getattr(operator, op)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                 # overflow / division by zero alike
+        try:
+            want = fn(number, data) if reflected else fn(data, number)
+        except (OverflowError, TypeError) as exc:      # a too-large int for an int array
+            with pytest.raises(type(exc)):
+                fn(number, minitx.tensor(data)) if reflected else fn(minitx.tensor(data), number)
+            return
+        t = minitx.tensor(data)
+        got = fn(number, t) if reflected else fn(t, number)
+    got = to_host(got)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_product_with_a_python_number_has_the_right_gradient():
+    x = minitx.tensor(np.array([1.0, -2.0, 3.0]), requires_grad=True)
+    (0.5 * x * 3 - 2 / (x + 4.0)).sum().backward()
+    np.testing.assert_allclose(to_host(x.grad), 1.5 + 2 / (np.array([1.0, -2.0, 3.0]) + 4) ** 2,
+                               rtol=1e-15)

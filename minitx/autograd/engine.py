@@ -148,7 +148,8 @@ def backward(tensor, grad=None, retain_graph: bool = False) -> None:
     while heap:
         ctx = heappop(heap)[1]
         g = grads.pop(ctx)
-        if ctx.freed:
+        parents = ctx.parents
+        if parents is None:               # ctx.freed, inlined
             raise RuntimeError(
                 f"trying to backward through {ctx.fn.__name__} a second time: its saved "
                 "arrays were freed; call backward(retain_graph=True) the first time")
@@ -157,16 +158,17 @@ def backward(tensor, grad=None, retain_graph: bool = False) -> None:
         input_grads = ctx.fn.backward(ctx, g)
         if input_grads.__class__ is not tuple:
             input_grads = (input_grads,)
-        if len(input_grads) != len(ctx.parents):
+        if len(input_grads) != len(parents):
             raise RuntimeError(f"{ctx.fn.__name__}.backward returned {len(input_grads)} "
-                               f"gradients for {len(ctx.parents)} inputs")
-        for i, (parent, need, ig) in enumerate(zip(ctx.parents, ctx.needs_input_grad,
-                                                   input_grads)):
-            if not need or ig is None:
+                               f"gradients for {len(parents)} inputs")
+        i = -1                            # the input's index (enumerate, by hand: cheaper)
+        for parent, need, ig in zip(parents, ctx.needs_input_grad, input_grads):
+            i += 1
+            if ig is None or not need:
                 continue
             data = parent.data            # the fast test first; _check says what is wrong
             if ig.__class__ is not data.__class__ or ig.shape != data.shape or \
-                    ig.dtype != data.dtype:
+                    (ig.dtype is not data.dtype and ig.dtype != data.dtype):
                 ig = _check(ctx.fn, i, parent, ig)
             if anomaly:
                 _check_finite(ctx, i, ig)

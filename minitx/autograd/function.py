@@ -96,10 +96,11 @@ class Function:
         record ``ctx`` as ``out``'s node iff grad mode is on and some input requires grad.
         This is the hot path of every op, so it is written as one pass over the inputs.
         """
-        ctx = Context()
+        ctx = _new(Context)                    # Context(), inlined: this runs for every op
+        ctx.saved_tensors = ()
         arrays, needs = [], []
         for a in inputs:
-            if isinstance(a, Tensor):
+            if a.__class__ is Tensor or isinstance(a, Tensor):     # the common case first
                 arrays.append(a.data)
                 needs.append(a.requires_grad)
             else:
