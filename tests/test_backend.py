@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import minitx
 from minitx import backend
@@ -93,6 +94,30 @@ def test_scatter_add_accumulates_repeats():
     target = backend.xp().zeros(4)
     backend.scatter_add(target, backend.xp().asarray([0, 0, 3]), backend.xp().asarray([1.0, 2.0, 5.0]))
     np.testing.assert_array_equal(backend.to_device(target, "cpu"), [3.0, 0, 0, 5.0])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 7), st.integers(0, 3), st.lists(st.integers(-7, 6), max_size=30),
+       st.integers(0, 2 ** 16))
+def test_scatter_add_by_rows_equals_numpy_add_at(rows, width, index, seed):
+    """The segment-sum path (a 1-d integer index of whole rows, negative ones too) against
+    ``numpy.add.at`` on the same float64 arrays, starting from a non-zero target."""
+    index = np.array([i % rows - rows * (i < 0) for i in index], dtype=np.int64)
+    r = np.random.default_rng(seed)
+    shape = (rows,) + ((width,) if width else ())
+    target = r.standard_normal(shape)
+    values = r.standard_normal(index.shape + shape[1:])
+    want = target.copy()
+    np.add.at(want, index, values)
+    backend.scatter_add(target, index, values)
+    np.testing.assert_allclose(target, want, rtol=1e-13, atol=1e-13)
+
+
+def test_scatter_add_by_rows_refuses_an_index_out_of_range_and_changes_nothing():
+    target = np.zeros((3, 2))
+    with pytest.raises(IndexError):
+        backend.scatter_add(target, np.array([0, 3]), np.ones((2, 2)))
+    assert not target.any()
 
 
 # ---- GPU (skipped without CuPy and a device) ----------------------------------------------
