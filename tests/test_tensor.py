@@ -293,6 +293,22 @@ def test_a_python_number_meets_a_tensor_as_numpy_would_have_it(dtype, op, reflec
     got = to_host(got)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+    signed = ~np.isnan(want)                        # −0.0 stays −0.0 (0.0 == −0.0 as keys)
+    np.testing.assert_array_equal(np.signbit(got[signed]), np.signbit(want[signed]))
+
+
+def test_numbers_met_again_reuse_one_read_only_array():
+    """The 0-d arrays of Python numbers are cached per (number, dtype); they are read-only,
+    since every op that meets the number shares one."""
+    t = minitx.tensor(np.ones(3, dtype=np.float32), requires_grad=True)
+    a, b = t * 0.25, t * 0.25
+    if not isinstance(t.data, np.ndarray):      # device arrays take Python numbers as they are
+        assert a._ctx.parents[1] == 0.25 and type(a._ctx.parents[1]) is float
+        return
+    assert a._ctx.parents[1] is b._ctx.parents[1]
+    assert not a._ctx.parents[1].flags.writeable
+    assert (t * 0.25)._ctx.parents[1].dtype == np.float32
+    assert (t.double() * 0.25)._ctx.parents[1].dtype == np.float64
 
 
 def test_a_product_with_a_python_number_has_the_right_gradient():
@@ -300,3 +316,9 @@ def test_a_product_with_a_python_number_has_the_right_gradient():
     (0.5 * x * 3 - 2 / (x + 4.0)).sum().backward()
     np.testing.assert_allclose(to_host(x.grad), 1.5 + 2 / (np.array([1.0, -2.0, 3.0]) + 4) ** 2,
                                rtol=1e-15)
+
+
+def test_minus_zero_is_not_taken_for_zero():
+    t = minitx.tensor(np.array([1.5, -2.0], dtype=np.float32))
+    assert not np.signbit(to_host(t * 0.0)[0])
+    assert np.signbit(to_host(t * -0.0)[0])               # after 0.0 was met: still −0.0

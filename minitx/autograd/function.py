@@ -119,7 +119,9 @@ class Function:
             # NumPy reductions return scalars, not arrays
             out = numpy.asarray(out)
         result = _new(Tensor)                  # Tensor._wrap, inlined: this runs for every op
-        result.data, result.grad, result.requires_grad, result._ctx = out, None, record, None
+        result.data = out
+        result.grad = result._ctx = None
+        result.requires_grad = record
         if record:
             ctx.fn = cls
             ctx.parents = inputs

@@ -303,9 +303,18 @@ class Tensor:
     # the forward and again where the backward reads it (the other factor of a product).
     def _number(self, other):
         data = self.data
-        if data.__class__ is _ndarray and data.dtype.kind == "f":
+        if data.__class__ is not _ndarray or data.dtype.kind != "f":
+            return other
+        if not other:                            # 0.0 == -0.0 as keys: no cache for zeros
             return numpy.asarray(other, dtype=data.dtype)
-        return other
+        key = (other, data.dtype)               # the same constants come back every step
+        array = _NUMBERS.get(key)
+        if array is None:
+            if len(_NUMBERS) > 1024:             # a loop over ever new numbers: start over
+                _NUMBERS.clear()
+            array = _NUMBERS[key] = numpy.asarray(other, dtype=data.dtype)
+            array.flags.writeable = False        # shared by every op that meets this number
+        return array
 
     def __add__(self, other):
         if other.__class__ in _PY_NUMBERS:
@@ -571,4 +580,5 @@ from ..ops.elementwise import Add as _Add, Div as _Div, Mul as _Mul, Sub as _Sub
 
 _ops_add, _ops_sub, _ops_mul, _ops_div = _Add.apply, _Sub.apply, _Mul.apply, _Div.apply
 _PY_NUMBERS = (float, int)          # exactly these classes: bool (an int subclass) stays as is
+_NUMBERS = {}                       # (number, dtype) -> its read-only 0-d array
 _ndarray = numpy.ndarray
