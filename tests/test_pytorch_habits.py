@@ -77,3 +77,20 @@ def test_a_float_zero_one_padding_mask_warns_that_it_masks_nothing():
         warnings.simplefilter("error")                    # the bool mask: no warning
         mha(x, x, x, key_padding_mask=hf_mask == 0)
         mha(x, x, x, key_padding_mask=np.where(hf_mask == 0, -np.inf, 0.0).astype(np.float32))
+
+
+def test_a_huggingface_polarity_bool_padding_mask_warns_and_long_padding_does_not():
+    """HuggingFace's attention_mask passed as is (True at the tokens) hides every sequence's
+    first key: a warning names the polarity. A PyTorch-polarity mask that hides most keys of
+    every sequence (short sequences padded far) is legitimate: no warning."""
+    mha = nn.MultiheadAttention(8, 2, batch_first=True)
+    x = tensor(np.ones((2, 6, 8)), dtype="float32")
+    attention_mask = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0]])   # HF: 1 = token
+    with pytest.warns(UserWarning, match="hides the first key of every sequence.*"
+                                         "attention_mask == 0"):
+        mha(x, x, x, key_padding_mask=attention_mask == 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mha(x, x, x, key_padding_mask=attention_mask == 0)              # the fix it names
+        short = np.array([[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]], dtype=bool)
+        mha(x, x, x, key_padding_mask=short)                           # mostly padding: fine

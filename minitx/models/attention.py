@@ -88,9 +88,12 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
                           "scores (PyTorch's rule), so it masks nothing. For padding pass a bool "
                           "mask (True = padding), e.g. HuggingFace's attention_mask == 0.",
                           UserWarning, stacklevel=4)
-        if m.dtype == bool and nk > 1 and bool((m.mean(axis=-1) > 0.5).all()):
-            warnings.warn("key_padding_mask hides most keys of every sequence: here True means "
-                          "padding (PyTorch's rule). HuggingFace's attention_mask is the "
+        # HuggingFace's attention_mask given as is marks every sequence's first token True;
+        # PyTorch-polarity padding leaves the first key of the longest sequence visible, however
+        # much padding the batch has (short reviews padded to 48 are legitimate)
+        if m.dtype == bool and nk > 1 and m.size and bool(m[:, 0].all()):
+            warnings.warn("key_padding_mask hides the first key of every sequence: here True "
+                          "means padding (PyTorch's rule). HuggingFace's attention_mask is the "
                           "opposite (1 = token): pass attention_mask == 0.",
                           UserWarning, stacklevel=4)
         m = m[:, None, None, :]                                   # (N, 1, 1, S)
