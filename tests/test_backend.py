@@ -208,6 +208,7 @@ def test_scanner_catches_violations():
 ])
 def test_openblas_thread_timeout_is_set_only_before_numpy_loads(given, first, expected):
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    env["MINITX_BACKEND"] = "numpy"      # a fresh process: no CuPy stand-in there
     if given is not None:
         env["OPENBLAS_THREAD_TIMEOUT"] = given
     code = (f"import {first}, minitx, os, sys; "
