@@ -153,7 +153,8 @@ class MultiheadAttention(Module):
     value (S, N, vdim). ``key_padding_mask`` (N, S): True (or −inf) = padding, ignored.
     ``attn_mask`` (L, S) or (N·H, L, S): True = not allowed, float = added. ``is_causal``
     without ``attn_mask`` applies the causal mask (bottom-right aligned); with one it is only a
-    hint, as in PyTorch. Returns ``(output like query, weights)``: weights (N, L, S) averaged
+    hint, as in PyTorch. An ``attn_mask`` that equals the causal mask (compared, whatever
+    ``is_causal`` says) runs as the causal flag: the same result, the upper triangle skipped. Returns ``(output like query, weights)``: weights (N, L, S) averaged
     over heads, or (N, H, L, S) with ``average_attn_weights=False``, or None when
     ``need_weights=False``. Keyword ``kv_cache`` (a ``KVCache``) appends this call's keys/values
     and attends to all cached ones (incremental decoding).
