@@ -298,63 +298,32 @@ class Tensor:
     # ---- arithmetic ----------------------------------------------------------------------
     # + − × ÷ call their Function directly (the hottest calls of small models). A Python
     # float or int meeting a float Tensor on the host becomes a 0-d array of its dtype first
-    # (``_number``): NumPy casts a Python number to the array's dtype on every use anyway
+    # (``_operand``): NumPy casts a Python number to the array's dtype on every use anyway
     # (NEP 50: the same values), and converting it once saves that cast — about 300 ns — in
     # the forward and again where the backward reads it (the other factor of a product).
-    def _number(self, other):
-        data = self.data
-        if data.__class__ is not _ndarray or data.dtype.kind != "f":
-            return other
-        if not other:                            # 0.0 == -0.0 as keys: no cache for zeros
-            return numpy.asarray(other, dtype=data.dtype)
-        key = (other, data.dtype)               # the same constants come back every step
-        array = _NUMBERS.get(key)
-        if array is None:
-            if len(_NUMBERS) > 1024:             # a loop over ever new numbers: start over
-                _NUMBERS.clear()
-            array = _NUMBERS[key] = numpy.asarray(other, dtype=data.dtype)
-            array.flags.writeable = False        # shared by every op that meets this number
-        return array
-
     def __add__(self, other):
-        if other.__class__ in _PY_NUMBERS:
-            other = self._number(other)
-        return _ops_add(self, other)
+        return _ops_add(self, _operand(self, other))
 
     def __radd__(self, other):
-        if other.__class__ in _PY_NUMBERS:
-            other = self._number(other)
-        return _ops_add(other, self)
+        return _ops_add(_operand(self, other), self)
 
     def __sub__(self, other):
-        if other.__class__ in _PY_NUMBERS:
-            other = self._number(other)
-        return _ops_sub(self, other)
+        return _ops_sub(self, _operand(self, other))
 
     def __rsub__(self, other):
-        if other.__class__ in _PY_NUMBERS:
-            other = self._number(other)
-        return _ops_sub(other, self)
+        return _ops_sub(_operand(self, other), self)
 
     def __mul__(self, other):
-        if other.__class__ in _PY_NUMBERS:
-            other = self._number(other)
-        return _ops_mul(self, other)
+        return _ops_mul(self, _operand(self, other))
 
     def __rmul__(self, other):
-        if other.__class__ in _PY_NUMBERS:
-            other = self._number(other)
-        return _ops_mul(other, self)
+        return _ops_mul(_operand(self, other), self)
 
     def __truediv__(self, other):
-        if other.__class__ in _PY_NUMBERS:
-            other = self._number(other)
-        return _ops_div(self, other)
+        return _ops_div(self, _operand(self, other))
 
     def __rtruediv__(self, other):
-        if other.__class__ in _PY_NUMBERS:
-            other = self._number(other)
-        return _ops_div(other, self)
+        return _ops_div(_operand(self, other), self)
 
     def __pow__(self, other):
         return _F.pow(self, other)
@@ -564,6 +533,27 @@ class Tensor:
     def expand_dims(self, *args, **kwargs):
         """A new length-1 axis at ``axis`` (or ``dim``). See ``F.expand_dims``."""
         return _F.expand_dims(self, *args, **kwargs)
+
+
+def _operand(tensor, other):
+    """``other`` as the second operand of + − × ÷ with ``tensor``: a Python float or int
+    meeting a float host Tensor becomes a read-only 0-d array of its dtype (cached per number
+    and dtype), anything else is returned as it is (see Tensor's arithmetic)."""
+    if other.__class__ not in _PY_NUMBERS:
+        return other
+    data = tensor.data
+    if data.__class__ is not _ndarray or data.dtype.kind != "f":
+        return other
+    if not other:                            # 0.0 == -0.0 as keys: no cache for zeros
+        return numpy.asarray(other, dtype=data.dtype)
+    key = (other, data.dtype)               # the same constants come back every step
+    array = _NUMBERS.get(key)
+    if array is None:
+        if len(_NUMBERS) > 1024:             # a loop over ever new numbers: start over
+            _NUMBERS.clear()
+        array = _NUMBERS[key] = numpy.asarray(other, dtype=data.dtype)
+        array.flags.writeable = False        # shared by every op that meets this number
+    return array
 
 
 def tensor(data, requires_grad: bool = False, dtype=None) -> Tensor:

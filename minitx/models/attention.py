@@ -124,10 +124,9 @@ def is_causal_mask(attn_mask, nq: int, nk: int, xp=None) -> bool:
     m = _raw(attn_mask)
     if tuple(getattr(m, "shape", ())) != (nq, nk) or m.dtype.kind not in "bf":
         return False
-    blocked = ~causal_pattern(nq, nk, xp)
+    m, blocked = xp.asarray(m), ~causal_pattern(nq, nk, xp)
     if m.dtype == bool:
-        return bool(xp.array_equal(xp.asarray(m), blocked))
-    m = xp.asarray(m)
+        return bool(xp.array_equal(m, blocked))
     return bool(xp.array_equal(m == -xp.inf, blocked) and not xp.any(m[~blocked]))
 
 
@@ -154,9 +153,9 @@ class MultiheadAttention(Module):
     ``attn_mask`` (L, S) or (N·H, L, S): True = not allowed, float = added. ``is_causal``
     without ``attn_mask`` applies the causal mask (bottom-right aligned); with one it is only a
     hint, as in PyTorch. An ``attn_mask`` that equals the causal mask (compared, whatever
-    ``is_causal`` says) runs as the causal flag: the same result, the upper triangle skipped. Returns ``(output like query, weights)``: weights (N, L, S) averaged
-    over heads, or (N, H, L, S) with ``average_attn_weights=False``, or None when
-    ``need_weights=False``. Keyword ``kv_cache`` (a ``KVCache``) appends this call's keys/values
+    ``is_causal`` says) runs as the causal flag: the same result, the upper triangle skipped.
+    Returns ``(output like query, weights)``: weights (N, L, S) averaged over heads, or
+    (N, H, L, S) with ``average_attn_weights=False``, or None when ``need_weights=False``. Keyword ``kv_cache`` (a ``KVCache``) appends this call's keys/values
     and attends to all cached ones (incremental decoding).
 
     Set ``record_weights = True`` to keep the per-head map of every call in
