@@ -44,3 +44,24 @@ def test_png_with_matplotlib(tmp_path, monkeypatch):
 
 def test_render_mask():
     assert viz.render_mask(np.array([[True, False], [True, True]])) == "■ ·\n■ ■"
+
+
+@pytest.mark.parametrize("size", [2, 6, 20])
+def test_a_heatmap_title_fits_inside_its_figure(tmp_path, monkeypatch, size):
+    """A small matrix with a long title (the sentiment example's short reviews): the title's
+    box lies inside the saved figure instead of running past its left edge."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    monkeypatch.delenv("MINITX_NO_MATPLOTLIB", raising=False)
+    boxes = []
+    savefig = plt.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        savefig(fig, *args, **kwargs)
+        renderer = fig.canvas.get_renderer()
+        boxes.append((fig.axes[0].title.get_window_extent(renderer), fig.bbox))
+    monkeypatch.setattr(plt.Figure, "savefig", spy)
+    title = "label pos, predicted pos — last layer, mean over heads"
+    viz.heatmap(np.eye(size), path=str(tmp_path / "h.png"), title=title)
+    (box, figure), = boxes
+    assert figure.x0 <= box.x0 and box.x1 <= figure.x1

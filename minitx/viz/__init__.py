@@ -111,7 +111,9 @@ def heatmap(matrix, row_labels=None, col_labels=None, path=None, title=None,
         plt = _plt()
         _ensure_dir(path)
         rows, cols = m.shape
-        fig, ax = plt.subplots(figsize=(max(3.5, 0.32 * cols + 2), max(3.0, 0.3 * rows + 1.5)))
+        # wide enough for the title too (about 0.085 inch a character at font size 10)
+        width = max(3.5, 0.32 * cols + 2, 0.085 * len(title or "") + 1.0)
+        fig, ax = plt.subplots(figsize=(width, max(3.0, 0.3 * rows + 1.5)))
         im = ax.imshow(m, cmap=cmap, aspect="auto")
         if col_labels is not None:
             ax.set_xticks(range(cols))
