@@ -145,6 +145,30 @@ def test_engine_shape_check_names_the_function(rng):
         WrongShape.apply(x).sum().backward()
 
 
+class SecondWrong(Function):
+    """Deliberately broken: the gradient for its second input has the first one's shape."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a)
+        return a.sum() + b.sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (a,) = ctx.saved_tensors
+        return grad + 0 * a, grad + 0 * a
+
+
+def test_engine_shape_check_names_the_input_by_its_position(rng):
+    """The engine finds the input's position only for the message: the second of two
+    inputs is called input 1."""
+    a = tensor(rng.standard_normal((3, 2)), requires_grad=True)
+    b = tensor(rng.standard_normal(4), requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"SecondWrong\.backward .* for input 1, "
+                                           r"expected \(4,\)"):
+        SecondWrong.apply(a, b).backward()
+
+
 class IntGrad(Function):
     @staticmethod
     def forward(ctx, x):

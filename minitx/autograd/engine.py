@@ -74,6 +74,12 @@ def _check(fn, index, parent, grad):
     return grad
 
 
+def _index(parents, parent):
+    """The position of ``parent`` among a node's inputs, for an error message (looked up
+    only then: counting inputs in the engine's loop would cost every op)."""
+    return next(i for i, p in enumerate(parents) if p is parent)
+
+
 def _check_saved(ctx):
     """Raise if an array ``ctx`` saved for its backward was written in place after its
     forward (only called when some in-place write happened since then)."""
@@ -161,17 +167,15 @@ def backward(tensor, grad=None, retain_graph: bool = False) -> None:
         if len(input_grads) != len(parents):
             raise RuntimeError(f"{ctx.fn.__name__}.backward returned {len(input_grads)} "
                                f"gradients for {len(parents)} inputs")
-        i = -1                            # the input's index (enumerate, by hand: cheaper)
         for parent, need, ig in zip(parents, ctx.needs_input_grad, input_grads):
-            i += 1
             if ig is None or not need:
                 continue
             data = parent.data            # the fast test first; _check says what is wrong
             if ig.__class__ is not data.__class__ or ig.shape != data.shape or \
                     (ig.dtype is not data.dtype and ig.dtype != data.dtype):
-                ig = _check(ctx.fn, i, parent, ig)
+                ig = _check(ctx.fn, _index(parents, parent), parent, ig)
             if anomaly:
-                _check_finite(ctx, i, ig)
+                _check_finite(ctx, _index(parents, parent), ig)
             node = parent._ctx
             if node is None:
                 _accumulate_leaf(parent, ig, _unshared(ig, g, ctx, given))

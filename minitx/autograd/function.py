@@ -106,11 +106,11 @@ class Function:
             else:
                 arrays.append(a)
                 needs.append(False)
-        record = True in needs and grad_mode._state["enabled"]
-        if backend._cupy["module"] is not None:                 # only when CuPy is loaded
+        record = True in needs and _grad["enabled"]
+        if _cupy["module"] is not None:                          # only when CuPy is loaded
             arrays, kwargs = _one_device(cls, inputs, arrays, kwargs)
         try:
-            out = cls.forward(ctx, *arrays, **kwargs)
+            out = cls.forward(ctx, *arrays, **kwargs) if kwargs else cls.forward(ctx, *arrays)
         except (ValueError, IndexError, TypeError) as exc:
             if _NAMED.match(str(exc)):                           # already says who refused
                 raise
@@ -136,6 +136,7 @@ class Function:
 
 _sequence = itertools.count()
 _new = object.__new__
+_grad, _cupy = grad_mode._state, backend._cupy   # the dicts (updated in place, never rebound)
 _ndarray = numpy.ndarray
 _NAMED = re.compile(r"[A-Za-z_][\w.]*: ")     # "var: …", "Embedding: …" — minitx's own errors
 

@@ -537,21 +537,25 @@ class Tensor:
 
 def _operand(tensor, other):
     """``other`` as the second operand of + − × ÷ with ``tensor``: a Python float or int
-    meeting a float host Tensor becomes a read-only 0-d array of its dtype (cached per number
-    and dtype), anything else is returned as it is (see Tensor's arithmetic)."""
+    meeting a float host Tensor becomes a read-only 0-d array of its dtype (cached per dtype
+    and number), anything else is returned as it is (see Tensor's arithmetic)."""
     if other.__class__ not in _PY_NUMBERS:
         return other
     data = tensor.data
-    if data.__class__ is not _ndarray or data.dtype.kind != "f":
+    if data.__class__ is not _ndarray:
         return other
-    if not other:                            # 0.0 == -0.0 as keys: no cache for zeros
-        return numpy.asarray(other, dtype=data.dtype)
-    key = (other, data.dtype)               # the same constants come back every step
-    array = _NUMBERS.get(key)
+    cache = _NUMBERS.get(data.dtype)         # number -> array, one dict per float dtype
+    if cache is None:
+        if data.dtype.kind != "f":
+            return other
+        cache = _NUMBERS[data.dtype] = {}
+    array = cache.get(other)                 # the same constants come back every step
     if array is None:
-        if len(_NUMBERS) > 1024:             # a loop over ever new numbers: start over
-            _NUMBERS.clear()
-        array = _NUMBERS[key] = numpy.asarray(other, dtype=data.dtype)
+        if not other:                        # 0.0 == -0.0 as keys: no cache for zeros
+            return numpy.asarray(other, dtype=data.dtype)
+        if len(cache) > 1024:                # a loop over ever new numbers: start over
+            cache.clear()
+        array = cache[other] = numpy.asarray(other, dtype=data.dtype)
         array.flags.writeable = False        # shared by every op that meets this number
     return array
 
@@ -570,5 +574,5 @@ from ..ops.elementwise import Add as _Add, Div as _Div, Mul as _Mul, Sub as _Sub
 
 _ops_add, _ops_sub, _ops_mul, _ops_div = _Add.apply, _Sub.apply, _Mul.apply, _Div.apply
 _PY_NUMBERS = (float, int)          # exactly these classes: bool (an int subclass) stays as is
-_NUMBERS = {}                       # (number, dtype) -> its read-only 0-d array
+_NUMBERS = {}                       # dtype -> {number: its read-only 0-d array}
 _ndarray = numpy.ndarray

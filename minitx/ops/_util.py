@@ -26,7 +26,7 @@ def unbroadcast(grad, shape, dtype=None):
         stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
         if stretched:
             grad = grad.sum(axis=stretched, keepdims=True)
-    if dtype is not None and grad.dtype != dtype:
+    if dtype is not None and grad.dtype is not dtype and grad.dtype != dtype:   # `is`: cheap
         grad = grad.astype(dtype)
     return grad
 
