@@ -17,7 +17,7 @@ from hypothesis.extra import numpy as hnp
 
 import minitx
 import minitx.functional as F
-from support import tensor
+from support import tensor, to_host
 
 # ---- strategies and helpers ------------------------------------------------------------------
 
@@ -139,6 +139,23 @@ KINKED = {"abs": F.abs, "relu": F.relu, "elu": F.elu,
 @given(shape=shapes, seed=seeds)
 def test_kinked_unary_away_from_zero(name, shape, seed):
     check(KINKED[name], away_from_zero(gen(seed), shape))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32"])
+def test_relu_special_values_match_numpy_maximum(dtype):
+    """ReLU runs max(x, 0) against an array of zeros (NumPy's fast loop): the values must be
+    exactly ``np.maximum(x, 0)``'s, NaN and ±inf included, and the gradient 1 exactly
+    where x > 0."""
+    values = [-np.inf, -3.5, -0.0, 0.0, 1e-30, 2.0, np.inf, np.nan]
+    x = np.array(values if dtype.startswith("float") else [-3, 0, 5], dtype=dtype)
+    t = tensor(x, dtype=None, requires_grad=dtype.startswith("float"))
+    y = F.relu(t)
+    got = to_host(y)
+    assert got.dtype == x.dtype
+    np.testing.assert_array_equal(got, np.maximum(x, 0))
+    if t.requires_grad:
+        y.backward(np.ones_like(x))
+        np.testing.assert_array_equal(to_host(t.grad), (x > 0).astype(dtype))
 
 
 @given(shapes, seeds)
