@@ -11,7 +11,7 @@ away from every kink: that is a property of the *test inputs*, not a relaxation 
 """
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -597,3 +597,42 @@ def test_erf_float32_accuracy():
     # A&S 7.1.26 has |error| ≤ 1.5e-7; rounding to float32 adds ≤ 3e-8.
     assert np.abs(y.astype(np.float64) - ref).max() <= 2e-7
     assert erf_array(np.linspace(-3, 3, 7).astype(np.float16)).dtype == np.float16
+
+
+# ---- the row reductions of softmax and attention --------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(lead=st.lists(st.integers(0, 4), min_size=0, max_size=3), k=st.integers(1, 40),
+       dtype=st.sampled_from(["float32", "float64", "float16"]),
+       special=st.sampled_from(["none", "nan", "neg_inf_row", "pos_inf"]),
+       strided=st.booleans(), seed=seeds)
+def test_row_max_and_row_sum_match_numpy(lead, k, dtype, special, strided, seed):
+    """``row_max`` (argmax + gather on NumPy) is exactly ``max(axis=-1, keepdims=True)``:
+    NaN rows give NaN, rows of −inf give −inf; ``row_sum`` (X·1 by BLAS) is the row sum within
+    float rounding of the length-k sum, against float64. Strided inputs take the plain path
+    and must give the same."""
+    from minitx.ops._util import row_max, row_sum
+    r = gen(seed)
+    x = r.standard_normal(tuple(lead) + (k,)).astype(dtype)
+    if x.size and special != "none":
+        flat = x.reshape(-1, k)                           # a view: x is contiguous
+        if special == "nan":
+            flat[0, r.integers(k)] = np.nan
+        elif special == "neg_inf_row":
+            flat[-1, :] = -np.inf
+        else:
+            flat[0, r.integers(k)] = np.inf
+    dev = tensor(x, dtype=None).data
+    if strided:                                           # every other column of a wider array
+        wide = tensor(np.zeros(x.shape[:-1] + (2 * k,), dtype=dtype), dtype=None).data
+        wide[..., ::2] = dev
+        dev = wide[..., ::2]
+    got = to_host(row_max(dev))
+    assert got.shape == x.shape[:-1] + (1,) and got.dtype == x.dtype
+    np.testing.assert_array_equal(got, x.max(axis=-1, keepdims=True))
+    if special == "none":
+        total = to_host(row_sum(dev))
+        assert total.shape == x.shape[:-1] + (1,) and total.dtype == x.dtype
+        want = x.astype(np.float64).sum(axis=-1, keepdims=True)
+        bound = k * np.finfo(dtype).eps * np.abs(x.astype(np.float64)).sum(axis=-1, keepdims=True)
+        assert np.all(np.abs(total - want) <= bound + np.finfo(dtype).tiny)

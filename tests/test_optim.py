@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import minitx
 import minitx.nn as nn
 from minitx import optim
+from minitx.backend import to_host
 
 
 def param(values):
@@ -490,3 +491,137 @@ def test_adam_step_on_cuda_equals_cpu():
         opt.step()
     assert p.device == "cuda"
     np.testing.assert_allclose(p.numpy(), cpu, rtol=1e-12)
+
+
+# ---- Adam's whole-group update ------------------------------------------------------------
+
+class _OneByOne:
+    """Mixin: the base class's update, ``_update`` on each parameter (the reference for the
+    whole-group path of Adam, whose numbers must be exactly the same)."""
+
+    def _update_group(self, params, group):
+        optim.Optimizer._update_group(self, params, group)
+
+
+class _AdamOneByOne(_OneByOne, optim.Adam):
+    pass
+
+
+class _AdamWOneByOne(_OneByOne, optim.AdamW):
+    pass
+
+
+@settings(max_examples=30, deadline=None)
+@given(shapes=st.lists(st.sampled_from([(), (1,), (3,), (2, 5), (4, 1, 3), (0,), (7, 7)]),
+                       min_size=2, max_size=5),
+       decoupled=st.booleans(), weight_decay=st.sampled_from([0.0, 0.1]),
+       dtype=st.sampled_from(["float32", "float64"]), skip=st.booleans(),
+       reload=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_adam_whole_group_update_equals_one_parameter_at_a_time(shapes, decoupled, weight_decay,
+                                                                dtype, skip, reload, seed):
+    """Bit for bit, over 5 steps: the group path (flat moments, their views in ``state``)
+    against ``_update`` on each parameter; with a parameter left without a gradient at one
+    step (``skip``: the step counts then differ and the group path must step aside), with
+    float32 gradients for the float64 parameters (``_update`` computes with them as they are,
+    so the group path must step aside too) and with the state saved and loaded into a new
+    optimizer half-way (``reload``)."""
+    rng = np.random.default_rng(seed)
+    start = [rng.standard_normal(s) for s in shapes]                 # float64 parameters
+    grads = [[rng.standard_normal(s).astype(dtype) for s in shapes] for _ in range(5)]
+    ours, ref = (optim.AdamW, _AdamWOneByOne) if decoupled else (optim.Adam, _AdamOneByOne)
+    results = []
+    for cls in (ours, ref):
+        params = [param(a.copy()) for a in start]
+        kwargs = dict(lr=0.05, betas=(0.8, 0.95), weight_decay=weight_decay)
+        opt = cls(params, **kwargs)
+        for step, gs in enumerate(grads):
+            if reload and step == 3:
+                saved = opt.state_dict()
+                opt = cls(params, **kwargs)
+                opt.load_state_dict(saved)
+            for i, (p, g) in enumerate(zip(params, gs)):
+                p.grad = None if skip and step == 1 and i == 0 else minitx.tensor(g)
+            opt.step()
+        results.append(([p.numpy() for p in params],
+                        [{k: to_host(v) if hasattr(v, "shape") else v
+                          for k, v in opt.state[p].items()}
+                         for p in params if p in opt.state]))
+    (got, got_state), (want, want_state) = results
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(got_state, want_state):
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_adam_state_arrays_are_views_of_the_group_buffers_and_stay_in_step():
+    """After a whole-group step, ``state[p]['exp_avg']`` is the parameter's shape and is the
+    moment the next step reads: writing into it (as a user or load_state_dict could) is
+    seen, and replacing it makes the optimizer rebuild its buffers from the new arrays."""
+    a, b = param(np.ones((2, 3))), param(np.ones(4))
+    opt = optim.Adam([a, b], lr=0.1)
+    for p in (a, b):
+        p.grad = minitx.tensor(np.full(p.shape, 2.0))
+    opt.step()
+    m = opt.state[a]["exp_avg"]
+    assert m.shape == (2, 3)
+    np.testing.assert_allclose(to_host(m), 0.2)            # (1 − 0.9)·2
+    opt.state[b]["exp_avg"] = opt.state[b]["exp_avg"] * 0   # replaced (by a new array of 0)
+    opt.state[a]["exp_avg"][...] = 1.0                     # written into: seen
+    opt.step()                                             # (the buffers are rebuilt)
+    np.testing.assert_allclose(to_host(opt.state[a]["exp_avg"]), 0.9 * 1.0 + 0.2)
+    np.testing.assert_allclose(to_host(opt.state[b]["exp_avg"]), 0.2)
+
+
+GROUP_TORCH_CASES = [("Adam", dict(lr=0.05, weight_decay=0.1)),
+                     ("AdamW", dict(lr=0.05, betas=(0.8, 0.95), weight_decay=0.3))]
+
+
+@pytest.mark.parametrize("name, kwargs", GROUP_TORCH_CASES)
+def test_adam_whole_group_update_matches_torch_optim(name, kwargs):
+    """One group holding W and b, both with gradients: the whole-group path, against
+    torch.optim over six steps (float64)."""
+    torch = pytest.importorskip("torch")
+    data = _problem()
+
+    def run(make_param, wrap, opt_cls, numpy):
+        W, b = (make_param(data[k]) for k in ("W", "b"))
+        x, y = wrap(data["x"]), wrap(data["y"])
+        opt = opt_cls([W, b], **kwargs)
+        for _ in range(6):
+            opt.zero_grad()
+            _loss(W, b, x, y).backward()
+            opt.step()
+        return [numpy(t) for t in (W, b)]
+
+    ours = run(param, minitx.tensor, getattr(optim, name), lambda t: t.numpy())
+    theirs = run(lambda a: torch.tensor(a, requires_grad=True), torch.tensor,
+                 getattr(torch.optim, name), lambda t: t.detach().numpy())
+    for o, t in zip(ours, theirs):
+        np.testing.assert_allclose(o, t, rtol=1e-10, atol=1e-12)
+
+
+def test_adam_two_groups_keep_their_own_buffers():
+    """Two param groups of two parameters each: each group keeps its flat buffers from step to
+    step (the states' arrays stay the same objects), and the result is one-by-one's."""
+    rng = np.random.default_rng(3)
+    shapes = ((3,), (2, 2), (4,), (1,))
+    start = [rng.standard_normal(s) for s in shapes]
+    grads = [[rng.standard_normal(s) for s in shapes] for _ in range(4)]
+    results = []
+    for cls in (optim.AdamW, _AdamWOneByOne):
+        ps = [param(a.copy()) for a in start]
+        opt = cls([{"params": ps[:2]}, {"params": ps[2:], "lr": 0.01}], lr=0.1)
+        for step, gs in enumerate(grads):
+            for p, g in zip(ps, gs):
+                p.grad = minitx.tensor(g)
+            opt.step()
+            if step == 1:
+                kept = [opt.state[p]["exp_avg"] for p in ps]
+        if cls is optim.AdamW:
+            assert all(opt.state[p]["exp_avg"] is k for p, k in zip(ps, kept))
+        results.append([p.numpy() for p in ps])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)

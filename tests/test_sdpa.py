@@ -324,3 +324,57 @@ def test_causal_block_path_gradcheck(monkeypatch):
     q, k, v = [tensor(r.standard_normal((1, 2, 40, 3)), requires_grad=True) for _ in range(3)]
     assert minitx.gradcheck(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
                             (q, k, v))
+
+
+# ---- the softmax without its shift ---------------------------------------------------------
+
+@given(scale=st.sampled_from([0.1, 1.0, 3.0, 6.0, 30.0]), nq=st.integers(1, 70),
+       nk=st.integers(1, 70), causal=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_shifted_and_unshifted_softmax_agree_with_the_reference(scale, nq, nk, causal, seed):
+    """Scores of every size (inputs ×0.1 … ×30: from bounds far below ``UNSHIFTED_LIMIT`` to
+    far above, |S| up to a few thousand): the op subtracts the row max exactly when the
+    Cauchy–Schwarz bound says a score may pass the limit, the bound holds, and output and
+    gradients match the float64 reference (which always shifts) and the op with the shift
+    forced, in float64 and float32."""
+    from minitx.ops import attention as ops_attention
+    q, k, v = qkv(nq, nk, b=1, h=2, d=8, dv=3, scale=scale, seed=seed)
+    qs = q / np.sqrt(8)
+    bound = ops_attention.scores_bound(tensor(qs).data, tensor(k).data)
+    assert bound >= np.abs(qs @ np.swapaxes(k, -1, -2)).max() * (1 - 1e-12)
+    allowed = np.tri(nq, nk, nk - nq, dtype=bool) if causal else None
+    want, _ = reference(q, k, v, allowed)
+    g = np.random.default_rng(seed).standard_normal(want.shape)
+    # float32 rounds each score by about |S|·eps and the softmax passes that on to the
+    # output (times |v|): its tolerance grows with the bound, as the rounding does
+    for dtype, tol in (("float64", 1e-12), ("float32", 1e-6 * (1 + bound) * (1 + np.abs(v).max()))):
+        results = []
+        for limit in (ops_attention.UNSHIFTED_LIMIT, -1.0):    # the op's choice; always shift
+            calls = []
+            real = ops_attention.row_max
+            ops_attention.row_max = lambda s: calls.append(1) or real(s)
+            saved = ops_attention.UNSHIFTED_LIMIT
+            ops_attention.UNSHIFTED_LIMIT = limit
+            try:
+                ts = [tensor(a, dtype=dtype, requires_grad=True) for a in (q, k, v)]
+                o = F.scaled_dot_product_attention(*ts, is_causal=causal)
+                (o * tensor(g, dtype=dtype)).sum().backward()
+            finally:
+                ops_attention.row_max, ops_attention.UNSHIFTED_LIMIT = real, saved
+            shifted = bool(calls)
+            assert shifted == (limit < 0 or bound > limit)
+            results.append([o.numpy()] + [t.grad.numpy() for t in ts])
+        assert np.all(np.isfinite(results[0][0]))
+        assert_close(results[0][0], want, rtol=tol, atol=tol)
+        for got, forced in zip(*results):
+            assert_close(got, forced, rtol=tol, atol=tol * (1 + np.abs(forced).max()))
+
+
+def test_scores_bound_is_nan_with_a_nan_input_and_the_op_then_shifts():
+    """A NaN in q makes the bound NaN; ``not bound <= limit`` then takes the shifted path,
+    so the NaN spreads exactly as before (no row max is skipped on a NaN)."""
+    from minitx.ops import attention as ops_attention
+    q, k, v = qkv(3, 4, b=1, h=1, d=2)
+    q[0, 0, 1, 0] = np.nan
+    assert np.isnan(ops_attention.scores_bound(tensor(q).data, tensor(k).data))
+    out = F.scaled_dot_product_attention(*(tensor(a) for a in (q, k, v))).numpy()
+    assert np.isnan(out[0, 0, 1]).all() and np.isfinite(out[0, 0, [0, 2]]).all()

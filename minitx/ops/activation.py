@@ -29,7 +29,7 @@ from ..autograd.function import Function
 from ..backend import get_array_module
 from ..validate import dim_alias
 from . import elementwise as E
-from ._util import normalize_axis
+from ._util import normalize_axis, row_max, row_sum
 from .shape import swapaxes
 
 __all__ = ["softmax", "log_softmax", "softmax_jacobian", "softmax_array",
@@ -45,7 +45,8 @@ def softmax_array(x, axis: int = -1, inplace: bool = False):
     xp = get_array_module(x)
     if x.shape[axis] == 0:                    # softmax over nothing: nothing
         return x if inplace else x.copy()
-    m = x.max(axis=axis, keepdims=True)
+    last = axis in (-1, x.ndim - 1)           # the usual case: row_max / row_sum (faster)
+    m = row_max(x) if last else x.max(axis=axis, keepdims=True)
     m = xp.where(xp.isfinite(m), m, 0)        # all −inf: shift by 0, exp gives 0s
     if inplace:
         e = x
@@ -53,7 +54,7 @@ def softmax_array(x, axis: int = -1, inplace: bool = False):
     else:
         e = x - m                             # one new array, then updated in place
     xp.exp(e, out=e)
-    total = e.sum(axis=axis, keepdims=True)
+    total = row_sum(e) if last else e.sum(axis=axis, keepdims=True)
     e /= xp.where(total > 0, total, 1)
     return e
 

@@ -67,7 +67,7 @@ from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of
 from . import dispatch
-from ._util import unbroadcast
+from ._util import row_max, row_sum, unbroadcast
 from .activation import softmax_array, softmax_backward_array
 from .dropout import dropout, dropout_mask
 from .elementwise import astype
@@ -228,6 +228,20 @@ def _part(x, bs, hs, i0, i1, kend):
              slice(0, kend) if x.shape[3] != 1 else slice(None)]
 
 
+UNSHIFTED_LIMIT = 20.0      # |scores| up to this: softmax without its shift (SDPAFunction)
+
+
+def scores_bound(qs, k) -> float:
+    """A bound on |Sᵢⱼ| = |qᵢ · kⱼ| over every head of a call (``qs`` already scaled), by
+    Cauchy–Schwarz: max‖qᵢ‖ · max‖kⱼ‖. Infinite for half precision (its exp overflows at 11),
+    NaN when an input holds NaN."""
+    if qs.dtype.itemsize < 4 or qs.size == 0 or k.size == 0:
+        return float("inf") if qs.dtype.itemsize < 4 else 0.0
+    xp = get_array_module(qs, k)
+    squares = (xp.einsum("...d,...d->...", x, x).max() for x in (qs, k))
+    return math.sqrt(float(next(squares)) * float(next(squares)))
+
+
 def attention_blocks(b, hkv, group, nq, nk, causal, scores=None, causal_rows=None,
                      pack=None, parts=1, parallel=None):
     """The blocks the fused op works by: (bs, hs, hq, i0, i1, kend) tuples.
@@ -293,7 +307,16 @@ class SDPAFunction(Function):
     run in parallel threads (``ops/parallel.py``; in order with dropout, whose random draws
     must come in order, and for a bias gradient, which heads may share).
 
-    Saved for backward: Q·scale, K, V, O and, per block, E = exp(S − rowmax) (B', H', rows,
+    **The softmax's shift only when it is needed.** softmax(s) = exp(s − c) / Σ exp(s − c) for
+    any c; c = the row max keeps exp from overflowing. When no score can be large,
+    |Sᵢⱼ| ≤ max‖qᵢ·scale‖ · max‖kⱼ‖ ≤ ``UNSHIFTED_LIMIT`` (Cauchy–Schwarz; two O(N·D) passes,
+    ``scores_bound``), c = 0 is as good: every exp lies in [e⁻²⁰, e²⁰], far from float32's
+    overflow and underflow, and each is computed to the same relative precision. That skips
+    the row max and a pass over each block's scores (measured: 124 of the 740 µs of a
+    4-head block at N = 256). With a bias, half precision, or a larger bound, the max is
+    subtracted as usual.
+
+    Saved for backward: Q·scale, K, V, O and, per block, E = exp(S − c) (B', H', rows,
     keys seen) with the row scale r = 1/rowsum(E), so P = E·r: the normalisation is applied
     to the (rows, Dv) output and, in backward, to N × D operands (``attention_backward``'s
     ``row_scale``) — one pass over the N × N scores fewer. Backward: ``attention_backward``
@@ -318,6 +341,7 @@ class SDPAFunction(Function):
         qs = q * scale                                    # scale Q (N·D), not S (N²)
         # (B, H, Nq, Dv) stored as (B, Nq, H, Dv): merge_heads is then a view, not a copy
         o = xp.zeros((b, nq, h, dv), dtype=q.dtype).transpose(0, 2, 1, 3)
+        shift = bias is not None or not scores_bound(qs, k) <= UNSHIFTED_LIMIT   # NaN: shift
 
         def one(block):
             bs, hs, hq, i0, i1, kend = block
@@ -332,11 +356,12 @@ class SDPAFunction(Function):
                 tri = xp.tri(i1 - i0, kend - c0, i0 + offset - c0, dtype=bool)
                 xp.copyto(s[..., c0:], -xp.inf, where=~tri)   # j ≤ i + Nk − Nq
             # softmax in place, its normalisation left for the (rows, Dv) output: O = (E V)·r
-            m = s.max(axis=-1, keepdims=True)
-            m = xp.where(xp.isfinite(m), m, 0)            # a row with no key: shift by 0
-            s -= m
-            e = xp.exp(s, out=s)                          # E = exp(S − max), P = E · r
-            total = e.sum(axis=-1, keepdims=True)
+            if shift:                                     # E = exp(S − max); else exp(S)
+                m = row_max(s)
+                m = xp.where(xp.isfinite(m), m, 0)        # a row with no key: shift by 0
+                s -= m
+            e = xp.exp(s, out=s)                          # P = E · r
+            total = row_sum(e)
             r = 1 / xp.where(total > 0, total, 1)         # (B', H', rows, 1); no key: E = 0
             keep = dropout_mask(e.shape, dropout_p, e) if dropout_p > 0 else None
             ob = grouped_values(e if keep is None else e * keep, v[bs, hs, :kend])
@@ -361,7 +386,7 @@ class SDPAFunction(Function):
         qs, k, v, o = ctx.saved_tensors
         xp = get_array_module(grad)
         needs = ctx.needs_input_grad
-        delta = (grad * o).sum(axis=-1, keepdims=True)            # δ = rowsum(dO ⊙ O)
+        delta = xp.einsum("...d,...d->...", grad, o)[..., None]   # δ = rowsum(dO ⊙ O)
         # laid out as the inputs are (zeros_like keeps their strides): for heads split from
         # (B, N, H·D) by split_heads, its backward is then a view, not a copy
         dq = xp.zeros_like(qs) if needs[0] else None
