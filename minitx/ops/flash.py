@@ -47,6 +47,7 @@ from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of
 from . import dispatch
+from ._util import row_max, row_sum
 from .attention import (_widen_half, attention_backward, check_heads, check_scale,
                         grouped_scores, grouped_values)
 from .elementwise import astype
@@ -110,13 +111,13 @@ def flash_attention_arrays(q, k, v, *, causal=False, scale=None, key_mask=None, 
             mask = _tile_mask(xp, q0, q1, k0, k1, offset, causal, key_mask, bs)
             if mask is not None:
                 xp.copyto(s, -xp.inf, where=~mask)
-            m_new = xp.maximum(m, s.max(axis=-1, keepdims=True))
+            m_new = xp.maximum(m, row_max(s))
             m_safe = xp.where(xp.isfinite(m_new), m_new, 0)   # all −inf so far: shift by 0
             s -= m_safe
             p = xp.exp(s, out=s)                              # P, in the scores' memory
             alpha = xp.exp(m - m_safe)                        # rescales the old sums (0 if m=−inf)
             l *= alpha
-            l += p.sum(axis=-1, keepdims=True)
+            l += row_sum(p)
             acc *= alpha
             acc += grouped_values(p, v[bs, hs, k0:k1])        # + P V_j
             m = m_new
@@ -151,7 +152,7 @@ def flash_backward_arrays(q, k, v, o, lse, do, *, causal=False, scale=None, key_
             q1 = min(q0 + block_q, nq)
             qs = q[bs, hq, q0:q1] * scale                                # (1, G, bq, D)
             # δ = rowsum(dO ⊙ O) per block: no N × D temporary (linear memory is the point)
-            delta = (do[bs, hq, q0:q1] * o[bs, hq, q0:q1]).sum(axis=-1, keepdims=True)
+            delta = xp.einsum("...d,...d->...", do[bs, hq, q0:q1], o[bs, hq, q0:q1])[..., None]
             kend = _key_end(q1, nk, offset, causal)
             for k0 in range(0, kend, block_k):
                 k1 = min(k0 + block_k, kend)
