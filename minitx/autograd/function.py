@@ -99,8 +99,8 @@ class Function:
         ctx = _new(Context)                    # Context(), inlined: this runs for every op
         ctx.saved_tensors = ()
         arrays, needs = [], []
-        for a in inputs:
-            if a.__class__ is Tensor or isinstance(a, Tensor):     # the common case first
+        for a in inputs:                   # Tensors first; an ndarray constant skips isinstance
+            if a.__class__ is Tensor or (a.__class__ is not _ndarray and isinstance(a, Tensor)):
                 arrays.append(a.data)
                 needs.append(a.requires_grad)
             else:
