@@ -196,11 +196,17 @@ def attention_backward(do, p, qs, k, v, delta, scale, needs=(True, True, True), 
         dv = grouped_key_grad(pd, do if row_scale is None else do * row_scale, hkv)
     else:
         dv = None
-    dp = grouped_scores(do, v)                                 # (2) dP = dO Vᵀ …
-    if keep is not None:
+    if keep is None:                                           # (2), (3): dP − δ as one
+        xp = get_array_module(do, v)                           # matmul, [dO, −δ] [V, 1]ᵀ =
+        dp = grouped_scores(                                   # dO Vᵀ − δ 1ᵀ: one pass
+            xp.concatenate([do, -delta], axis=-1),             # over the scores fewer
+            xp.concatenate([v, xp.ones(v.shape[:-1] + (1,), dtype=v.dtype)], axis=-1))
+    else:
+        dp = grouped_scores(do, v)                             # (2) dP = dO Vᵀ …
         dp *= keep                                             #     … ⊙ keep/(1 − p)
-    dp -= delta                                                # (3) dS = P ⊙ (dP − δ),
-    dp *= p                                                    #     in dP's fresh memory
+        dp -= delta
+    dp *= p                                                    # (3) dS = P ⊙ (dP − δ),
+                                                               #     in dP's fresh memory
     ds = dp                                                    #     (÷ r with row_scale)
     dq = dk = None
     if needs[0]:
