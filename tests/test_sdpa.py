@@ -378,3 +378,33 @@ def test_scores_bound_is_nan_with_a_nan_input_and_the_op_then_shifts():
     assert np.isnan(ops_attention.scores_bound(tensor(q).data, tensor(k).data))
     out = F.scaled_dot_product_attention(*(tensor(a) for a in (q, k, v))).numpy()
     assert np.isnan(out[0, 0, 1]).all() and np.isfinite(out[0, 0, [0, 2]]).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("fn", ["fused", "flash"])
+def test_delta_folded_into_the_matmul_equals_the_subtraction(monkeypatch, causal, fn):
+    """``attention_backward`` computes dP − δ as [dO, −δ][V, 1]ᵀ for big blocks and as
+    dO Vᵀ then − δ for small ones: forced either way (threshold 0 or never), the gradients
+    agree to float64 rounding, and the folded form passes gradcheck (GQA, Nq ≠ Nk, a bias
+    for the fused op)."""
+    from minitx.ops import attention as ops_attention
+    q, k, v = qkv(5, 7, b=2, h=4, hkv=2, d=3, dv=2, seed=11)
+    bias = np.random.default_rng(2).standard_normal((1, 4, 5, 7))
+
+    def call(a, b, c, *extra):
+        if fn == "flash":
+            return F.flash_attention(a, b, c, causal=causal, block_q=2, block_k=3)
+        return F.scaled_dot_product_attention(a, b, c, attn_mask=extra[0], is_causal=causal,
+                                              enable_gqa=True)
+    grads = []
+    for threshold in (0, 2 ** 62):
+        monkeypatch.setattr(ops_attention, "DELTA_IN_MATMUL", threshold)
+        ts = [tensor(a, requires_grad=True) for a in (q, k, v)]
+        extra = [tensor(bias, requires_grad=True)] if fn == "fused" else []
+        out = call(*ts, *extra)
+        (out * out).sum().backward()
+        grads.append([t.grad.numpy() for t in ts + extra])
+        if threshold == 0:
+            assert minitx.gradcheck(call, tuple(ts + extra))
+    for folded, plain in zip(*grads):
+        np.testing.assert_allclose(folded, plain, rtol=1e-12, atol=1e-13)
