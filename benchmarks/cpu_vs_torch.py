@@ -70,10 +70,10 @@ def best_time(fn, repeats):
     return min(times)
 
 
-def best_times(fns, repeats, turns=4):
+def best_times(fns, repeats, turns=8):
     """``best_time`` of each of ``fns`` (a None gives None), taken in ``turns`` turns each: the
-    machine has slow stretches (seen here lasting about half a second), and taking turns puts
-    them on minitx and PyTorch alike. Each turn starts with an untimed call: the other
+    machine has slow stretches (seen here lasting from half a second to several seconds), and
+    taking many short turns puts them on minitx and PyTorch alike. Each turn starts with an untimed call: the other
     library's idle threads may still be spinning on the cores (PyTorch's OpenMP threads do
     for a while after each call), which would slow the first call of a turn."""
     live = [fn for fn in fns if fn is not None]

@@ -33,8 +33,8 @@ class Add(Function):
     def backward(ctx, grad):
         a, b = ctx.parents
         na, nb = ctx.needs_input_grad
-        return (unbroadcast(grad, a.shape) if na else None,
-                unbroadcast(grad, b.shape) if nb else None)
+        return (unbroadcast(grad, a.data.shape) if na else None,    # .data.shape: a property
+                unbroadcast(grad, b.data.shape) if nb else None)    # call fewer per op
 
 
 class Sub(Function):
@@ -46,8 +46,8 @@ class Sub(Function):
     def backward(ctx, grad):
         a, b = ctx.parents
         na, nb = ctx.needs_input_grad
-        return (unbroadcast(grad, a.shape) if na else None,
-                unbroadcast(-grad, b.shape) if nb else None)
+        return (unbroadcast(grad, a.data.shape) if na else None,
+                unbroadcast(-grad, b.data.shape) if nb else None)
 
 
 class Mul(Function):
