@@ -23,8 +23,8 @@ import numpy
 __all__ = [
     "get_backend", "set_backend", "get_array_module", "xp", "cupy_or_none", "gpu_available",
     "to_device", "device_of", "to_host", "to_device_of", "host_xp", "manual_seed", "rng",
-    "as_dtype", "default_float", "scatter_add", "tune_host_allocator", "describe_device",
-    "read_npz", "CheckpointError",
+    "as_dtype", "default_float", "scatter_add", "row_max", "tune_host_allocator",
+    "describe_device", "read_npz", "CheckpointError",
 ]
 
 _BACKENDS = ("numpy", "cupy")
@@ -226,6 +226,23 @@ def _add_rows(target, index, values) -> None:
     rows = index[order]
     starts = numpy.flatnonzero(numpy.concatenate(([True], rows[1:] != rows[:-1])))
     target[rows[starts]] += numpy.add.reduceat(values[order], starts, axis=0)
+
+
+def row_max(x):
+    """``x.max(axis=-1, keepdims=True)``: each row's largest entry (softmax's shift).
+
+    For the softmax of attention and ``softmax``; it lives here, where the array modules are
+    told apart. On NumPy, for a C-contiguous ``x``, as ``argmax`` and a gather: NumPy's
+    ``max`` along the last axis runs row by row, ``argmax`` is vectorised (measured
+    86 → 23 µs at (64, 4, 8, 8), 168 → 71 µs at (2, 4, 256, 256)). ``argmax`` picks a row's
+    first NaN, so a row with a NaN gives NaN, as ``max`` does; a row of −inf gives −inf.
+    """
+    k = x.shape[-1]
+    if x.__class__ is not numpy.ndarray or k == 0 or not x.flags.c_contiguous:
+        return x.max(axis=-1, keepdims=True)
+    at = x.argmax(axis=-1).reshape(-1)
+    at += numpy.arange(0, at.size * k, k)                # the flat index of each row's argmax
+    return x.reshape(-1)[at].reshape(x.shape[:-1] + (1,))
 
 
 def _init_from_env() -> None:
