@@ -44,7 +44,10 @@ print(f"quick setting: {QUICK}, seed: {SEED}; N in {SIZES}, embed {EMBED}, {HEAD
 # (the minimum is the least disturbed by other programs on the machine). Memory is the peak
 # that Python's `tracemalloc` sees during one more pass, above what was allocated before it:
 # NumPy reports its array buffers to `tracemalloc`, so this counts every temporary, including
-# the $N \times N$ score matrix when there is one.
+# the $N \times N$ score matrix when there is one. That pass runs on one thread
+# (`MINITX_THREADS=1`): attention hands its blocks of heads to one thread per core, and how
+# many blocks' temporaries are alive at once would then depend on the threads' timing (the
+# same flash pass at $N = 1024$ peaked at 1.7 MB on one thread, 1.7 to 2.8 MB on two).
 
 # %%
 def layer_for(name, n):
@@ -63,11 +66,17 @@ def measure(name, n):
             t0 = time.perf_counter()
             layer(x)
             times.append(time.perf_counter() - t0)
+        threads = os.environ.get("MINITX_THREADS")
+        os.environ["MINITX_THREADS"] = "1"                                   # see above
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]
         layer(x)
         peak = tracemalloc.get_traced_memory()[1] - base
         tracemalloc.stop()
+        if threads is None:
+            del os.environ["MINITX_THREADS"]
+        else:
+            os.environ["MINITX_THREADS"] = threads
     return min(times), peak
 
 
