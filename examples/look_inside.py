@@ -209,8 +209,8 @@ def main(argv=None):
     out = setup_run(args, "look_inside: hook points, patching, patterns",
                     full_run="The full run (`python examples/look_inside.py`, about 14 s on "
                     "2 cores) trains the character GPT for 600 steps (loss 2.25): its layer-0 "
-                    "heads become previous-token heads (up to 0.26, untrained 0.10), activation "
-                    "and attribution patching agree (correlation 0.87 over the heads) and "
+                    "heads become previous-token heads (up to 0.28, untrained 0.10), activation "
+                    "and attribution patching agree (correlation 0.96 over the heads) and "
                     "MiniLM's L0H2 is a pure previous-token head (1.00).")
     model, vocab, data = train_char_gpt(args)
     prev, induction, pic1 = char_gpt_heads(model, vocab, data, args, out)
