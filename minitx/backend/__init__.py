@@ -270,8 +270,10 @@ def scatter_add(target, index, values) -> None:
     NumPy: ``numpy.add.at``, except for whole rows picked by a 1-d integer index (an
     embedding's backward), which are summed by segments instead: a stable sort of the index,
     ``numpy.add.reduceat`` over the runs of equal rows, one ``+=`` per distinct row —
-    measured 7× faster than ``add.at`` at 640 rows of 64 from a vocabulary of 11, 2.7× at
-    8,192 rows of 256 from 50; the stable sort keeps each row's values in their order.
+    measured against NumPy 2.4's ``add.at``: 4.1× faster at 640 rows of 64 from a vocabulary
+    of 11, 1.6× at 8,192 rows of 256 from 50, 4.1× at 1,024 of 64 from 100; where most rows are
+    distinct ``add.at`` is as fast or faster (0.74× at 4,608 rows from 4,192), but an
+    embedding's rows repeat. The stable sort keeps each row's values in their order.
     CuPy: ``cupyx.scatter_add``.
     """
     if get_array_module(target) is numpy:
