@@ -16,6 +16,7 @@ import math
 import os
 import time
 import tracemalloc
+from unittest import mock
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -66,17 +67,12 @@ def measure(name, n):
             t0 = time.perf_counter()
             layer(x)
             times.append(time.perf_counter() - t0)
-        threads = os.environ.get("MINITX_THREADS")
-        os.environ["MINITX_THREADS"] = "1"                                   # see above
-        tracemalloc.start()
-        base = tracemalloc.get_traced_memory()[0]
-        layer(x)
-        peak = tracemalloc.get_traced_memory()[1] - base
-        tracemalloc.stop()
-        if threads is None:
-            del os.environ["MINITX_THREADS"]
-        else:
-            os.environ["MINITX_THREADS"] = threads
+        with mock.patch.dict(os.environ, {"MINITX_THREADS": "1"}):         # see above
+            tracemalloc.start()
+            base = tracemalloc.get_traced_memory()[0]
+            layer(x)
+            peak = tracemalloc.get_traced_memory()[1] - base
+            tracemalloc.stop()
     return min(times), peak
 
 
