@@ -15,8 +15,43 @@ same tests run on NumPy, on CuPy (``MINITX_BACKEND=cupy``) and on the strict CuP
 """
 import os
 
-import numpy as np
-import pytest
+
+def _threads_per_worker():
+    """The cores each pytest-xdist worker may use: all of them divided among the workers, at
+    least one; None outside xdist or with a single worker."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if "PYTEST_XDIST_WORKER" not in os.environ or workers < 2:
+        return None
+    return max(1, len(os.sched_getaffinity(0)) // workers)
+
+
+# The suite runs one pytest-xdist worker per core (``-n auto``, setup.cfg). Each worker then
+# gets its share of the cores (one, on a machine with as many workers as cores) for minitx's
+# attention threads, NumPy's BLAS and PyTorch; the notebooks' kernels and the examples'
+# subprocesses inherit it. With every worker using every core, the workers took the cores
+# from each other: notebook 03 ran 252 s in the suite against 17 s alone, the ListOps example
+# on the stand-in 167 s against 26 s. The threaded paths are still tested: the tests of
+# ``tests/test_attention_blocks.py`` run with two threads (its ``two_threads`` fixture).
+# The variables reach the subprocesses and the libraries loaded later; NumPy may already be
+# loaded here (by a plugin), so its BLAS is also limited directly, below.
+_SHARE = _threads_per_worker()
+if _SHARE is not None:
+    for _var in ("MINITX_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, str(_SHARE))
+# OpenBLAS's idle threads sleep after about 0.4 ms instead of spinning for 0.1 s after every
+# matmul (minitx/__init__.py says why; it can only do so where it is imported before NumPy).
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+if _SHARE is not None:
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl is a test dependency
+        pass
+    else:
+        threadpool_limits(limits=int(os.environ["OPENBLAS_NUM_THREADS"]), user_api="blas")
 
 # MINITX_TEST_BACKEND=strict-cupy: run the whole suite on the strict CuPy stand-in
 # (tests/strict_cupy.py), installed as `cupy` before minitx is imported, with the cupy backend

@@ -9,6 +9,7 @@ leave a row with no key at all (zeros, never NaN). Here the block sizes are made
 that small inputs cross their boundaries; the reference is dense NumPy with softmax's own VJP,
 written out below independently of ``attention_backward``.
 """
+import os
 from unittest import mock
 
 import numpy as np
@@ -18,7 +19,43 @@ from hypothesis import strategies as st
 
 import minitx.functional as F
 from minitx.ops import attention as ops_attention
+from minitx.ops import parallel
 from support import assert_close, qkv, tensor
+
+try:
+    from threadpoolctl import threadpool_limits
+except ImportError:  # pragma: no cover - threadpoolctl is a test dependency
+    threadpool_limits = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def two_threads():
+    """Every test here runs the threaded paths: two worker threads (``MINITX_THREADS``), and
+    BLAS at two threads outside them. The suite gives each pytest-xdist worker its share of
+    the cores, one on a 2-core machine (tests/conftest.py), which would leave these paths
+    untested."""
+    with mock.patch.dict(os.environ, {"MINITX_THREADS": "2"}):
+        if threadpool_limits is None:
+            yield
+        else:
+            with threadpool_limits(limits=2, user_api="blas"):
+                yield
+
+
+def test_the_blocks_here_do_run_in_two_threads():
+    """The fixture above takes effect: attention's blocks go to two worker threads."""
+    seen = set()
+    real = parallel.map_in_threads
+
+    def spy(fn, items, like=None):
+        return real(lambda item: (seen.add(parallel._state.__dict__.get("worker", False)),
+                                  fn(item))[1], items, like)
+    q, k, v = qkv(256, b=2, h=4, d=8)         # 2¹⁹ scores: more than one thread's worth
+    with mock.patch.object(ops_attention, "map_in_threads", spy):
+        F.scaled_dot_product_attention(tensor(q), tensor(k), tensor(v))
+    assert parallel.thread_count() == 2
+    if parallel._blas_controller() is not None:
+        assert seen == {True}, "the blocks ran in the calling thread, not in worker threads"
 
 
 def dense_reference(q, k, v, do, allowed=None, bias=None, causal=False):
