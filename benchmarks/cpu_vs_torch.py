@@ -9,12 +9,19 @@
    ``torch.nn.functional.scaled_dot_product_attention``; and the share of NumPy's sgemm
    GFLOP/s (a 2,048³ ``np.matmul``, measured in the same run) that minitx reaches. FLOPs as
    FlashAttention's papers count them: 2 matmuls forward, 5 backward, 2·N²·D each, per head,
-   halved for causal.
+   halved for causal. Beside it, **the matmuls alone**: the six matrix products of minitx's
+   forward + backward (S = Q Kᵀ, O = P V; dP = dO Vᵀ, dV = Pᵀ dO, dQ = dS K, dK = dSᵀ Q) on
+   its own blocks and threads, with nothing else — what the op would cost if every
+   element-wise pass were free, so ``matmuls/torch`` is the least ratio NumPy's BLAS allows
+   this design, and minitx − matmuls is what the softmax, masks and bookkeeping cost. The
+   sgemm line also times PyTorch's own 2,048³ matmul (its BLAS, MKL on x86), since the two
+   libraries do not multiply matrices equally fast.
 3. **Flash**: the tiled ``F.flash_attention`` (linear memory) against the fused op at
    N = 4,096.
 4. **Blocks**: ``nn.MultiheadAttention`` (causal, B = 4, T = 256, E = 256, H = 8) and
    ``nn.TransformerEncoderLayer`` (same sizes, feed-forward 1,024, no dropout) forward +
-   backward against the same PyTorch modules with the same weights.
+   backward against the same PyTorch modules with the same weights; and, as for SDPA, the
+   block's matmuls alone in NumPy (its ``Linear`` layers' and its attention's).
 5. ``--memory``: forward + backward of the ``flash``, ``local``, ``linear`` and ``performer``
    layers' ``attend`` at N = 65,536, D = 64, one head, traced by ``tracemalloc`` (peak above
    the inputs), against the floor of 80 MiB: the gradients of q, k, v, the output and its
@@ -41,6 +48,9 @@ import numpy as np
 import minitx.functional as F
 from minitx import nn
 from minitx.attention import REGISTRY
+from minitx.ops.attention import (_by_heads, attention_blocks, grouped_key_grad, grouped_scores,
+                                  grouped_values)
+from minitx.ops.parallel import map_in_threads, thread_count
 
 try:
     import torch
@@ -73,9 +83,10 @@ def best_time(fn, repeats):
 def best_times(fns, repeats, turns=8):
     """``best_time`` of each of ``fns`` (a None gives None), taken in ``turns`` turns each: the
     machine has slow stretches (seen here lasting from half a second to several seconds), and
-    taking many short turns puts them on minitx and PyTorch alike. Each turn starts with an untimed call: the other
-    library's idle threads may still be spinning on the cores (PyTorch's OpenMP threads do
-    for a while after each call), which would slow the first call of a turn."""
+    taking many short turns puts them on minitx and PyTorch alike. Each turn starts with an
+    untimed call: the other library's idle threads may still be spinning on the cores
+    (PyTorch's OpenMP threads do for a while after each call), which would slow the first
+    call of a turn."""
     live = [fn for fn in fns if fn is not None]
     t0 = time.perf_counter()
     for fn in live:                                     # the warm-up calls
@@ -104,9 +115,14 @@ def ms(t):
 
 
 def sgemm_gflops(repeats):
-    """NumPy's float32 matmul speed on 2,048³: the ceiling for matmul-bound attention."""
+    """Float32 matmul speed on 2,048³ of NumPy and of PyTorch (None without it), GFLOP/s, in
+    turns: NumPy's is the ceiling for matmul-bound attention; PyTorch's shows how far its
+    own BLAS sets it ahead before any attention code runs."""
     a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
-    return 2 * 2048 ** 3 / best_time(lambda: a @ a, repeats) / 1e9
+    ta = torch.from_numpy(a) if torch else None
+    flops = 2 * 2048 ** 3
+    mt, tt = best_times([lambda: a @ a, (lambda: ta @ ta) if torch else None], repeats, turns=3)
+    return flops / mt / 1e9, None if tt is None else flops / tt / 1e9
 
 
 # ---- 1. engine overhead ------------------------------------------------------------------
@@ -164,23 +180,49 @@ def torch_sdpa(arrays, causal):
     return run
 
 
+def attention_matmuls(arrays, causal):
+    """A callable doing only the six matmuls of the fused op's forward + backward, on the
+    blocks it uses and in its threads (``attention_blocks``, ``map_in_threads``): the time
+    NumPy's BLAS alone needs for this design. The products are thrown away; P and dS are
+    stood in for by the scores S (the same shapes; their values do not change a matmul's
+    time)."""
+    q, k, v, do = arrays
+    b, h, n, _ = q.shape
+    groups = _by_heads(attention_blocks(b, h, 1, n, n, causal, parts=thread_count()))
+
+    def group(blocks):
+        for bs, hs, hq, i0, i1, kend in blocks:
+            qb, dob = q[bs, hq, i0:i1], do[bs, hq, i0:i1]
+            kb, vb = k[bs, hs, :kend], v[bs, hs, :kend]
+            s = grouped_scores(qb, kb)          # S = Q Kᵀ
+            grouped_values(s, vb)               # O = P V
+            dp = grouped_scores(dob, vb)        # dP = dO Vᵀ
+            grouped_key_grad(s, dob, 1)         # dV = Pᵀ dO
+            grouped_values(dp, kb)              # dQ = dS K
+            grouped_key_grad(dp, qb, 1)         # dK = dSᵀ Q
+
+    return lambda: map_in_threads(group, groups, like=q)
+
+
 def sdpa_table(ns, repeats, gflops):
     print(f"SDPA forward + backward, B·H = 8, D = {D}, float32 "
-          f"(% = share of the {gflops:.0f} GFLOP/s sgemm)")
+          f"(% = share of the {gflops:.0f} GFLOP/s sgemm; matmuls = the six matmuls of "
+          "minitx's op alone, on its blocks and threads)")
     print(f"  {'N':>6} {'causal':>6} {'minitx ms':>10} {'torch ms':>9} {'minitx/torch':>12} "
-          f"{'minitx %':>8} {'torch %':>7}")
+          f"{'minitx %':>8} {'torch %':>7} {'matmuls ms':>10} {'matmuls/torch':>13}")
     for n in ns:
         arrays = qkv_arrays(n)
         for causal in (False, True):
             flops = 14 * n * n * D * 8 * (0.5 if causal else 1.0)
-            mt, tt = best_times([minitx_attention(arrays, lambda q, k, v:
-                                                  F.scaled_dot_product_attention(
-                                                      q, k, v, is_causal=causal)),
-                                 torch_sdpa(arrays, causal) if torch else None], repeats)
+            mt, tt, mm = best_times([minitx_attention(arrays, lambda q, k, v:
+                                                      F.scaled_dot_product_attention(
+                                                          q, k, v, is_causal=causal)),
+                                     torch_sdpa(arrays, causal) if torch else None,
+                                     attention_matmuls(arrays, causal)], repeats)
             share = f"{100 * flops / mt / 1e9 / gflops:7.0f}%"
             tshare = "—" if tt is None else f"{100 * flops / tt / 1e9 / gflops:6.0f}%"
             print(f"  {n:>6} {str(causal):>6} {ms(mt):>10} {ms(tt):>9} {ratio(mt, tt):>12} "
-                  f"{share:>8} {tshare:>7}")
+                  f"{share:>8} {tshare:>7} {ms(mm):>10} {ratio(mm, tt):>13}")
 
 
 def flash_vs_fused(n, repeats):
@@ -238,8 +280,31 @@ def block_rows(repeats, b=4, t=256, e=256, h=8, ff=1024):
                 theirs.zero_grad()
                 tx.grad = None
                 call(theirs, tx, tmask).sum().backward()
-        mt, tt = best_times([run_minitx, run_torch], repeats)
-        print(f"  {name:24} minitx {ms(mt)} ms  torch {ms(tt)} ms  minitx/torch {ratio(mt, tt)}")
+        mt, tt, mm = best_times([run_minitx, run_torch,
+                                 block_matmuls(b, t, e, h, ff if "Encoder" in name else 0)],
+                                repeats)
+        print(f"  {name:24} minitx {ms(mt)} ms  torch {ms(tt)} ms  minitx/torch {ratio(mt, tt)}"
+              f"   matmuls {ms(mm)} ms, matmuls/torch {ratio(mm, tt)}")
+
+
+def block_matmuls(b, t, e, h, ff):
+    """A callable doing only the matmuls of a block's forward + backward in NumPy: each
+    ``Linear`` (x Wᵀ, dY W, dYᵀ x) — the (q, k, v) projection, the output projection and,
+    with ``ff``, the feed-forward pair — and the attention's six (``attention_matmuls``)."""
+    r = np.random.default_rng(2)
+    shapes = [(e, 3 * e), (e, e)] + ([(e, ff), (ff, e)] if ff else [])
+    linears = []
+    for n_in, n_out in shapes:
+        x, dy = (r.standard_normal((b * t, n)).astype(np.float32) for n in (n_in, n_out))
+        linears.append((x, r.standard_normal((n_out, n_in)).astype(np.float32), dy))
+    attention = attention_matmuls(
+        [r.standard_normal((b, h, t, e // h)).astype(np.float32) for _ in range(4)], True)
+
+    def run():
+        for x, w, dy in linears:
+            x @ w.T, dy @ w, dy.T @ x
+        attention()
+    return run
 
 
 # ---- 5. memory -----------------------------------------------------------------------------
@@ -283,7 +348,11 @@ def main(argv=None):
           f"{os.environ.get('OPENBLAS_NUM_THREADS', 'default (all cores)')}; "
           f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} "
           f"(at the start), best of {repeats}\n")
-    gflops = sgemm_gflops(repeats)
+    gflops, torch_gflops = sgemm_gflops(repeats)
+    print(f"sgemm 2,048³, float32: NumPy {gflops:.0f} GFLOP/s, PyTorch "
+          f"{'—' if torch_gflops is None else f'{torch_gflops:.0f}'} GFLOP/s, "
+          "NumPy/PyTorch in time "
+          f"{'—' if torch_gflops is None else ratio(torch_gflops, gflops)}\n")
     mt, tt = chain_times(200 if args.quick else 2000, repeats)
     print(f"engine chain, y*0.999 + 0.001 on 8×8, forward + backward: minitx "
           f"{mt * 1e6:.2f} µs/op, torch {'—' if tt is None else f'{tt * 1e6:.2f}'} µs/op, "

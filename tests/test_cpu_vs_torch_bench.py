@@ -3,13 +3,14 @@ test that keeps the script from rotting; its timings are never asserted). Run in
 interpreter on the NumPy backend: the script tunes the process's allocator and threads."""
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
 import pytest
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_vs_torch.py"
-ROWS = ("engine chain", "SDPA forward + backward", "flash_attention", "MultiheadAttention",
+ROWS = ("sgemm 2,048³", "engine chain", "SDPA forward + backward", "matmuls/torch", "flash_attention", "MultiheadAttention",
         "TransformerEncoderLayer", "memory, forward + backward", "flash ", "local ", "linear ",
         "performer ", "load average")
 
@@ -30,6 +31,11 @@ def test_quick_run_prints_every_row():
         assert row in out, f"no {row!r} row in:\n{out}"
     if "PyTorch is not installed" not in out:
         assert out.count("minitx/torch") >= 4, out      # the ratios are there, not dashes
+        assert "NumPy/PyTorch in time —" not in out, out
+        # the matmuls-alone ratio on every SDPA row (4 in --quick) and both block rows
+        sdpa_rows = re.findall(r"^ +\d+ +(?:True|False) .*×.*\d\.\d\d×$", out, re.M)
+        assert len(sdpa_rows) == 4, out                 # N = 64 and 256, full and causal
+        assert out.count("matmuls/torch ") == 2 and "matmuls/torch —" not in out, out
 
 
 def test_without_torch_it_says_so_and_still_measures_minitx():
@@ -39,3 +45,4 @@ def test_without_torch_it_says_so_and_still_measures_minitx():
     out = run_script("-c", code)
     assert "PyTorch is not installed" in out, out
     assert "minitx/torch —" in out and "SDPA forward + backward" in out, out
+    assert "PyTorch — GFLOP/s" in out and "matmuls/torch —" in out, out
