@@ -22,7 +22,8 @@ def _threads_per_worker():
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if "PYTEST_XDIST_WORKER" not in os.environ or workers < 2:
         return None
-    return max(1, len(os.sched_getaffinity(0)) // workers)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // workers)
 
 
 # The suite runs one pytest-xdist worker per core (``-n auto``, setup.cfg). Each worker then
