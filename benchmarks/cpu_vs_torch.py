@@ -184,7 +184,7 @@ def attention_matmuls(arrays, causal):
     """A callable doing only the six matmuls of the fused op's forward + backward, on the
     blocks it uses and in its threads (``attention_blocks``, ``map_in_threads``): the time
     NumPy's BLAS alone needs for this design. The products are thrown away; P and dS are
-    stood in for by the scores S (the same shapes; their values do not change a matmul's
+    stood in for by S and dP (the same shapes; their values do not change a matmul's
     time)."""
     q, k, v, do = arrays
     b, h, n, _ = q.shape
