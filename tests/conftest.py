@@ -30,9 +30,10 @@ def _threads_per_worker():
 # gets its share of the cores (one, on a machine with as many workers as cores) for minitx's
 # attention threads, NumPy's BLAS and PyTorch; the notebooks' kernels and the examples'
 # subprocesses inherit it. With every worker using every core, the workers took the cores
-# from each other: notebook 03 ran 252 s in the suite against 17 s alone, the ListOps example
-# on the stand-in 167 s against 26 s. The threaded paths are still tested: the tests of
-# ``tests/test_attention_blocks.py`` run with two threads (its ``two_threads`` fixture).
+# from each other: in the full NumPy pass (9 m 38 s, now about 5 m) notebook 03 took 207 s
+# (17 s alone) and the site build 266 s (36–48 s now). The threaded paths are still tested:
+# the tests of ``tests/test_attention_blocks.py`` run with two threads (its ``two_threads``
+# fixture).
 # The variables reach the subprocesses and the libraries loaded later; NumPy may already be
 # loaded here (by a plugin), so its BLAS is also limited directly, below.
 _SHARE = _threads_per_worker()

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minitx.functional as F
-from minitx.ops import attention as ops_attention
 from minitx.backend import device_of
+from minitx.ops import attention as ops_attention
 from minitx.ops import parallel
 from support import assert_close, qkv, tensor
 
@@ -50,8 +50,10 @@ def test_the_blocks_here_do_run_in_two_threads():
     real = parallel.map_in_threads
 
     def spy(fn, items, like=None):
-        return real(lambda item: (seen.add(parallel._state.__dict__.get("worker", False)),
-                                  fn(item))[1], items, like)
+        def marked(item):                       # notes whether it runs in a worker thread
+            seen.add(getattr(parallel._state, "worker", False))
+            return fn(item)
+        return real(marked, items, like)
     q, k, v = qkv(256, b=2, h=4, d=8)         # 2¹⁹ scores: more than one thread's worth
     with mock.patch.object(ops_attention, "map_in_threads", spy):
         F.scaled_dot_product_attention(tensor(q), tensor(k), tensor(v))

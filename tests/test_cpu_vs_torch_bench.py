@@ -10,9 +10,9 @@ import sys
 import pytest
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_vs_torch.py"
-ROWS = ("sgemm 2,048³", "engine chain", "SDPA forward + backward", "matmuls/torch", "flash_attention", "MultiheadAttention",
-        "TransformerEncoderLayer", "memory, forward + backward", "flash ", "local ", "linear ",
-        "performer ", "load average")
+ROWS = ("sgemm 2,048³", "engine chain", "SDPA forward + backward", "matmuls/torch",
+        "flash_attention", "MultiheadAttention", "TransformerEncoderLayer",
+        "memory, forward + backward", "flash ", "local ", "linear ", "performer ", "load average")
 
 
 def run_script(*code):
