@@ -6,26 +6,19 @@
     x = minitx.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
     F.softmax(x).sum().backward()
 
+``minitx.config.fast`` (default True; ``MINITX_FAST=0``, ``using_config(fast=False)``) switches
+the fast layer (``minitx/fast/``) on and off; the reference maths is the same either way.
+
 PyTorch's spellings work too: ``minitx.randn(2, 3, requires_grad=True)``, ``t.size()``,
 ``t.float()``, ``F.softmax(t, dim=-1)``, ``t.sum(dim=0, keepdim=True)``.
 """
 __version__ = "0.1.0"
 
-import os as _os
-import sys as _sys
-
-# NumPy's OpenBLAS keeps each idle worker thread spinning for 2**28 cycles (about 0.1 s) after
-# every matmul. The spinning thread takes a core from the element-wise passes that follow and
-# from attention's worker threads (ops/parallel.py). 2**20 cycles (about 0.4 ms) instead: the
-# threads are still awake for the next of a run of small matmuls, and asleep during a longer
-# element-wise stretch. Measured on 2 cores, with 2**28 / 2**4 / 2**20: TransformerEncoderLayer
-# (B = 4, T = 256, E = 256) forward + backward 55 / 42 / 40 ms; 300 steps of the seq2seq
-# example 7.2 / 7.6 / 6.0 s. OpenBLAS reads this once, when NumPy loads it, so it only takes
-# effect when minitx is imported before NumPy (the CLI, the examples and the benchmarks do);
-# a value the user set is kept.
-if "numpy" not in _sys.modules:
-    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
-
+from . import configuration
+from .configuration import config, using_config
+# The fast layer first: its set-up (OpenBLAS's thread timeout, minitx/fast/host.py) must come
+# before NumPy loads; importing it registers every fast twin (minitx/fast/__init__.py).
+from . import fast
 from . import backend
 from .backend import (get_array_module, get_backend, gpu_available, manual_seed,
                       set_backend)
@@ -52,4 +45,5 @@ __all__ = ["__version__", "Tensor", "tensor", "Function", "no_grad", "enable_gra
            "is_grad_enabled", "set_grad_enabled", "gradcheck", "checkpoint", "manual_seed",
            "set_backend", "get_backend", "get_array_module", "gpu_available", "functional",
            "backend", "ops", "zeros", "ones", "full", "rand", "randn", "arange", "zeros_like",
-           "ones_like", "full_like", "randn_like"]
+           "ones_like", "full_like", "randn_like",
+           "config", "using_config", "configuration", "fast"]

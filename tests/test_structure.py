@@ -4,15 +4,16 @@ their files, and every registered attention variant's every parameter learns.
 The layers (README, "Architecture"), bottom up — a module may import from its own layer or
 any layer below, never above:
 
-    0  validate                          option checks (imports nothing from minitx)
+    0  validate, configuration           option checks; the fast/reference switch and its table
     1  backend                           the array module, devices, the CUDA launcher
     2  autograd, ops, functional         the core: Tensor, Function, engine, the ops
-    3  nn, optim                         Module, layers, init, positional encodings; optimizers
-    4  attention                         the registry and every variant
-    5  models                            MultiheadAttention, transformer blocks, models
-    6  pretrained, interop, metrics,     built from models: checkpoints, PyTorch hand-off,
-       data, viz                         measures, data sets, pictures
-    7  tour, cli, __main__               the programs
+    3  fast, minitx/__init__.py          every CPU speed trick, registered as the ops' twins
+    4  nn, optim                         Module, layers, init, positional encodings; optimizers
+    5  attention                         the registry and every variant
+    6  models                            MultiheadAttention, transformer blocks, models
+    7  pretrained, interop, metrics,     built from models: checkpoints, PyTorch hand-off,
+       data, viz, patching               measures, data sets, pictures, patching
+    8  tour, cli, __main__, site         the programs
 
 Two deliberate exceptions, both documented where they are: ``autograd/tensor.py`` binds the
 engine and ``minitx.ops`` at its end (the core is one layer: Tensor's operators are calls into
@@ -33,7 +34,8 @@ import minitx
 from minitx.attention import REGISTRY
 
 ROOT = pathlib.Path(minitx.__file__).parent
-LAYERS = [("validate",), ("backend",), ("autograd", "ops", "functional", "__init__"),
+LAYERS = [("validate", "configuration"), ("backend",), ("autograd", "ops", "functional"),
+          ("fast", "__init__"),
           ("nn", "optim"),
           ("attention",), ("models",),
           ("pretrained", "interop", "metrics", "data", "viz", "patching"),
