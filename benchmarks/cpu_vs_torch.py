@@ -48,7 +48,7 @@ import numpy as np
 import minitx.functional as F
 from minitx import nn
 from minitx.attention import REGISTRY
-from minitx.ops.attention import (_by_heads, attention_blocks, grouped_key_grad, grouped_scores,
+from minitx.ops.sdpa import (_by_heads, attention_blocks, grouped_key_grad, grouped_scores,
                                   grouped_values)
 from minitx.ops.parallel import map_in_threads, thread_count
 

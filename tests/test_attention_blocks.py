@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import minitx.functional as F
 from minitx.backend import device_of
-from minitx.ops import attention as ops_attention
+from minitx.ops import sdpa as ops_attention
 from minitx.ops import parallel
 from support import assert_close, qkv, tensor
 

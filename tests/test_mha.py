@@ -8,7 +8,7 @@ import minitx
 import minitx.nn as nn
 from minitx.attention import (REGISTRY, ExactSelfAttention, causal_pattern,
                               dense_attention_array, default_kv_heads)
-from minitx.models import attention as models_attention
+from minitx.models import multihead as models_attention
 from support import tensor, to_host
 
 MINE = ["mha", "mqa", "gqa", "dot", "additive", "rope", "alibi", "relative"]

@@ -284,7 +284,7 @@ def test_self_attention_is_permutation_equivariant(perm):
     (2, 2, 2, 65, 65, 3, 3),        # one row past a block boundary
 ])
 def test_causal_block_path_equals_dense_fused_path(monkeypatch, b, h, hkv, nq, nk, d, dv):
-    from minitx.ops import attention as ops_attention
+    from minitx.ops import sdpa as ops_attention
     r = np.random.default_rng(7)
     arrays = (r.standard_normal((b, h, nq, d)), r.standard_normal((b, hkv, nk, d)),
               r.standard_normal((b, hkv, nk, dv)))
@@ -318,7 +318,7 @@ def test_causal_block_path_equals_dense_fused_path(monkeypatch, b, h, hkv, nq, n
 
 
 def test_causal_block_path_gradcheck(monkeypatch):
-    from minitx.ops import attention as ops_attention
+    from minitx.ops import sdpa as ops_attention
     monkeypatch.setattr(ops_attention, "CAUSAL_BLOCK", 16)
     r = np.random.default_rng(3)
     q, k, v = [tensor(r.standard_normal((1, 2, 40, 3)), requires_grad=True) for _ in range(3)]
@@ -337,7 +337,7 @@ def test_shifted_and_unshifted_softmax_agree_with_the_reference(scale, nq, nk, c
     Cauchy–Schwarz bound says a score may pass the limit, the bound holds, and output and
     gradients match the float64 reference (which always shifts) and the op with the shift
     forced, in float64 and float32."""
-    from minitx.ops import attention as ops_attention
+    from minitx.ops import sdpa as ops_attention
     q, k, v = qkv(nq, nk, b=1, h=2, d=8, dv=3, scale=scale, seed=seed)
     qs = q / np.sqrt(8)
     bound = ops_attention.scores_bound(tensor(qs).data, tensor(k).data)
@@ -376,7 +376,7 @@ def test_shifted_and_unshifted_softmax_agree_with_the_reference(scale, nq, nk, c
 def test_scores_bound_is_nan_with_a_nan_input_and_the_op_then_shifts():
     """A NaN in q makes the bound NaN; ``not bound <= limit`` then takes the shifted path,
     so the NaN spreads exactly as before (no row max is skipped on a NaN)."""
-    from minitx.ops import attention as ops_attention
+    from minitx.ops import sdpa as ops_attention
     q, k, v = qkv(3, 4, b=1, h=1, d=2)
     q[0, 0, 1, 0] = np.nan
     assert np.isnan(ops_attention.scores_bound(tensor(q).data, tensor(k).data))
@@ -391,7 +391,7 @@ def test_delta_folded_into_the_matmul_equals_the_subtraction(monkeypatch, causal
     dO Vᵀ then − δ for small ones: forced either way (threshold 0 or never), the gradients
     agree to float64 rounding, and the folded form passes gradcheck (GQA, Nq ≠ Nk, a bias
     for the fused op)."""
-    from minitx.ops import attention as ops_attention
+    from minitx.ops import sdpa as ops_attention
     q, k, v = qkv(5, 7, b=2, h=4, hkv=2, d=3, dv=2, seed=11)
     bias = np.random.default_rng(2).standard_normal((1, 4, 5, 7))
 

@@ -140,7 +140,7 @@ def test_the_course_runs_in_order_with_previous_and_next(site):
     order = [p.path for p in pages]
     # the reading order of the issue: engine before softmax before SDPA … before pretrained
     milestones = ["minitx/autograd/tensor.py", "minitx/ops/activation.py",
-                  "minitx/ops/attention.py", "minitx/models/attention.py",
+                  "minitx/ops/sdpa.py", "minitx/models/multihead.py",
                   "minitx/nn/positional.py", "minitx/models/gpt.py", "minitx/attention/sparse.py",
                   "minitx/attention/linformer.py", "minitx/attention/performer.py",
                   "minitx/attention/reformer.py", "minitx/attention/routing.py",

@@ -6,12 +6,12 @@
 
 See ``base.py`` for the contract every variant follows; ``classic.py`` for the forms readers
 meet first (start with ``simple_attention``). The fused functional ops the variants call live
-one layer down, in ``minitx.ops`` (``ops/attention.py``, ``ops/flash.py``); they are re-exported
+one layer down, in ``minitx.ops`` (``ops/sdpa.py``, ``ops/flash.py``); they are re-exported
 here and in ``minitx.functional``.
 """
 from ..nn.positional import (LearnedPositionalEmbedding,  # noqa: F401 - where users look
                              SinusoidalPositionalEncoding, sinusoidal_positions)
-from ..ops.attention import (attention_weights, merge_masks,  # noqa: F401
+from ..ops.sdpa import (attention_weights, merge_masks,  # noqa: F401
                              scaled_dot_product_attention, why_not_flash)
 from ..ops.flash import flash_attention, flash_attention_arrays  # noqa: F401
 from .base import (PROJECTIONS, REGISTRY, AttentionBase, causal_pattern,  # noqa: F401

@@ -36,7 +36,7 @@ from ..nn.hooks import HookPoint
 from ..nn.layers import Linear
 from ..nn.module import Module
 from ..ops.activation import softmax, softmax_array
-from ..ops.attention import check_heads, merge_heads, repeat_kv, split_heads
+from ..ops.sdpa import check_heads, merge_heads, repeat_kv, split_heads
 from ..ops.dropout import dropout
 from ..ops.indexing import masked_fill, where
 from ..ops.linalg import matmul

@@ -7,7 +7,7 @@
   complete layer (projections + the fused ``scaled_dot_product_attention``).
 
 Everything here is built from differentiable ops (no hand-written backward): read it next to
-``ops/attention.py``, which computes the same ``softmax(Q Kᵀ/√D + M) V`` as one fused node.
+``ops/sdpa.py``, which computes the same ``softmax(Q Kᵀ/√D + M) V`` as one fused node.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ..autograd.tensor import Tensor
 from ..nn.layers import Linear
 from ..nn.module import Module
 from ..ops.activation import softmax
-from ..ops.attention import scaled_dot_product_attention
+from ..ops.sdpa import scaled_dot_product_attention
 from ..ops.elementwise import tanh
 from ..ops.indexing import masked_fill
 from ..ops.linalg import matmul

@@ -1,6 +1,6 @@
 """The registered exact variants: multi-head attention and its key/value-sharing relatives.
 
-Each is ``scaled_dot_product_attention`` (``ops/attention.py``) on heads, with its own
+Each is ``scaled_dot_product_attention`` (``ops/sdpa.py``) on heads, with its own
 projections: ``mha`` (Vaswani et al. 2017), ``mqa`` (one key/value head, Shazeer 2019), ``gqa``
 (grouped key/value heads, Ainslie et al. 2023), and two other score functions, ``dot``
 (Luong's unscaled score) and ``additive`` (Bahdanau's MLP score, per head).
@@ -18,7 +18,7 @@ from ..backend import get_array_module, xp as active_xp
 from ..nn.hooks import HookPoint
 from ..nn.layers import Linear
 from ..nn.module import Parameter
-from ..ops.attention import merge_masks, scaled_dot_product_attention
+from ..ops.sdpa import merge_masks, scaled_dot_product_attention
 from ..ops.dropout import dropout
 from ..ops.indexing import masked_fill
 from ..ops.linalg import matmul

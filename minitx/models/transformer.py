@@ -33,7 +33,7 @@ from ..nn.layers import Dropout, LayerNorm, Linear
 from ..nn.module import Module, ModuleList
 from ..ops.elementwise import gelu, relu
 from ..ops.shape import transpose
-from .attention import MultiheadAttention, torch_masks_to_sdpa
+from .multihead import MultiheadAttention, torch_masks_to_sdpa
 
 __all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
            "TransformerDecoder", "build_self_attention", "get_activation"]

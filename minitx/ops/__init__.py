@@ -10,6 +10,6 @@ from .dropout import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403
 from .sort import *  # noqa: F401,F403
 from ._util import unbroadcast  # noqa: F401
-from .attention import (scaled_dot_product_attention, attention_weights,  # noqa: F401
+from .sdpa import (scaled_dot_product_attention, attention_weights,  # noqa: F401
                         why_not_flash, attention_backward)
 from .flash import flash_attention  # noqa: F401

@@ -29,7 +29,7 @@ Only (O, lse) are kept for backward — the same statistics as the CUDA kernel
 (``minitx.backend.flash_cuda``).
 
 Backward recomputes each tile's probabilities from the saved lse, P = exp(S − lse), and applies
-the five equations of ``ops/attention.py`` to the tile (``attention_backward``), with
+the five equations of ``ops/sdpa.py`` to the tile (``attention_backward``), with
 δ = rowsum(dO ⊙ O) computed once per block of queries.
 
 Time O(N²·D) (like dense), memory O(N·D + b_q·b_k): exact. Causal masking is bottom-right
@@ -48,7 +48,7 @@ from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of
 from . import dispatch
 from ._util import row_max, row_sum
-from .attention import (_widen_half, attention_backward, check_heads, check_scale,
+from .sdpa import (_widen_half, attention_backward, check_heads, check_scale,
                         grouped_scores, grouped_values)
 from .elementwise import astype
 from .parallel import map_in_threads

@@ -204,7 +204,7 @@ def _np_attention(q, k, v, causal=False):
 OP_PAGES = {
     "softmax": ("minitx/ops/activation.py", "softmax"),
     "log_softmax": ("minitx/ops/activation.py", "log_softmax"),
-    "scaled_dot_product_attention": ("minitx/ops/attention.py", "scaled_dot_product_attention"),
+    "scaled_dot_product_attention": ("minitx/ops/sdpa.py", "scaled_dot_product_attention"),
     "flash_attention": ("minitx/ops/flash.py", "flash_attention"),
     "layer_norm": ("minitx/ops/norm.py", "layer_norm"),
     "matmul": ("minitx/ops/linalg.py", "matmul"),

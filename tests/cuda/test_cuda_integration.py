@@ -258,7 +258,7 @@ def test_flash_attention_large_dv_keeps_the_numpy_path(emu):
     _close("out", out, ref)                        # and the NumPy path's values, not just shape
 
 
-# ------------------------------------------------------------------ SDPA (ops/attention.py)
+# ------------------------------------------------------------------ SDPA (ops/sdpa.py)
 # (shape of q as (lead..., H, N, D) pieces: lead, H, Hkv, Nq, Nk, D, Dv, is_causal)
 SDPA_CASES = [
     ((2,), 2, 2, 1, 1, 32, 32, False),

@@ -31,7 +31,7 @@ from ..nn import init
 from ..nn.layers import Linear
 from ..nn.module import Module, Parameter
 from ..nn.hooks import HookPoint
-from ..ops.attention import merge_heads, scaled_dot_product_attention, split_heads
+from ..ops.sdpa import merge_heads, scaled_dot_product_attention, split_heads
 from ..ops.indexing import getitem
 from ..ops.linalg import linear
 from ..ops.shape import expand_dims, squeeze, transpose
