@@ -5,7 +5,7 @@
     o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 Everything here comes from ``minitx.ops`` (one Function per op); attention's fused ops are
-``ops/sdpa.py`` (``scaled_dot_product_attention``, ``attention_weights``,
+``ops/sdpa.py`` (``scaled_dot_product_attention``, ``attention_scores``, ``attention_weights``,
 ``why_not_flash``) and ``ops/flash.py`` (``flash_attention``).
 
 Every op with an ``axis`` also takes PyTorch's ``dim=`` (and ``keepdim=`` for ``keepdims``):

@@ -5,7 +5,7 @@ Each is checked against a direct NumPy formula, by float64 gradcheck, on fully m
 """
 import numpy as np
 import pytest
-from hypothesis import example, given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 import minitx
 import minitx.functional as F
@@ -275,140 +275,60 @@ def test_self_attention_is_permutation_equivariant(perm):
     np.testing.assert_allclose(layer(tensor(x[:, perm])).numpy(), y[:, perm], atol=1e-12)
 
 
-# ---- the causal block path: the same numbers as the dense fused path -----------------------
+# ---- one dense attention: the fused op and its composed twin --------------------------------
 
-@pytest.mark.parametrize("b,h,hkv,nq,nk,d,dv", [
-    (2, 4, 2, 100, 100, 8, 5),      # GQA, ragged tail block
-    (1, 2, 1, 130, 70, 4, 3),       # Nq > Nk: the first 60 rows see no key (zeros)
-    (1, 2, 2, 70, 200, 4, 6),       # Nq < Nk: bottom-right alignment
-    (2, 2, 2, 65, 65, 3, 3),        # one row past a block boundary
-])
-def test_causal_block_path_equals_dense_fused_path(monkeypatch, b, h, hkv, nq, nk, d, dv):
-    from minitx.ops import sdpa as ops_attention
-    r = np.random.default_rng(7)
-    arrays = (r.standard_normal((b, h, nq, d)), r.standard_normal((b, hkv, nk, d)),
-              r.standard_normal((b, hkv, nk, dv)))
-    g = r.standard_normal((b, h, nq, dv))
-    results = {}
-    monkeypatch.setattr(ops_attention, "CAUSAL_BLOCK", 32)
-    for path in ("blocked", "dense"):
-        ts = [tensor(x, requires_grad=True) for x in arrays]
-        if path == "blocked":              # is_causal: blocks of at most 32 query rows
-            o = F.scaled_dot_product_attention(*ts, is_causal=True, enable_gqa=True)
-        else:                              # the same mask given whole: rows never split
-            o = F.scaled_dot_product_attention(*ts, attn_mask=np.tri(nq, nk, nk - nq, dtype=bool),
-                                               enable_gqa=True)
-        assert o._ctx.fn is ops_attention.SDPAFunction
-        whole_rows = all(blk[3] == 0 and blk[4] == nq for blk in o._ctx.blocks)
-        assert whole_rows == (path == "dense")  # blocks of heads may split, never the rows
-        (o * tensor(g)).sum().backward()
-        results[path] = [o.numpy()] + [t.grad.numpy() for t in ts]
-    for got, want in zip(results["blocked"], results["dense"]):
-        assert np.all(np.isfinite(got))
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-    # the dense reference itself, by hand: query i sees key j iff j <= i + nk - nq
-    allowed = np.tri(nq, nk, nk - nq, dtype=bool)
-    kk = np.repeat(arrays[1], h // hkv, axis=1)
-    vv = np.repeat(arrays[2], h // hkv, axis=1)
-    s = np.where(allowed, arrays[0] @ np.swapaxes(kk, -1, -2) / np.sqrt(d), -np.inf)
-    m = np.max(s, -1, keepdims=True)
-    p = np.exp(s - np.where(np.isfinite(m), m, 0))
-    p /= np.maximum(p.sum(-1, keepdims=True), 1e-300)
-    np.testing.assert_allclose(results["blocked"][0], p @ vv, rtol=1e-10, atol=1e-12)
-
-
-def test_causal_block_path_gradcheck(monkeypatch):
-    from minitx.ops import sdpa as ops_attention
-    monkeypatch.setattr(ops_attention, "CAUSAL_BLOCK", 16)
-    r = np.random.default_rng(3)
-    q, k, v = [tensor(r.standard_normal((1, 2, 40, 3)), requires_grad=True) for _ in range(3)]
-    assert minitx.gradcheck(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
-                            (q, k, v))
-
-
-# ---- the softmax without its shift ---------------------------------------------------------
-
-@given(scale=st.sampled_from([0.1, 1.0, 3.0, 6.0, 30.0]), nq=st.integers(1, 70),
-       nk=st.integers(1, 70), causal=st.booleans(), seed=st.integers(0, 2 ** 16))
-@example(scale=30.0, nq=44, nk=47, causal=False, seed=1)     # float64 error 2.6e-12: see below
-def test_shifted_and_unshifted_softmax_agree_with_the_reference(scale, nq, nk, causal, seed):
-    """Scores of every size (inputs ×0.1 … ×30: from bounds far below ``UNSHIFTED_LIMIT`` to
-    far above, |S| up to a few thousand): the op subtracts the row max exactly when the
-    Cauchy–Schwarz bound says a score may pass the limit, the bound holds, and output and
-    gradients match the float64 reference (which always shifts) and the op with the shift
-    forced, in float64 and float32."""
-    from minitx.ops import sdpa as ops_attention
-    q, k, v = qkv(nq, nk, b=1, h=2, d=8, dv=3, scale=scale, seed=seed)
-    qs = q / np.sqrt(8)
-    bound = ops_attention.scores_bound(tensor(qs).data, tensor(k).data)
-    assert bound >= np.abs(qs @ np.swapaxes(k, -1, -2)).max() * (1 - 1e-12)
-    allowed = np.tri(nq, nk, nk - nq, dtype=bool) if causal else None
-    want, _ = reference(q, k, v, allowed)
-    g = np.random.default_rng(seed).standard_normal(want.shape)
-    # each dtype rounds a score by about |S|·eps and the softmax passes that on to the
-    # output (times |v|): the tolerance grows with the bound, as the rounding does — in
-    # float64 too, from 1e-12 for small scores (hypothesis found scale 30, N = 44 × 47:
-    # bound 6,943, |v| 85, an error of 2.6e-12 against the reference's matmul order)
-    growth = (1 + bound) * (1 + np.abs(v).max())
-    for dtype, tol in (("float64", max(1e-12, 2e-15 * growth)), ("float32", 1e-6 * growth)):
-        results = []
-        for limit in (ops_attention.UNSHIFTED_LIMIT, -1.0):    # the op's choice; always shift
-            calls = []
-            real = ops_attention.row_max
-            ops_attention.row_max = lambda s: calls.append(1) or real(s)
-            saved = ops_attention.UNSHIFTED_LIMIT
-            ops_attention.UNSHIFTED_LIMIT = limit
-            try:
-                ts = [tensor(a, dtype=dtype, requires_grad=True) for a in (q, k, v)]
-                o = F.scaled_dot_product_attention(*ts, is_causal=causal)
-                (o * tensor(g, dtype=dtype)).sum().backward()
-            finally:
-                ops_attention.row_max, ops_attention.UNSHIFTED_LIMIT = real, saved
-            shifted = bool(calls)
-            assert shifted == (limit < 0 or bound > limit)
-            results.append([o.numpy()] + [t.grad.numpy() for t in ts])
-        assert np.all(np.isfinite(results[0][0]))
-        assert_close(results[0][0], want, rtol=tol, atol=tol)
-        for got, forced in zip(*results):
-            assert_close(got, forced, rtol=tol, atol=tol * (1 + np.abs(forced).max()))
-
-
-def test_scores_bound_is_nan_with_a_nan_input_and_the_op_then_shifts():
-    """A NaN in q makes the bound NaN; ``not bound <= limit`` then takes the shifted path,
-    so the NaN spreads exactly as before (no row max is skipped on a NaN)."""
-    from minitx.ops import sdpa as ops_attention
-    q, k, v = qkv(3, 4, b=1, h=1, d=2)
-    q[0, 0, 1, 0] = np.nan
-    assert np.isnan(ops_attention.scores_bound(tensor(q).data, tensor(k).data))
-    out = F.scaled_dot_product_attention(*(tensor(a) for a in (q, k, v))).numpy()
-    assert np.isnan(out[0, 0, 1]).all() and np.isfinite(out[0, 0, [0, 2]]).all()
-
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("fn", ["fused", "flash"])
-def test_delta_folded_into_the_matmul_equals_the_subtraction(monkeypatch, causal, fn):
-    """``attention_backward`` computes dP − δ as [dO, −δ][V, 1]ᵀ for big blocks and as
-    dO Vᵀ then − δ for small ones: forced either way (threshold 0 or never), the gradients
-    agree to float64 rounding, and the folded form passes gradcheck (GQA, Nq ≠ Nk, a bias
-    for the fused op)."""
-    from minitx.ops import sdpa as ops_attention
-    q, k, v = qkv(5, 7, b=2, h=4, hkv=2, d=3, dv=2, seed=11)
-    bias = np.random.default_rng(2).standard_normal((1, 4, 5, 7))
-
-    def call(a, b, c, *extra):
-        if fn == "flash":
-            return F.flash_attention(a, b, c, causal=causal, block_q=2, block_k=3)
-        return F.scaled_dot_product_attention(a, b, c, attn_mask=extra[0], is_causal=causal,
-                                              enable_gqa=True)
-    grads = []
-    for threshold in (0, 2 ** 62):
-        monkeypatch.setattr(ops_attention, "DELTA_IN_MATMUL", threshold)
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 9), st.sampled_from([(2, 2), (4, 2), (4, 1)]),
+       st.sampled_from(["none", "bool", "bias", "causal"]), st.integers(0, 2 ** 16))
+def test_the_composed_form_equals_the_fused_reference(nq, nk, heads, mask_kind, seed):
+    """``attention_scores`` → softmax → P V, one op at a time (what the hookable paths run),
+    against ``SDPAFunction``, the one fused node (fast layer off): outputs and gradients of q,
+    k, v and a learned bias agree to rounding, rows emptied by a mask included."""
+    h, hkv = heads
+    rng = np.random.default_rng(seed)
+    q, k, v = qkv(nq, nk, b=2, h=h, hkv=hkv, d=3, dv=2, rng=rng)
+    do = rng.standard_normal((2, h, nq, 2))
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.random((2, 1, nq, nk)) < 0.6
+        mask[0, 0, 0] = False                            # a row with no key at all
+    elif mask_kind == "bias":
+        mask = rng.standard_normal((1, h, nq, nk))
+    causal = mask_kind == "causal"
+    results = []
+    for composed in (True, False):
         ts = [tensor(a, requires_grad=True) for a in (q, k, v)]
-        extra = [tensor(bias, requires_grad=True)] if fn == "fused" else []
-        out = call(*ts, *extra)
-        (out * out).sum().backward()
-        grads.append([t.grad.numpy() for t in ts + extra])
-        if threshold == 0:
-            assert minitx.gradcheck(call, tuple(ts + extra))
-    for folded, plain in zip(*grads):
-        np.testing.assert_allclose(folded, plain, rtol=1e-12, atol=1e-13)
+        m = None if mask is None else tensor(mask, dtype=None if mask.dtype == bool else
+                                             "float64", requires_grad=mask.dtype != bool)
+        with minitx.using_config(fast=False):
+            if composed:
+                s = F.attention_scores(ts[0], ts[1], attn_mask=m, is_causal=causal,
+                                       enable_gqa=True)
+                p = F.softmax(s, axis=-1)
+                vv = minitx.attention.repeat_kv(ts[2], h)
+                out = p @ vv
+            else:
+                out = sdpa(*ts, attn_mask=m, is_causal=causal, enable_gqa=True)
+                assert out._ctx.fn is minitx.ops.sdpa.SDPAFunction
+        out.backward(tensor(do))
+        grads = [t.grad.numpy() for t in ts]
+        if m is not None and m.requires_grad:
+            grads.append(m.grad.numpy())
+        results.append([out.numpy()] + grads)
+    for composed, fused in zip(*results):
+        assert np.all(np.isfinite(fused))
+        assert_close(composed, fused, rtol=1e-12, atol=1e-13)
+
+
+def test_gradcheck_attention_scores_with_masks(rng):
+    """The scores alone: dQ = dS K·scale and dK = dSᵀ Q·scale, zero through masked entries
+    (their −inf is a constant), and the bias's gradient dS."""
+    q, k = (tensor(rng.standard_normal((1, 2, 5, 3)), requires_grad=True) for _ in range(2))
+    bias = tensor(rng.standard_normal((1, 2, 5, 5)), requires_grad=True)
+    allowed = tensor(rng.random((1, 1, 5, 5)) < 0.7, dtype=None)
+
+    def masked(a, b):
+        s = F.attention_scores(a, b, attn_mask=allowed, is_causal=True)
+        return F.where(minitx.tensor(np.isfinite(s.numpy())), s, 0.0)   # the −inf are constants
+    assert minitx.gradcheck(masked, (q, k))
+    assert minitx.gradcheck(lambda a, b, c: F.attention_scores(a, b, attn_mask=c), (q, k, bias))

@@ -27,22 +27,22 @@ construction.
 from __future__ import annotations
 
 import difflib
-import math
 
 from .. import validate
-from ..backend import get_array_module, host_xp, to_device_of
-from ..autograd.tensor import Tensor
+from ..backend import get_array_module, host_xp
 from ..nn.hooks import HookPoint
 from ..nn.layers import Linear
 from ..nn.module import Module
 from ..ops.activation import softmax, softmax_array
-from ..ops.sdpa import check_heads, merge_heads, repeat_kv, split_heads
+from ..ops.sdpa import (attention_forward, attention_scores, check_heads, mask_scores,
+                        merge_heads, repeat_kv, scaled_dot_product_attention, split_heads)
 from ..ops.dropout import dropout
-from ..ops.indexing import masked_fill, where
+from ..ops.indexing import masked_fill
 from ..ops.linalg import matmul
 from ..ops.shape import transpose
 
 __all__ = ["REGISTRY", "register", "AttentionBase", "hooked_heads", "materialized_attention",
+           "hookable_attention",
            "kernel_feature_hooks", "split_heads", "merge_heads", "repeat_kv", "repeat_kv_array",
            "check_heads", "dense_attention_array", "causal_pattern", "softmax_rows_array",
            "PROJECTIONS"]
@@ -99,29 +99,22 @@ def repeat_kv_array(x, num_heads: int):
 
 
 def dense_attention_array(q, k, v, allowed=None, scale=None):
-    """softmax(q kᵀ · scale, masked to ``allowed``) v on raw arrays — the reference.
+    """softmax(q kᵀ · scale, masked to ``allowed``) v on raw arrays — the reference every
+    variant is tested against: ``ops.sdpa.attention_forward``, minitx's one dense attention.
 
     q (B, H, Nq, D), k/v (B, Hkv, Nk, D); ``allowed`` broadcastable to (B, H, Nq, Nk),
     True = may attend (a host mask is moved to the data's device). Rows with no allowed key
     give zeros. Not differentiable.
     """
-    xp = get_array_module(q, k, v)
-    h = q.shape[1]
-    k, v = repeat_kv_array(k, h), repeat_kv_array(v, h)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = (q @ xp.swapaxes(k, -1, -2)) * scale
-    return softmax_rows_array(s, allowed) @ v
+    return attention_forward(q, k, v, allowed=allowed, scale=scale)[0]
 
 
 def softmax_rows_array(s, allowed=None):
     """Raw arrays: softmax over the last axis of scores ``s``, keys outside ``allowed``
     (broadcastable to ``s``, True = may attend) get probability 0; rows with no allowed key
-    give zeros. The dense softmax ``dense_attention_array`` and the "score" variants'
-    ``reference`` methods share."""
-    if allowed is not None:
-        xp = get_array_module(s)
-        s = xp.where(to_device_of(allowed, s), s, -xp.inf)
-    return softmax_array(s, axis=-1)
+    give zeros. The "score" variants' ``reference`` methods use it on their own scores; the
+    mask is applied by ``ops.sdpa.mask_scores``, as in every dense attention."""
+    return softmax_array(mask_scores(s.copy(), allowed=allowed), axis=-1)
 
 
 # ---- the Module base ---------------------------------------------------------------------
@@ -136,9 +129,10 @@ def hooked_heads(hook, heads):
 
 def materialized_attention(q, k, v, *, scale, causal=False, mask=None, dropout_p=0.0,
                            hook_scores=None, hook_pattern=None):
-    """Softmax attention written out, so hooks can read and replace its two N × N stages:
+    """Softmax attention in its composed form, so hooks can read and replace its two N × N
+    stages (``ops.sdpa.attention_scores``, ``softmax``, a matmul):
 
-        S = Q Kᵀ·scale + bias, −inf where not allowed   → ``hook_scores``  (B, H, Nq, Nk)
+        S = Q Kᵀ·scale + M, −inf where not allowed      → ``hook_scores``  (B, H, Nq, Nk)
         P = softmax(S), 0 on rows with no allowed key   → ``hook_pattern`` (B, H, Nq, Nk)
         Z = dropout(P) V                                                   (B, H, Nq, D)
 
@@ -148,32 +142,32 @@ def materialized_attention(q, k, v, *, scale, causal=False, mask=None, dropout_p
     ``scaled_dot_product_attention`` only when a scores or pattern hook is set (same values to
     rounding). Returns (Z, P).
     """
-    xp = get_array_module(q.data)
-    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])          # (B, H, Nk, D)
-    scores = matmul(q, transpose(k, (0, 1, 3, 2))) * scale             # (B, H, Nq, Nk)
-    nq, nk = scores.shape[-2:]
-    allowed = causal_pattern(nq, nk, xp) if causal else None
-    if mask is not None:
-        raw = mask.data if isinstance(mask, Tensor) else xp.asarray(mask)
-        if raw.dtype == bool:
-            ok = raw
-        else:
-            scores = scores + (mask if isinstance(mask, Tensor) else Tensor(raw))
-            ok = xp.isfinite(raw)
-        allowed = ok if allowed is None else allowed & ok
-    if allowed is not None:
-        allowed = xp.broadcast_to(allowed, scores.shape)
-        scores = masked_fill(scores, ~allowed, -math.inf)
+    scores = attention_scores(q, k, attn_mask=mask, is_causal=causal, scale=scale,
+                              enable_gqa=True)                         # (B, H, Nq, Nk)
     if hook_scores is not None:
         scores = hook_scores(scores)
-    if allowed is None:
-        pattern = softmax(scores, axis=-1)
-    else:             # a row of −inf alone would give NaN: such rows become zeros
-        lowest = Tensor(xp.asarray(xp.finfo(scores.dtype).min, dtype=scores.dtype))
-        pattern = masked_fill(softmax(where(allowed, scores, lowest), axis=-1), ~allowed, 0.0)
+    pattern = softmax(scores, axis=-1)
     if hook_pattern is not None:
         pattern = hook_pattern(pattern)
+    v = repeat_kv(v, q.shape[1])                                       # (B, H, Nk, D)
     return matmul(dropout(pattern, dropout_p, training=dropout_p > 0), v), pattern
+
+
+def hookable_attention(layer, q, k, v, *, scale, causal=False, mask=None, dropout_p=0.0,
+                       need_weights=False):
+    """Softmax attention for a layer with the hook points ``hook_attn_scores`` and
+    ``hook_pattern``: the composed form when either hook is set (``materialized_attention``,
+    so the hooks see and may replace the N × N maps), the fused op otherwise (same values to
+    rounding). Shapes and masks as ``materialized_attention``'s. Returns (out, weights), the
+    weights None unless a hook is set or ``need_weights``."""
+    if layer.hook_attn_scores.active or layer.hook_pattern.active:
+        return materialized_attention(q, k, v, scale=scale, causal=causal, mask=mask,
+                                      dropout_p=dropout_p, hook_scores=layer.hook_attn_scores,
+                                      hook_pattern=layer.hook_pattern)
+    res = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                       is_causal=causal, scale=scale, enable_gqa=True,
+                                       return_weights=need_weights)
+    return res if need_weights else (res, None)
 
 
 #: the largest N for which a kernel variant forms its implied N × N pattern for a hook

@@ -28,10 +28,6 @@ __all__ = ["simple_attention", "dot_product_attention", "additive_scores", "Addi
            "SelfAttention", "CausalSelfAttention"]
 
 
-def _shape(t):
-    return tuple(t.shape)
-
-
 def simple_attention(q, k, v, mask=None):
     """softmax(q kᵀ / √d + M) v in five lines — the formula, before any engineering.
 
@@ -68,17 +64,17 @@ def dot_product_attention(query, key, value, weight=None, mask=None):
     if weight is None:
         if query.shape[-1] != key.shape[-1]:
             raise ValueError(f"dot_product_attention: 'dot' scores need equal query/key dims, "
-                             f"got query {_shape(query)} and key {_shape(key)} (pass weight "
+                             f"got query {tuple(query.shape)} and key {tuple(key.shape)} (pass weight "
                              "for 'general')")
         qw = query
     else:
-        if _shape(weight) != (query.shape[-1], key.shape[-1]):
+        if tuple(weight.shape) != (query.shape[-1], key.shape[-1]):
             raise ValueError(f"dot_product_attention: weight must be (Dq, Dk) = "
-                             f"{(query.shape[-1], key.shape[-1])}, got {_shape(weight)}")
+                             f"{(query.shape[-1], key.shape[-1])}, got {tuple(weight.shape)}")
         qw = matmul(query, weight)                              # (…, Nq, Dq) @ (Dq, Dk)
     if key.shape[-2] != value.shape[-2]:
         raise ValueError(f"dot_product_attention: key and value must have the same length, "
-                         f"got key {_shape(key)} and value {_shape(value)}")
+                         f"got key {tuple(key.shape)} and value {tuple(value.shape)}")
     scores = matmul(qw, swapaxes(key, -1, -2))                  # (…, Nq, Dk) @ (…, Dk, Nk)
     weights = _masked_softmax(scores, mask)                     # (…, Nq, Nk)
     return matmul(weights, value), weights                      # (…, Nq, Nk) @ (…, Nk, Dv)
@@ -121,7 +117,7 @@ class AdditiveAttention(Module):
     def forward(self, query, key, value, mask=None):
         if key.shape[-2] != value.shape[-2]:
             raise ValueError(f"AdditiveAttention: key and value must have the same length, "
-                             f"got key {_shape(key)} and value {_shape(value)}")
+                             f"got key {tuple(key.shape)} and value {tuple(value.shape)}")
         scores = additive_scores(query, key, self.W_q.weight, self.W_k.weight,
                                  reshape(self.v.weight, (-1,)))     # (B, Nq, Nk)
         weights = _masked_softmax(scores, mask)
@@ -150,7 +146,7 @@ class SelfAttention(Module):
     def forward(self, x, mask=None):
         if len(x.shape) != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"{type(self).__name__}: x must be (B, N, {self.embed_dim}), got "
-                             f"shape {_shape(x)}")
+                             f"shape {tuple(x.shape)}")
         q, k, v = self.query(x), self.key(x), self.value(x)          # (B, N, E) each
         y, w = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal,
                                             return_weights=True)     # (B, N, E), (B, N, N)

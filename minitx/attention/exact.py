@@ -18,12 +18,12 @@ from ..backend import get_array_module, xp as active_xp
 from ..nn.hooks import HookPoint
 from ..nn.layers import Linear
 from ..nn.module import Parameter
-from ..ops.sdpa import merge_masks, scaled_dot_product_attention
+from ..ops.sdpa import merge_masks
 from ..ops.dropout import dropout
 from ..ops.indexing import masked_fill
 from ..ops.linalg import matmul
 from ..ops.shape import reshape
-from .base import (AttentionBase, causal_pattern, check_heads, materialized_attention,
+from .base import (AttentionBase, causal_pattern, check_heads, hookable_attention,
                    register, repeat_kv, repeat_kv_array, softmax_rows_array)
 from .classic import _masked_softmax, additive_scores
 
@@ -66,8 +66,8 @@ class ExactSelfAttention(AttentionBase):
     Options: ``causal`` (False), ``num_kv_heads`` Hkv (None → H), ``bias`` (True),
     ``dropout`` (0.0; on the probabilities, training mode only).
 
-    Complexity: {complexity}; the fused SDPA keeps P for backward (causal with N > 64 runs by
-    query blocks that skip the future keys, about half of both).
+    Complexity: {complexity}; the fused SDPA keeps P for backward (with the fast layer on, a
+    causal layer's blocks skip the future keys: about half of both).
 
     Exactness: exact (equals softmax attention under pattern(n)).
 
@@ -122,18 +122,8 @@ class ExactSelfAttention(AttentionBase):
             mask = merge_masks(attn_mask, bias)
         need = self.record_weights or self.needs_weights
         dropout_p = self.dropout if self.training else 0.0
-        if self.hook_attn_scores.active or self.hook_pattern.active:
-            out, w = materialized_attention(                     # hooks see the N × N maps
-                q, k, v, scale=self.scale, causal=self.causal, mask=mask,
-                dropout_p=dropout_p, hook_scores=self.hook_attn_scores,
-                hook_pattern=self.hook_pattern)
-        else:
-            res = scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=self.causal,
-                scale=self.scale, enable_gqa=True, return_weights=need)
-            if not need:
-                return res
-            out, w = res
+        out, w = hookable_attention(self, q, k, v, scale=self.scale, causal=self.causal,
+                                    mask=mask, dropout_p=dropout_p, need_weights=need)
         if self.record_weights:
             self.last_attn_weights = w.detach()
         extra = self.value_term(w, nq, nk)

@@ -26,7 +26,9 @@ from . import host
 
 host.prepare_blas()
 
-# Each import below registers its twins (the order does not matter).
+# Then the core, in its own order (the Tensor binds the ops at its end), and the twins: each
+# import below registers its twins (their order does not matter).
+from .. import autograd  # noqa: E402,F401
 from . import (erf, norm, numbers, optim, parallel, reductions, scatter,  # noqa: E402,F401
                sdpa)
 

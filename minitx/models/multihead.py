@@ -25,13 +25,13 @@ import warnings
 
 from .. import backend, validate
 from ..attention import causal_pattern
-from ..attention.base import hooked_heads, materialized_attention
+from ..attention.base import hookable_attention, hooked_heads
 from ..autograd.tensor import Tensor
 from ..nn import init
 from ..nn.layers import Linear
 from ..nn.module import Module, Parameter
 from ..nn.hooks import HookPoint
-from ..ops.sdpa import merge_heads, scaled_dot_product_attention, split_heads
+from ..ops.sdpa import merge_heads, split_heads
 from ..ops.indexing import getitem
 from ..ops.linalg import linear
 from ..ops.shape import expand_dims, squeeze, transpose
@@ -295,16 +295,9 @@ class MultiheadAttention(Module):
                                    nq, k.shape[2], q.dtype, xp, owner=type(self).__name__)
         want = bool(need_weights) or self.record_weights
         dropout_p = self.dropout if self.training else 0.0
-        if self.hook_attn_scores.active or self.hook_pattern.active:
-            out, w = materialized_attention(            # hooks see scores/pattern
-                q, k, v, scale=1.0 / math.sqrt(self.head_dim), causal=causal, mask=mask,
-                dropout_p=dropout_p, hook_scores=self.hook_attn_scores,
-                hook_pattern=self.hook_pattern)
-        else:
-            res = scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal,
-                enable_gqa=True, return_weights=want)
-            out, w = res if want else (res, None)
+        out, w = hookable_attention(self, q, k, v, scale=1.0 / math.sqrt(self.head_dim),
+                                    causal=causal, mask=mask, dropout_p=dropout_p,
+                                    need_weights=want)
         if self.record_weights:
             self.last_attn_weights = w.detach()
         out = hooked_heads(self.hook_z, out)                             # (N, H, L, D)

@@ -28,7 +28,7 @@ import copy
 
 from .. import validate
 from ..attention import REGISTRY, ExactSelfAttention, cached_length
-from ..nn.hooks import HookedModel, HookPoint
+from ..nn.hooks import HookPoint
 from ..nn.layers import Dropout, LayerNorm, Linear
 from ..nn.module import Module, ModuleList
 from ..ops.elementwise import gelu, relu

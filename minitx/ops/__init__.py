@@ -11,5 +11,5 @@ from .loss import *  # noqa: F401,F403
 from .sort import *  # noqa: F401,F403
 from ._util import unbroadcast  # noqa: F401
 from .sdpa import (scaled_dot_product_attention, attention_weights,  # noqa: F401
-                        why_not_flash, attention_backward)
+                   attention_scores, why_not_flash, attention_backward)
 from .flash import flash_attention  # noqa: F401

@@ -30,7 +30,8 @@ Only (O, lse) are kept for backward — the same statistics as the CUDA kernel
 
 Backward recomputes each tile's probabilities from the saved lse, P = exp(S − lse), and applies
 the five equations of ``ops/sdpa.py`` to the tile (``attention_backward``), with
-δ = rowsum(dO ⊙ O) computed once per block of queries.
+δ = rowsum(dO ⊙ O) computed once per block of queries. Different (batch, key head) pairs are
+independent: with the fast layer on they run in parallel threads.
 
 Time O(N²·D) (like dense), memory O(N·D + b_q·b_k): exact. Causal masking is bottom-right
 aligned (key j visible to query i iff j ≤ i + Nk − Nq) and tiles entirely above the diagonal
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import math
 
-from .. import validate
+from .. import configuration, validate
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of
@@ -51,7 +52,6 @@ from ._util import row_max, row_sum
 from .sdpa import (_widen_half, attention_backward, check_heads, check_scale,
                         grouped_scores, grouped_values)
 from .elementwise import astype
-from .parallel import map_in_threads
 
 __all__ = ["flash_attention", "flash_attention_arrays", "flash_backward_arrays",
            "FlashAttentionFunction"]
@@ -78,6 +78,15 @@ def _head_groups(b, hkv, group):
             for i in range(b) for j in range(hkv)]
 
 
+def _each_head_group(fn, groups, like):
+    """``fn(g)`` for every group, in order — or, with the fast layer on, spread over the cores
+    (its twin ``map_in_threads``, ``fast/parallel.py``: the same calls, disjoint outputs)."""
+    threaded = configuration.twin("map_in_threads")
+    if threaded is not None:
+        return threaded(fn, groups, like=like)
+    return [fn(g) for g in groups]
+
+
 def _key_end(q1, nk, offset, causal):
     """Keys [0, end) that some row of a query block ending at q1 may see: past it, all future."""
     return max(0, min(nk, q1 + offset)) if causal else nk
@@ -88,7 +97,7 @@ def flash_attention_arrays(q, k, v, *, causal=False, scale=None, key_mask=None, 
     """Tiled forward on raw arrays: q (B, H, Nq, D), k/v (B, Hkv, Nk, D/Dv) → (O, lse).
 
     O (B, H, Nq, Dv); lse (B, H, Nq) = log Σ_j exp(s_ij) over visible j (−inf if none).
-    ``scale`` None → 1/√D. Heads run in parallel threads (``ops/parallel.py``).
+    ``scale`` None → 1/√D.
     """
     xp = get_array_module(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -129,7 +138,7 @@ def flash_attention_arrays(q, k, v, *, causal=False, scale=None, key_mask=None, 
         for q0 in range(0, nq, block_q):
             rows(*g, q0, min(q0 + block_q, nq))
 
-    map_in_threads(group, _head_groups(bsz, hkv, h // hkv), like=q)
+    _each_head_group(group, _head_groups(bsz, hkv, h // hkv), like=q)
     return out, lse
 
 
@@ -152,7 +161,7 @@ def flash_backward_arrays(q, k, v, o, lse, do, *, causal=False, scale=None, key_
             q1 = min(q0 + block_q, nq)
             qs = q[bs, hq, q0:q1] * scale                                # (1, G, bq, D)
             # δ = rowsum(dO ⊙ O) per block: no N × D temporary (linear memory is the point)
-            delta = xp.einsum("...d,...d->...", do[bs, hq, q0:q1], o[bs, hq, q0:q1])[..., None]
+            delta = (do[bs, hq, q0:q1] * o[bs, hq, q0:q1]).sum(axis=-1, keepdims=True)
             kend = _key_end(q1, nk, offset, causal)
             for k0 in range(0, kend, block_k):
                 k1 = min(k0 + block_k, kend)
@@ -169,7 +178,7 @@ def flash_backward_arrays(q, k, v, o, lse, do, *, causal=False, scale=None, key_
                 dk[bs, hs, k0:k1] += tk
                 dv[bs, hs, k0:k1] += tv
 
-    map_in_threads(group, _head_groups(bsz, hkv, h // hkv), like=q)
+    _each_head_group(group, _head_groups(bsz, hkv, h // hkv), like=q)
     return dq, dk, dv
 
 

@@ -1,4 +1,4 @@
-r"""Scaled dot-product attention as one fused op: the formula, its backward, PyTorch's API.
+r"""Scaled dot-product attention: the formula, its backward, PyTorch's API.
 
 The one formula behind every transformer (Vaswani et al. 2017, "Attention Is All You Need"):
 
@@ -29,67 +29,55 @@ $$
 
 with $\delta_i = \sum_j dP_{ij} P_{ij} = dO_i \cdot O_i$.
 
-(3) is softmax's own backward (``ops.activation.softmax_backward_array``); attention can use the
-cheaper δ = rowsum(dO ⊙ O), an O(N·D) sum instead of O(N²), because rowsum(dP ⊙ P) =
-Σⱼ Pᵢⱼ (dOᵢ · Vⱼ) = dOᵢ · Oᵢ. ``attention_backward`` below is these five lines, and it is the only
-place they are written in array code: the fused ``SDPAFunction`` calls it per block of queries,
-the tiled FlashAttention (``ops/flash.py``) per tile with P recomputed from the saved logsumexp,
-and ``attention_weights`` uses (3)–(5). The CUDA kernel is the other place (in CUDA C++).
+(3) is softmax's own backward (``ops.activation``); attention can use the cheaper
+δ = rowsum(dO ⊙ O), an O(N·D) sum instead of O(N²), because rowsum(dP ⊙ P) =
+Σⱼ Pᵢⱼ (dOᵢ · Vⱼ) = dOᵢ · Oᵢ. ``attention_backward`` below is these five lines, in this order;
+``SDPAFunction`` calls it on whole matrices, the tiled FlashAttention (``ops/flash.py``) per tile
+with P recomputed from the saved logsumexp.
 
 **Masks.** A bool mask means True = may attend (PyTorch's polarity for this function); a float
 mask is added to the scores. Causal masks are **bottom-right aligned** everywhere in minitx:
 with Nq queries and Nk keys, query i may see key j iff j ≤ i + (Nk − Nq), i.e. the queries are
 the *last* Nq positions (what a KV cache needs). PyTorch's ``is_causal`` is top-left aligned
 (j ≤ i); the two agree when Nq = Nk. A row whose keys are *all* masked gives a zero output and
-zero gradients, never NaN.
+zero gradients, never NaN. ``mask_scores`` applies every mask, in one place.
 
 **Grouped heads (MQA/GQA).** K and V may have Hkv heads, Hkv | H: query head h reads key/value
 head h // G, G = H/Hkv. Query heads of a group are contiguous, so q viewed as (B, Hkv, G·Nq, D)
 meets its shared key head in one matmul — no copy of K or V (``grouped_*`` helpers).
 
-**Blocks, causal skipping, cores.** The fused op works by blocks (``attention_blocks``): a few
-hundred query rows of one head against every key they can see, one BLAS call per matmul,
-the softmax in place. For causal attention block [i0, i1) only meets keys [0, i1 + Nk − Nq),
-so the upper triangle is never computed — about half the work and memory of the dense form
-for long sequences — and only the block's diagonal part is masked. Blocks of different heads
-run in parallel threads (``ops/parallel.py``): NumPy's element-wise passes use one core each.
-
-**The CUDA kernel.** On CuPy arrays, with at most causal and key-padding masks, no dropout and
-no weights requested, the hand-written flash kernel runs instead (``ops/dispatch.py``).
+**One reference, two other ways to run it.** ``attention_forward`` is dense attention on raw
+arrays, whole matrices at once; ``SDPAFunction`` (one autograd node), ``dense_attention_array``
+and the site's proofs run it, and the composed form — ``attention_scores``, then softmax, then
+P V, each an op of its own — is what ``attention_weights`` and the hookable path of the models
+build on (tested to agree). When the fast layer is on (``minitx.config.fast``), the fused op runs
+its twin in ``minitx/fast/sdpa.py`` instead: the same maths by cache-sized blocks on every core;
+``configuration.why_not_fast("sdpa")`` says when it does not. On CuPy arrays, with at most
+causal and key-padding masks, no dropout and no weights requested, the hand-written CUDA kernel
+runs instead of either (``ops/dispatch.py``, ``why_not_flash``).
 """
 from __future__ import annotations
 
-import itertools
 import math
 
-from .. import validate
+from .. import configuration, validate
 from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of
 from . import dispatch
-from ._util import row_max, row_sum, unbroadcast
-from .activation import softmax_array, softmax_backward_array
+from ._util import unbroadcast
+from .activation import softmax, softmax_array
 from .dropout import dropout, dropout_mask
 from .elementwise import astype
 from .indexing import masked_fill
 from .linalg import matmul
-from .parallel import map_in_threads, thread_count
 from .shape import broadcast_to, reshape
 
-__all__ = ["scaled_dot_product_attention", "attention_weights", "why_not_flash",
-           "split_heads", "merge_heads", "repeat_kv", "check_heads",
-           "attention_backward", "grouped_scores", "grouped_values", "grouped_key_grad",
-           "SDPAFunction", "AttentionWeightsFunction", "merge_masks", "check_scale",
-           "CAUSAL_BLOCK", "BLOCK_SCORES", "PACK_SCORES", "PARALLEL_SCORES",
-           "attention_blocks"]
-
-BLOCK_SCORES = 2 ** 21  # most score entries per block of the fused op: 8 MiB of float32
-PACK_SCORES = 2 ** 20   # whole heads share a block up to this many scores (short sequences)
-PARALLEL_SCORES = 2 ** 18  # fewer scores in all run in one thread: a hand-off costs ~50 µs
-CAUSAL_BLOCK = 256      # most query rows per causal block: smaller ones skip more future
-UNSHIFTED_LIMIT = 20.0  # |scores| up to this: softmax without its shift (SDPAFunction)
-DELTA_IN_MATMUL = 2 ** 18  # blocks of this many scores fold δ into dO Vᵀ (attention_backward):
-#                        5–14 % faster at 256+ rows, D = 64; smaller ones lose to the copies
+__all__ = ["scaled_dot_product_attention", "attention_weights", "attention_scores",
+           "why_not_flash", "split_heads", "merge_heads", "repeat_kv", "check_heads",
+           "mask_scores", "attention_forward", "attention_backward", "grouped_scores",
+           "grouped_values", "grouped_key_grad", "SDPAFunction", "AttentionScoresFunction",
+           "merge_masks", "check_scale"]
 
 
 # ---- head bookkeeping --------------------------------------------------------------------
@@ -128,7 +116,7 @@ def check_heads(q, k, v, name: str = "attend"):
     """
     for arg, t in (("query", q), ("key", k), ("value", v)):
         if len(t.shape) != 4:
-            raise ValueError(f"{name}: {arg} must be 4-d (B, H, N, D), got shape {tuple(t.shape)}")
+            raise ValueError(f"{name}: {arg} must be 4-d (B, H, N, D), got shape {_shape(t)}")
     b, h, nq, d = q.shape
     bk, hk, nk, dk = k.shape
     bv, hv, nv, _ = v.shape
@@ -137,7 +125,7 @@ def check_heads(q, k, v, name: str = "attend"):
     if dk != d:
         raise ValueError(f"{name}: key head dim must equal query head dim {d}, got {dk}")
     if hk != hv or nk != nv:
-        raise ValueError(f"{name}: key {tuple(k.shape)} and value {tuple(v.shape)} must share "
+        raise ValueError(f"{name}: key {_shape(k)} and value {_shape(v)} must share "
                          "heads and length")
     if h % hk:
         raise ValueError(f"{name}: key/value head count {hk} must divide the query head "
@@ -176,293 +164,118 @@ def grouped_key_grad(ds, x, hkv: int):
     return xp.swapaxes(ds.reshape(b, hkv, rows, m), -1, -2) @ x.reshape(b, hkv, rows, x.shape[-1])
 
 
-# ---- the backward, written once ----------------------------------------------------------
+# ---- the reference: forward and backward on raw arrays -----------------------------------
 
-def attention_backward(do, p, qs, k, v, delta, scale, needs=(True, True, True), keep=None,
-                       row_scale=None):
-    """The five equations of the module docstring, for one block of queries.
+def mask_scores(s, bias=None, allowed=None, causal=False):
+    """M of the formula, applied in place to fresh scores ``s`` (…, Nq, Nk): add ``bias``, then
+    −inf where ``allowed`` is False and, with ``causal``, where key j > i + Nk − Nq.
 
-    do (B, H, n, Dv), p (B, H, n, m) the probabilities (before dropout), qs = Q·scale
+    ``bias`` and ``allowed`` broadcast to ``s`` (True = may attend). Every path of minitx's dense
+    attention masks its scores here, so the mask rules are written once. Returns ``s``.
+    """
+    xp = get_array_module(s)
+    if bias is not None:
+        s += bias.astype(s.dtype, copy=False)
+    if causal:
+        nq, nk = s.shape[-2:]
+        xp.copyto(s, -xp.inf, where=~xp.tri(nq, nk, nk - nq, dtype=bool))
+    if allowed is not None:
+        xp.copyto(s, -xp.inf, where=~to_device_of(allowed, s))
+    return s
+
+
+def attention_forward(q, k, v, bias=None, allowed=None, causal=False, scale=None,
+                      dropout_p=0.0):
+    """O = dropout(softmax(Q Kᵀ·scale + M)) V on raw arrays: the reference, whole matrices.
+
+    q (B, H, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), Hkv | H; ``bias`` and ``allowed``
+    broadcastable to (B, H, Nq, Nk) (see ``mask_scores``); ``scale`` None → 1/√D. Returns
+    (O (B, H, Nq, Dv), P (B, H, Nq, Nk) before dropout, keep: the dropout mask or None).
+    A row with no allowed key has P = 0, hence O = 0. Time O(B·H·Nq·Nk·D), memory O(B·H·Nq·Nk).
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = grouped_scores(q * scale, k)                      # S = (Q·scale) Kᵀ   (B, H, Nq, Nk)
+    mask_scores(s, bias, allowed, causal)                 #   + M
+    p = softmax_array(s, inplace=True)                    # P = softmax(S); no key: P = 0
+    keep = dropout_mask(p.shape, dropout_p, p) if dropout_p > 0 else None
+    o = grouped_values(p if keep is None else p * keep, v)    # O = P̃ V   (B, H, Nq, Dv)
+    return o, p, keep
+
+
+def attention_backward(do, p, qs, k, v, delta, scale, keep=None):
+    """The five equations of the module docstring, in order.
+
+    do (B, H, n, Dv), p (B, H, n, m) the probabilities before dropout, qs = Q·scale
     (B, H, n, D), k (B, Hkv, m, D), v (B, Hkv, m, Dv), delta (B, H, n, 1) = rowsum(dO ⊙ O),
-    ``keep`` the dropout mask (scaled, or None). ``needs`` = which of (dQ, dK, dV) to compute.
-    ``row_scale`` (B, H, n, 1) or None: then ``p`` holds the *unnormalised* E = exp(S − max)
-    and P = E · row_scale; the row scale goes onto the N × D operands (dO, dQ, Q), never
-    onto an N × N array: P̃ᵀ dO = Ẽᵀ (dO·r), dS K = (E ⊙ (dP − δ)) K · r,
-    dSᵀ Q = (E ⊙ (dP − δ))ᵀ (Q·r).
-    Returns (dq (B, H, n, D), dk (B, Hkv, m, D), dv (B, Hkv, m, Dv), ds (B, H, n, m)); entries
-    not needed are None. ds (a bias gradient is ds un-broadcast) is None with ``row_scale``
-    unless ``needs`` has a fourth entry True (then it costs one more pass over it).
+    ``keep`` the scaled dropout mask or None. Returns (dq (B, H, n, D), dk (B, Hkv, m, D),
+    dv (B, Hkv, m, Dv), ds (B, H, n, m)); a bias's gradient is ds un-broadcast.
     """
     hkv = k.shape[1]
-    pd = p if keep is None else p * keep                       # P̃ (or Ẽ)
-    if needs[2]:                                               # (1) dV = P̃ᵀ dO
-        dv = grouped_key_grad(pd, do if row_scale is None else do * row_scale, hkv)
-    else:
-        dv = None
-    if keep is None and p.size >= DELTA_IN_MATMUL:             # (2), (3): dP − δ as one
-        xp = get_array_module(do, v)                           # matmul, [dO, −δ] [V, 1]ᵀ =
-        dp = grouped_scores(                                   # dO Vᵀ − δ 1ᵀ: one pass
-            xp.concatenate([do, -delta], axis=-1),             # over the scores fewer
-            xp.concatenate([v, xp.ones(v.shape[:-1] + (1,), dtype=v.dtype)], axis=-1))
-    else:
-        dp = grouped_scores(do, v)                             # (2) dP = dO Vᵀ …
-        if keep is not None:
-            dp *= keep                                         #     … ⊙ keep/(1 − p)
-        dp -= delta
-    dp *= p                                                    # (3) dS = P ⊙ (dP − δ),
-                                                               #     in dP's fresh memory
-    ds = dp                                                    #     (÷ r with row_scale)
-    dq = dk = None
-    if needs[0]:
-        dq = grouped_values(ds, k)                             # (4) dQ = dS K · scale
-        dq *= scale if row_scale is None else row_scale * scale
-    if needs[1]:                                               # (5) dK = dSᵀ (Q · scale)
-        dk = grouped_key_grad(ds, qs if row_scale is None else qs * row_scale, hkv)
-    if row_scale is not None:
-        if len(needs) > 3 and needs[3]:
-            ds *= row_scale
-        else:
-            ds = None
+    dropped = p if keep is None else p * keep              # P̃
+    dv = grouped_key_grad(dropped, do, hkv)                # (1) dV = P̃ᵀ dO
+    dp = grouped_scores(do, v)                             # (2) dP = dO Vᵀ …
+    if keep is not None:
+        dp *= keep                                         #     … ⊙ keep/(1 − p)
+    ds = p * (dp - delta)                                  # (3) dS = P ⊙ (dP − δ)
+    dq = grouped_values(ds, k) * scale                     # (4) dQ = dS K · scale
+    dk = grouped_key_grad(ds, qs, hkv)                     # (5) dK = dSᵀ (Q · scale)
     return dq, dk, dv, ds
 
 
-# ---- the fused Functions -----------------------------------------------------------------
-
-def _part(x, bs, hs, i0, i1, kend):
-    """Batches ``bs``, heads ``hs``, query rows [i0, i1) and keys [0, kend) of a
-    (B|1, H|1, Nq|1, Nk|1) mask, bias or bias gradient (size-1 dims stay whole)."""
-    if x is None:
-        return None
-    return x[bs if x.shape[0] != 1 else slice(None), hs if x.shape[1] != 1 else slice(None),
-             slice(i0, i1) if x.shape[2] != 1 else slice(None),
-             slice(0, kend) if x.shape[3] != 1 else slice(None)]
-
-
-
-
-def scores_bound(qs, k) -> float:
-    """A bound on |Sᵢⱼ| = |qᵢ · kⱼ| over every head of a call (``qs`` already scaled), by
-    Cauchy–Schwarz: max‖qᵢ‖ · max‖kⱼ‖. Infinite for half precision (its exp overflows at 11),
-    NaN when an input holds NaN."""
-    if qs.dtype.itemsize < 4 or qs.size == 0 or k.size == 0:
-        return float("inf") if qs.dtype.itemsize < 4 else 0.0
-    xp = get_array_module(qs, k)
-    squares = (xp.einsum("...d,...d->...", x, x).max() for x in (qs, k))
-    return math.sqrt(float(next(squares)) * float(next(squares)))
-
-
-def attention_blocks(b, hkv, group, nq, nk, causal, scores=None, causal_rows=None,
-                     pack=None, parts=1, parallel=None):
-    """The blocks the fused op works by: (bs, hs, hq, i0, i1, kend) tuples.
-
-    A block is batches ``bs`` × key/value heads ``hs`` (query heads ``hq``, G = ``group`` per key
-    head) × query rows [i0, i1) against keys [0, kend). Long sequences go one head and
-    ``scores`` // (G·Nk) query rows at a time (``BLOCK_SCORES``: hundreds of rows, enough
-    for BLAS to run near its peak); causal blocks have at most ``causal_rows``
-    (``CAUSAL_BLOCK``) rows and at most half the query rows (a quarter when there are more
-    than 8·``parallel`` scores in all: measured 7.2 against 8.1 ms at B = 4, H = 8, N = 256,
-    D = 32, and no gain for fewer heads), so that the future keys they skip are most of the
-    upper triangle (keys past kend = i1 + Nk − Nq are in every row's future), even for a
-    short sequence. Short sequences put several heads in one block while the
-    heads' whole score matrices hold at most ``pack`` (``PACK_SCORES``) scores and at most
-    1/``parts`` of the (batch, key head) pairs when there are more than ``parallel``
-    (``PARALLEL_SCORES``) scores in all, so that the calls are few but there are blocks for
-    ``parts`` cores. Blocks whose rows see no key are left out (their output rows stay 0).
-    """
-    scores = BLOCK_SCORES if scores is None else scores
-    pack = PACK_SCORES if pack is None else pack
-    parallel = PARALLEL_SCORES if parallel is None else parallel
-    per_head = group * nk                                 # score entries per row per key head
-    total = b * hkv * per_head * nq                       # scores in all
-    rows = max(1, min(nq, scores // max(per_head, 1)))
-    if causal:                                            # ⌈Nq / 2⌉ or ⌈Nq / 4⌉; 1 for Nq = 0
-        part = 4 if total > 8 * parallel else 2
-        rows = max(1, min(rows, CAUSAL_BLOCK if causal_rows is None else causal_rows,
-                          -(-nq // part)))
-    # whole (batch, key head) score matrices per block: as many as ``pack`` holds and, when
-    # the work is worth a thread hand-off, at most 1/parts of them (blocks for parts cores)
-    units = pack // max(per_head * nq, 1) if per_head * nq <= pack else 1
-    if total > parallel:
-        units = min(units, (b * hkv) // max(parts, 1))
-    units = max(units, 1)
-    heads = min(hkv, units)
-    batches = max(1, min(b, units // hkv)) if heads == hkv else 1
-    for b0 in range(0, b, batches):
-        bs = slice(b0, min(b0 + batches, b))
-        for h0 in range(0, hkv, heads):
-            h1 = min(h0 + heads, hkv)
-            for i0 in range(0, nq, rows):
-                i1 = min(i0 + rows, nq)
-                kend = min(nk, i1 + nk - nq) if causal else nk
-                if kend > 0:
-                    yield bs, slice(h0, h1), slice(h0 * group, h1 * group), i0, i1, kend
-
-
-def _by_heads(blocks):
-    """Blocks grouped by their (batches, key heads): groups touch disjoint slices of every
-    output and gradient (dK, dV included), so groups may run in parallel."""
-    return [list(g) for _, g in itertools.groupby(blocks, key=lambda b: (b[0].start, b[1].start))]
-
-
 class SDPAFunction(Function):
-    """O = dropout(softmax(Q Kᵀ·scale + bias, masked)) V in one node; inputs (q, k, v, bias).
+    """O = dropout(softmax(Q Kᵀ·scale + bias, masked)) V as one node; inputs (q, k, v, bias).
 
     Shapes: q (B, H, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), Hkv | H; ``bias`` None or
     (B|1, H|1, Nq|1, Nk|1) (differentiable); ``allowed`` bool of the same form (True = may
-    attend) or None; ``causal`` adds the bottom-right causal mask (no N × N mask is built:
-    only each block's diagonal part gets one). Work goes by the blocks of
-    ``attention_blocks``: a few heads × query rows against every key they can see, one BLAS
-    call per matmul, the softmax in place on the block's scores; blocks of different heads
-    run in parallel threads (``ops/parallel.py``; in order with dropout, whose random draws
-    must come in order, and for a bias gradient, which heads may share).
-
-    **The softmax's shift only when it is needed.** softmax(s) = exp(s − c) / Σ exp(s − c) for
-    any c; c = the row max keeps exp from overflowing. When no score can be large,
-    |Sᵢⱼ| ≤ max‖qᵢ·scale‖ · max‖kⱼ‖ ≤ ``UNSHIFTED_LIMIT`` (Cauchy–Schwarz; two O(N·D) passes,
-    ``scores_bound``), c = 0 is as good: every exp lies in [e⁻²⁰, e²⁰], far from float32's
-    overflow and underflow, and each is computed to the same relative precision. That skips
-    the row max and a pass over each block's scores (measured: 124 of the 740 µs of a
-    4-head block at N = 256). With a bias, half precision, or a larger bound, the max is
-    subtracted as usual.
-
-    Saved for backward: Q·scale, K, V, O and, per block, E = exp(S − c) (B', H', rows,
-    keys seen) with the row scale r = 1/rowsum(E), so P = E·r: the normalisation is applied
-    to the (rows, Dv) output and, in backward, to N × D operands (``attention_backward``'s
-    ``row_scale``) — one pass over the N × N scores fewer. Backward: ``attention_backward``
-    per block, dBias = dS un-broadcast. Masked entries have P = 0, hence dS = 0: fully
-    masked rows get zero gradients.
-
-    Why E is saved rather than recomputed from the row logsumexp (as ``flash_attention``
-    does): recomputing costs one more N²·D matmul and an exp pass in backward — measured
-    about 20 % slower at N = 1,024 (a NumPy prototype of both), and ``flash_attention`` at
-    N = 4,096 is 1.0–1.3× this op's time. The price is memory: 512 MiB of saved E for
-    B·H = 8, N = 4,096 in float32; ``flash_attention`` is the linear-memory choice.
-    Time O(B·H·Nq·Nk·D) (about half with causal), memory O(B·H·Nq·Nk) for E (about half).
-    ``block`` overrides ``CAUSAL_BLOCK``.
+    attend) or None; ``causal`` adds the bottom-right causal mask. Forward is
+    ``attention_forward``; it saves Q·scale, K, V, O, P and the dropout mask, and backward is
+    ``attention_backward`` with δ = rowsum(dO ⊙ O), dBias = dS un-broadcast. Masked entries
+    have P = 0, hence dS = 0: fully masked rows get zero gradients.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, *, allowed, causal, scale, dropout_p, block=None):
-        xp = get_array_module(q, k, v)
-        b, h, nq, _ = q.shape
-        hkv, nk, dv = v.shape[1], v.shape[2], v.shape[3]
-        offset = nk - nq                                  # bottom-right causal alignment
-        qs = q * scale                                    # scale Q (N·D), not S (N²)
-        # (B, H, Nq, Dv) stored as (B, Nq, H, Dv): merge_heads is then a view, not a copy
-        o = xp.zeros((b, nq, h, dv), dtype=q.dtype).transpose(0, 2, 1, 3)
-        shift = bias is not None or not scores_bound(qs, k) <= UNSHIFTED_LIMIT   # NaN: shift
-
-        def one(block):
-            bs, hs, hq, i0, i1, kend = block
-            s = grouped_scores(qs[bs, hq, i0:i1], k[bs, hs, :kend])   # (B', H', rows, kend)
-            if bias is not None:
-                s += _part(bias, bs, hq, i0, i1, kend).astype(s.dtype, copy=False)
-            visible = _part(allowed, bs, hq, i0, i1, kend)
-            if visible is not None:
-                xp.copyto(s, -xp.inf, where=~visible)     # in place, broadcasting the mask
-            if causal:                                    # only the block's diagonal part:
-                c0 = max(0, i0 + offset)                  # keys < c0 are past for every row
-                tri = xp.tri(i1 - i0, kend - c0, i0 + offset - c0, dtype=bool)
-                xp.copyto(s[..., c0:], -xp.inf, where=~tri)   # j ≤ i + Nk − Nq
-            # softmax in place, its normalisation left for the (rows, Dv) output: O = (E V)·r
-            if shift:                                     # E = exp(S − max); else exp(S)
-                m = row_max(s)
-                m = xp.where(xp.isfinite(m), m, 0)        # a row with no key: shift by 0
-                s -= m
-            e = xp.exp(s, out=s)                          # P = E · r
-            total = row_sum(e)
-            r = 1 / xp.where(total > 0, total, 1)         # (B', H', rows, 1); no key: E = 0
-            keep = dropout_mask(e.shape, dropout_p, e) if dropout_p > 0 else None
-            ob = grouped_values(e if keep is None else e * keep, v[bs, hs, :kend])
-            ob *= r
-            o[bs, hq, i0:i1] = ob
-            return block + (e, r, keep)
-
-        groups = _by_heads(attention_blocks(b, hkv, h // hkv, nq, nk, causal, causal_rows=block,
-                                            parts=thread_count()))
-        if dropout_p > 0:                                 # random draws in a fixed order
-            ctx.groups = [[one(blk) for blk in g] for g in groups]
-        else:
-            ctx.groups = map_in_threads(lambda g: [one(blk) for blk in g], groups, like=qs)
-        ctx.blocks = [blk for g in ctx.groups for blk in g]       # for readers and tests
-        ctx.save_for_backward(qs, k, v, o)
+    def forward(ctx, q, k, v, bias, *, allowed, causal, scale, dropout_p):
+        o, p, keep = attention_forward(q, k, v, bias, allowed, causal, scale, dropout_p)
+        ctx.save_for_backward(q * scale, k, v, o, p, keep)
         ctx.scale = scale
         ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
         return o
 
     @staticmethod
     def backward(ctx, grad):
-        qs, k, v, o = ctx.saved_tensors
-        xp = get_array_module(grad)
-        needs = ctx.needs_input_grad
-        delta = xp.einsum("...d,...d->...", grad, o)[..., None]   # δ = rowsum(dO ⊙ O)
-        # laid out as the inputs are (zeros_like keeps their strides): for heads split from
-        # (B, N, H·D) by split_heads, its backward is then a view, not a copy
-        dq = xp.zeros_like(qs) if needs[0] else None
-        dk = xp.zeros_like(k) if needs[1] else None
-        dv = xp.zeros_like(v) if needs[2] else None
-        dbias = xp.zeros(ctx.bias_meta[0], dtype=ctx.bias_meta[1]) if needs[3] else None
-
-        def group(blocks):
-            for bs, hs, hq, i0, i1, kend, e, r, keep in blocks:
-                bq, bk, bv, ds = attention_backward(
-                    grad[bs, hq, i0:i1], e, qs[bs, hq, i0:i1], k[bs, hs, :kend],
-                    v[bs, hs, :kend], delta[bs, hq, i0:i1], ctx.scale, needs, keep, r)
-                if needs[0]:
-                    dq[bs, hq, i0:i1] = bq
-                if needs[1]:
-                    dk[bs, hs, :kend] += bk
-                if needs[2]:
-                    dv[bs, hs, :kend] += bv
-                if needs[3]:
-                    part = _part(dbias, bs, hq, i0, i1, kend)
-                    part += unbroadcast(ds, part.shape, dbias.dtype)
-
-        if needs[3]:                                      # heads may share a bias entry
-            for g in ctx.groups:
-                group(g)
-        else:
-            map_in_threads(group, ctx.groups, like=qs)
+        qs, k, v, o, p, keep = ctx.saved_tensors
+        delta = (grad * o).sum(axis=-1, keepdims=True)            # δ = rowsum(dO ⊙ O)
+        dq, dk, dv, ds = attention_backward(grad, p, qs, k, v, delta, ctx.scale, keep)
+        dbias = unbroadcast(ds, *ctx.bias_meta) if ctx.needs_input_grad[3] else None
         return dq, dk, dv, dbias
 
 
-class AttentionWeightsFunction(Function):
-    """P = softmax(Q Kᵀ·scale + bias, masked) in one node; inputs (q, k, bias).
+class AttentionScoresFunction(Function):
+    """S = Q Kᵀ·scale + bias, −inf where masked, as one node; inputs (q, k, bias).
 
-    Backward: equations (3)–(5) of the module docstring with δ = rowsum(dP ⊙ P) (softmax's own
-    VJP), dBias = dS. Shapes as in ``SDPAFunction``; output (B, H, Nq, Nk).
+    The first stage of attention on its own, for the composed form (``attention_scores``):
+    shapes as in ``SDPAFunction``, output (B, H, Nq, Nk). Backward: equations (4) and (5)
+    with dS the incoming gradient, zero where a mask put −inf (those scores are constants);
+    dBias = dS un-broadcast.
     """
 
     @staticmethod
     def forward(ctx, q, k, bias, *, allowed, causal, scale):
-        xp = get_array_module(q, k)
         qs = q * scale
-        s = grouped_scores(qs, k)                                   # (B, H, Nq, Nk)
-        if bias is not None:
-            s += bias.astype(s.dtype, copy=False)
-        nq, nk = s.shape[2], s.shape[3]
-        if causal:
-            tri = xp.tri(nq, nk, nk - nq, dtype=bool)
-            allowed = tri if allowed is None else allowed & tri
-        if allowed is not None:
-            xp.copyto(s, -xp.inf, where=~allowed)
-        p = softmax_array(s, inplace=True)
-        ctx.save_for_backward(qs, k, p)
+        s = mask_scores(grouped_scores(qs, k), bias, allowed, causal)
+        masked = allowed is not None or causal or bias is not None
+        ctx.save_for_backward(qs, k, get_array_module(s).isfinite(s) if masked else None)
         ctx.scale = scale
         ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
-        return p
+        return s
 
     @staticmethod
     def backward(ctx, grad):
-        qs, k, p = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        ds = softmax_backward_array(p, grad)                        # (3) with δ = Σ dP ⊙ P
-        dq = dk = None
-        if needs[0]:
-            dq = grouped_values(ds, k) * ctx.scale                  # (4)
-        if needs[1]:
-            dk = grouped_key_grad(ds, qs, k.shape[1])                  # (5)
-        dbias = unbroadcast(ds, *ctx.bias_meta) if needs[2] else None
+        qs, k, visible = ctx.saved_tensors
+        ds = grad if visible is None else grad * visible
+        dq = grouped_values(ds, k) * ctx.scale                         # (4) dQ = dS K · scale
+        dk = grouped_key_grad(ds, qs, k.shape[1])                      # (5) dK = dSᵀ (Q · scale)
+        dbias = unbroadcast(ds, *ctx.bias_meta) if ctx.needs_input_grad[2] else None
         return dq, dk, dbias
 
 
@@ -611,13 +424,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
 
     Rows with every key masked give zeros and zero gradients (PyTorch gives NaN there).
     With ``return_weights=True`` returns ``(out, weights)``, weights (…, H, Nq, Nk) being the
-    probabilities before dropout, differentiable.
+    probabilities before dropout, differentiable (the composed form: ``attention_weights``,
+    dropout, then P V).
 
-    One fused Function (``SDPAFunction``, backward in ``attention_backward``): time
-    O(Nq·Nk·D) per head, memory O(Nq·Nk) (about half when causal). On CuPy, with at most
-    causal and key-padding masks (a bool mask of shape (B|1, 1, 1, Nk)), no dropout and no
-    weights, the CUDA flash kernel runs instead (memory O(N·D)); ``why_not_flash`` says why
-    a call does not.
+    Which code runs is decided here, at one point each: the CUDA flash kernel on CuPy arrays
+    with at most causal and key-padding masks (a bool mask of shape (B|1, 1, 1, Nk)), no
+    dropout and no weights (``why_not_flash`` says why a call does not); else the fused op,
+    ``SDPAFunction`` or, with the fast layer on, its twin (``configuration.twin("sdpa")``).
+    Time O(Nq·Nk·D) per head, memory O(Nq·Nk) (the kernel: O(N·D)).
     """
     fn = "scaled_dot_product_attention"
     q4, k4, v4, allowed, bias, scale, lead, (b, h, nq, dv) = _prepare(
@@ -636,8 +450,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     dtype = q4.dtype
     q4, k4, v4, bias = _widen_half(q4, k4, v4, bias)
     if return_weights:
-        w = AttentionWeightsFunction.apply(q4, k4, bias, allowed=allowed, causal=is_causal,
-                                           scale=scale)
+        w = softmax(AttentionScoresFunction.apply(q4, k4, bias, allowed=allowed,
+                                                  causal=is_causal, scale=scale), axis=-1)
         wd = dropout(w, dropout_p) if dropout_p > 0 else w
         hkv = k4.shape[1]
         # (B, Hkv, G·Nq, Nk) @ (B, Hkv, Nk, Dv) -> (B, Hkv, G·Nq, Dv) -> (B, H, Nq, Dv)
@@ -645,8 +459,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         if o.dtype != dtype:
             o, w = astype(o, dtype), astype(w, dtype)
         return _unflatten(o, lead, nd), _unflatten(w, lead, nd)
-    o = SDPAFunction.apply(q4, k4, v4, bias, allowed=allowed, causal=is_causal, scale=scale,
-                           dropout_p=dropout_p)
+    fused = configuration.twin("sdpa") or SDPAFunction          # the fast layer's, or the reference
+    o = fused.apply(q4, k4, v4, bias, allowed=allowed, causal=is_causal, scale=scale,
+                    dropout_p=dropout_p)
     return _unflatten(o if o.dtype == dtype else astype(o, dtype), lead, nd)
 
 
@@ -665,20 +480,42 @@ def why_not_flash(query, key, value, attn_mask=None, dropout_p: float = 0.0,
         need_weights=return_weights)
 
 
-def attention_weights(query, key, attn_mask=None, is_causal: bool = False, scale: float = None,
-                      enable_gqa: bool = False):
-    """P = softmax(Q Kᵀ · scale + M): the attention map alone, (…, H, Nq, Nk), differentiable.
-
-    Same arguments and mask semantics as ``scaled_dot_product_attention``.
-    """
-    fn = "attention_weights"
+def _scores(fn, query, key, attn_mask, is_causal, scale, enable_gqa):
+    """The composed form's first stage for ``fn`` (which errors name): S (B, H, Nq, Nk),
+    computed in float32 for float16 inputs; with the caller's dtype and leading dims."""
     q4, k4, _, allowed, bias, scale, lead, _ = _prepare(fn, query, key, key, attn_mask, scale,
                                                         enable_gqa)
     dtype = q4.dtype
     q4, k4, bias = _widen_half(q4, k4, bias)
-    w = AttentionWeightsFunction.apply(q4, k4, bias, allowed=allowed,
-                                       causal=validate.boolean(is_causal, "is_causal", owner=fn),
-                                       scale=scale)
+    s = AttentionScoresFunction.apply(
+        q4, k4, bias, allowed=allowed,
+        causal=validate.boolean(is_causal, "is_causal", owner=fn), scale=scale)
+    return s, dtype, lead
+
+
+def attention_scores(query, key, attn_mask=None, is_causal: bool = False, scale: float = None,
+                     enable_gqa: bool = False):
+    """S = Q Kᵀ · scale + M: the scores before the softmax, (…, H, Nq, Nk), differentiable.
+
+    Same arguments and mask semantics as ``scaled_dot_product_attention``; masked entries are
+    −inf (softmax makes them 0, and a row of them a row of zeros). With ``softmax`` and a
+    matmul it composes to attention, one stage at a time — the form a hook can look into.
+    """
+    s, dtype, lead = _scores("attention_scores", query, key, attn_mask, is_causal, scale,
+                             enable_gqa)
+    return _unflatten(s if s.dtype == dtype else astype(s, dtype), lead, len(query.shape))
+
+
+def attention_weights(query, key, attn_mask=None, is_causal: bool = False, scale: float = None,
+                      enable_gqa: bool = False):
+    """P = softmax(Q Kᵀ · scale + M): the attention map alone, (…, H, Nq, Nk), differentiable.
+
+    Same arguments and mask semantics as ``scaled_dot_product_attention``: the softmax of
+    ``attention_scores``.
+    """
+    s, dtype, lead = _scores("attention_weights", query, key, attn_mask, is_causal, scale,
+                             enable_gqa)
+    w = softmax(s, axis=-1)
     return _unflatten(w if w.dtype == dtype else astype(w, dtype), lead, len(query.shape))
 
 

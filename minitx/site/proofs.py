@@ -192,14 +192,6 @@ def _np_softmax(x):
     return e / e.sum(-1, keepdims=True)
 
 
-def _np_attention(q, k, v, causal=False):
-    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
-    if causal:
-        n = s.shape[-1]
-        s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
-    return _np_softmax(s) @ v
-
-
 # page of each op proof: (module path, anchor)
 OP_PAGES = {
     "softmax": ("minitx/ops/activation.py", "softmax"),
@@ -249,8 +241,10 @@ def op_proofs(sizes: Sizes, seed: int) -> list:
         _gradient(p, lambda a, b, c: fn(a, b, c, True), [q.copy(), k.copy(), v.copy()])
         for causal in (False, True):
             out = _host(fn(*(minitx.tensor(t) for t in (qb, kb, vb)), causal=causal))
-            p.check(f"error vs softmax(QKᵀ/√D)V in NumPy{', causal' if causal else ''}, "
-                    f"N = {big}, D = 8", _rel(out, _np_attention(qb, kb, vb, causal)), 1e-13)
+            allowed = causal_pattern(big) if causal else None     # the one dense reference:
+            ref = dense_attention_array(qb, kb, vb, allowed=allowed)   # ops.sdpa's, on arrays
+            p.check(f"error vs the dense reference softmax(QKᵀ/√D)V"
+                    f"{', causal' if causal else ''}, N = {big}, D = 8", _rel(out, ref), 1e-13)
 
         def run(m, fn=fn):
             t = [minitx.tensor(np.random.default_rng(3).standard_normal((1, 2, m, 16)),
