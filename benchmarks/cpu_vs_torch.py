@@ -1,6 +1,13 @@
-"""minitx against PyTorch on the CPU, every ratio of issue 20 in one run (float32).
+"""minitx against PyTorch on the CPU, with its fast layer on and off, in one run (float32).
 
-    python benchmarks/cpu_vs_torch.py [--quick] [--memory] [--repeats 5]
+    python benchmarks/cpu_vs_torch.py [--quick] [--memory] [--tricks] [--repeats 5]
+
+Every minitx row is timed twice in the same turns: with the fast layer on (``fast``, the
+default: ``minitx/fast/``) and off (``ref``: the reference code alone, as with
+``MINITX_FAST=0``), beside PyTorch, so the reader sees what the fast layer buys and what the
+reference costs. ``--tricks`` adds a table of what each fast twin buys on its own: each case
+timed with every twin on, then with one twin at a time taken out
+(``minitx.configuration.without_twins``).
 
 1. **Engine**: a chain of 2,000 ops, ``y = y * 0.999`` then ``y = y + 0.001`` alternately, on
    an 8 × 8 tensor, then ``sum`` and backward: µs per op, forward + backward.
@@ -48,9 +55,10 @@ import numpy as np
 import minitx.functional as F
 from minitx import nn
 from minitx.attention import REGISTRY
-from minitx.ops.sdpa import (_by_heads, attention_blocks, grouped_key_grad, grouped_scores,
-                                  grouped_values)
-from minitx.ops.parallel import map_in_threads, thread_count
+from minitx import configuration
+from minitx.fast.parallel import map_in_threads, thread_count
+from minitx.fast.sdpa import _by_heads, attention_blocks
+from minitx.ops.sdpa import grouped_key_grad, grouped_scores, grouped_values
 
 try:
     import torch
@@ -106,6 +114,14 @@ def best_times(fns, repeats, turns=8):
     return [None if fn is None else next(found) for fn in fns]
 
 
+def reference(fn):
+    """``fn`` with the fast layer off: the reference code alone."""
+    def run():
+        with minitx.using_config(fast=False):
+            return fn()
+    return run
+
+
 def ratio(a, b):
     return "—" if b is None else f"{a / b:.2f}×"
 
@@ -127,7 +143,8 @@ def sgemm_gflops(repeats):
 
 # ---- 1. engine overhead ------------------------------------------------------------------
 
-def chain_times(n_ops, repeats):
+def chain_runners(n_ops):
+    """Callables running the op chain in minitx and in PyTorch (None without it)."""
     x0 = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
 
     def run_minitx():
@@ -145,9 +162,13 @@ def chain_times(n_ops, repeats):
             y = y * 0.999
             y = y + 0.001
         y.sum().backward()
+    return run_minitx, run_torch if torch else None
 
-    mt, tt = best_times([run_minitx, run_torch if torch else None], repeats)
-    return mt / n_ops, None if tt is None else tt / n_ops
+
+def chain_times(n_ops, repeats):
+    run_minitx, run_torch = chain_runners(n_ops)
+    mt, rt, tt = best_times([run_minitx, reference(run_minitx), run_torch], repeats)
+    return mt / n_ops, rt / n_ops, None if tt is None else tt / n_ops
 
 
 # ---- 2. SDPA, 3. flash ---------------------------------------------------------------------
@@ -205,37 +226,41 @@ def attention_matmuls(arrays, causal):
 
 
 def sdpa_table(ns, repeats, gflops):
-    print(f"SDPA forward + backward, B·H = 8, D = {D}, float32 "
-          f"(% = share of the {gflops:.0f} GFLOP/s sgemm; matmuls = the six matmuls of "
-          "minitx's op alone, on its blocks and threads)")
-    print(f"  {'N':>6} {'causal':>6} {'minitx ms':>10} {'torch ms':>9} {'minitx/torch':>12} "
-          f"{'minitx %':>8} {'torch %':>7} {'matmuls ms':>10} {'matmuls/torch':>13}")
+    print(f"SDPA forward + backward, B·H = 8, D = {D}, float32 (fast = the fast layer on, "
+          f"ref = off; % = share of the {gflops:.0f} GFLOP/s sgemm; matmuls = the six matmuls "
+          "of the fast op alone, on its blocks and threads)")
+    print(f"  {'N':>6} {'causal':>6} {'fast ms':>9} {'ref ms':>9} {'torch ms':>9} "
+          f"{'fast/torch':>10} {'ref/torch':>9} {'fast %':>6} {'ref %':>5} {'torch %':>7} "
+          f"{'matmuls ms':>10} {'matmuls/torch':>13}")
     for n in ns:
         arrays = qkv_arrays(n)
         for causal in (False, True):
             flops = 14 * n * n * D * 8 * (0.5 if causal else 1.0)
-            mt, tt, mm = best_times([minitx_attention(arrays, lambda q, k, v:
-                                                      F.scaled_dot_product_attention(
-                                                          q, k, v, is_causal=causal)),
-                                     torch_sdpa(arrays, causal) if torch else None,
-                                     attention_matmuls(arrays, causal)], repeats)
-            share = f"{100 * flops / mt / 1e9 / gflops:7.0f}%"
-            tshare = "—" if tt is None else f"{100 * flops / tt / 1e9 / gflops:6.0f}%"
-            print(f"  {n:>6} {str(causal):>6} {ms(mt):>10} {ms(tt):>9} {ratio(mt, tt):>12} "
-                  f"{share:>8} {tshare:>7} {ms(mm):>10} {ratio(mm, tt):>13}")
+            run = minitx_attention(arrays, lambda q, k, v: F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal))
+            mt, rt, tt, mm = best_times([run, reference(run),
+                                         torch_sdpa(arrays, causal) if torch else None,
+                                         attention_matmuls(arrays, causal)], repeats)
+            share = lambda t: "—" if t is None else f"{100 * flops / t / 1e9 / gflops:.0f}%"  # noqa: E731
+            print(f"  {n:>6} {str(causal):>6} {ms(mt):>9} {ms(rt):>9} {ms(tt):>9} "
+                  f"{ratio(mt, tt):>10} {ratio(rt, tt):>9} {share(mt):>6} {share(rt):>5} "
+                  f"{share(tt):>7} {ms(mm):>10} {ratio(mm, tt):>13}")
 
 
 def flash_vs_fused(n, repeats):
-    print(f"\nflash_attention (tiled, linear memory) vs the fused SDPA, N = {n}, B·H = 8")
+    print(f"\nflash_attention (tiled, linear memory) vs the fused SDPA, N = {n}, B·H = 8 "
+          "(fast layer on / off)")
     arrays = qkv_arrays(n)
     for causal in (False, True):
-        fused, flash = best_times([
-            minitx_attention(arrays, lambda q, k, v: F.scaled_dot_product_attention(
-                q, k, v, is_causal=causal)),
-            minitx_attention(arrays, lambda q, k, v: F.flash_attention(q, k, v, causal=causal))],
-            repeats)
-        print(f"  causal={str(causal):5}  fused {ms(fused)} ms  flash {ms(flash)} ms  "
-              f"flash/fused {flash / fused:.2f}×")
+        fused = minitx_attention(arrays, lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, is_causal=causal))
+        flash = minitx_attention(arrays, lambda q, k, v: F.flash_attention(q, k, v,
+                                                                           causal=causal))
+        fu, fl, rfu, rfl = best_times([fused, flash, reference(fused), reference(flash)],
+                                      repeats)
+        print(f"  causal={str(causal):5}  fast: fused {ms(fu)} ms  flash {ms(fl)} ms  "
+              f"flash/fused {fl / fu:.2f}×   ref: fused {ms(rfu)} ms  flash {ms(rfl)} ms  "
+              f"flash/fused {rfl / rfu:.2f}×")
 
 
 # ---- 4. blocks -----------------------------------------------------------------------------
@@ -280,10 +305,11 @@ def block_rows(repeats, b=4, t=256, e=256, h=8, ff=1024):
                 theirs.zero_grad()
                 tx.grad = None
                 call(theirs, tx, tmask).sum().backward()
-        mt, tt, mm = best_times([run_minitx, run_torch,
-                                 block_matmuls(b, t, e, h, ff if "Encoder" in name else 0)],
-                                repeats)
-        print(f"  {name:24} minitx {ms(mt)} ms  torch {ms(tt)} ms  minitx/torch {ratio(mt, tt)}"
+        mt, rt, tt, mm = best_times([run_minitx, reference(run_minitx), run_torch,
+                                     block_matmuls(b, t, e, h, ff if "Encoder" in name else 0)],
+                                    repeats)
+        print(f"  {name:24} fast {ms(mt)} ms  ref {ms(rt)} ms  torch {ms(tt)} ms  "
+              f"fast/torch {ratio(mt, tt)}  ref/torch {ratio(rt, tt)}"
               f"   matmuls {ms(mm)} ms, matmuls/torch {ratio(mm, tt)}")
 
 
@@ -305,6 +331,57 @@ def block_matmuls(b, t, e, h, ff):
             x @ w.T, dy @ w, dy.T @ x
         attention()
     return run
+
+
+# ---- what each twin buys -------------------------------------------------------------------
+
+def without(name, fn):
+    """``fn`` with the fast layer on but the twin ``name`` taken out."""
+    def run():
+        with configuration.without_twins(name):
+            return fn()
+    return run
+
+
+def encoder_runner(b=4, t=256, e=256, h=8, ff=1024):
+    """A callable: ``nn.TransformerEncoderLayer`` forward + backward, causal (minitx)."""
+    x = minitx.tensor(np.random.default_rng(1).standard_normal((b, t, e)).astype(np.float32),
+                      requires_grad=True)
+    mask = np.triu(np.ones((t, t), dtype=bool), 1)
+    minitx.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(e, h, ff, dropout=0.0, batch_first=True)
+
+    def run():
+        layer.zero_grad()
+        x.grad = None
+        layer(x, src_mask=mask, is_causal=True).sum().backward()
+    return run
+
+
+def tricks_table(repeats, quick):
+    """Each case with the whole fast layer, with one twin at a time taken out, and with none:
+    "×" is the time without the twin over the time with it (above 1: the twin buys time)."""
+    n = 256 if quick else 1024
+    arrays = qkv_arrays(n)
+    cases = [(f"SDPA N={n}", minitx_attention(arrays, lambda q, k, v:
+                                              F.scaled_dot_product_attention(q, k, v))),
+             (f"SDPA N={n} causal", minitx_attention(arrays, lambda q, k, v:
+                                                     F.scaled_dot_product_attention(
+                                                         q, k, v, is_causal=True))),
+             ("encoder layer", encoder_runner(t=32 if quick else 256)),
+             ("engine chain", chain_runners(200 if quick else 2000)[0])]
+    names = sorted(configuration.twins())
+    print("\nwhat each fast twin buys: the time with the twin taken out (the rest of the fast "
+          "layer on) over the time with the whole layer, forward + backward")
+    print(f"  {'twin taken out':16} " + " ".join(f"{case:>18}" for case, _ in cases))
+    columns = []
+    for _, fn in cases:
+        variants = [fn] + [without(name, fn) for name in names] + [reference(fn)]
+        columns.append(best_times(variants, repeats, turns=3))
+    print(f"  {'(none) ms':16} " + " ".join(f"{ms(col[0]):>18}" for col in columns))
+    for i, name in enumerate(names, 1):
+        print(f"  {name:16} " + " ".join(f"{col[i] / col[0]:>17.2f}×" for col in columns))
+    print(f"  {'all (ref)':16} " + " ".join(f"{col[-1] / col[0]:>17.2f}×" for col in columns))
 
 
 # ---- 5. memory -----------------------------------------------------------------------------
@@ -334,9 +411,11 @@ def main(argv=None):
                         help="a seconds-long smoke run: small sizes, one repeat")
     parser.add_argument("--memory", action="store_true",
                         help="also the N = 65,536 memory table (minutes)")
+    parser.add_argument("--tricks", action="store_true",
+                        help="also what each fast twin buys on its own (minutes)")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    minitx.backend.tune_host_allocator()         # the caching allocator the examples use
+    minitx.fast.host.tune_host_allocator()         # the caching allocator the examples use
     repeats = 1 if args.quick else args.repeats
     BUDGET["seconds"] = 0.0 if args.quick else 0.5
     if torch is None:
@@ -344,6 +423,8 @@ def main(argv=None):
     else:
         torch.set_num_threads(TORCH_THREADS)
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"fast layer: {len(configuration.twins())} twins "
+          f"({', '.join(sorted(configuration.twins()))})")
     print(f"numpy {np.__version__}, BLAS threads: "
           f"{os.environ.get('OPENBLAS_NUM_THREADS', 'default (all cores)')}; "
           f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} "
@@ -353,13 +434,16 @@ def main(argv=None):
           f"{'—' if torch_gflops is None else f'{torch_gflops:.0f}'} GFLOP/s, "
           "NumPy/PyTorch in time "
           f"{'—' if torch_gflops is None else ratio(torch_gflops, gflops)}\n")
-    mt, tt = chain_times(200 if args.quick else 2000, repeats)
-    print(f"engine chain, y*0.999 + 0.001 on 8×8, forward + backward: minitx "
-          f"{mt * 1e6:.2f} µs/op, torch {'—' if tt is None else f'{tt * 1e6:.2f}'} µs/op, "
-          f"minitx/torch {ratio(mt, tt)}\n")
+    mt, rt, tt = chain_times(200 if args.quick else 2000, repeats)
+    print(f"engine chain, y*0.999 + 0.001 on 8×8, forward + backward: fast "
+          f"{mt * 1e6:.2f} µs/op, ref {rt * 1e6:.2f} µs/op, torch "
+          f"{'—' if tt is None else f'{tt * 1e6:.2f}'} µs/op, fast/torch {ratio(mt, tt)}, "
+          f"ref/torch {ratio(rt, tt)}\n")
     sdpa_table((64, 256) if args.quick else (256, 1024, 4096), repeats, gflops)
     flash_vs_fused(256 if args.quick else 4096, repeats)
     block_rows(repeats, t=32 if args.quick else 256)
+    if args.tricks:
+        tricks_table(repeats, args.quick)
     if args.memory:
         memory_rows(4096 if args.quick else 65536)
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}")

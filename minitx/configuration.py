@@ -26,7 +26,7 @@ import os
 from . import validate
 
 __all__ = ["config", "using_config", "register_twin", "twin", "twins", "why_not_fast",
-           "fast_from_env"]
+           "without_twins", "fast_from_env"]
 
 
 def fast_from_env(value=None) -> bool:
@@ -102,6 +102,22 @@ def twin(name: str):
 def twins() -> dict:
     """Every registered twin: {reference name: fast function} (a copy)."""
     return dict(_TWINS)
+
+
+@contextlib.contextmanager
+def without_twins(*names):
+    """Run the references of ``names`` only, inside the ``with`` block, the rest of the fast
+    layer staying on: what one trick buys is the time with it minus the time without it
+    (``benchmarks/cpu_vs_torch.py --tricks``). Unknown names are refused."""
+    unknown = [n for n in names if n not in _TWINS]
+    if unknown:
+        raise KeyError(f"without_twins: no fast twin named {', '.join(map(repr, unknown))} "
+                       f"(twins: {', '.join(sorted(_TWINS))})")
+    saved = {n: _TWINS.pop(n) for n in names}
+    try:
+        yield
+    finally:
+        _TWINS.update(saved)
 
 
 def why_not_fast(name: str):

@@ -1,5 +1,6 @@
-"""``benchmarks/cpu_vs_torch.py --quick`` runs and prints every row of issue 20's table (a smoke
-test that keeps the script from rotting; its timings are never asserted). Run in a fresh
+"""``benchmarks/cpu_vs_torch.py --quick`` runs and prints every row, with the fast layer on and
+off, and the table of what each fast twin buys (a smoke test that keeps the script from
+rotting; its timings are never asserted). Run in a fresh
 interpreter on the NumPy backend: the script tunes the process's allocator and threads."""
 import os
 import pathlib
@@ -12,6 +13,7 @@ import pytest
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_vs_torch.py"
 ROWS = ("sgemm 2,048³", "engine chain", "SDPA forward + backward", "matmuls/torch",
         "flash_attention", "MultiheadAttention", "TransformerEncoderLayer",
+        "what each fast twin buys", "all (ref)",
         "memory, forward + backward", "flash ", "local ", "linear ", "performer ", "load average")
 
 
@@ -26,11 +28,15 @@ def run_script(*code):
 
 
 def test_quick_run_prints_every_row():
-    out = run_script(str(SCRIPT), "--quick", "--memory")
+    out = run_script(str(SCRIPT), "--quick", "--memory", "--tricks")
     for row in ROWS:
         assert row in out, f"no {row!r} row in:\n{out}"
+    import minitx
+    for twin in minitx.configuration.twins():           # a row for each twin, four ratios
+        assert re.search(rf"^  {twin} +(?: +\d+\.\d\d×){{4}}$", out, re.M), (twin, out)
+    assert "ref " in out and "ref/torch" in out, out    # the fast layer off, on every table
     if "PyTorch is not installed" not in out:
-        assert out.count("minitx/torch") >= 4, out      # the ratios are there, not dashes
+        assert out.count("fast/torch") >= 4, out        # the ratios are there, not dashes
         assert "NumPy/PyTorch in time —" not in out, out
         # the matmuls-alone ratio on every SDPA row (4 in --quick) and both block rows
         sdpa_rows = re.findall(r"^ +\d+ +(?:True|False) .*×.*\d\.\d\d×$", out, re.M)
@@ -44,5 +50,5 @@ def test_without_torch_it_says_so_and_still_measures_minitx():
             f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
     out = run_script("-c", code)
     assert "PyTorch is not installed" in out, out
-    assert "minitx/torch —" in out and "SDPA forward + backward" in out, out
+    assert "fast/torch —" in out and "SDPA forward + backward" in out, out
     assert "PyTorch — GFLOP/s" in out and "matmuls/torch —" in out, out
