@@ -24,43 +24,42 @@ from __future__ import annotations
 from .. import functional as F
 from .. import validate
 from ..autograd.function import Function
-from ..autograd.tensor import Tensor
 from ..backend import get_array_module
 from ..nn.hooks import HookPoint
 from .base import (AttentionBase, check_heads, kernel_feature_hooks, register, repeat_kv,
                    repeat_kv_array)
 
 __all__ = ["FEATURE_MAPS", "linear_attention", "linear_attention_step", "LinearAttention",
-           "KernelAttentionFunction", "ElementwiseFeatures"]
+           "KernelAttentionFunction", "ElementwiseFeatures", "FeatureMapFunction",
+           "apply_feature_map"]
 
-FEATURE_MAPS = {
-    "elu": lambda x: F.elu(x) + 1.0,
-    "relu": F.relu,
-    "identity": lambda x: x,
-}
+FEATURE_MAPS = ("elu", "relu", "identity")
 
 
-def _feature_map(name):
+def _check_feature_map(name):
     if name not in FEATURE_MAPS:
         raise ValueError(f"feature_map must be one of {sorted(FEATURE_MAPS)}, got {name!r}")
-    return FEATURE_MAPS[name]
+    return name
 
 
 class ElementwiseFeatures:
-    """φ applied entry by entry (linear attention's maps), on raw arrays, with its VJP.
+    """φ applied entry by entry (linear attention's maps), on raw arrays, with its VJP: the one
+    place these maps are written (the fused ``KernelAttentionFunction`` and the composed form,
+    through ``FeatureMapFunction``, both call it).
 
-    ``phi(x)``: a fresh array of the same values as ``FEATURE_MAPS[name]``; ``vjp(x, phi, g)``:
-    g ⊙ φ'(x), computed in g's memory (φ = φ(x) is read, not changed): elu + 1 has
-    φ' = min(φ, 1) (1 where x > 0, eˣ = φ where x ≤ 0); relu φ' = [φ > 0]; identity φ' = 1.
+    ``phi(x)``: a fresh array — elu + 1: x + 1 where x > 0, eˣ where x ≤ 0; relu; identity.
+    ``vjp(x, phi, g)``: g ⊙ φ'(x), computed in g's memory (φ = φ(x) is read, not changed):
+    elu + 1 has φ' = min(φ, 1) (1 where x > 0, eˣ = φ where x ≤ 0); relu φ' = [φ > 0];
+    identity φ' = 1.
     """
 
     def __init__(self, name):
-        self.name = name
+        self.name = _check_feature_map(name)
 
     def phi(self, x, is_query):
         xp = get_array_module(x)
-        if self.name == "elu":                         # elu(x) + 1: x + 1 (x > 0), eˣ (x ≤ 0),
-            phi = xp.where(x > 0, x, xp.exp(xp.minimum(x, 0)) - 1)      # rounded as F.elu(x) + 1
+        if self.name == "elu":                         # elu(x) + 1 = x + 1 (x > 0), eˣ (x ≤ 0)
+            phi = xp.where(x > 0, x, xp.exp(xp.minimum(x, 0)) - 1)
             phi += 1
             return phi
         return xp.maximum(x, 0) if self.name == "relu" else x.copy()
@@ -72,6 +71,30 @@ class ElementwiseFeatures:
         elif self.name == "relu":
             xp.copyto(grad, 0, where=phi <= 0)
         return grad
+
+
+class FeatureMapFunction(Function):
+    """φ(x) as one differentiable node, for the composed form of kernel attention (the form
+    hooks can look into): ``features.phi`` forward, ``features.vjp`` backward — the same raw
+    code the fused ``KernelAttentionFunction`` runs. Input (x,), output φ(x)."""
+
+    @staticmethod
+    def forward(ctx, x, *, features, is_query):
+        phi = features.phi(x, is_query)
+        ctx.save_for_backward(x, phi)
+        ctx.features, ctx.is_query = features, is_query
+        return phi
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, phi = ctx.saved_tensors
+        return ctx.features.vjp(x, phi, grad.copy(), ctx.is_query)     # vjp writes into its g
+
+
+def apply_feature_map(x, features, is_query: bool = True):
+    """φ(x) of a Tensor, differentiable: ``features`` is an ``ElementwiseFeatures`` or the
+    Performer's ``FavorFeatures``; ``is_query`` picks its stabiliser where it has one."""
+    return FeatureMapFunction.apply(x, features=features, is_query=is_query)
 
 
 class KernelAttentionFunction(Function):
@@ -139,13 +162,13 @@ def linear_attention(q, k, v, feature_map: str = "elu", causal: bool = False,
 
     Bidirectional, with no φ hook set, it is one node (``KernelAttentionFunction``, O(N·D)
     memory); otherwise it is composed of differentiable ops, so hooks can see and replace φ."""
-    phi = _feature_map(feature_map)
+    features = ElementwiseFeatures(feature_map)
     hooked = hooks is not None and (hooks.hook_phi_q.active or hooks.hook_phi_k.active or
                                     hooks.hook_pattern.active)
     if not causal and not hooked:
-        return KernelAttentionFunction.apply(q, k, v, features=ElementwiseFeatures(feature_map),
-                                             normalize=normalize, eps=eps)
-    fq, fk = phi(q), phi(k)                                         # (B, H, N, D)
+        return KernelAttentionFunction.apply(q, k, v, features=features, normalize=normalize,
+                                             eps=eps)
+    fq, fk = apply_feature_map(q, features), apply_feature_map(k, features)      # (B, H, N, D)
     if hooks is not None:
         fq, fk = kernel_feature_hooks(hooks, fq, fk, causal, eps, normalize)
     if not causal:
@@ -167,8 +190,8 @@ def linear_attention_step(state, q, k, v, feature_map: str = "elu", normalize: b
                           eps: float = 1e-6):
     """One recurrent step: q, k (B, H, D), v (B, H, Dv), state (S (B, H, D, Dv), z (B, H, D))
     or None (empty) → (out (B, H, Dv), new state). O(D·Dv) per token."""
-    phi = _feature_map(feature_map)
-    fq, fk = phi(q), phi(k)
+    features = ElementwiseFeatures(feature_map)
+    fq, fk = apply_feature_map(q, features), apply_feature_map(k, features)
     update = F.expand_dims(fk, -1) * F.expand_dims(v, -2)           # (B, H, D, Dv)
     if state is None:
         s, z = update, fk
@@ -247,9 +270,9 @@ class LinearAttention(AttentionBase):
     def reference(self, q, k, v):
         """Raw-array dense formula with the same similarity, (B, H, N, N) — for tests."""
         xp = get_array_module(q)
-        phi = FEATURE_MAPS[self.feature_map]
-        fq = phi(Tensor._wrap(q)).data
-        fk = phi(Tensor._wrap(repeat_kv_array(k, q.shape[1]))).data
+        features = ElementwiseFeatures(self.feature_map)
+        fq = features.phi(q, True)
+        fk = features.phi(repeat_kv_array(k, q.shape[1]), False)
         vv = repeat_kv_array(v, q.shape[1])
         a = fq @ xp.swapaxes(fk, -1, -2)                            # (B, H, N, N)
         if self.causal:

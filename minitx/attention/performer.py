@@ -53,10 +53,10 @@ from ..autograd.tensor import Tensor
 from ..backend import get_array_module, rng, xp as active_xp
 from ..nn.hooks import HookPoint
 from .base import AttentionBase, check_heads, kernel_feature_hooks, register, repeat_kv
-from .linear import KernelAttentionFunction
+from .linear import KernelAttentionFunction, apply_feature_map
 
-__all__ = ["orthogonal_gaussian", "favor_features", "performer_kernel", "performer_attention",
-           "FavorFeatures", "PerformerAttention"]
+__all__ = ["orthogonal_gaussian", "performer_kernel", "performer_attention", "FavorFeatures",
+           "PerformerAttention"]
 
 
 def orthogonal_gaussian(m: int, d: int, orthogonal: bool = True):
@@ -80,59 +80,40 @@ def orthogonal_gaussian(m: int, d: int, orthogonal: bool = True):
     return w * norms[:, None]
 
 
-def favor_features(x, w, is_query: bool, stabilize: bool = True):
-    """φ(x) = exp(W x − ‖x‖²/2 − c) / √m for x (B, H, N, D) already scaled by D^(−1/4).
-
-    c = per-row max (queries) or one max per (batch, head) over all keys (see the module
-    docstring for why it cancels, and why the key max must be global even when causal);
-    c = 0 when ``stabilize`` is False. Returns (B, H, N, m).
-    """
-    m = w.shape[0]
-    proj = F.matmul(x, Tensor._wrap(w.T.astype(x.dtype)))          # (B, H, N, D) @ (D, m)
-    logits = proj - (x * x).sum(axis=-1, keepdims=True) * 0.5       # (B, H, N, m)
-    if stabilize:
-        raw = logits.data
-        c = raw.max(axis=-1, keepdims=True) if is_query else raw.max(axis=(-2, -1), keepdims=True)
-        logits = logits - Tensor._wrap(c)                           # a constant: cancels
-    return F.exp(logits) * (1.0 / math.sqrt(m))
-
-
 def performer_kernel(q, k, w):
     """Raw arrays: the unnormalised estimate φ(q) φ(k)ᵀ ≈ exp(q kᵀ/√D), (B, H, N, N).
 
     No stabilisation, so the average over redraws of W is an unbiased estimate (for tests).
     """
     xp = get_array_module(q, k)
-    d, m = q.shape[-1], w.shape[0]
-    scale = d ** -0.25
-
-    def phi(x):
-        x = x * scale
-        return xp.exp(x @ w.T - (x * x).sum(-1, keepdims=True) / 2) / math.sqrt(m)
-    return phi(q) @ xp.swapaxes(phi(k), -1, -2)
+    features = FavorFeatures(w, q.shape[-1] ** -0.25, stabilize=False)
+    return features.phi(q, True) @ xp.swapaxes(features.phi(k, False), -1, -2)
 
 
 ROWS = 4096     # rows per block of FavorFeatures.vjp's last update (1 MiB at D = 64)
 
 
 class FavorFeatures:
-    """``favor_features`` on raw arrays, with its VJP, for ``KernelAttentionFunction``.
+    """The FAVOR+ feature map on raw arrays, with its VJP: the one place φ is written (the
+    fused ``KernelAttentionFunction`` and the composed form, through ``FeatureMapFunction``,
+    both call it).
 
-    φ(x) = exp(L − c) / √m, L = W x' − ‖x'‖²/2, x' = x·``scale`` (D^(−1/4)); c the same
-    constants as ``favor_features`` (a query row's max; one max over all keys per batch and
-    head), constants in backward too. VJP: dL = dφ ⊙ φ, dx' = dL W − rowsum(dL) x',
-    dx = dx'·scale.
+    φ(x) = exp(L − c) / √m, L = W x' − ‖x'‖²/2, x' = x·``scale`` (D^(−1/4)), x (B, H, N, D) →
+    (B, H, N, m); c a query row's max, or one max over all keys per batch and head (the module
+    docstring says why it cancels), 0 without ``stabilize``; constants in backward too.
+    VJP: dL = dφ ⊙ φ, dx' = dL W − rowsum(dL) x', dx = dx'·scale.
     """
 
-    def __init__(self, w, scale):
-        self.w, self.scale = w, scale                               # w (m, D)
+    def __init__(self, w, scale, stabilize: bool = True):
+        self.w, self.scale, self.stabilize = w, scale, stabilize    # w (m, D)
 
     def phi(self, x, is_query):
         xp = get_array_module(x)
         xs = x * self.scale
         logits = xs @ self.w.T                                      # (B, H, N, m)
-        logits -= (xs * xs).sum(axis=-1, keepdims=True) * 0.5      # as favor_features rounds
-        logits -= logits.max(axis=-1 if is_query else (-2, -1), keepdims=True)
+        logits -= (xs * xs).sum(axis=-1, keepdims=True) * 0.5      # L = W x' − ‖x'‖²/2
+        if self.stabilize:                                          # − c: cancels in the ratio
+            logits -= logits.max(axis=-1 if is_query else (-2, -1), keepdims=True)
         phi = xp.exp(logits, out=logits)
         phi *= 1.0 / math.sqrt(self.w.shape[0])
         return phi
@@ -160,8 +141,9 @@ def performer_attention(q, k, v, w, causal: bool = False, eps: float = 1e-12, ho
     if not causal and not hooked:
         return KernelAttentionFunction.apply(q, k, v, features=FavorFeatures(w, scale),
                                              normalize=True, eps=eps)
-    phi_q = favor_features(q * scale, w, True)                      # (B, H, N, m)
-    phi_k = favor_features(k * scale, w, False)                     # (B, H, N, m)
+    features = FavorFeatures(w, scale)
+    phi_q = apply_feature_map(q, features, True)                    # (B, H, N, m)
+    phi_k = apply_feature_map(k, features, False)                   # (B, H, N, m)
     if hooks is not None:                       # the layer's φ hooks (kernel_feature_hooks)
         phi_q, phi_k = kernel_feature_hooks(hooks, phi_q, phi_k, causal, eps)
     if not causal:
