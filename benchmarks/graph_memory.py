@@ -2,7 +2,7 @@
 
     python benchmarks/graph_memory.py [--nodes 20000] [--size 1000]
 
-The scenario of the hardening issue: a chain of ``--nodes`` ops ``y = tanh(y)`` on a float64
+The scenario: a chain of ``--nodes`` ops ``y = tanh(y)`` on a float64
 vector of ``--size`` elements (8 KB at the default 1,000), then ``y.sum().backward()`` without
 ``retain_graph``. ``tanh`` saves its output for the backward (d tanh(x)/dx = 1 − tanh(x)²) in
 both libraries, so the built graph holds nodes × size × 8 bytes: 160 MB by default. Before the

@@ -3,7 +3,7 @@ argument (and, for options, the value given), and — for objects that hold stat
 changed. Then the classes that are not errors: the dtype rule, empty inputs, the numerics PyTorch
 gets right, and the graph letting go of memory.
 
-The classes follow the hardening issue: (1) one dtype rule, (2) empty inputs, (3) every option
+The classes of bad input: (1) one dtype rule, (2) empty inputs, (3) every option
 validated by ``minitx.validate``, (4) NumPy's error text never reaching a user (re-raised in
 ``Function.apply``; checkpoints read by ``backend.read_npz``), (5) numerics, (6) optimizers,
 (7) graph memory.

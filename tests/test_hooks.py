@@ -1,4 +1,4 @@
-"""Hook points, run_with_cache and run_with_hooks (issue 21): names, shapes, the identities that
+"""Hook points, run_with_cache and run_with_hooks: names, shapes, the identities that
 tie the activations together, replacement, gradients, and clean-up."""
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def tokens(b=2, t=7, seed=1):
 
 
 def expected_shapes(b, t, n_layer=L, hkv=H):
-    """Every GPT hook name and its documented shape, written out from the issue's table."""
+    """Every GPT hook name and its documented shape, written out from docs/look_inside.md's table."""
     shapes = {"hook_embed": (b, t, E), "hook_pos_embed": (b, t, E),
               "ln_final.hook_scale": (b, t, 1), "ln_final.hook_normalized": (b, t, E)}
     for i in range(n_layer):
@@ -503,7 +503,7 @@ def test_a_misspelt_variant_name_suggests_the_close_ones():
     assert "perfomer" not in REGISTRY and REGISTRY.get("perfomer") is None
 
 
-# ---- mask polarity traps (issue 21, "silent") --------------------------------------------------
+# ---- mask polarity traps (the silent ones) ---------------------------------------------
 
 def test_multihead_attention_warns_about_masks_of_the_other_polarity():
     minitx.manual_seed(0)

@@ -138,7 +138,7 @@ def test_each_page_gives_back_its_source_file_byte_for_byte(site):
 def test_the_course_runs_in_order_with_previous_and_next(site):
     pages, _ = site_build.course_pages(ROOT)
     order = [p.path for p in pages]
-    # the reading order of the issue: engine before softmax before SDPA … before pretrained
+    # the reading order: engine before softmax before SDPA … before pretrained
     milestones = ["minitx/autograd/tensor.py", "minitx/ops/activation.py",
                   "minitx/ops/sdpa.py", "minitx/models/multihead.py",
                   "minitx/nn/positional.py", "minitx/models/gpt.py", "minitx/attention/sparse.py",

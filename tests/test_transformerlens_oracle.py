@@ -1,4 +1,4 @@
-"""TransformerLens as an optional test oracle for minitx's hook points (issue 21).
+"""TransformerLens as an optional test oracle for minitx's hook points.
 
 A tiny random GPT-2 (2 layers, 2 heads, d_model 16, vocabulary 50) is built by
 ``transformers``, saved as a HuggingFace folder and loaded by ``minitx.pretrained.load``; the
@@ -56,7 +56,7 @@ def test_every_minitx_hook_name_is_a_transformerlens_name(caches):
     cache, tl_cache, _, _ = caches
     mine, theirs = set(cache), set(tl_cache.keys())
     assert mine <= theirs, sorted(mine - theirs)
-    # the names of issue 21's list, per block and outside the blocks
+    # the hook names of docs/look_inside.md, per block and outside the blocks
     for i in range(2):
         for name in ("hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized", "attn.hook_q",
                      "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores", "attn.hook_pattern",
