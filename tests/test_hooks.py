@@ -29,7 +29,7 @@ def tokens(b=2, t=7, seed=1):
 
 
 def expected_shapes(b, t, n_layer=L, hkv=H):
-    """Every GPT hook name and its documented shape, written out from docs/look_inside.md's table."""
+    """Every GPT hook name and its documented shape (docs/look_inside.md's table)."""
     shapes = {"hook_embed": (b, t, E), "hook_pos_embed": (b, t, E),
               "ln_final.hook_scale": (b, t, 1), "ln_final.hook_normalized": (b, t, E)}
     for i in range(n_layer):
