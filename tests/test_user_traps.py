@@ -1,7 +1,8 @@
 """The traps a newcomer falls into where a message is unclear, each fixed where its class
-arises: a mask of the wrong dtype names the module, the argument, what was expected and what was given (``validate.mask``); a
-KV-cache list of the wrong length names the layer count (``cached_length``); a limit message
-names the limit the caller passed; NumPy scalars are accepted wherever Python numbers are."""
+arises: a mask of the wrong dtype names the module, the argument, what was expected and what
+was given (``validate.mask``); a KV-cache list of the wrong length names the layer count
+(``cached_length``); a limit message names the limit the caller passed; NumPy scalars are
+accepted wherever Python numbers are."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
