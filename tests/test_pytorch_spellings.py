@@ -58,6 +58,22 @@ def test_unsqueeze_is_expand_dims():
     assert x.unsqueeze(1).shape == (2, 1, 3) and x.unsqueeze(-1).shape == (2, 3, 1)
 
 
+def test_the_spellings_live_in_their_own_module_and_tensors_keep_no_dict():
+    """Every PyTorch spelling of a Tensor method is defined in ``autograd/spellings.py`` (so
+    ``tensor.py`` holds only minitx's own names), and the mixin adds no per-tensor ``__dict__``."""
+    from minitx.autograd import spellings
+    names = ["size", "numel", "dim", "float", "double", "half", "view", "unsqueeze", "cpu",
+             "cuda", "sum", "mean", "var", "max", "min", "argmax", "argmin", "softmax",
+             "log_softmax", "squeeze", "expand_dims"]
+    for name in names:
+        member = getattr(minitx.Tensor, name)
+        defined_in = (member.fget if isinstance(member, property) else member).__module__
+        assert defined_in == spellings.__name__, name
+        assert name not in vars(minitx.Tensor), name
+    assert issubclass(minitx.Tensor, spellings.PyTorchSpellings)
+    assert not hasattr(_x((2,)), "__dict__")
+
+
 # ---- dim= / keepdim= as aliases of axis= / keepdims= ---------------------------------------
 
 ALIASED = {                     # functional op → extra positional arguments

@@ -9,7 +9,9 @@ A Tensor holds
 - ``_ctx``: the Function context that produced it (``None`` for leaves).
 
 Operators and methods are thin wrappers over ``minitx.functional``; the math and its
-derivative live there, one Function per op.
+derivative live there, one Function per op. PyTorch's names for these methods (``t.size()``,
+``t.float()``, ``t.view``, ``t.unsqueeze``, ``dim=`` / ``keepdim=``, …) are in
+``spellings.py``, which ``Tensor`` inherits.
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from operator import iadd as _iadd, imul as _imul, isub as _isub, itruediv as _i
 
 import numpy
 
-from .. import backend
+from .. import backend, configuration
 from . import grad_mode as _grad_mode, versions
+from .spellings import PyTorchSpellings
 
 __all__ = ["Tensor", "tensor"]
 
@@ -31,7 +34,8 @@ def _to_array(data, dtype):
     xp = backend.xp()
     if isinstance(data, Tensor):
         array = data.data
-    elif isinstance(data, (numpy.ndarray, numpy.generic)) or hasattr(data, "__cuda_array_interface__"):
+    elif isinstance(data, (numpy.ndarray, numpy.generic)) or \
+            hasattr(data, "__cuda_array_interface__"):
         array = data
     else:
         # Python scalars and (nested) lists: floats become float32, like PyTorch.
@@ -58,7 +62,7 @@ def _to_array(data, dtype):
     return xp.asarray(array)
 
 
-class Tensor:
+class Tensor(PyTorchSpellings):
     """An n-dimensional array that can record how it was computed and backpropagate.
 
     ``Tensor(data, requires_grad=False, dtype=None)``: ``data`` is a Python scalar, a nested
@@ -273,12 +277,6 @@ class Tensor:
             return self
         return _F.to_device(self, device)
 
-    def cpu(self) -> "Tensor":
-        return self.to("cpu")
-
-    def cuda(self) -> "Tensor":
-        return self.to("cuda")
-
     def astype(self, dtype) -> "Tensor":
         """Cast to ``dtype`` (differentiable between floating dtypes)."""
         return _F.astype(self, dtype)
@@ -296,34 +294,30 @@ class Tensor:
         self.grad = None
 
     # ---- arithmetic ----------------------------------------------------------------------
-    # + − × ÷ call their Function directly (the hottest calls of small models). A Python
-    # float or int meeting a float Tensor on the host becomes a 0-d array of its dtype first
-    # (``_operand``): NumPy casts a Python number to the array's dtype on every use anyway
-    # (NEP 50: the same values), and converting it once saves that cast — about 300 ns — in
-    # the forward and again where the backward reads it (the other factor of a product).
+    # For + − × ÷ the other operand goes through ``_operand``, the fast layer's way in.
     def __add__(self, other):
-        return _ops_add(self, _operand(self, other))
+        return _F.add(self, _operand(self, other))
 
     def __radd__(self, other):
-        return _ops_add(_operand(self, other), self)
+        return _F.add(_operand(self, other), self)
 
     def __sub__(self, other):
-        return _ops_sub(self, _operand(self, other))
+        return _F.sub(self, _operand(self, other))
 
     def __rsub__(self, other):
-        return _ops_sub(_operand(self, other), self)
+        return _F.sub(_operand(self, other), self)
 
     def __mul__(self, other):
-        return _ops_mul(self, _operand(self, other))
+        return _F.mul(self, _operand(self, other))
 
     def __rmul__(self, other):
-        return _ops_mul(_operand(self, other), self)
+        return _F.mul(_operand(self, other), self)
 
     def __truediv__(self, other):
-        return _ops_div(self, _operand(self, other))
+        return _F.div(self, _operand(self, other))
 
     def __rtruediv__(self, other):
-        return _ops_div(_operand(self, other), self)
+        return _F.div(_operand(self, other), self)
 
     def __pow__(self, other):
         return _F.pow(self, other)
@@ -391,9 +385,6 @@ class Tensor:
             shape = tuple(shape[0])
         return _F.reshape(self, shape)
 
-    def view(self, *shape):
-        return self.reshape(*shape)
-
     def transpose(self, *axes):
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = tuple(axes[0])
@@ -430,134 +421,15 @@ class Tensor:
     def masked_fill(self, mask, value):
         return _F.masked_fill(self, mask, value)
 
-    # ---- reductions, softmax, size and the PyTorch spellings --------------------------------
-    # Code ported from PyTorch runs as written: each method below is PyTorch's name for what
-    # minitx spells the NumPy way, and forwards to that spelling. The axis-taking ones
-    # forward every argument to ``minitx.functional``, whose ops take ``dim=`` / ``keepdim=``
-    # as aliases of ``axis=`` / ``keepdims=`` (``validate.dim_alias``, the one place this is
-    # done).
-
-    class _Size(int):
-        """The element count (an int, NumPy's ``a.size``) that, called, is PyTorch's
-        ``t.size()``: the shape, or ``t.size(dim)``: one extent (negative dims count back)."""
-
-        def __new__(cls, shape):
-            count = 1
-            for extent in shape:
-                count *= extent
-            size = super().__new__(cls, count)
-            size.shape = tuple(shape)
-            return size
-
-        def __call__(self, dim=None):
-            if dim is None:
-                return self.shape
-            if isinstance(dim, bool) or not isinstance(dim, (int, numpy.integer)) or \
-                    not -len(self.shape) <= dim < len(self.shape):
-                raise IndexError(f"size: dim must be an int in [{-len(self.shape)}, "
-                                 f"{len(self.shape) - 1}] for shape {self.shape}, got {dim!r}")
-            return self.shape[dim]
-
-    @property
-    def size(self) -> "Tensor._Size":
-        """The number of elements (NumPy: ``t.size``); ``t.size()`` is the shape and
-        ``t.size(dim)`` one extent (PyTorch)."""
-        return Tensor._Size(self.data.shape)
-
-    def numel(self) -> int:
-        """The number of elements (PyTorch's name for ``t.size``)."""
-        return int(self.data.size)
-
-    def dim(self) -> int:
-        """The number of dimensions (PyTorch's name for ``t.ndim``)."""
-        return self.data.ndim
-
-    def float(self) -> "Tensor":
-        """Cast to float32, differentiably (PyTorch's ``t.float()``; ``t.astype("float32")``)."""
-        return self.astype("float32")
-
-    def double(self) -> "Tensor":
-        """Cast to float64, differentiably (``t.astype("float64")``)."""
-        return self.astype("float64")
-
-    def half(self) -> "Tensor":
-        """Cast to float16, differentiably (``t.astype("float16")``)."""
-        return self.astype("float16")
-
-    def unsqueeze(self, dim: int) -> "Tensor":
-        """A new axis of length 1 at ``dim`` (PyTorch's name for ``expand_dims``)."""
-        return _F.expand_dims(self, dim)
-
-    def sum(self, *args, **kwargs):
-        """Σ over ``axis`` (or ``dim``); ``keepdims`` (or ``keepdim``). See ``F.sum``."""
-        return _F.sum(self, *args, **kwargs)
-
-    def mean(self, *args, **kwargs):
-        """Mean over ``axis`` (or ``dim``); ``keepdims`` (or ``keepdim``). See ``F.mean``."""
-        return _F.mean(self, *args, **kwargs)
-
-    def var(self, *args, **kwargs):
-        """Variance over ``axis`` with ``ddof`` (NumPy's, default 0). ``dim=`` is refused:
-        PyTorch's ``var(dim=)`` divides by n − 1. See ``F.var``."""
-        return _F.var(self, *args, **kwargs)
-
-    def max(self, *args, **kwargs):
-        """Maximum over ``axis``. ``dim=`` is refused: PyTorch's ``max(dim=)`` returns
-        (values, indices); use ``max(axis=)`` and ``argmax(axis=)``. See ``F.max``."""
-        return _F.max(self, *args, **kwargs)
-
-    def min(self, *args, **kwargs):
-        """Minimum over ``axis``; ``dim=`` is refused as for ``max``. See ``F.min``."""
-        return _F.min(self, *args, **kwargs)
-
-    def argmax(self, *args, **kwargs):
-        """Index of the maximum over ``axis`` (or ``dim``; None: flattened). See ``F.argmax``."""
-        return _F.argmax(self, *args, **kwargs)
-
-    def argmin(self, *args, **kwargs):
-        """Index of the minimum over ``axis`` (or ``dim``). See ``F.argmin``."""
-        return _F.argmin(self, *args, **kwargs)
-
-    def softmax(self, *args, **kwargs):
-        """softmax along ``axis`` (or ``dim``), default −1. See ``F.softmax``."""
-        return _F.softmax(self, *args, **kwargs)
-
-    def log_softmax(self, *args, **kwargs):
-        """log softmax along ``axis`` (or ``dim``), default −1. See ``F.log_softmax``."""
-        return _F.log_softmax(self, *args, **kwargs)
-
-    def squeeze(self, *args, **kwargs):
-        """Drop length-1 axes (``axis`` or ``dim``; None: all). See ``F.squeeze``."""
-        return _F.squeeze(self, *args, **kwargs)
-
-    def expand_dims(self, *args, **kwargs):
-        """A new length-1 axis at ``axis`` (or ``dim``). See ``F.expand_dims``."""
-        return _F.expand_dims(self, *args, **kwargs)
-
 
 def _operand(tensor, other):
-    """``other`` as the second operand of + − × ÷ with ``tensor``: a Python float or int
-    meeting a float host Tensor becomes a read-only 0-d array of its dtype (cached per dtype
-    and number), anything else is returned as it is (see Tensor's arithmetic)."""
-    if other.__class__ not in _PY_NUMBERS:
-        return other
-    data = tensor.data
-    if data.__class__ is not _ndarray:
-        return other
-    cache = _NUMBERS.get(data.dtype)         # number -> array, one dict per float dtype
-    if cache is None:
-        if data.dtype.kind != "f":
-            return other
-        cache = _NUMBERS[data.dtype] = {}
-    array = cache.get(other)                 # the same constants come back every step
-    if array is None:
-        if not other:                        # 0.0 == -0.0 as keys: no cache for zeros
-            return numpy.asarray(other, dtype=data.dtype)
-        if len(cache) > 1024:                # a loop over ever new numbers: start over
-            cache.clear()
-        array = cache[other] = numpy.asarray(other, dtype=data.dtype)
-        array.flags.writeable = False        # shared by every op that meets this number
-    return array
+    """``other``, the operand that meets ``tensor`` in + − × ÷ (on either side), passed on
+    as it is: a Python number is a constant of the op, which NumPy casts to the tensor's dtype
+    (NEP 50). The fast layer may stand in for this (``minitx/fast/numbers.py``)."""
+    fast = configuration.twin("operand")
+    if fast is not None:
+        return fast(tensor, other)
+    return other
 
 
 def tensor(data, requires_grad: bool = False, dtype=None) -> Tensor:
@@ -566,13 +438,7 @@ def tensor(data, requires_grad: bool = False, dtype=None) -> Tensor:
 
 
 # Bound last, because both import Tensor from this module: the engine (backward) and the ops
-# (Tensor's operators and methods are thin calls into minitx.ops — autograd and ops are one
-# layer, the core).
+# (Tensor's operators and methods, and those of spellings.py, are thin calls into minitx.ops —
+# autograd and ops are one layer, the core).
 from . import engine as _engine  # noqa: E402
 from .. import ops as _F  # noqa: E402
-from ..ops.elementwise import Add as _Add, Div as _Div, Mul as _Mul, Sub as _Sub  # noqa: E402
-
-_ops_add, _ops_sub, _ops_mul, _ops_div = _Add.apply, _Sub.apply, _Mul.apply, _Div.apply
-_PY_NUMBERS = (float, int)          # exactly these classes: bool (an int subclass) stays as is
-_NUMBERS = {}                       # dtype -> {number: its read-only 0-d array}
-_ndarray = numpy.ndarray

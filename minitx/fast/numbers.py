@@ -1,1 +1,47 @@
-"""(being written)"""
+"""Python numbers meeting a Tensor in + − × ÷, converted once and kept.
+
+In ``t * 0.5`` NumPy casts the Python number to the array's dtype at every use: in the forward
+and again where the backward reads it (the other factor of a product). A training loop meets
+the same few numbers at every step, so this twin converts each one once into a read-only 0-d
+array of the tensor's dtype and hands that array out again.
+"""
+from __future__ import annotations
+
+import numpy
+
+from .. import configuration
+
+__all__ = ["cached_operand"]
+
+_NUMBERS = {}                   # float dtype -> {number: its read-only 0-d array}
+_LIMIT = 1024                   # numbers kept per dtype; a loop over ever new numbers restarts
+
+
+def cached_operand(tensor, other):
+    """Fast twin of ``minitx.autograd.tensor._operand`` (which passes ``other`` on as it is):
+    a Python float or int meeting a float host Tensor becomes a cached read-only 0-d array of
+    the tensor's dtype, anything else is returned as it is.
+
+    The same values: under NEP 50 NumPy casts a Python number to the array's dtype anyway, so
+    the op sees the same number, now cast once instead of at every use.
+    """
+    data = tensor.data
+    if type(other) not in (float, int) or type(data) is not numpy.ndarray:
+        return other                        # a bool, an array, a Tensor; a device tensor
+    cache = _NUMBERS.get(data.dtype)
+    if cache is None:
+        if data.dtype.kind != "f":          # an int tensor: NumPy's own rule applies
+            return other
+        cache = _NUMBERS[data.dtype] = {}
+    array = cache.get(other)
+    if array is None:
+        if not other:                       # 0.0 == -0.0 as dict keys: zeros are not kept
+            return numpy.asarray(other, dtype=data.dtype)
+        if len(cache) >= _LIMIT:
+            cache.clear()
+        array = cache[other] = numpy.asarray(other, dtype=data.dtype)
+        array.flags.writeable = False       # shared by every op that meets this number
+    return array
+
+
+configuration.register_twin("operand", cached_operand)
