@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 import minitx
 import minitx.functional as F
 from minitx import Function
-from minitx.autograd import topological_order
+from minitx.autograd import Context, topological_order
 from support import tensor, to_host
 
 
@@ -95,6 +95,49 @@ def test_graph_is_freed_after_backward(rng):
     for n in nodes:
         assert n.freed and n.saved_tensors is None
         assert not n.__dict__                      # attributes set by forward dropped too
+
+
+def test_backward_lets_go_of_each_node_through_its_free_method(rng, monkeypatch):
+    """``Context.free`` is the one place a node drops what it saved: the engine calls it once
+    per node after the node's backward, and not at all under ``retain_graph=True``."""
+    freed = []
+    real_free = Context.free
+
+    def spy(ctx):
+        freed.append(ctx)
+        real_free(ctx)
+
+    monkeypatch.setattr(Context, "free", spy)
+    x = tensor(rng.standard_normal((3, 4)), requires_grad=True)
+    w = tensor(rng.standard_normal((4, 2)), requires_grad=True)
+    out = F.softmax(F.tanh(x @ w), -1).sum()
+    nodes = topological_order(out._ctx)
+    out.backward(retain_graph=True)
+    assert freed == [] and not any(n.freed for n in nodes)
+    out.backward()
+    assert sorted(map(id, freed)) == sorted(map(id, nodes))        # each node, once
+    assert all(n.freed and n.saved_tensors is None for n in nodes)
+
+
+def test_every_op_makes_its_context_with_Context(rng, monkeypatch):
+    """``Function.apply`` builds each node with ``Context()``, so what ``__init__`` sets holds
+    for every node (a node that saved nothing has ``saved_tensors == ()``), recorded or not."""
+    made = []
+    real_init = Context.__init__
+
+    def spy(ctx):
+        made.append(ctx)
+        real_init(ctx)
+
+    monkeypatch.setattr(Context, "__init__", spy)
+    x = tensor(rng.standard_normal(3), requires_grad=True)
+    y = F.exp(x + 1.0)                       # Add saves nothing; Exp saves its output
+    assert [type(c) for c in made] == [Context, Context]
+    assert y._ctx is made[1] and y._ctx.parents[0]._ctx is made[0]
+    assert made[0].saved_tensors == () and len(made[1].saved_tensors) == 1
+    with minitx.no_grad():
+        z = F.exp(x)                         # forward still gets a context; none is recorded
+    assert len(made) == 3 and z._ctx is None
 
 
 def test_retain_graph_keeps_saved_arrays(rng):

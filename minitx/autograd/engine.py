@@ -56,28 +56,28 @@ def topological_order(root):
     return sorted(seen, key=lambda ctx: ctx.seq, reverse=True)
 
 
-def _check(fn, index, parent, grad):
-    """The gradient for input ``index`` of ``fn``: its shape must be the input's; its dtype is
-    made the input's (the dtype rule: forward promotes like NumPy, each input's gradient comes
-    back in that input's own dtype — cast here, in one place, for every op)."""
+def _check(ctx, parent, grad):
+    """``grad``, the gradient ``ctx``'s backward returned for its input ``parent``: its shape
+    must be the input's; its dtype is made the input's (the dtype rule: forward promotes like
+    NumPy, each input's gradient comes back in that input's own dtype — cast here, in one
+    place, for every op)."""
     shape, dtype = parent.data.shape, parent.data.dtype
     if getattr(grad, "shape", None) != shape:
         raise RuntimeError(
-            f"{fn.__name__}.backward returned a gradient of shape {getattr(grad, 'shape', None)} "
-            f"for input {index}, expected {shape}")
+            f"{ctx.fn.__name__}.backward returned a gradient of shape "
+            f"{getattr(grad, 'shape', None)} for input {_index(ctx, parent)}, expected {shape}")
     if grad.dtype != dtype:
         if grad.dtype.kind != "f" or dtype.kind != "f":
             raise RuntimeError(
-                f"{fn.__name__}.backward returned a gradient of dtype {grad.dtype} for input "
-                f"{index}, expected {dtype}")
+                f"{ctx.fn.__name__}.backward returned a gradient of dtype {grad.dtype} for "
+                f"input {_index(ctx, parent)}, expected {dtype}")
         grad = grad.astype(dtype)
     return grad
 
 
-def _index(parents, parent):
-    """The position of ``parent`` among a node's inputs, for an error message (looked up
-    only then: counting inputs in the engine's loop would cost every op)."""
-    return next(i for i, p in enumerate(parents) if p is parent)
+def _index(ctx, parent):
+    """The position of ``parent`` among the inputs of ``ctx``, for an error message."""
+    return next(i for i, p in enumerate(ctx.parents) if p is parent)
 
 
 def _check_saved(ctx):
@@ -93,14 +93,15 @@ def _check_saved(ctx):
                 "in-place change after backward(), or change a .clone() instead")
 
 
-def _check_finite(ctx, index, grad):
+def _check_finite(ctx, parent, grad):
     """Anomaly mode: a gradient with NaN or infinity raises, naming the op and its forward."""
     xp = backend.get_array_module(grad)
     if grad.dtype.kind == "f" and not bool(xp.isfinite(grad).all()):
         what = "nan" if bool(xp.isnan(grad).any()) else "inf"
         where = getattr(ctx, "trace", None) or "before anomaly mode was turned on"
         raise AnomalyError(
-            f"{ctx.fn.__name__}.backward returned {what} in the gradient of input {index} "
+            f"{ctx.fn.__name__}.backward returned {what} in the gradient of input "
+            f"{_index(ctx, parent)} "
             f"({_describe(grad)}); its forward ran at {where}")
 
 
@@ -124,8 +125,9 @@ def _unshared(ig, g, ctx, given):
         not any(ig is saved for saved in ctx.saved_tensors or ())
 
 
-def backward(tensor, grad=None, retain_graph: bool = False) -> None:
-    """Backpropagate from ``tensor`` (see the module docstring)."""
+def _output_grad(tensor, grad):
+    """The gradient of ``tensor`` that starts the walk: ``grad`` as an array of the output's
+    shape and dtype, or 1 for a one-element output."""
     if not tensor.requires_grad:
         raise RuntimeError("backward() called on a tensor that does not require grad "
                            "(no input of the computation had requires_grad=True)")
@@ -134,18 +136,20 @@ def backward(tensor, grad=None, retain_graph: bool = False) -> None:
         if tensor.data.size != 1:
             raise RuntimeError("backward() without a grad argument needs a one-element "
                                f"output, got shape {tensor.shape}")
-        grad = xp.ones_like(tensor.data)
-    else:
-        grad = grad.data if isinstance(grad, Tensor) else xp.asarray(grad)
-        if grad.shape != tensor.shape:
-            raise ValueError(f"grad must have the output's shape {tensor.shape}, got {grad.shape}")
-        grad = grad.astype(tensor.dtype, copy=False)
+        return xp.ones_like(tensor.data)
+    grad = grad.data if isinstance(grad, Tensor) else xp.asarray(grad)
+    if grad.shape != tensor.shape:
+        raise ValueError(f"grad must have the output's shape {tensor.shape}, got {grad.shape}")
+    return grad.astype(tensor.dtype, copy=False)
 
+
+def backward(tensor, grad=None, retain_graph: bool = False) -> None:
+    """Backpropagate from ``tensor`` (see the module docstring)."""
+    grad = _output_grad(tensor, grad)
     if tensor._ctx is None:                       # backward on a leaf: d(leaf)/d(leaf) = 1
         _accumulate_leaf(tensor, grad)
         return
-
-    stamp = versions.state["stamp"]
+    stamp = versions.state["stamp"]   # in-place writes so far (see versions)
     anomaly = _anomaly["enabled"] and _anomaly.get("check_nan", True)
     root = tensor._ctx
     grads = {root: grad}              # node -> the gradient of its output, summed so far
@@ -153,38 +157,33 @@ def backward(tensor, grad=None, retain_graph: bool = False) -> None:
     given = set()                     # ids of the arrays handed to leaves (see _unshared)
     while heap:
         ctx = heappop(heap)[1]
-        g = grads.pop(ctx)
-        parents = ctx.parents
-        if parents is None:               # ctx.freed, inlined
+        g = grads.pop(ctx)            # dL/dy, complete: every consumer of y came before
+        if ctx.freed:
             raise RuntimeError(
                 f"trying to backward through {ctx.fn.__name__} a second time: its saved "
                 "arrays were freed; call backward(retain_graph=True) the first time")
-        if ctx.stamp != stamp:            # some in-place write since this forward: look
+        if ctx.stamp != stamp:        # some in-place write since this forward: look
             _check_saved(ctx)
-        input_grads = ctx.fn.backward(ctx, g)
-        if input_grads.__class__ is not tuple:
+        input_grads = ctx.fn.backward(ctx, g)          # dL/dx_i = (dy/dx_i)ᵀ dL/dy, each i
+        if not isinstance(input_grads, tuple):
             input_grads = (input_grads,)
-        if len(input_grads) != len(parents):
+        if len(input_grads) != len(ctx.parents):
             raise RuntimeError(f"{ctx.fn.__name__}.backward returned {len(input_grads)} "
-                               f"gradients for {len(parents)} inputs")
-        for parent, need, ig in zip(parents, ctx.needs_input_grad, input_grads):
+                               f"gradients for {len(ctx.parents)} inputs")
+        for parent, need, ig in zip(ctx.parents, ctx.needs_input_grad, input_grads):
             if ig is None or not need:
                 continue
-            data = parent.data            # the fast test first; _check says what is wrong
-            if ig.__class__ is not data.__class__ or ig.shape != data.shape or \
-                    (ig.dtype is not data.dtype and ig.dtype != data.dtype):
-                ig = _check(ctx.fn, _index(parents, parent), parent, ig)
+            ig = _check(ctx, parent, ig)
             if anomaly:
-                _check_finite(ctx, _index(parents, parent), ig)
+                _check_finite(ctx, parent, ig)
             node = parent._ctx
-            if node is None:
+            if node is None:                           # a leaf: into its .grad
                 _accumulate_leaf(parent, ig, _unshared(ig, g, ctx, given))
                 given.add(id(ig))
-            elif node in grads:
+            elif node in grads:                        # x_i met again: the sum of step 3
                 grads[node] = grads[node] + ig
             else:
                 grads[node] = ig
                 heappush(heap, (-node.seq, node))
-        if not retain_graph:              # ctx.free(), inlined: it runs for every node
-            ctx.saved_tensors = ctx.parents = None
-            ctx.__dict__.clear()
+        if not retain_graph:
+            ctx.free()

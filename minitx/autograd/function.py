@@ -33,10 +33,10 @@ import re
 import numpy
 
 from .. import backend
-from . import grad_mode
+from . import versions
 from .anomaly import _state as _anomaly, user_frame
+from .grad_mode import _state as _grad_mode
 from .tensor import Tensor
-from .versions import state as _versions
 
 __all__ = ["Function", "Context"]
 
@@ -92,52 +92,38 @@ class Function:
     def apply(cls, *inputs, **kwargs):
         """Run ``forward`` on the inputs' arrays and record the graph node when needed.
 
-        Specification: ``arrays = [a.data if Tensor else a]``; ``out = forward(ctx, *arrays)``;
-        record ``ctx`` as ``out``'s node iff grad mode is on and some input requires grad.
-        This is the hot path of every op, so it is written as one pass over the inputs.
+        ``arrays = [a.data if Tensor else a]``; ``out = forward(ctx, *arrays)``; ``ctx`` is
+        recorded as ``out``'s node iff grad mode is on and some input requires grad.
         """
-        ctx = _new(Context)                    # Context(), inlined: this runs for every op
-        ctx.saved_tensors = ()
-        arrays, needs = [], []
-        for a in inputs:                   # Tensors first; an ndarray constant skips isinstance
-            if a.__class__ is Tensor or (a.__class__ is not _ndarray and isinstance(a, Tensor)):
-                arrays.append(a.data)
-                needs.append(a.requires_grad)
-            else:
-                arrays.append(a)
-                needs.append(False)
-        record = True in needs and _grad["enabled"]
-        if _cupy["module"] is not None:                          # only when CuPy is loaded
+        arrays, needs = [], []                     # each input's array; needs its gradient?
+        for a in inputs:
+            is_tensor = isinstance(a, Tensor)
+            arrays.append(a.data if is_tensor else a)
+            needs.append(is_tensor and a.requires_grad)
+        record = _grad_mode["enabled"] and any(needs)        # grad mode on (no_grad off)
+        if backend._cupy["module"] is not None:    # the device rule: once CuPy is loaded
             arrays, kwargs = _one_device(cls, inputs, arrays, kwargs)
+        ctx = Context()
         try:
-            out = cls.forward(ctx, *arrays, **kwargs) if kwargs else cls.forward(ctx, *arrays)
+            out = cls.forward(ctx, *arrays, **kwargs)
         except (ValueError, IndexError, TypeError) as exc:
             if _NAMED.match(str(exc)):                           # already says who refused
                 raise
             raise _in_op(cls, exc, arrays) from exc              # NumPy's words, with the op
-        if out.__class__ is not _ndarray and isinstance(out, numpy.generic):
-            # NumPy reductions return scalars, not arrays
+        if isinstance(out, numpy.generic):         # NumPy reductions return scalars
             out = numpy.asarray(out)
-        result = _new(Tensor)                  # Tensor._wrap, inlined: this runs for every op
-        result.data = out
-        result.grad = result._ctx = None
-        result.requires_grad = record
+        result = Tensor._wrap(out, record)
         if record:
-            ctx.fn = cls
-            ctx.parents = inputs
-            ctx.needs_input_grad = needs
-            ctx.seq = next(_sequence)          # creation order: the engine's walk order
-            ctx.stamp = _versions["stamp"]
+            ctx.fn, ctx.parents, ctx.needs_input_grad = cls, inputs, needs
+            ctx.seq = next(_sequence)              # creation order: the engine's walk order
+            ctx.stamp = versions.state["stamp"]    # in-place writes so far (see versions)
             if _anomaly["enabled"]:
-                ctx.trace = user_frame()
+                ctx.trace = user_frame()           # where the forward ran, for the message
             result._ctx = ctx
         return result
 
 
 _sequence = itertools.count()
-_new = object.__new__
-_grad, _cupy = grad_mode._state, backend._cupy   # the dicts (updated in place, never rebound)
-_ndarray = numpy.ndarray
 _NAMED = re.compile(r"[A-Za-z_][\w.]*: ")     # "var: …", "Embedding: …" — minitx's own errors
 
 
