@@ -202,7 +202,7 @@ def flash_memory(n=16384, block=256):
 
 
 def main(argv=None):
-    minitx.backend.tune_host_allocator()     # measured with the caching host allocator on
+    minitx.fast.host.tune_host_allocator()     # measured with the caching host allocator on
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--max-n", type=int, default=16384)
     parser.add_argument("--quick", action="store_true", help="N ≤ 1024, one repeat")

@@ -302,7 +302,7 @@ def table(title, times, unit_scale, unit, per):
 
 
 def main(argv=None):
-    minitx.backend.tune_host_allocator()     # measured with the caching host allocator on
+    minitx.fast.host.tune_host_allocator()     # measured with the caching host allocator on
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--chain", type=int, default=2000)

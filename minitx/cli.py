@@ -73,7 +73,7 @@ def setup_run(args, title: str, full_run: str = None) -> str:
     where the run computes (the CPU, or which GPU). On a ``--quick`` run, ``full_run`` (what
     the full run shows and how long it takes) is printed by ``quick_note``."""
     select_backend(args.backend)
-    backend.tune_host_allocator()
+    minitx.fast.host.tune_host_allocator()
     minitx.manual_seed(args.seed)
     np.random.seed(args.seed)
     os.makedirs(args.out, exist_ok=True)
@@ -320,7 +320,7 @@ def main(argv=None) -> int:
     command = args.command or "tour"
     if command == "tour" and not hasattr(args, "n"):
         args.n = 1024
-    backend.tune_host_allocator()             # a caching host allocator for the run
+    minitx.fast.host.tune_host_allocator()    # a caching host allocator for the run
     if command != "doctor":
         select_backend(args.backend)
     elif args.backend:

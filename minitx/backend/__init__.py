@@ -20,10 +20,12 @@ import os
 
 import numpy
 
+from .. import configuration
+
 __all__ = [
     "get_backend", "set_backend", "get_array_module", "xp", "cupy_or_none", "gpu_available",
     "to_device", "device_of", "to_host", "to_device_of", "host_xp", "manual_seed", "rng",
-    "as_dtype", "default_float", "scatter_add", "row_max", "tune_host_allocator",
+    "as_dtype", "default_float", "scatter_add", "add_at",
     "describe_device", "read_npz", "CheckpointError",
 ]
 
@@ -186,65 +188,6 @@ def rng() -> numpy.random.Generator:
     return _rng["gen"]
 
 
-# --- host allocator -------------------------------------------------------------------------
-
-def tune_host_allocator() -> bool:
-    """Keep freed host memory for reuse instead of returning it to the OS (Linux, glibc).
-
-    Attention allocates and frees many same-sized arrays of (B, H, N, N) scores per step.
-    By default glibc serves such large blocks with fresh ``mmap`` pages and unmaps them
-    on free, so every step pays for the kernel to fault in and zero the pages again —
-    measured here as about 40% of a fused attention forward+backward. Raising the mmap
-    threshold to its maximum (32 MiB) and the trim threshold to 1 GiB makes ``free`` keep
-    the memory in the heap for the next step (a caching allocator, as PyTorch has).
-    The cost: the process keeps its peak heap. Not a side effect of importing minitx: the CLI,
-    the examples and the benchmarks call it (``MINITX_MALLOC_TUNING=0`` turns it off); returns
-    True when the settings were applied.
-    """
-    if os.environ.get("MINITX_MALLOC_TUNING", "1") == "0":
-        return False
-    try:
-        import ctypes  # noqa: PLC0415
-        import platform  # noqa: PLC0415
-        if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-            return False
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3            # from <malloc.h>
-        ok = libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)
-        ok &= libc.mallopt(m_trim_threshold, 1 << 30)
-        return bool(ok)
-    except Exception:                                          # never fail an import for this
-        return False
-
-
-def _add_rows(target, index, values) -> None:
-    """``numpy.add.at(target, index, values)`` for a 1-d integer ``index`` of rows, by segments
-    of the sorted index (see ``scatter_add``)."""
-    if index.min() < 0:                        # one name per row: -1 and n − 1 are one row
-        index = numpy.where(index < 0, index + target.shape[0], index)
-    order = numpy.argsort(index, kind="stable")
-    rows = index[order]
-    starts = numpy.flatnonzero(numpy.concatenate(([True], rows[1:] != rows[:-1])))
-    target[rows[starts]] += numpy.add.reduceat(values[order], starts, axis=0)
-
-
-def row_max(x):
-    """``x.max(axis=-1, keepdims=True)``: each row's largest entry (softmax's shift).
-
-    For the softmax of attention and ``softmax``; it lives here, where the array modules are
-    told apart. On NumPy, for a C-contiguous ``x``, as ``argmax`` and a gather: NumPy's
-    ``max`` along the last axis runs row by row, ``argmax`` is vectorised (measured
-    86 → 23 µs at (64, 4, 8, 8), 168 → 71 µs at (2, 4, 256, 256)). ``argmax`` picks a row's
-    first NaN, so a row with a NaN gives NaN, as ``max`` does; a row of −inf gives −inf.
-    """
-    k = x.shape[-1]
-    if x.__class__ is not numpy.ndarray or k == 0 or not x.flags.c_contiguous:
-        return x.max(axis=-1, keepdims=True)
-    at = x.argmax(axis=-1).reshape(-1)
-    at += numpy.arange(0, at.size * k, k)                # the flat index of each row's argmax
-    return x.reshape(-1)[at].reshape(x.shape[:-1] + (1,))
-
-
 def _init_from_env() -> None:
     name = os.environ.get("MINITX_BACKEND", "numpy").strip().lower() or "numpy"
     set_backend(name)
@@ -265,24 +208,21 @@ def describe_device() -> str:
 
 
 def scatter_add(target, index, values) -> None:
-    """``target[index] += values`` with repeated indices accumulating (in place).
+    """``target[index] += values`` with repeated indices accumulating (in place): ``add_at``
+    (an embedding's backward sends each row's gradient to its token's row this way). The fast
+    layer may stand in for it (``minitx/fast/scatter.py``)."""
+    fast = configuration.twin("scatter_add")
+    if fast is not None:
+        return fast(target, index, values)
+    add_at(target, index, values)
 
-    NumPy: ``numpy.add.at``, except for whole rows picked by a 1-d integer index (an
-    embedding's backward), which are summed by segments instead: a stable sort of the index,
-    ``numpy.add.reduceat`` over the runs of equal rows, one ``+=`` per distinct row —
-    measured against NumPy 2.4's ``add.at``: 4.1× faster at 640 rows of 64 from a vocabulary
-    of 11, 1.6× at 8,192 rows of 256 from 50, 4.1× at 1,024 of 64 from 100; where most rows are
-    distinct ``add.at`` is as fast or faster (0.74× at 4,608 rows from 4,192), but an
-    embedding's rows repeat. The stable sort keeps each row's values in their order.
-    CuPy: ``cupyx.scatter_add``.
-    """
+
+def add_at(target, index, values) -> None:
+    """``target[index] += values``, each repeated index adding once more (in place): NumPy's
+    ``numpy.add.at``, CuPy's ``cupyx.scatter_add``. (``target[index] += values`` itself would
+    add only once per distinct index.)"""
     if get_array_module(target) is numpy:
-        if index.__class__ is numpy.ndarray and index.ndim == 1 and index.dtype.kind in "iu" \
-                and index.size > 1 and values.__class__ is numpy.ndarray \
-                and values.shape == index.shape + target.shape[1:]:
-            _add_rows(target, index, values)
-        else:
-            numpy.add.at(target, index, values)
+        numpy.add.at(target, index, values)
     else:
         import cupyx  # noqa: PLC0415 - CuPy is only touched in this module
         cupyx.scatter_add(target, index, values)

@@ -37,7 +37,8 @@ __all__ = ["softmax", "log_softmax", "softmax_jacobian", "softmax_array",
 
 
 def softmax_array(x, axis: int = -1, inplace: bool = False):
-    """softmax on a raw array; rows that are all −inf give zeros.
+    """softmax on a raw array, sᵢ = e^(xᵢ − m) / Σⱼ e^(xⱼ − m), m = max x; rows that are all
+    −inf give zeros.
 
     ``inplace=True`` overwrites ``x`` (a fresh scores array nobody else holds) instead of
     allocating one more array of its size.
@@ -45,33 +46,25 @@ def softmax_array(x, axis: int = -1, inplace: bool = False):
     xp = get_array_module(x)
     if x.shape[axis] == 0:                    # softmax over nothing: nothing
         return x if inplace else x.copy()
-    last = axis in (-1, x.ndim - 1)           # the usual case: row_max / row_sum (faster)
-    m = row_max(x) if last else x.max(axis=axis, keepdims=True)
-    m = xp.where(xp.isfinite(m), m, 0)        # all −inf: shift by 0, exp gives 0s
-    if inplace:
-        e = x
-        e -= m
-    else:
-        e = x - m                             # one new array, then updated in place
-    xp.exp(e, out=e)
-    total = row_sum(e) if last else e.sum(axis=axis, keepdims=True)
-    e /= xp.where(total > 0, total, 1)
+    last = axis in (-1, x.ndim - 1)           # row_max / row_sum reduce the last axis
+    m = row_max(x) if last else x.max(axis=axis, keepdims=True)          # m = max x
+    m = xp.where(xp.isfinite(m), m, 0)        # an all −inf row: shift by 0, its exps are 0
+    e = xp.subtract(x, m, out=x if inplace else None)                    # x − m
+    xp.exp(e, out=e)                                                     # e^(x − m)
+    total = row_sum(e) if last else e.sum(axis=axis, keepdims=True)     # Σⱼ e^(xⱼ − m)
+    e /= xp.where(total > 0, total, 1)        # an all −inf row: 0 / 1
     return e
 
 
-def softmax_backward_array(s, grad, axis: int = -1, delta=None):
+def softmax_backward_array(s, grad, axis: int = -1):
     """The softmax VJP on raw arrays: dx = s ⊙ (g − δ), δ = Σ g ⊙ s along ``axis``.
 
-    ``delta`` may be given when it is known more cheaply (attention: δ = rowsum(dO ⊙ O), an
-    O(N·D) sum instead of O(N²)). A fresh array; masked entries (s = 0) get 0.
+    A fresh array; masked entries (s = 0) get 0.
     """
-    if delta is None:
-        gs = grad * s                                     # = s ⊙ g, reused in place
-        gs -= s * gs.sum(axis=axis, keepdims=True)
-        return gs
-    ds = grad - delta
-    ds *= s
-    return ds
+    gs = grad * s                                         # g ⊙ s
+    delta = gs.sum(axis=axis, keepdims=True)              # δ = Σⱼ gⱼ sⱼ
+    gs -= s * delta                                       # s ⊙ g − s δ = s ⊙ (g − δ)
+    return gs
 
 
 class Softmax(Function):
