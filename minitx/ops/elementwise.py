@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ..autograd.function import Function
-from .. import backend
+from .. import backend, configuration
 from ..backend import as_dtype, get_array_module
 from ._util import unbroadcast
 
@@ -33,8 +33,8 @@ class Add(Function):
     def backward(ctx, grad):
         a, b = ctx.parents
         na, nb = ctx.needs_input_grad
-        return (unbroadcast(grad, a.data.shape) if na else None,    # .data.shape: a property
-                unbroadcast(grad, b.data.shape) if nb else None)    # call fewer per op
+        return (unbroadcast(grad, a.shape) if na else None,
+                unbroadcast(grad, b.shape) if nb else None)
 
 
 class Sub(Function):
@@ -46,8 +46,8 @@ class Sub(Function):
     def backward(ctx, grad):
         a, b = ctx.parents
         na, nb = ctx.needs_input_grad
-        return (unbroadcast(grad, a.data.shape) if na else None,
-                unbroadcast(-grad, b.data.shape) if nb else None)
+        return (unbroadcast(grad, a.shape) if na else None,
+                unbroadcast(-grad, b.shape) if nb else None)
 
 
 class Mul(Function):
@@ -193,8 +193,8 @@ class Sigmoid(Function):
 class Relu(Function):
     # max(x, 0) against an array of zeros, not the number 0: NumPy's vectorised loop for
     # maximum needs both operands as arrays (against a broadcast scalar it runs element by
-    # element, measured 2.3× slower at 1M floats). NaN stays NaN, −inf becomes 0, as with 0.
-    # The mask is saved as bool (a quarter of the memory) and cast once for the product.
+    # element). NaN stays NaN, −inf becomes 0, as with 0. The mask is saved as bool (a
+    # quarter of the memory) and cast once for the product.
     @staticmethod
     def forward(ctx, x):
         xp = get_array_module(x)
@@ -259,91 +259,32 @@ class Softplus(Function):
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
-# erf in float32, two polynomials fitted for this file: minimax (Lawson's iteratively
-# reweighted least squares against math.erf on 4,000 Chebyshev nodes; the fit is rerun in
-# tests/test_ops.py) in erf's relative error below 1 and its absolute error above, rounded to
-# float32. Their own error is below 4e-9; evaluating them in float32 adds rounding, and the
-# tests measure the whole: ≤ 1.4e-7 (2.3 ulp) from the true erf.
-#   |x| < 1:  erf(x) = x · P(x²),          P(s) = 2/√π + p₁s + … + p₆s⁶   (p₀ pinned to 2/√π,
-#             so that erf(x) ≈ 2x/√π keeps its relative accuracy as x → 0)
-#   |x| ≥ 1:  erf(x) = 1 − e^(−x²) · R(1/x),  R(t) = r₀ + r₁t + … + r₆t⁶ ≈ eˣ² erfc(x) on [1, 4]
-#             (beyond 4, erfc(x) < 1.6e-8 and 1 − erfc rounds to 1 in float32)
-_ERF_SMALL = (1.1283792, -0.37612623, 0.11283529, -0.0268514, 0.0051838206, -0.0007971511,
-              7.729088e-05)
-_ERF_LARGE = (-0.0016613121, 0.577875, -0.033942234, -0.3099706, 0.30865628, -0.13875197,
-              0.025378387)
-
-
-def _horner(coefficients, t):
-    """c₀ + c₁t + … + cₖtᵏ in t's dtype, evaluated in place from the highest degree down."""
-    out = t * coefficients[-1]
-    for c in coefficients[-2:0:-1]:
-        out += c
-        out *= t
-    out += coefficients[0]
-    return out
-
-
-_ERF_WHOLE, _ERF_CHUNK = 2 ** 18, 2 ** 15     # host arrays above 2¹⁸ values go in 2¹⁵ pieces
-
-
-def _erf_float32(x):
-    """erf of a 1-d array, in float32, from the two fitted polynomials above."""
-    xp = get_array_module(x)
-    # Every step after the first of each branch is written in place into one of five
-    # float32 buffers (a fresh array per step would cost more than the arithmetic).
-    a = xp.abs(x, dtype=xp.float32)
-    t = xp.minimum(a, 1.0)                         # the |x| < 1 branch sees |x| ≤ 1
-    s = xp.multiply(t, t)
-    small = _horner(_ERF_SMALL, s)
-    small *= t                                     # |x| · P(x²)
-    z = xp.clip(a, 1.0, 4.0, out=s)                # the |x| ≥ 1 branch sees 1 ≤ z ≤ 4
-    large = _horner(_ERF_LARGE, xp.reciprocal(z, out=t))
-    xp.multiply(z, z, out=z)
-    xp.negative(z, out=z)
-    xp.exp(z, out=z)
-    large *= z                                     # e^(−z²) R(1/z) ≈ erfc(z)
-    xp.subtract(1.0, large, out=large)
-    # small where |x| < 1, else large, as [|x| < 1]·small + [|x| ≥ 1]·large (exact: one
-    # product is 0, the other the chosen value). NumPy's ``where`` is 6× slower than these
-    # five passes on a mask with no pattern (it branches per element). NaN's mask is 0 and
-    # its large branch NaN.
-    m = xp.less(a, 1.0, out=z)
-    small *= m
-    large *= xp.subtract(1.0, m, out=m)
-    small += large
-    xp.copysign(small, x, out=small)               # odd: erf(−x) = −erf(x); erf(±0) = ±0
-    return small
-
-
 def erf_array(x):
     """The error function erf(x) = 2/√π ∫₀ˣ e^(−t²) dt, elementwise on a raw array.
 
-    float64: accurate to a few ulp on the whole line, from two classical expansions:
+    Computed in float64 (``erf_float64``) and rounded once to x's dtype: within half an ulp of
+    the true erf in float32 and float16. The fast layer may stand in for it
+    (``minitx/fast/erf.py``).
+    """
+    fast = configuration.twin("erf")
+    if fast is not None:
+        return fast(x)
+    return erf_float64(x).astype(x.dtype, copy=False)
+
+
+def erf_float64(x):
+    """erf of every element of ``x``, in float64 (a float64 array of x's shape), accurate to a
+    few ulp on the whole line, from two classical expansions:
+
     - |x| < 3: the series erf(x) = 2/√π e^(−x²) Σₙ 2ⁿ x^(2n+1) / (1·3·5···(2n+1)),
       whose terms are all positive (no cancellation);
     - |x| ≥ 3: erfc(x) = e^(−x²)/√π · 1/(x + (1/2)/(x + 1/(x + (3/2)/(x + 2/(x + …))))),
       the continued fraction, evaluated bottom-up with 60 levels; erf = 1 − erfc.
-    float32 (and float16, computed in float32): the two fitted polynomials above, both
-    evaluated on every element in float32 and one chosen per element: within 1.4e-7 of erf
-    and 1.7e-7 relative (tests/test_ops.py), where the Abramowitz & Stegun 7.1.26 form this
-    replaced needed float64 (its own error is 1.5e-7, and float32 rounding of 1 − poly·e^(−x²)
-    added 5e-7 near 0), whose ``exp`` alone costs here about what all of this does.
+
+    Both are written for z = |x|; erf is odd, erf(−x) = −erf(x), so x's sign is put back last.
     """
     xp = get_array_module(x)
-    dtype = x.dtype
-    if dtype != xp.float64:
-        flat = x.reshape(-1)              # 1-d: NumPy gives a 0-d result as a scalar, which
-        if flat.size <= _ERF_WHOLE or backend.device_of(x) != "cpu":     # out= cannot take
-            return _erf_float32(flat).reshape(x.shape).astype(dtype, copy=False)
-        # Large host arrays in pieces: the five buffers of a piece stay in the core's cache
-        # (measured 19.5 → 12.5 ms at 1.6 M values; below 2¹⁸ whole arrays are as fast).
-        out = xp.empty(flat.shape, dtype=dtype)
-        for i in range(0, flat.size, _ERF_CHUNK):
-            out[i:i + _ERF_CHUNK] = _erf_float32(flat[i:i + _ERF_CHUNK])
-        return out.reshape(x.shape)
-
-    z = xp.abs(x)
+    z = xp.abs(x).astype(xp.float64)
     out = xp.empty_like(z)
     small = z < 3.0
     zs = z[small]
@@ -363,7 +304,7 @@ def erf_array(x):
         frac = (k / 2.0) / (zl + frac)
     erfc = xp.exp(-zl * zl) / math.sqrt(math.pi) / (zl + frac)
     out[~small] = 1.0 - erfc
-    return xp.sign(x) * out
+    return xp.copysign(out, x, out=out)   # erf(−x) = −erf(x) (out=: an array even if 0-d)
 
 
 class Erf(Function):
@@ -407,15 +348,8 @@ class Gelu(Function):
             t = aux
             d_inner = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
             return grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * d_inner), None
-        # d[xΦ(x)] = Φ(x) + xφ(x), φ(x) = e^(−x²/2)/√(2π): grad·(Φ + x·φ), in one buffer
-        d = xp.multiply(x, x, out=xp.empty_like(x))          # (out=: an array even if 0-d)
-        d *= -0.5
-        xp.exp(d, out=d)
-        d *= _INV_SQRT_2PI                                   # φ(x)
-        d *= x
-        d += aux
-        d *= grad
-        return d, None
+        pdf = _INV_SQRT_2PI * xp.exp(-0.5 * x * x)           # φ(x) = e^(−x²/2)/√(2π)
+        return grad * (aux + x * pdf), None                  # d[xΦ(x)] = Φ(x) + xφ(x)
 
 
 # ---- binary selections -------------------------------------------------------------------
