@@ -16,8 +16,7 @@ Layer Normalization".
 """
 from __future__ import annotations
 
-import math
-
+from .. import configuration
 from ..autograd.function import Function
 from ..backend import get_array_module
 from ._util import as_tuple
@@ -34,68 +33,49 @@ def _norm_axes(x, normalized_shape, name):
 
 
 class LayerNorm(Function):
-    """The formula above over the trailing axes, on the rows of a (rows, d) view of x.
+    """The formula above over the trailing axes ``axes``. Backward, with x̂ = (x − μ)·rstd,
+    rstd = 1/√(σ² + ε) and dx̂ = g ⊙ γ:
 
-    Every row reduction is a matrix-vector product (one BLAS call, where NumPy's ``mean`` is
-    a slower pass of its own): μ = X·1/d, and the backward's column sums 1ᵀG, 1ᵀ(G ⊙ x̂) and
-    row sums G·γ/d, (G ⊙ x̂)·γ/d. μ is corrected once by the mean of the residual,
-    X − μ − mean(X − μ), so a constant row normalises to exactly 0 even when float32 rounding
-    of its sum is not exact (a row of 1e4 + 0.1). Backward, with x̂ = (x − μ)·rstd,
-    dx̂ = g ⊙ γ:  dx = rstd · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂)), where
-    mean(dx̂) = g·γ/d and mean(dx̂ ⊙ x̂) = (g ⊙ x̂)·γ/d reuse g ⊙ x̂ (also dγ's summand).
-    Half precision is computed in float32.
+        dx = rstd · (dx̂ − mean(dx̂) − x̂ · mean(dx̂ ⊙ x̂)),   dγ = Σ g ⊙ x̂,   dβ = Σ g
+
+    (means over the normalised axes, sums over the others). Half precision is computed in
+    float32 and rounded once at the end; γ and β are taken in the dtype computed in.
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias, axes, eps):
         xp = get_array_module(x)
-        d = math.prod(x.shape[len(x.shape) - len(axes):])
         work = x.dtype if x.dtype.itemsize >= 4 else xp.dtype("float32")
-        rows = x.reshape(-1, d).astype(work, copy=False)            # (rows, d)
-        ones = xp.ones(d, dtype=work)
-        mu = rows @ ones
-        mu /= d
-        xhat = rows - mu[:, None]                                  # x − μ, then x̂ in place
-        mu = xhat @ ones                                           # the residual's mean
-        mu /= d
-        xhat -= mu[:, None]
-        var = xp.einsum("ij,ij->i", xhat, xhat)
-        var /= d
+        xw = x.astype(work, copy=False)
+        # μ accumulated in float64 (then rounded): a constant float32 or float16 row is then
+        # exactly its value, so it normalises to 0 (a float32 sum of 1e4 + 0.1 repeated is not)
+        mu = xw.mean(axis=axes, keepdims=True, dtype="float64").astype(work, copy=False)
+        centered = xw - mu                                         # x − μ
+        var = (centered * centered).mean(axis=axes, keepdims=True)  # σ²
         rstd = 1.0 / xp.sqrt(var + eps)
-        xhat *= rstd[:, None]                                      # x̂ = (x − μ)·rstd
-        w = None if weight is None else weight.reshape(d).astype(work, copy=False)
+        xhat = centered * rstd                                     # x̂ = (x − μ)·rstd
+        w = None if weight is None else weight.astype(work, copy=False)
         ctx.save_for_backward(xhat, rstd, w)
-        ctx.shapes = x.shape, x.shape[len(x.shape) - len(axes):]     # x, normalized_shape
-        out = xhat * w if w is not None else xhat.copy()
+        ctx.axes = axes
+        out = xhat * w if w is not None else xhat                  # γ ⊙ x̂
         if bias is not None:
-            out += bias.reshape(d)
-        return out.reshape(x.shape).astype(x.dtype, copy=False)
+            out = out + bias.astype(work, copy=False)              # + β
+        return out.astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):
         xhat, rstd, w = ctx.saved_tensors
-        (x_shape, norm_shape), d = ctx.shapes, xhat.shape[1]
+        axes = ctx.axes
+        batch = tuple(range(grad.ndim - len(axes)))                # the axes γ was shared over
         nx, nw, nb = ctx.needs_input_grad[:3]
-        xp = get_array_module(grad)
-        g = grad.reshape(-1, d).astype(xhat.dtype, copy=False)       # (rows, d)
-        down = xp.ones(g.shape[0], dtype=g.dtype)                  # sums over the rows
-        gb = (down @ g).reshape(norm_shape).astype(grad.dtype, copy=False) if nb else None
-        gw = gx = None
-        if nx or nw:
-            scratch = g * xhat                                     # g ⊙ x̂
-            if nw:
-                gw = (down @ scratch).reshape(norm_shape).astype(grad.dtype, copy=False)
+        g = grad.astype(xhat.dtype, copy=False)     # in the dtype computed in; the engine
+        gw = (g * xhat).sum(axis=batch) if nw else None   # rounds each gradient to its input's
+        gb = g.sum(axis=batch) if nb else None            # dtype
+        gx = None
         if nx:
-            gamma = w if w is not None else xp.ones(d, dtype=g.dtype)
-            mean_dxhat = g @ gamma                                 # mean(dx̂) = g·γ/d
-            mean_dxhat /= d
-            mean_dxhat_xhat = scratch @ gamma                      # mean(dx̂ ⊙ x̂) = (g ⊙ x̂)·γ/d
-            mean_dxhat_xhat /= d
-            gx = g * gamma                                         # dx̂, then dx in place
-            gx -= xp.multiply(xhat, mean_dxhat_xhat[:, None], out=scratch)
-            gx -= mean_dxhat[:, None]
-            gx *= rstd[:, None]
-            gx = gx.reshape(x_shape).astype(grad.dtype, copy=False)
+            dxhat = g * w if w is not None else g
+            gx = rstd * (dxhat - dxhat.mean(axis=axes, keepdims=True)
+                         - xhat * (dxhat * xhat).mean(axis=axes, keepdims=True))
         return gx, gw, gb, None, None
 
 
@@ -130,6 +110,9 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
     over those axes. Shapes: x (..., *normalized_shape); weight, bias normalized_shape.
     """
     _, axes = _norm_axes(x, normalized_shape, "layer_norm")
+    fast = configuration.twin("layer_norm")
+    if fast is not None:
+        return fast(x, weight, bias, axes, eps)
     return LayerNorm.apply(x, weight, bias, axes, eps)
 
 
