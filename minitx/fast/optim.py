@@ -1,1 +1,102 @@
-"""(being written)"""
+"""Adam and AdamW on a whole param group at once: one NumPy call per formula, not one per
+parameter.
+
+The reference (``minitx/optim/optimizers.py``'s ``Adam._update``) updates one parameter at a
+time, as the paper writes it. A model has many small parameters (biases, norms), and for them
+the Python and NumPy call overhead of each formula is most of a step. Here the group's moments m
+and v live in one flat buffer each, and every formula is one call for the whole group. The
+measured gain is in ``benchmarks/README.md``.
+
+The state stays the reference's: ``opt.state[p]["exp_avg"]`` and ``["exp_avg_sq"]`` are the
+parameter's own arrays, of its shape, which here happen to be views of the flat buffers. The
+reference updates them in place, so it reads and writes the very numbers this update does, and
+``minitx.config.fast`` may change between any two steps. A state whose arrays are not views of
+one such buffer (the first step, a ``load_state_dict``, a parameter left without a gradient)
+has its buffers built again from its current arrays. This layer sits below ``optim``, so the
+twin works on raw arrays and the optimizer's state dicts, and it never imports ``optim``.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import configuration
+from ..backend import get_array_module
+
+__all__ = ["adam", "flat_moments"]
+
+
+def flat_moments(datas, states, xp):
+    """The flat m and v of a group whose parameters' arrays are ``datas``, with every state's
+    ``exp_avg`` / ``exp_avg_sq`` a view of them. Kept from the last step when each state's
+    arrays are still views of one buffer of the group's total size, in the parameters' dtype
+    (they were built in the group's order, so the same buffer means the same layout); built
+    again otherwise, from the states' current arrays (zeros where there are none), and the
+    states pointed at views of the new buffers."""
+    total = sum(d.size for d in datas)
+    flats = []
+    for name in ("exp_avg", "exp_avg_sq"):
+        arrays = [state.get(name) for state in states]
+        base = getattr(arrays[0], "base", None)
+        if base is not None and type(base) is type(datas[0]) and base.dtype == datas[0].dtype \
+                and base.ndim == 1 and base.size == total \
+                and all(a is not None and a.base is base for a in arrays):
+            flats.append(base)
+            continue
+        flat = xp.concatenate([a.reshape(-1) if a is not None else xp.zeros(d.size, d.dtype)
+                               for a, d in zip(arrays, datas)]).astype(datas[0].dtype,
+                                                                      copy=False)
+        start = 0
+        for d, state in zip(datas, states):
+            state[name] = flat[start:start + d.size].reshape(d.shape)
+            start += d.size
+        flats.append(flat)
+    return flats[0], flats[1]
+
+
+def adam(datas, grads, states, *, lr, betas, eps, weight_decay, decoupled, amsgrad) -> bool:
+    """Twin of ``optim.Adam._update`` (and AdamW's) applied to each parameter of a group:
+    ``datas`` the parameters' arrays, ``grads`` their gradients, ``states`` their state dicts,
+    updated in place. Adam's arithmetic is elementwise, so the same formulas on the
+    concatenated arrays give each parameter exactly its own update, bit for bit.
+
+    Returns False, changing nothing, for a group this form does not take (then the reference
+    runs): fewer than two parameters, AMSGrad, parameters and gradients not all of one dtype and
+    array type, or parameters at different step counts.
+    """
+    if len(datas) < 2 or amsgrad or \
+            len({(type(a), a.dtype) for a in (*datas, *grads)}) != 1 or \
+            len({state.get("step", 0) for state in states}) != 1:
+        return False
+    xp = get_array_module(datas[0])
+    beta1, beta2 = betas
+    m, v = flat_moments(datas, states, xp)
+    t = states[0].get("step", 0) + 1
+    for state in states:
+        state["step"] = t
+    grad = xp.concatenate([g.reshape(-1) for g in grads])
+    if weight_decay != 0 and not decoupled:                   # Adam: L2 term in g
+        grad = grad + weight_decay * xp.concatenate([d.reshape(-1) for d in datas])
+    scratch = xp.multiply(grad, 1.0 - beta1)                  # the reference's formulas, in
+    m *= beta1                                                # place where it makes a new
+    m += scratch                                              # array (the same roundings)
+    xp.multiply(grad, 1.0 - beta2, out=scratch)
+    scratch *= grad
+    v *= beta2
+    v += scratch
+    bias_correction1 = 1.0 - beta1 ** t
+    bias_correction2 = 1.0 - beta2 ** t
+    step = xp.sqrt(v, out=scratch)                            # the denominator, then
+    step /= math.sqrt(bias_correction2)                       # m / it in place
+    step += eps
+    xp.divide(m, step, out=step)
+    step *= lr / bias_correction1
+    start = 0
+    for d in datas:
+        if weight_decay != 0 and decoupled:                   # AdamW: shrink θ first
+            d *= 1.0 - lr * weight_decay
+        d -= step[start:start + d.size].reshape(d.shape)
+        start += d.size
+    return True
+
+
+configuration.register_twin("adam", adam)
