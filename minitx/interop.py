@@ -279,7 +279,8 @@ def to_torch(module):
                                         add_pooling_layer=pool)
         state = bert_state_to_hf(state)
     elif isinstance(module, GPT2Model):
-        out = _transformers().GPT2LMHeadModel(_transformers().GPT2Config(**dataclasses.asdict(module.config)))
+        config = _transformers().GPT2Config(**dataclasses.asdict(module.config))
+        out = _transformers().GPT2LMHeadModel(config)
         state = gpt2_state_to_hf(state, module.config)
     else:
         raise ValueError(f"to_torch: no PyTorch counterpart for {name}; supported: "

@@ -258,7 +258,8 @@ def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) ->
             f"{'O_ref':<22} {'time':>9} {'peak mem':>10}")
     lines = [f"3. Every registered attention variant (forward at N = {n:,}, B = 1, E = {embed}, "
              f"H = {heads};",
-             "   gradcheck in float64 on N = 6, along a random direction per input)", "", head, "   " + "-" * (len(head) - 3)]
+             "   gradcheck in float64 on N = 6, along a random direction per input)", "", head,
+             "   " + "-" * (len(head) - 3)]
     notes = []
     for r in rows:
         t = f"{r['time_s'] * 1e3:7.1f} ms" if r["time_s"] is not None else "-"

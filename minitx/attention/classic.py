@@ -64,8 +64,8 @@ def dot_product_attention(query, key, value, weight=None, mask=None):
     if weight is None:
         if query.shape[-1] != key.shape[-1]:
             raise ValueError(f"dot_product_attention: 'dot' scores need equal query/key dims, "
-                             f"got query {tuple(query.shape)} and key {tuple(key.shape)} (pass weight "
-                             "for 'general')")
+                             f"got query {tuple(query.shape)} and key {tuple(key.shape)} "
+                             "(pass weight for 'general')")
         qw = query
     else:
         if tuple(weight.shape) != (query.shape[-1], key.shape[-1]):

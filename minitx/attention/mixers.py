@@ -68,7 +68,8 @@ class FNetMixing(AttentionBase):
     $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E), mixed directly — no projections, as in
-    the paper (the layer has no parameters at all); ``attend(q, k, v)``: q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D).
+    the paper (the layer has no parameters at all); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D).
 
     Options: none of its own; ``causal=True`` raises ValueError.
 

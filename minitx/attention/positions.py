@@ -138,7 +138,8 @@ class RelativePositionAttention(ExactSelfAttention):
                     self.max_relative_position)                  # clip(j − pos_i, −k, k)
         a_k = self.rel_k.data.astype(q.dtype)[r + self.max_relative_position]   # (Nq, Nk, D)
         a_v = self.rel_v.data.astype(q.dtype)[r + self.max_relative_position]
-        e = (xp.einsum("bhid,bhjd->bhij", q, k) + xp.einsum("bhid,ijd->bhij", q, a_k)) / math.sqrt(d)
+        e = (xp.einsum("bhid,bhjd->bhij", q, k)
+             + xp.einsum("bhid,ijd->bhij", q, a_k)) / math.sqrt(d)
         p = softmax_rows_array(e, causal_pattern(nq, nk, xp) if self.causal else None)
         return p @ v + xp.einsum("bhij,ijd->bhid", p, a_v)       # Σ_j α_ij (v_j + a^V_ij)
 

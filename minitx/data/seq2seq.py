@@ -3,7 +3,8 @@
 Token ids: 0 = <pad>, 1 = <bos>, 2 = <eos>, symbols are 3 … 3 + vocab − 1.
 
     src: a1 a2 … an <eos> <pad> …          (the encoder's input)
-    tgt: <bos> b1 b2 … bn <eos> <pad> …    (teacher forcing: decoder sees tgt[:-1], predicts tgt[1:])
+    tgt: <bos> b1 b2 … bn <eos> <pad> …    (teacher forcing: the decoder sees tgt[:-1]
+                                            and predicts tgt[1:])
 
 Held-out sequences never appear in the training set (checked, not hoped for).
 """

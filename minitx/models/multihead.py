@@ -53,11 +53,11 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
 
     ``attn_mask`` (L, S) or (N·H, L, S) and ``key_padding_mask`` (N, S): bool True = NOT
     allowed, or float (added — the trap: HuggingFace's 1/0 ``attention_mask`` as floats masks
-    nothing; a float key_padding_mask of only 0s and 1s warns). ``is_causal`` without ``attn_mask`` adds the causal mask. Returns
-    None, a bool mask (True = MAY attend) or a float mask (−inf where not allowed), broadcastable
-    to (N, H, L, S). A mask of another dtype or shape raises an ``OptionError`` naming
-    ``owner`` (the module the caller called), the argument, and the dtype and shape expected
-    and given.
+    nothing; a float key_padding_mask of only 0s and 1s warns). ``is_causal`` without
+    ``attn_mask`` adds the causal mask. Returns None, a bool mask (True = MAY attend) or a
+    float mask (−inf where not allowed), broadcastable to (N, H, L, S). A mask of another dtype
+    or shape raises an ``OptionError`` naming ``owner`` (the module the caller called), the
+    argument, and the dtype and shape expected and given.
     """
     xp = xp or backend.xp()
     allowed, bias = [], []
@@ -155,8 +155,9 @@ class MultiheadAttention(Module):
     hint, as in PyTorch. An ``attn_mask`` that equals the causal mask (compared, whatever
     ``is_causal`` says) runs as the causal flag: the same result, the upper triangle skipped.
     Returns ``(output like query, weights)``: weights (N, L, S) averaged over heads, or
-    (N, H, L, S) with ``average_attn_weights=False``, or None when ``need_weights=False``. Keyword ``kv_cache`` (a ``KVCache``) appends this call's keys/values
-    and attends to all cached ones (incremental decoding).
+    (N, H, L, S) with ``average_attn_weights=False``, or None when ``need_weights=False``.
+    Keyword ``kv_cache`` (a ``KVCache``) appends this call's keys/values and attends to all
+    cached ones (incremental decoding).
 
     Set ``record_weights = True`` to keep the per-head map of every call in
     ``last_attn_weights`` (N, H, L, S) (a detached Tensor) for visualisation.

@@ -28,7 +28,8 @@ class Reshape(Function):
 class Transpose(Function):
     @staticmethod
     def forward(ctx, x, axes):
-        axes = tuple(range(x.ndim))[::-1] if axes is None else tuple(a % max(x.ndim, 1) for a in axes)
+        axes = tuple(range(x.ndim))[::-1] if axes is None else \
+            tuple(a % max(x.ndim, 1) for a in axes)
         if sorted(axes) != list(range(x.ndim)):
             raise ValueError(f"axes must be a permutation of 0..{x.ndim - 1}, got {axes}")
         inverse = [0] * x.ndim
