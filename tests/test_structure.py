@@ -168,3 +168,73 @@ def test_every_parameter_of_every_variant_gets_a_gradient(name, options):
     owned = {n.split(".")[0] for n in params if n.endswith("_proj.weight")} | \
         {n.split(".")[0] for n in params if "_proj." in n}
     assert owned == expected, (name, owned, expected)
+
+
+# ---- the references stay short enough to read in one sitting ---------------------------------
+
+def code_lines(path, name):
+    """Code lines of function ``name`` (``Class.method`` for a method) in ``path``: from its
+    ``def`` to its end, without its docstring, blank lines and lines holding only a comment."""
+    import tokenize
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    parts = name.split(".")
+    scope = tree
+    for part in parts:
+        scope = next(n for n in ast.iter_child_nodes(scope)
+                     if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part)
+    lines = set(range(scope.lineno, scope.end_lineno + 1))
+    body = scope.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        lines -= set(range(body[0].lineno, body[0].end_lineno + 1))
+    text = path.read_text(encoding="utf-8").splitlines()
+    comment_only = set()
+    with open(path, "rb") as f:
+        for tok in tokenize.tokenize(f.readline):
+            if tok.type == tokenize.COMMENT and not text[tok.start[0] - 1][:tok.start[1]].strip():
+                comment_only.add(tok.start[0])
+    return sum(1 for n in lines if text[n - 1].strip() and n not in comment_only)
+
+
+@pytest.mark.parametrize("path,name,limit", [
+    ("ops/sdpa.py", "attention_backward", 20),           # the five equations, in order
+    ("ops/sdpa.py", "attention_forward", 45),            # scores, mask, softmax, dropout, P V
+    ("ops/sdpa.py", "SDPAFunction.forward", 45),
+    ("autograd/engine.py", "backward", 45),              # the chain rule, calling ctx.free()
+    ("autograd/function.py", "Function.apply", 30),
+])
+def test_the_reference_functions_stay_short(path, name, limit):
+    assert code_lines(ROOT / path, name) <= limit
+
+
+def test_no_function_of_the_attention_op_is_over_60_code_lines():
+    path = ROOT / "ops" / "sdpa.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    long = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            owner = next((c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+                          and node in c.body), None)
+            name = f"{owner}.{node.name}" if owner else node.name
+            if code_lines(path, name) > 60:
+                long.append(name)
+    assert not long, long
+
+
+def test_the_line_counter_counts_what_it_says():
+    """The counter above on a known function: a docstring, a comment line and a blank line
+    are not counted; code lines with a trailing comment are."""
+    import tempfile
+    source = ('def f(x):\n    """Doc\n    string."""\n    # a comment\n\n    y = x  # kept\n'
+              '    return y\n')
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(source)
+    assert code_lines(pathlib.Path(f.name), "f") == 3
+    os.unlink(f.name)
+
+
+def test_every_line_of_the_package_fits_in_100_columns():
+    long = [f"{p.relative_to(ROOT.parent)}:{i}: {len(line)}" for p in FILES
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+            if len(line) > 100]
+    assert not long, "\n".join(long)
