@@ -1,11 +1,13 @@
-"""Adam and AdamW on a whole param group at once: one NumPy call per formula, not one per
-parameter.
+"""Adam and AdamW on a param group's small parameters at once: one NumPy call per formula, not
+one per parameter.
 
 The reference (``minitx/optim/optimizers.py``'s ``Adam._update``) updates one parameter at a
 time, as the paper writes it. A model has many small parameters (biases, norms), and for them
-the Python and NumPy call overhead of each formula is most of a step. Here the group's moments m
-and v live in one flat buffer each, and every formula is one call for the whole group. The
-measured gain is in ``benchmarks/README.md``.
+the Python and NumPy call overhead of each formula is most of a step. Here the moments m and v
+of a group's small parameters live in one flat buffer each, and every formula is one call for
+all of them; a large parameter is left to the reference (on its own its arrays stay in the
+cache, which a pass over one long buffer loses). The measured gain is in
+``benchmarks/README.md``.
 
 The state stays the reference's: ``opt.state[p]["exp_avg"]`` and ``["exp_avg_sq"]`` are the
 parameter's own arrays, of its shape, which here happen to be views of the flat buffers. The
@@ -13,7 +15,8 @@ reference updates them in place, so it reads and writes the very numbers this up
 ``minitx.config.fast`` may change between any two steps. A state whose arrays are not views of
 one such buffer (the first step, a ``load_state_dict``, a parameter left without a gradient)
 has its buffers built again from its current arrays. This layer sits below ``optim``, so the
-twin works on raw arrays and the optimizer's state dicts, and it never imports ``optim``.
+twin works on raw arrays and the optimizer's state dicts, never imports ``optim``, and hands
+back the parameters it did not take.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import math
 from .. import configuration
 from ..backend import get_array_module
 
-__all__ = ["adam", "flat_moments"]
+__all__ = ["adam", "flat_moments", "SMALL"]
 
 
 def flat_moments(datas, states, xp):
@@ -53,20 +56,30 @@ def flat_moments(datas, states, xp):
     return flats[0], flats[1]
 
 
-def adam(datas, grads, states, *, lr, betas, eps, weight_decay, decoupled, amsgrad) -> bool:
+SMALL = 2 ** 12    # parameters of at most this many values go into the flat buffers
+
+
+def adam(datas, grads, states, *, lr, betas, eps, weight_decay, decoupled, amsgrad,
+         small: int = SMALL) -> list:
     """Twin of ``optim.Adam._update`` (and AdamW's) applied to each parameter of a group:
     ``datas`` the parameters' arrays, ``grads`` their gradients, ``states`` their state dicts,
     updated in place. Adam's arithmetic is elementwise, so the same formulas on the
     concatenated arrays give each parameter exactly its own update, bit for bit.
 
-    Returns False, changing nothing, for a group this form does not take (then the reference
-    runs): fewer than two parameters, AMSGrad, parameters and gradients not all of one dtype and
-    array type, or parameters at different step counts.
+    It takes the group's parameters of at most ``small`` values (for them the calls cost more
+    than the arithmetic; a large parameter is faster on its own, while it fits in the cache)
+    and returns the positions of those it left to the reference: the large ones, or all of them
+    when the small ones are fewer than two, AMSGrad is on, they and their gradients are not all
+    of one dtype and array type, or they are at different step counts.
     """
-    if len(datas) < 2 or amsgrad or \
+    taken = [i for i, d in enumerate(datas) if d.size <= small]
+    left = [i for i, d in enumerate(datas) if d.size > small]
+    datas, grads = [datas[i] for i in taken], [grads[i] for i in taken]
+    states = [states[i] for i in taken]
+    if len(taken) < 2 or amsgrad or \
             len({(type(a), a.dtype) for a in (*datas, *grads)}) != 1 or \
             len({state.get("step", 0) for state in states}) != 1:
-        return False
+        return sorted(taken + left)
     xp = get_array_module(datas[0])
     beta1, beta2 = betas
     m, v = flat_moments(datas, states, xp)
@@ -96,7 +109,7 @@ def adam(datas, grads, states, *, lr, betas, eps, weight_decay, decoupled, amsgr
             d *= 1.0 - lr * weight_decay
         d -= step[start:start + d.size].reshape(d.shape)
         start += d.size
-    return True
+    return left
 
 
 configuration.register_twin("adam", adam)

@@ -121,7 +121,7 @@ class Optimizer:
 
     def _update_group(self, params: list, group: dict) -> None:
         """Update ``params`` (a group's parameters that have a gradient): ``_update`` on each.
-        Adam's fast twin may update them all at once."""
+        Adam's fast twin may take some of them at once."""
         for p in params:
             self._update(p, p.grad.data, self.state.setdefault(p, {}), group)
 
@@ -270,15 +270,16 @@ class Adam(Optimizer):
                "a number >= 0", g["weight_decay"])
 
     def _update_group(self, params, group) -> None:
-        """``_update`` on each parameter, or the fast layer's update of the whole group at once
-        (``minitx/fast/optim.py``: the same numbers; it declines groups it does not take)."""
+        """``_update`` on each parameter; the fast layer may update some of them (the small
+        ones) at once (``minitx/fast/optim.py``: the same numbers) and leave the others."""
         fast = configuration.twin("adam")
-        if fast is not None and fast([p.data for p in params], [p.grad.data for p in params],
-                                     [self.state.setdefault(p, {}) for p in params],
-                                     lr=group["lr"], betas=group["betas"], eps=group["eps"],
-                                     weight_decay=group["weight_decay"],
-                                     decoupled=self._decoupled, amsgrad=group["amsgrad"]):
-            return
+        if fast is not None:
+            left = fast([p.data for p in params], [p.grad.data for p in params],
+                        [self.state.setdefault(p, {}) for p in params],
+                        lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                        weight_decay=group["weight_decay"], decoupled=self._decoupled,
+                        amsgrad=group["amsgrad"])
+            params = [params[i] for i in left]
         super()._update_group(params, group)
 
     def _update(self, p, grad, state, group) -> None:

@@ -2,6 +2,9 @@
 its moments in flat buffers whose views are the states' arrays) against the reference
 (``minitx/optim/optimizers.py``: ``Adam._update`` on each parameter), switching between the two
 in the middle of training, and the switch itself."""
+import contextlib
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -22,6 +25,17 @@ def param(values):
 def _states(opt, params):
     return [{k: to_host(v) if hasattr(v, "shape") else v for k, v in opt.state[p].items()}
             for p in params if p in opt.state]
+
+
+@contextlib.contextmanager
+def _twin_with(**options):
+    """The registered twin with ``options`` (its threshold) while the block runs."""
+    real = configuration.twins()["adam"]
+    configuration._TWINS["adam"] = functools.partial(real, **options)
+    try:
+        yield
+    finally:
+        configuration._TWINS["adam"] = real
 
 
 def _train(cls, start, grads, kwargs, modes, skip=False, reload=False, groups=1):
@@ -64,27 +78,30 @@ SHAPES = st.lists(st.sampled_from([(), (1,), (3,), (2, 5), (4, 1, 3), (0,), (7, 
                   min_size=2, max_size=5)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(shapes=SHAPES, decoupled=st.booleans(), weight_decay=st.sampled_from([0.0, 0.1]),
        dtype=st.sampled_from(["float32", "float64"]), skip=st.booleans(),
        reload=st.booleans(), modes=st.lists(st.booleans(), min_size=6, max_size=6),
+       small=st.sampled_from([0, 1, 3, 10, 49, fast_optim.SMALL]),
        seed=st.integers(0, 2 ** 16))
 def test_any_mix_of_the_two_forms_gives_the_reference_bit_for_bit(
-        shapes, decoupled, weight_decay, dtype, skip, reload, modes, seed):
+        shapes, decoupled, weight_decay, dtype, skip, reload, modes, small, seed):
     """Six steps, each in the form ``modes`` says (all fast, all reference, or switching at
     any step), against the reference alone: the same parameters and states bit for bit. Also
     with a parameter left without a gradient at one step (``skip``: the step counts then
     differ and the twin must decline), with float32 gradients for the float64 parameters (the
-    twin declines mixed dtypes) and with the state saved and loaded into a new optimizer
-    half-way (``reload``)."""
+    twin declines mixed dtypes), with the state saved and loaded into a new optimizer
+    half-way (``reload``), and with the twin's size threshold at, around and between the
+    parameters' sizes (0, 1, 3, 10, 49 values: some parameters taken, the others left)."""
     rng = np.random.default_rng(seed)
     start = [rng.standard_normal(s) for s in shapes]
     grads = [[rng.standard_normal(s).astype(dtype) for s in shapes] for _ in range(6)]
     cls = optim.AdamW if decoupled else optim.Adam
     kwargs = dict(lr=0.05, betas=(0.8, 0.95), weight_decay=weight_decay)
     want = _train(cls, start, grads, kwargs, [False] * 6, skip, reload)
-    _assert_same(_train(cls, start, grads, kwargs, modes, skip, reload), want)
-    _assert_same(_train(cls, start, grads, kwargs, [True] * 6, skip, reload), want)
+    with _twin_with(small=small):
+        _assert_same(_train(cls, start, grads, kwargs, modes, skip, reload), want)
+        _assert_same(_train(cls, start, grads, kwargs, [True] * 6, skip, reload), want)
 
 
 @pytest.mark.parametrize("modes", [[True] * 4, [False] * 4, [True, False] * 2,
@@ -163,7 +180,8 @@ def test_the_twin_declines_groups_it_does_not_take_and_changes_nothing(case):
     elif case == "mixed steps":
         states[1]["step"] = 1
     before = [d.copy() for d in datas], [dict(s) for s in states]
-    assert fast_optim.adam(datas, grads, states, amsgrad=amsgrad, **HYPER) is False
+    assert fast_optim.adam(datas, grads, states, amsgrad=amsgrad, **HYPER) == \
+        list(range(len(datas)))
     for d, d0 in zip(datas, before[0]):
         np.testing.assert_array_equal(d, d0)
     assert all(s == s0 for s, s0 in zip(states, before[1]))
@@ -174,12 +192,29 @@ def test_the_twin_on_raw_arrays_is_the_papers_update():
     θ ← θ − η m̂ / (√v̂ + ε) with m̂ = g, v̂ = g² (the bias corrections of step 1)."""
     datas, grads, states = _group([(3,), (2, 2), ()])
     start = [d.copy() for d in datas]
-    assert fast_optim.adam(datas, grads, states, amsgrad=False, **HYPER) is True
+    assert fast_optim.adam(datas, grads, states, amsgrad=False, **HYPER) == []
     for d, d0, g, s in zip(datas, start, grads, states):
         assert s["step"] == 1 and s["exp_avg"].shape == g.shape
         np.testing.assert_allclose(s["exp_avg"], (1 - 0.9) * g, rtol=1e-15)
         np.testing.assert_allclose(s["exp_avg_sq"], (1 - 0.999) * g * g, rtol=1e-15)
         np.testing.assert_allclose(d, d0 - 0.1 * g / (np.abs(g) + 1e-8), rtol=1e-14)
+
+
+@pytest.mark.parametrize("small,left", [(0, [0, 1, 2, 3]), (3, [1, 3]), (4, [3]),
+                                        (1, [0, 1, 2, 3]), (100, [])])
+def test_parameters_above_the_threshold_are_left_to_the_reference(small, left):
+    """Sizes 3, 4, 1, 5: the twin takes those of at most ``small`` values when they are two or
+    more, returns the others' positions, and leaves their arrays and states untouched."""
+    datas, grads, states = _group([(3,), (2, 2), (1,), (5,)])
+    start = [d.copy() for d in datas]
+    assert fast_optim.adam(datas, grads, states, amsgrad=False, small=small, **HYPER) == left
+    for i, (d, d0, s) in enumerate(zip(datas, start, states)):
+        assert (s == {}) == (i in left)
+        assert np.array_equal(d, d0) == (i in left)
+    taken = [i for i in range(4) if i not in left]
+    if taken:                                      # one buffer holds the taken ones' moments
+        assert len({id(states[i]["exp_avg"].base) for i in taken}) == 1
+        assert states[taken[0]]["exp_avg"].base.size == sum(datas[i].size for i in taken)
 
 
 def test_the_switch_picks_the_twin_or_the_reference(monkeypatch):
