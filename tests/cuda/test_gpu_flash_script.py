@@ -1,6 +1,9 @@
 """benchmarks/gpu_flash.py (build + check + benchmark on a GPU) works where there is no GPU:
-``--help`` needs neither CuPy nor a GPU, and a run without a usable GPU exits with status 2 and
-says why (the launcher's ``unavailable_reason``)."""
+``--help`` needs neither CuPy nor a GPU, a run without a usable GPU exits with status 2 and
+says why (the launcher's ``unavailable_reason``), and the arguments ``benchmarks/gpu_run.py``
+passes parse. Its tables are checked too: the check's cases cover what the GPU issue lists, the
+benchmark runs the goal size first, and the GOAL lines compute throughput ratios the right way
+round. (The check itself runs on the CPU with emulated kernels in ``tests/test_gpu_run.py``.)"""
 import os
 import subprocess
 import sys
@@ -44,3 +47,51 @@ def test_without_a_gpu_exits_2_with_the_reason():
     p = _run("--check", "--quick")
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert why in p.stderr and "no usable GPU" in p.stderr
+
+
+def _script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_flash_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_gpu_run_arguments_parse_without_a_gpu():
+    """What benchmarks/gpu_run.py passes gets past argparse (a typo would cost GPU minutes)."""
+    for args in (["--check", "--keep-going", "--repeat", "5", "--n", "4096", "1024", "--budget",
+                  "30", "--jobs", "4"], ["--smoke"], ["--family", "tc", "--check-only"]):
+        p = _run(*args)
+        assert p.returncode in (0, 2), (args, p.stderr)
+        assert "usage:" not in p.stderr, (args, p.stderr)
+
+
+def test_the_check_covers_what_the_gpu_issue_lists():
+    g = _script()
+    cases = g.CHECK_CASES
+    dims = {c[6] for c in cases}
+    assert {32, 64, 80, 128} <= dims                                  # head dims
+    assert any(c[4] != c[5] and c[8] for c in cases)                  # Nq != Nk, causal
+    assert any(c[4] % 64 and c[5] % 64 for c in cases)                # ragged N
+    assert any(1 < c[3] < c[2] for c in cases)                        # GQA
+    assert any(c[3] == 1 < c[2] for c in cases)                       # MQA
+    assert {"mask", "mask_empty", "lengths", "zero_length"} <= {c[9] for c in cases}
+    assert any(c[4] > c[5] and c[8] for c in cases)                   # rows with no key
+    assert [f[0] for f in g.KERNEL_FAMILIES][:2] == ["tc", "simt"]    # every family
+
+
+def test_goal_rows_run_first_and_goal_lines_compute_throughput_ratios():
+    g = _script()
+    import types
+    args = types.SimpleNamespace(n=[1024, 4096, 16384], d=[64], causal=False)
+    configs = g._configs(args, g.KERNEL_FAMILIES)
+    assert {c[0] for c in configs[:4]} == {g.GOAL_N}
+    row = dict(label="fwd+bwd", fam="tc", D=64, N=g.GOAL_N, causal=False, flops=1e12,
+               mine=0.010, torch=0.002, backend="flash")
+    lines = g.goal_lines([row, dict(row, fam="simt", torch=0.020, backend="efficient")])
+    tc = [ln for ln in lines if "fp16" in ln and "D=64 non-causal" in ln][0]
+    assert "100.0 TF/s = 20.0% of PyTorch flash SDPA 500.0 TF/s" in tc and "not met" in tc
+    simt = [ln for ln in lines if "fp32" in ln and "D=64 non-causal" in ln][0]
+    assert "= 2.00x PyTorch efficient SDPA" in simt and "(goal >= 1.0x: met)" in simt
+    assert all(ln.startswith("GOAL ") for ln in lines)
+    assert sum("not measured" in ln for ln in lines) == len(lines) - 2
