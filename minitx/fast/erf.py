@@ -1,4 +1,5 @@
-"""erf in float32 from two fitted polynomials evaluated in float32, in cache-sized pieces.
+"""erf in float32 from two fitted polynomials evaluated in float32, in cache-sized pieces; and
+the exact GELU's backward in one buffer.
 
 The reference (``minitx/ops/elementwise.py``'s ``erf_array``) computes every dtype in float64
 by a series and a continued fraction, and rounds. GELU calls erf on every feed-forward
@@ -18,11 +19,13 @@ whole: ≤ 1.4e-7 (2.3 ulp) from the true erf, and 1.7e-7 relative down to 1e-37
 """
 from __future__ import annotations
 
+import math
+
 from .. import backend, configuration
 from ..backend import get_array_module
 from ..ops.elementwise import erf_float64
 
-__all__ = ["erf", "erf_float32", "ERF_SMALL", "ERF_LARGE", "WHOLE", "CHUNK"]
+__all__ = ["erf", "erf_float32", "gelu_backward", "ERF_SMALL", "ERF_LARGE", "WHOLE", "CHUNK"]
 
 ERF_SMALL = (1.1283792, -0.37612623, 0.11283529, -0.0268514, 0.0051838206, -0.0007971511,
              7.729088e-05)
@@ -30,6 +33,8 @@ ERF_LARGE = (-0.0016613121, 0.577875, -0.033942234, -0.3099706, 0.30865628, -0.1
              0.025378387)
 
 WHOLE, CHUNK = 2 ** 18, 2 ** 15     # host arrays above WHOLE values go in pieces of CHUNK
+
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 def _horner(coefficients, t):
@@ -90,4 +95,21 @@ def erf(x, *, whole: int = WHOLE, chunk: int = CHUNK):
     return out.reshape(x.shape)
 
 
+def gelu_backward(x, cdf, grad):
+    """Twin of the exact GELU's backward in ``ops.elementwise.Gelu``, grad · (Φ(x) + x·φ(x))
+    with φ(x) = e^(−x²/2)/√(2π) and ``cdf`` = Φ(x): the reference's operations in the same
+    order, each rounded the same way, written into one buffer instead of a fresh array each
+    (bit for bit the reference's result)."""
+    xp = get_array_module(x)
+    d = xp.multiply(x, -0.5, out=xp.empty_like(x))       # (out=: an array even if 0-d)
+    d *= x
+    xp.exp(d, out=d)
+    d *= _INV_SQRT_2PI                                   # φ(x)
+    d *= x
+    d += cdf
+    d *= grad
+    return d
+
+
 configuration.register_twin("erf", erf)
+configuration.register_twin("gelu_backward", gelu_backward)

@@ -348,6 +348,9 @@ class Gelu(Function):
             t = aux
             d_inner = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
             return grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * d_inner), None
+        fast = configuration.twin("gelu_backward")
+        if fast is not None:
+            return fast(x, aux, grad), None
         pdf = _INV_SQRT_2PI * xp.exp(-0.5 * x * x)           # φ(x) = e^(−x²/2)/√(2π)
         return grad * (aux + x * pdf), None                  # d[xΦ(x)] = Φ(x) + xφ(x)
 

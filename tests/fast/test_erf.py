@@ -172,3 +172,37 @@ def test_gelu_fast_and_reference_agree_in_float32(shape, seed):
     (y1, d1), (y0, d0) = out[True], out[False]
     np.testing.assert_allclose(y1, y0, rtol=4 * eps, atol=0.8e-7 * np.abs(x).max() + 1e-30)
     np.testing.assert_allclose(d1, d0, rtol=4 * eps, atol=(0.8e-7 + 4 * eps) * np.abs(g).max())
+
+
+@settings(max_examples=60, deadline=None)
+@given(hnp.array_shapes(min_dims=0, max_dims=3, max_side=8), st.sampled_from(["float32",
+       "float64", "float16"]), st.integers(0, 2 ** 32 - 1))
+def test_gelu_backward_twin_is_the_reference_bit_for_bit(shape, dtype, seed):
+    """The one-buffer backward does the reference's operations in its order: the same bits,
+    for any shape (0-d too) and dtype, with extreme x (φ underflows to 0, x² overflows)."""
+    r = np.random.default_rng(seed)
+    x = (r.standard_normal(shape) * 4).astype(dtype)
+    info = np.finfo(dtype)
+    if x.size:                       # x² underflows, x²/2 overflows, φ(x) underflows, 0
+        x.reshape(-1)[0] = r.choice([np.sqrt(info.tiny) / 4, -np.sqrt(info.max) * 1.5,
+                                     40.0, 0.0])
+    cdf, g = r.random(shape).astype(dtype), r.standard_normal(shape).astype(dtype)
+    with np.errstate(over="ignore", under="ignore"):
+        got = fast_erf.gelu_backward(x, cdf, g)
+        pdf = (1 / math.sqrt(2 * math.pi)) * np.exp(-0.5 * x * x)        # the reference's
+        want = g * (cdf + x * pdf)
+    assert isinstance(got, np.ndarray) and got.shape == x.shape and got.dtype == x.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_gelu_backward_switch(monkeypatch):
+    calls = spy_on(monkeypatch, "gelu_backward")
+    x = np.random.default_rng(6).standard_normal((4, 9)).astype(np.float32)
+    grads = {}
+    for fast in (False, True):
+        with minitx.using_config(fast=fast):
+            t = tensor(x, dtype=None, requires_grad=True)
+            F.gelu(t).sum().backward()
+            grads[fast] = to_host(t.grad)
+        assert calls == ([] if not fast else ["gelu_backward"])
+    assert np.all(np.abs(grads[True] - grads[False]) <= 1e-7)   # Φ from each form's erf
