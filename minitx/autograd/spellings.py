@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy
 
-from . import tensor as _tensor
+from . import tensor as _tensor   # the module (tensor.py imports this one at its top)
 
 __all__ = ["PyTorchSpellings", "Size"]
 
