@@ -109,7 +109,8 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
         a = analytic[i]
         err = numpy.abs(a - numerical) - (atol + rtol * numpy.abs(numerical))
         if err.size and (err.max() > 0 or not numpy.all(numpy.isfinite(a))):
-            worst = numpy.unravel_index(int(numpy.nanargmax(numpy.where(numpy.isfinite(err), err, numpy.inf))), x.shape)
+            worst_flat = numpy.nanargmax(numpy.where(numpy.isfinite(err), err, numpy.inf))
+            worst = numpy.unravel_index(int(worst_flat), x.shape)   # a non-finite error first
             worst = tuple(int(k) for k in worst)    # plain ints: NumPy 2 reprs np.int64(1)
             msg = (f"gradcheck failed for input {i} (shape {x.shape}) at element {worst}: "
                    f"analytic {float(a[worst])!r} vs numerical {float(numerical[worst])!r} "
