@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from heapq import heappop, heappush
 
-from .. import backend
+from .. import backend, configuration
 from . import versions
 from .anomaly import AnomalyError, _state as _anomaly
 from .function import _describe
@@ -80,9 +80,21 @@ def _index(ctx, parent):
     return next(i for i, p in enumerate(ctx.parents) if p is parent)
 
 
+def _check_node(ctx, stamp):
+    """Raise if backward already ran through ``ctx`` (its saved arrays are freed) or if an
+    array it saved was written in place after its forward (looked at only when some in-place
+    write happened since then: ``stamp`` is the count of writes now)."""
+    if ctx.freed:
+        raise RuntimeError(
+            f"trying to backward through {ctx.fn.__name__} a second time: its saved "
+            "arrays were freed; call backward(retain_graph=True) the first time")
+    if ctx.stamp != stamp:
+        _check_saved(ctx)
+
+
 def _check_saved(ctx):
     """Raise if an array ``ctx`` saved for its backward was written in place after its
-    forward (only called when some in-place write happened since then)."""
+    forward."""
     for i, saved in enumerate(ctx.saved_tensors or ()):
         if saved is not None and hasattr(saved, "shape") and written_after(saved, ctx.stamp):
             where = f"; its forward ran at {ctx.trace}" if getattr(ctx, "trace", None) else ""
@@ -145,6 +157,9 @@ def _output_grad(tensor, grad):
 
 def backward(tensor, grad=None, retain_graph: bool = False) -> None:
     """Backpropagate from ``tensor`` (see the module docstring)."""
+    fast = configuration.twin("backward")        # the fast layer's, when it is on
+    if fast is not None:
+        return fast(tensor, grad, retain_graph)
     grad = _output_grad(tensor, grad)
     if tensor._ctx is None:                       # backward on a leaf: d(leaf)/d(leaf) = 1
         _accumulate_leaf(tensor, grad)
@@ -158,12 +173,7 @@ def backward(tensor, grad=None, retain_graph: bool = False) -> None:
     while heap:
         ctx = heappop(heap)[1]
         g = grads.pop(ctx)            # dL/dy, complete: every consumer of y came before
-        if ctx.freed:
-            raise RuntimeError(
-                f"trying to backward through {ctx.fn.__name__} a second time: its saved "
-                "arrays were freed; call backward(retain_graph=True) the first time")
-        if ctx.stamp != stamp:        # some in-place write since this forward: look
-            _check_saved(ctx)
+        _check_node(ctx, stamp)       # not freed yet; what it saved still as it was
         input_grads = ctx.fn.backward(ctx, g)          # dL/dx_i = (dy/dx_i)ᵀ dL/dy, each i
         if not isinstance(input_grads, tuple):
             input_grads = (input_grads,)
@@ -173,7 +183,8 @@ def backward(tensor, grad=None, retain_graph: bool = False) -> None:
         for parent, need, ig in zip(ctx.parents, ctx.needs_input_grad, input_grads):
             if ig is None or not need:
                 continue
-            ig = _check(ctx, parent, ig)
+            if getattr(ig, "shape", None) != parent.data.shape or ig.dtype != parent.data.dtype:
+                ig = _check(ctx, parent, ig)           # a wrong shape, or a cast to make
             if anomaly:
                 _check_finite(ctx, parent, ig)
             node = parent._ctx

@@ -32,7 +32,7 @@ import re
 
 import numpy
 
-from .. import backend
+from .. import backend, configuration
 from . import versions
 from .anomaly import _state as _anomaly, user_frame
 from .grad_mode import _state as _grad_mode
@@ -95,6 +95,9 @@ class Function:
         ``arrays = [a.data if Tensor else a]``; ``out = forward(ctx, *arrays)``; ``ctx`` is
         recorded as ``out``'s node iff grad mode is on and some input requires grad.
         """
+        fast = configuration.twin("apply")          # the fast layer's, when it is on
+        if fast is not None:
+            return fast(cls, inputs, kwargs)
         arrays, needs = [], []                     # each input's array; needs its gradient?
         for a in inputs:
             is_tensor = isinstance(a, Tensor)

@@ -19,7 +19,7 @@ from operator import iadd as _iadd, imul as _imul, isub as _isub, itruediv as _i
 
 import numpy
 
-from .. import backend, configuration
+from .. import backend
 from . import grad_mode as _grad_mode, versions
 from .spellings import PyTorchSpellings
 
@@ -294,30 +294,31 @@ class Tensor(PyTorchSpellings):
         self.grad = None
 
     # ---- arithmetic ----------------------------------------------------------------------
-    # For + − × ÷ the other operand goes through ``_operand``, the fast layer's way in.
+    # + − × ÷: a Python number is a constant of the op, which NumPy casts to the tensor's
+    # dtype (NEP 50)
     def __add__(self, other):
-        return _F.add(self, _operand(self, other))
+        return _Add.apply(self, other)
 
     def __radd__(self, other):
-        return _F.add(_operand(self, other), self)
+        return _Add.apply(other, self)
 
     def __sub__(self, other):
-        return _F.sub(self, _operand(self, other))
+        return _Sub.apply(self, other)
 
     def __rsub__(self, other):
-        return _F.sub(_operand(self, other), self)
+        return _Sub.apply(other, self)
 
     def __mul__(self, other):
-        return _F.mul(self, _operand(self, other))
+        return _Mul.apply(self, other)
 
     def __rmul__(self, other):
-        return _F.mul(_operand(self, other), self)
+        return _Mul.apply(other, self)
 
     def __truediv__(self, other):
-        return _F.div(self, _operand(self, other))
+        return _Div.apply(self, other)
 
     def __rtruediv__(self, other):
-        return _F.div(_operand(self, other), self)
+        return _Div.apply(other, self)
 
     def __pow__(self, other):
         return _F.pow(self, other)
@@ -422,16 +423,6 @@ class Tensor(PyTorchSpellings):
         return _F.masked_fill(self, mask, value)
 
 
-def _operand(tensor, other):
-    """``other``, the operand that meets ``tensor`` in + − × ÷ (on either side), passed on
-    as it is: a Python number is a constant of the op, which NumPy casts to the tensor's dtype
-    (NEP 50). The fast layer may stand in for this (``minitx/fast/numbers.py``)."""
-    fast = configuration.twin("operand")
-    if fast is not None:
-        return fast(tensor, other)
-    return other
-
-
 def tensor(data, requires_grad: bool = False, dtype=None) -> Tensor:
     """Create a Tensor (see ``Tensor``): floats become float32, arrays keep their dtype."""
     return Tensor(data, requires_grad=requires_grad, dtype=dtype)
@@ -442,3 +433,5 @@ def tensor(data, requires_grad: bool = False, dtype=None) -> Tensor:
 # autograd and ops are one layer, the core).
 from . import engine as _engine  # noqa: E402
 from .. import ops as _F  # noqa: E402
+# + − × ÷ call their Functions directly: the hottest calls of a small model
+from ..ops.elementwise import Add as _Add, Div as _Div, Mul as _Mul, Sub as _Sub  # noqa: E402

@@ -29,8 +29,8 @@ host.prepare_blas()
 # Then the core, in its own order (the Tensor binds the ops at its end), and the twins: each
 # import below registers its twins (their order does not matter).
 from .. import autograd  # noqa: E402,F401
-from . import (erf, norm, numbers, optim, parallel, reductions, scatter,  # noqa: E402,F401
-               sdpa)
+from . import (core, erf, norm, numbers, optim, parallel, reductions,  # noqa: E402,F401
+               scatter, sdpa)
 
-__all__ = ["host", "erf", "norm", "numbers", "optim", "parallel", "reductions", "scatter",
-           "sdpa"]
+__all__ = ["host", "core", "erf", "norm", "numbers", "optim", "parallel", "reductions",
+           "scatter", "sdpa"]

@@ -1,15 +1,16 @@
-"""Python numbers meeting a Tensor in + − × ÷, converted once and kept.
+"""Python numbers meeting a Tensor in + − × ÷, converted once and kept (a part of the fast
+``apply``, ``fast/core.py``).
 
-In ``t * 0.5`` NumPy casts the Python number to the array's dtype at every use: in the forward
-and again where the backward reads it (the other factor of a product). A training loop meets
-the same few numbers at every step, so this twin converts each one once into a read-only 0-d
-array of the tensor's dtype and hands that array out again.
+In ``t * 0.5`` the reference passes the Python number on as it is, and NumPy casts it to the
+array's dtype at every use: in the forward and again where the backward reads it (the other
+factor of a product). A training loop meets the same few numbers at every step, so the fast
+layer converts each one once into a read-only 0-d array of the tensor's dtype and hands that
+array out again.
 """
 from __future__ import annotations
 
 import numpy
 
-from .. import configuration
 
 __all__ = ["cached_operand"]
 
@@ -18,14 +19,13 @@ _LIMIT = 1024                   # numbers kept per dtype; a loop over ever new n
 
 
 def cached_operand(tensor, other):
-    """Fast twin of ``minitx.autograd.tensor._operand`` (which passes ``other`` on as it is):
-    a Python float or int meeting a float host Tensor becomes a cached read-only 0-d array of
-    the tensor's dtype, anything else is returned as it is.
+    """``other`` as the reference passes it on (as it is), or — a Python float or int meeting a
+    float host Tensor — a cached read-only 0-d array of the tensor's dtype.
 
     The same values: under NEP 50 NumPy casts a Python number to the array's dtype anyway, so
     the op sees the same number, now cast once instead of at every use.
     """
-    data = tensor.data
+    data = getattr(tensor, "data", None)
     if type(other) not in (float, int) or type(data) is not numpy.ndarray:
         return other                        # a bool, an array, a Tensor; a device tensor
     cache = _NUMBERS.get(data.dtype)
@@ -42,6 +42,3 @@ def cached_operand(tensor, other):
         array = cache[other] = numpy.asarray(other, dtype=data.dtype)
         array.flags.writeable = False       # shared by every op that meets this number
     return array
-
-
-configuration.register_twin("operand", cached_operand)
