@@ -32,10 +32,10 @@ SM_LIMITS = {
 
 def min_blocks(name: str) -> int:
     """The minimum-blocks-per-SM of an instantiation's __launch_bounds__(128, N) (mirrors the
-    kernel sources: flash_tc.cuh, flash_simt.cuh, flash_common.cuh)."""
+    kernel sources: flash_tc.cuh, flash_simt.cuh, flash_naive.cuh, flash_common.cuh)."""
     if name.startswith("flash_bwd_dot<"):
         return 4
-    if "_simt<" in name:
+    if "_simt<" in name or "_naive<" in name:
         return 3
     D = int(re.search(r"<(\d+),", name).group(1))
     if name.startswith("flash_fwd_tc<"):
@@ -56,7 +56,8 @@ def occupancy(registers: int, smem: int, arch: str, threads: int = 128) -> dict:
     by_smem = lim["smem"] // (smem + 1024) if smem else lim["blocks"]
     by_threads = lim["threads"] // threads
     blocks = min(by_regs, by_smem, by_threads, lim["blocks"])
-    limiter = "registers" if blocks == by_regs else "shared memory" if blocks == by_smem else "threads"
+    limiter = ("registers" if blocks == by_regs else "shared memory" if blocks == by_smem
+               else "threads")
     return dict(blocks=blocks, warps=blocks * warps, by_regs=by_regs, by_smem=by_smem,
                 by_threads=by_threads, limiter=limiter,
                 occupancy=blocks * warps / (lim["threads"] // 32))
@@ -98,7 +99,7 @@ def nvrtc_available() -> bool:
         return False
     try:
         cp.cuda.nvrtc.getVersion()
-    except (AttributeError, ImportError, RuntimeError, OSError):   # missing/broken NVRTC, a stand-in
+    except (AttributeError, ImportError, RuntimeError, OSError):   # no/broken NVRTC, a stand-in
         return False
     return True
 
@@ -210,7 +211,8 @@ def parse_ptxas(output: str) -> dict:
             continue
         m = _PROPS.search(line)
         if m:
-            res[cur]["stack"], res[cur]["spill_stores"], res[cur]["spill_loads"] = map(int, m.groups())
+            stack, stores, loads = map(int, m.groups())
+            res[cur].update(stack=stack, spill_stores=stores, spill_loads=loads)
             continue
         m = _USED.search(line)
         if m:
@@ -233,7 +235,8 @@ def compile_report(archs=("sm_80", "sm_90"), names=None, jobs=2, nvcc=None, kern
                      spill_stores=None, spill_loads=None, stack=None, ok=False,
                      error="nvcc not found") for a in archs for n in names]
     with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
-        outs = list(pool.map(lambda a: compile_arch(a, names, nvcc, kernel_file=kernel_file), archs))
+        outs = list(pool.map(lambda a: compile_arch(a, names, nvcc, kernel_file=kernel_file),
+                             archs))
     return report_from_outputs(archs, outs, names)
 
 
@@ -250,7 +253,8 @@ def report_from_outputs(archs, outs, names=None):
                 tail = out.strip().splitlines()[-5:] if out.strip() else []
                 rows.append(dict(kernel=n, arch=arch, registers=None, smem_static=None,
                                  smem_dynamic=dyn, spill_stores=None, spill_loads=None, stack=None,
-                                 ok=False, error=f"not in ptxas output (rc={rc}): " + " | ".join(tail)))
+                                 ok=False,
+                                 error=f"not in ptxas output (rc={rc}): " + " | ".join(tail)))
                 continue
             err = "; ".join(p["errors"]) or None
             ok = (err is None and p["registers"] is not None and p["spill_stores"] == 0
@@ -267,7 +271,8 @@ def format_report(rows) -> list:
              f"{'stack':>5s} ok"]
     for r in rows:
         lines.append(f"{r['kernel']:34s} {r['arch']:5s} {str(r['registers']):>4s} "
-                     f"{str(r['smem_dynamic']):>9s} {str(r['spill_stores']) + '/' + str(r['spill_loads']):>11s} "
+                     f"{str(r['smem_dynamic']):>9s} "
+                     f"{str(r['spill_stores']) + '/' + str(r['spill_loads']):>11s} "
                      f"{str(r['stack']):>5s} {'yes' if r['ok'] else 'NO ' + str(r['error'] or '')}")
     return lines
 
@@ -313,7 +318,8 @@ def doctor_lines(compile: bool = False, archs=("sm_80", "sm_90"), jobs: int = 2)
                  f"cupy: not installed ({_cupy.get('error') or 'not importable'})")
     lines.append(_safe(_gpu_line, "GPU: unknown ({err})"))
     path = flash_cuda.kernel_path()
-    lines.append(f"flash kernel source: {path} ({'present' if os.path.isfile(path) else 'MISSING'})")
+    present = "present" if os.path.isfile(path) else "MISSING"
+    lines.append(f"flash kernel source: {path} ({present})")
     nvcc = _safe(find_nvcc, "")
     lines.append(f"nvcc: {nvcc} (CUDA {_safe(lambda: nvcc_version(nvcc), '?')})" if nvcc
                  else "nvcc: not found (set CUDA_HOME or put nvcc on PATH; needed only for "
@@ -324,8 +330,12 @@ def doctor_lines(compile: bool = False, archs=("sm_80", "sm_90"), jobs: int = 2)
                                             f"not available ({why}); the NumPy tiled flash "
                                             "attention runs instead"))
     lines.append(f"flash instantiations: {len(flash_cuda.all_kernel_names())} "
-                 f"(fp16 -> tensor-core kernels *_tc, fp32 -> CUDA-core kernels *_simt; D in "
-                 f"{flash_cuda.SUPPORTED_HEAD_DIMS}, causal or not; other D, Dv <= 128 zero padded)")
+                 f"(fp16 -> tensor-core kernels *_tc, fp32 -> CUDA-core kernels *_simt; "
+                 f"MINITX_FLASH_KERNEL=naive -> *_naive, fp32, one thread per row; D in "
+                 f"{flash_cuda.SUPPORTED_HEAD_DIMS}, causal or not; other D, Dv <= 128 zero "
+                 f"padded)")
+    lines.append("flash kernel choice: " + _safe(
+        lambda: f"{flash_cuda.KERNEL_ENV}={flash_cuda.kernel_choice()}", "invalid ({err})"))
     for dt in ("float16", "float32"):
         smem = ", ".join(
             f"{kind} " + "/".join(str(flash_cuda.smem_bytes(kind, dt, D))
@@ -335,7 +345,8 @@ def doctor_lines(compile: bool = False, archs=("sm_80", "sm_90"), jobs: int = 2)
                      f"D=32/64/128 (bytes): {smem}; above {flash_cuda.DEFAULT_SMEM_LIMIT} needs "
                      f"the opt-in attribute")
     gxx = shutil.which(os.environ.get("CXX") or "g++")
-    lines.append(f"CPU emulation tests (pytest tests/cuda): {'g++ ' + gxx if gxx else 'g++ not found: skipped'}")
+    lines.append("CPU emulation tests (pytest tests/cuda): "
+                 + (f"g++ {gxx}" if gxx else "g++ not found: skipped"))
     if compile:
         if not nvcc:
             lines.append("ptxas table: skipped (nvcc not found)")

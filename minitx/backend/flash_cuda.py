@@ -6,21 +6,30 @@ Public API (CuPy arrays in, CuPy arrays out)::
     dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal=True)
 
 Shapes: ``q`` (B, H, Nq, D), ``k`` (B, Hkv, Nk, D), ``v`` (B, Hkv, Nk, Dv) with ``Hkv`` dividing
-``H`` (grouped-query attention: q head ``h`` reads kv head ``h // (H // Hkv)``). ``o`` (B, H, Nq, Dv)
-has q's dtype, ``lse`` (B, H, Nq) is float32. Inputs may be non-contiguous views (they are copied
-into contiguous, padded buffers); ``key_mask``/``lengths`` may be NumPy or CuPy arrays. Masks:
-``lengths`` (B,) int keeps keys ``j < lengths[b]``; ``key_mask`` (B, Nk) bool keeps keys where True;
-``causal`` keeps ``j <= i + (Nk - Nq)`` (bottom-right aligned, like
+``H`` (grouped-query attention: q head ``h`` reads kv head ``h // (H // Hkv)``). ``o``
+(B, H, Nq, Dv) has q's dtype, ``lse`` (B, H, Nq) is float32. Inputs may be non-contiguous views
+(they are copied into contiguous, padded buffers); ``key_mask``/``lengths`` may be NumPy or CuPy
+arrays. Masks: ``lengths`` (B,) int keeps keys ``j < lengths[b]``; ``key_mask`` (B, Nk) bool keeps
+keys where True; ``causal`` keeps ``j <= i + (Nk - Nq)`` (bottom-right aligned, like
 ``torch.nn.attention.bias.causal_lower_right``; PyTorch's ``is_causal=True`` is top-left aligned
 and differs when Nq != Nk). A query row that keeps no key gets ``o = 0`` and ``lse = -inf``; its
 gradients are zero.
 
-Two kernel families, chosen by dtype (:func:`family`):
+Three kernel families. The tiled ones are chosen by dtype (:func:`family`):
 
 * float16 -> ``tc``: tensor cores (``mma.sync`` m16n8k16, ``ldmatrix``, ``cp.async``); needs
   sm_80+ (:func:`decline_reason` declines float16 on an older GPU, naming it);
 * float32 -> ``simt``: register-tiled CUDA-core kernels (``cp.async`` on sm_80+, plain 16-byte
-  copies below; they run on any GPU CuPy supports).
+  copies below; they run on any GPU CuPy supports);
+
+and ``naive`` (``kernels/flash_naive.cuh``, the one to read first: one thread per row, the
+online softmax, everything read from global memory), float32 only, runs instead when
+``MINITX_FLASH_KERNEL=naive``. :func:`kernel_choice` reads that variable (``tiled``, the
+default, or ``naive``) at every call; :func:`chosen_kernel` says which family runs a dtype;
+every launch is logged at DEBUG level on the ``minitx.flash_cuda`` logger with the kernel's name.
+A float16 call under ``naive`` is declined with the reason (it is not silently computed in fp32).
+The forward and the backward each read the choice when they run; every family writes the same
+``o`` and ``lse``, so any backward is exact for any forward's outputs.
 
 Head dims 32/64/128 are compiled; q, k and v are zero padded to the smallest one >= max(D, Dv)
 (zero columns of q/k add nothing to the scores, zero columns of v give zero output columns which
@@ -40,6 +49,7 @@ CPU emulation harness of ``tests/cuda`` through a different ``launch`` callable.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import re
@@ -51,10 +61,11 @@ from . import _cupy as _cupy_state, cupy_or_none  # the backend module owns the 
 
 __all__ = [
     "flash_attention_forward", "flash_attention_backward", "is_available", "supports",
-    "decline_reason", "unavailable_reason", "family", "kernel_source", "kernel_path",
-    "kernel_files", "padded_head_dim", "smem_bytes", "smem_bytes_of", "tile_rows", "kernel_name",
-    "all_kernel_names", "plan_launch", "validate_inputs", "check_shared_memory",
-    "SUPPORTED_HEAD_DIMS", "THREADS", "DEFAULT_SMEM_LIMIT", "MAX_GRID_Y", "FP16_MIN_CC",
+    "decline_reason", "unavailable_reason", "family", "kernel_choice", "chosen_kernel",
+    "module_names", "kernel_source", "kernel_path", "kernel_files", "padded_head_dim",
+    "smem_bytes", "smem_bytes_of", "tile_rows", "kernel_name", "all_kernel_names", "plan_launch",
+    "validate_inputs", "check_shared_memory", "SUPPORTED_HEAD_DIMS", "THREADS",
+    "DEFAULT_SMEM_LIMIT", "MAX_GRID_Y", "FP16_MIN_CC", "KERNEL_ENV", "KERNEL_CHOICES",
 ]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
@@ -63,7 +74,11 @@ DEFAULT_SMEM_LIMIT = 48 * 1024   # per-block dynamic shared memory without the o
 MAX_GRID_Y = 65535     # grid.y holds B * H
 FP16_MIN_CC = 80       # mma.sync m16n8k16 and cp.async need sm_80
 _CTYPE = {"float32": "float", "float16": "__half"}
-_FAMILY = {"float32": "simt", "float16": "tc"}
+_FAMILY = {"float32": "simt", "float16": "tc"}          # the tiled family of each dtype
+_FAMILY_DTYPE = {"simt": "float32", "tc": "float16", "naive": "float32"}
+KERNEL_ENV = "MINITX_FLASH_KERNEL"
+KERNEL_CHOICES = ("tiled", "naive")   # tiled: tc for float16, simt for float32
+log = logging.getLogger("minitx.flash_cuda")
 _KINDS = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_dot")
 _KIND_INDEX = {"fwd": 0, "bwd_dkdv": 1, "bwd_dq": 2}   # the `kind` of *_smem_bytes<D>(kind)
 
@@ -118,7 +133,8 @@ def padded_head_dim(d: int) -> int:
     for s in SUPPORTED_HEAD_DIMS:
         if d <= s:
             return s
-    raise ValueError(f"head dim D must be <= {SUPPORTED_HEAD_DIMS[-1]} for the flash kernel, got {d}")
+    raise ValueError(f"head dim D must be <= {SUPPORTED_HEAD_DIMS[-1]} for the flash kernel, "
+                     f"got {d}")
 
 
 def _dtype_name(dtype) -> str:
@@ -129,8 +145,47 @@ def _dtype_name(dtype) -> str:
 
 
 def family(dtype) -> str:
-    """``"tc"`` (fp16, tensor cores) or ``"simt"`` (fp32, CUDA cores)."""
+    """The tiled family of a dtype: ``"tc"`` (fp16, tensor cores) or ``"simt"`` (fp32, CUDA
+    cores)."""
     return _FAMILY[_dtype_name(dtype)]
+
+
+def _checked_choice(value, source: str) -> str:
+    choice = str(value).strip().lower()
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"{source} must be one of {KERNEL_CHOICES}, got {value!r}")
+    return choice
+
+
+def kernel_choice() -> str:
+    """``$MINITX_FLASH_KERNEL`` ("tiled" when unset or empty), validated.
+
+    The one place the variable is read, at every call (not at import), so a test or a notebook
+    can switch kernels between calls; an unknown value raises ``ValueError`` naming the variable,
+    the allowed values and the value given, rather than silently running the default."""
+    value = os.environ.get(KERNEL_ENV, "")
+    return "tiled" if not value.strip() else _checked_choice(value, KERNEL_ENV)
+
+
+def _choice_reason(dtype_name: str, choice: str):
+    """Why the chosen kernel cannot take ``dtype_name`` (None when it can)."""
+    if choice == "naive" and dtype_name != "float32":
+        return f"{KERNEL_ENV}=naive takes float32 only (got {dtype_name})"
+    return None
+
+
+def chosen_kernel(dtype, choice=None) -> str:
+    """The family that runs arrays of ``dtype``: ``"naive"``, ``"simt"`` or ``"tc"``.
+
+    ``choice`` is ``"tiled"`` or ``"naive"``; None reads :func:`kernel_choice`. Tests and
+    dispatchers ask it so that the kernel a call will use is observable, not inferred. Raises
+    ``ValueError`` when the choice cannot take the dtype (naive and float16)."""
+    name = _dtype_name(dtype)
+    choice = kernel_choice() if choice is None else _checked_choice(choice, "kernel")
+    reason = _choice_reason(name, choice)
+    if reason is not None:
+        raise ValueError(reason)
+    return "naive" if choice == "naive" else _FAMILY[name]
 
 
 # Tile shapes; mirror TcCfg<D> (flash_tc.cuh) and SimtCfg<D> (flash_simt.cuh).
@@ -144,23 +199,42 @@ def _simt_cfg(D):
                 dq_bm=32 if D == 128 else 64, dq_bn=32, dkdv_bk=32 if D == 128 else 64, dkdv_bq=32)
 
 
-def tile_rows(kind: str, dtype, D: int) -> int:
-    """Rows (queries for fwd/dq, keys for dkdv) one block owns: grid.x = ceil(N / tile_rows)."""
+def _family_of(dtype, fam):
+    """``fam`` checked against ``dtype`` (None: the tiled family of the dtype)."""
+    if fam is None:
+        return family(dtype)
+    if fam not in _FAMILY_DTYPE:
+        raise ValueError(f"family must be one of {tuple(_FAMILY_DTYPE)}, got {fam!r}")
+    if _dtype_name(dtype) != _FAMILY_DTYPE[fam]:
+        raise TypeError(f"the {fam} kernels take {_FAMILY_DTYPE[fam]}, got {_dtype_name(dtype)}")
+    return fam
+
+
+def tile_rows(kind: str, dtype, D: int, fam=None) -> int:
+    """Rows (queries for fwd/dq, keys for dkdv) one block owns: grid.x = ceil(N / tile_rows).
+    ``fam`` None is the tiled family of the dtype; ``"naive"`` owns one row per thread."""
     if kind not in _KIND_INDEX:
         raise ValueError(f"kind must be one of {tuple(_KIND_INDEX)}, got {kind!r}")
-    if family(dtype) == "tc":
+    fam = _family_of(dtype, fam)
+    if fam == "naive":
+        return THREADS
+    if fam == "tc":
         return _tc_cfg(D)["rows"]
     c = _simt_cfg(D)
     return {"fwd": c["fwd_bm"], "bwd_dq": c["dq_bm"], "bwd_dkdv": c["dkdv_bk"]}[kind]
 
 
-def smem_bytes(kind: str, dtype, D: int) -> int:
-    """Dynamic shared memory of one block; mirrors ``tc_smem_bytes<D>`` / ``simt_smem_bytes<D>``."""
+def smem_bytes(kind: str, dtype, D: int, fam=None) -> int:
+    """Dynamic shared memory of one block; mirrors ``tc_smem_bytes<D>`` / ``simt_smem_bytes<D>``
+    (the naive kernels use none)."""
     if kind == "bwd_dot":
         return 0
     if kind not in _KIND_INDEX:
         raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
-    if family(dtype) == "tc":
+    fam = _family_of(dtype, fam)
+    if fam == "naive":
+        return 0
+    if fam == "tc":
         c = _tc_cfg(D)
         S = c["stride"]
         if kind == "fwd":        # Q | K | V, fp16
@@ -175,11 +249,13 @@ def smem_bytes(kind: str, dtype, D: int) -> int:
     if kind == "bwd_dkdv":       # K, V | Q, dO | P^T/dS^T | lse, Dvec
         return 4 * (2 * (c["dkdv_bk"] + c["dkdv_bq"]) * S + c["dkdv_bk"] * (c["dkdv_bq"] + 4)
                     + 2 * c["dkdv_bq"])
-    return 4 * (2 * (c["dq_bm"] + c["dq_bn"]) * S + c["dq_bm"] * (c["dq_bn"] + 4))   # Q, dO | K, V | dS
+    # Q, dO | K, V | dS
+    return 4 * (2 * (c["dq_bm"] + c["dq_bn"]) * S + c["dq_bm"] * (c["dq_bn"] + 4))
 
 
-def kernel_name(kind: str, dtype, D: int = 64, causal: bool = False) -> str:
-    """The C++ name expression of one instantiation, e.g. ``flash_fwd_tc<64, true>``."""
+def kernel_name(kind: str, dtype, D: int = 64, causal: bool = False, fam=None) -> str:
+    """The C++ name expression of one instantiation, e.g. ``flash_fwd_tc<64, true>`` (``fam``
+    None: the tiled family of the dtype)."""
     name = _dtype_name(dtype)
     if kind == "bwd_dot":
         return f"flash_bwd_dot<{_CTYPE[name]}>"
@@ -187,10 +263,11 @@ def kernel_name(kind: str, dtype, D: int = 64, causal: bool = False) -> str:
         raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
     if D not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"D must be one of {SUPPORTED_HEAD_DIMS}, got {D}")
-    return f"flash_{kind}_{_FAMILY[name]}<{int(D)}, {'true' if causal else 'false'}>"
+    fam = _family_of(name, fam)
+    return f"flash_{kind}_{fam}<{int(D)}, {'true' if causal else 'false'}>"
 
 
-_NAME = re.compile(r"flash_(fwd|bwd_dkdv|bwd_dq)_(tc|simt)<(\d+), (true|false)>$")
+_NAME = re.compile(r"flash_(fwd|bwd_dkdv|bwd_dq)_(tc|simt|naive)<(\d+), (true|false)>$")
 
 
 def smem_bytes_of(name: str) -> int:
@@ -201,20 +278,26 @@ def smem_bytes_of(name: str) -> int:
             return 0
         raise ValueError(f"not a flash kernel instantiation: {name!r}")
     kind, fam, D = m.group(1), m.group(2), int(m.group(3))
-    return smem_bytes(kind, "float16" if fam == "tc" else "float32", D)
+    return smem_bytes(kind, _FAMILY_DTYPE[fam], D, fam)
 
 
 def all_kernel_names(dtypes=("float32", "float16"), head_dims=SUPPORTED_HEAD_DIMS,
-                     kinds=_KINDS) -> list:
+                     kinds=_KINDS, naive=True) -> list:
+    """Every instantiation: the tiled family of each dtype, then (``naive``, float32 in
+    ``dtypes``) the naive kernels; ``flash_bwd_dot<T>`` once per dtype."""
     names = []
-    for dt in dtypes:
+    fams = [(dt, None) for dt in dtypes]
+    if naive and "float32" in dtypes:
+        fams.append(("float32", "naive"))
+    for dt, fam in fams:
         for kind in kinds:
             if kind == "bwd_dot":
-                names.append(kernel_name(kind, dt))
+                if fam is None:
+                    names.append(kernel_name(kind, dt))
                 continue
             for D in head_dims:
                 for causal in (False, True):
-                    names.append(kernel_name(kind, dt, D, causal))
+                    names.append(kernel_name(kind, dt, D, causal, fam))
     return names
 
 
@@ -235,17 +318,19 @@ class LaunchPlan:
 
 
 def plan_launch(kind: str, dtype, *, B: int, H: int, Nq: int, Nk: int, D: int,
-                causal: bool = False) -> LaunchPlan:
-    """Grid/block/shared memory of one kernel launch (D is the padded, compiled head dim)."""
+                causal: bool = False, fam=None) -> LaunchPlan:
+    """Grid/block/shared memory of one kernel launch (D is the padded, compiled head dim;
+    ``fam`` None is the tiled family of the dtype, or ``"naive"``)."""
     if B * H > MAX_GRID_Y:
         raise ValueError(f"B*H must be <= {MAX_GRID_Y} (grid.y), got {B * H}")
-    name = kernel_name(kind, dtype, D, causal)
+    name = kernel_name(kind, dtype, D, causal, fam)
     if kind == "bwd_dot":
         rows = B * H * Nq
         return LaunchPlan(name, (max(1, -(-rows // (THREADS // 32))), 1, 1), (THREADS, 1, 1), 0)
     n = Nk if kind == "bwd_dkdv" else Nq
-    tiles = -(-n // tile_rows(kind, dtype, D))
-    return LaunchPlan(name, (max(tiles, 1), B * H, 1), (THREADS, 1, 1), smem_bytes(kind, dtype, D))
+    tiles = -(-n // tile_rows(kind, dtype, D, fam))
+    return LaunchPlan(name, (max(tiles, 1), B * H, 1), (THREADS, 1, 1),
+                      smem_bytes(kind, dtype, D, fam))
 
 def validate_inputs(q, k, v, key_mask=None, lengths=None, **extra):
     """Check shapes/dtypes (works on NumPy or CuPy arrays); returns (B, H, Hkv, Nq, Nk, D).
@@ -255,7 +340,8 @@ def validate_inputs(q, k, v, key_mask=None, lengths=None, **extra):
     """
     for nm, x in (("q", q), ("k", k), ("v", v)):
         if getattr(x, "ndim", None) != 4:
-            raise ValueError(f"{nm} must be 4-D (B, H, N, D), got shape {getattr(x, 'shape', None)}")
+            raise ValueError(f"{nm} must be 4-D (B, H, N, D), got shape "
+                             f"{getattr(x, 'shape', None)}")
     dt = numpy.dtype(q.dtype)
     if dt.name not in _CTYPE:
         raise TypeError(f"q must be float32 or float16, got {dt.name}")
@@ -279,12 +365,14 @@ def validate_inputs(q, k, v, key_mask=None, lengths=None, **extra):
         if tuple(key_mask.shape) != (B, Nk):
             raise ValueError(f"key_mask must have shape {(B, Nk)}, got {tuple(key_mask.shape)}")
         if numpy.dtype(key_mask.dtype).kind not in "biu":
-            raise TypeError(f"key_mask must be bool (or 0/1 integers), got {numpy.dtype(key_mask.dtype).name}")
+            raise TypeError(f"key_mask must be bool (or 0/1 integers), got "
+                            f"{numpy.dtype(key_mask.dtype).name}")
     if lengths is not None:
         if tuple(lengths.shape) != (B,):
             raise ValueError(f"lengths must have shape {(B,)}, got {tuple(lengths.shape)}")
         if numpy.dtype(lengths.dtype).kind not in "iu":
-            raise TypeError(f"lengths must be an integer array, got {numpy.dtype(lengths.dtype).name}")
+            raise TypeError(f"lengths must be an integer array, got "
+                            f"{numpy.dtype(lengths.dtype).name}")
     for nm in ("o", "do"):
         x = extra.get(nm)
         if x is not None:
@@ -292,7 +380,8 @@ def validate_inputs(q, k, v, key_mask=None, lengths=None, **extra):
                 raise ValueError(f"{nm} must have the output's shape (B, H, Nq, Dv) = "
                                  f"{(B, H, Nq, Dv)}, got {tuple(x.shape)}")
             if numpy.dtype(x.dtype) != dt:
-                raise TypeError(f"{nm} must have q's dtype {dt.name}, got {numpy.dtype(x.dtype).name}")
+                raise TypeError(f"{nm} must have q's dtype {dt.name}, got "
+                                f"{numpy.dtype(x.dtype).name}")
     lse = extra.get("lse")
     if lse is not None and tuple(lse.shape) != (B, H, Nq):
         raise ValueError(f"lse must have shape {(B, H, Nq)}, got {tuple(lse.shape)}")
@@ -324,14 +413,18 @@ def _fp16_device_reason(q):
     return None
 
 
-def decline_reason(q, k, v, key_mask=None, lengths=None):
+def decline_reason(q, k, v, key_mask=None, lengths=None, kernel=None):
     """``None`` when the kernels take these arrays, else a short sentence saying what declined.
 
-    Pure Python on ``.shape``/``.dtype`` (NumPy or CuPy arrays; no GPU needed, never raises):
-    4-D shapes that fit together, float32/float16, head dims <= 128, B*H within the grid limit,
-    mask/lengths shapes and dtypes; for float16 CuPy arrays also a GPU of sm_80 or newer.
-    Whether a GPU is usable at all is :func:`unavailable_reason`.
+    Pure Python on ``.shape``/``.dtype`` (NumPy or CuPy arrays; no GPU needed; never raises on
+    odd arrays): 4-D shapes that fit together, float32/float16, head dims <= 128, B*H within the
+    grid limit, mask/lengths shapes and dtypes; the kernel choice (``kernel``, or
+    :func:`kernel_choice` when None: naive takes float32 only; an invalid
+    ``MINITX_FLASH_KERNEL`` raises ``ValueError``); for float16 CuPy arrays on the tensor-core
+    kernels also a GPU of sm_80 or newer. Whether a GPU is usable at all is
+    :func:`unavailable_reason`.
     """
+    choice = kernel_choice() if kernel is None else _checked_choice(kernel, "kernel")
     for nm, x in (("q", q), ("k", k), ("v", v)):
         if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
             return f"{nm} is a {type(x).__name__}, not an array"
@@ -372,7 +465,8 @@ def decline_reason(q, k, v, key_mask=None, lengths=None):
         return f"B*H = {B * H} exceeds the grid limit {MAX_GRID_Y}"
     if key_mask is not None:
         if tuple(getattr(key_mask, "shape", ())) != (B, Nk):
-            return f"key_mask shape {tuple(getattr(key_mask, 'shape', ()))} is not (B, Nk) = {(B, Nk)}"
+            return (f"key_mask shape {tuple(getattr(key_mask, 'shape', ()))} is not (B, Nk) = "
+                    f"{(B, Nk)}")
         if dts["key_mask"].kind not in "biu":
             return f"key_mask dtype {dts['key_mask'].name} (bool or 0/1 integers)"
     if lengths is not None:
@@ -380,14 +474,17 @@ def decline_reason(q, k, v, key_mask=None, lengths=None):
             return f"lengths shape {tuple(getattr(lengths, 'shape', ()))} is not (B,) = {(B,)}"
         if dts["lengths"].kind not in "iu":
             return f"lengths dtype {dts['lengths'].name} (integers)"
+    reason = _choice_reason(dt.name, choice)
+    if reason is not None:
+        return reason
     if dt.name == "float16":
         return _fp16_device_reason(q)
     return None
 
 
-def supports(q, k, v, key_mask=None, lengths=None) -> bool:
-    """True when the kernels take these arrays: ``decline_reason(...) is None`` (never raises)."""
-    return decline_reason(q, k, v, key_mask, lengths) is None
+def supports(q, k, v, key_mask=None, lengths=None, kernel=None) -> bool:
+    """True when the kernels take these arrays: ``decline_reason(...) is None``."""
+    return decline_reason(q, k, v, key_mask, lengths, kernel) is None
 
 
 def resolve_scale(scale, D: int) -> float:
@@ -414,20 +511,23 @@ def _masks(xp, key_mask, lengths):
 
 # ------------------------------------------------------------------------ shared drivers
 def _forward(xp, launch, q, k, v, *, causal=False, scale=None, key_mask=None, lengths=None,
-             smem_limit=DEFAULT_SMEM_LIMIT):
-    """Run the forward with ``launch(plan, args)``; ``xp`` is numpy (emulation) or cupy."""
+             smem_limit=DEFAULT_SMEM_LIMIT, kernel="tiled"):
+    """Run the forward with ``launch(plan, args)``; ``xp`` is numpy (emulation) or cupy.
+    ``kernel`` is the choice ("tiled" or "naive"), explicit here: the public functions resolve
+    ``MINITX_FLASH_KERNEL`` before they call this."""
     B, H, Hkv, Nq, Nk, D = validate_inputs(q, k, v, key_mask, lengths)
     Dv = int(v.shape[-1])
     Dp = compiled_head_dim(q, v)
     sc = resolve_scale(scale, D)
     dt = numpy.dtype(q.dtype)
+    fam = chosen_kernel(dt, kernel)
     o = xp.zeros((B, H, Nq, Dp), dtype=dt)
     lse = xp.full((B, H, Nq), -numpy.inf, dtype=numpy.float32)
     if B * H * Nq == 0:
         return xp.ascontiguousarray(o[..., :Dv]), lse
     qp, kp, vp = (pad_head_dim(xp, x, Dp) for x in (q, k, v))
     km, ln = _masks(xp, key_mask, lengths)
-    plan = plan_launch("fwd", dt, B=B, H=H, Nq=Nq, Nk=Nk, D=Dp, causal=causal)
+    plan = plan_launch("fwd", dt, B=B, H=H, Nq=Nq, Nk=Nk, D=Dp, causal=causal, fam=fam)
     check_shared_memory(plan.smem, smem_limit, plan.name)
     launch(plan, (qp, kp, vp, o, lse, ln, km, numpy.int32(H), numpy.int32(Hkv), numpy.int32(Nq),
                   numpy.int32(Nk), numpy.float32(sc)))
@@ -437,14 +537,17 @@ def _forward(xp, launch, q, k, v, *, causal=False, scale=None, key_mask=None, le
 
 
 def _backward(xp, launch, q, k, v, o, lse, do, *, causal=False, scale=None, key_mask=None,
-              lengths=None, smem_limit=DEFAULT_SMEM_LIMIT):
+              lengths=None, smem_limit=DEFAULT_SMEM_LIMIT, kernel="tiled"):
+    """Run the backward (Dvec pre-pass, dK/dV, dQ) with ``launch(plan, args)``; every family
+    takes the same arguments, so only the plans' names differ between them."""
     B, H, Hkv, Nq, Nk, D = validate_inputs(q, k, v, key_mask, lengths, o=o, do=do, lse=lse)
     Dv = int(v.shape[-1])
     Dp = compiled_head_dim(q, v)
     sc = resolve_scale(scale, D)
     dt = numpy.dtype(q.dtype)
+    fam = chosen_kernel(dt, kernel)
     if B * H * Nq == 0 or Nk == 0:
-        return (xp.zeros(q.shape, dtype=dt), xp.zeros(k.shape, dtype=dt), xp.zeros(v.shape, dtype=dt))
+        return tuple(xp.zeros(x.shape, dtype=dt) for x in (q, k, v))
     qp, kp, vp, op, dop = (pad_head_dim(xp, x, Dp) for x in (q, k, v, o, do))
     lse32 = xp.ascontiguousarray(lse.astype(numpy.float32))
     km, ln = _masks(xp, key_mask, lengths)
@@ -455,14 +558,14 @@ def _backward(xp, launch, q, k, v, o, lse, do, *, causal=False, scale=None, key_
 
     dk32 = xp.empty((B, H, Nk, Dp), dtype=numpy.float32)
     dv32 = xp.empty((B, H, Nk, Dp), dtype=numpy.float32)
-    plan = plan_launch("bwd_dkdv", dt, B=B, H=H, Nq=Nq, Nk=Nk, D=Dp, causal=causal)
+    plan = plan_launch("bwd_dkdv", dt, B=B, H=H, Nq=Nq, Nk=Nk, D=Dp, causal=causal, fam=fam)
     check_shared_memory(plan.smem, smem_limit, plan.name)
     common = (ln, km, numpy.int32(H), numpy.int32(Hkv), numpy.int32(Nq), numpy.int32(Nk),
               numpy.float32(sc))
     launch(plan, (qp, kp, vp, dop, lse32, dvec, dk32, dv32) + common)
 
     dq = xp.empty((B, H, Nq, Dp), dtype=dt)
-    plan = plan_launch("bwd_dq", dt, B=B, H=H, Nq=Nq, Nk=Nk, D=Dp, causal=causal)
+    plan = plan_launch("bwd_dq", dt, B=B, H=H, Nq=Nq, Nk=Nk, D=Dp, causal=causal, fam=fam)
     check_shared_memory(plan.smem, smem_limit, plan.name)
     launch(plan, (qp, kp, vp, dop, lse32, dvec, dq) + common)
 
@@ -513,14 +616,20 @@ def is_available() -> bool:
     return unavailable_reason() is None
 
 
+def module_names(fam: str, D: int, causal: bool) -> list:
+    """The four name expressions one NVRTC module of family ``fam`` compiles."""
+    return [kernel_name(kind, _FAMILY_DTYPE[fam], D, causal, fam) for kind in _KINDS]
+
+
 @functools.lru_cache(maxsize=None)
-def _module(dtype_name: str, D: int, causal: bool):
-    """Compile (once per dtype/D/causal) the four kernels of one configuration with NVRTC.
+def _module(dtype_name: str, D: int, causal: bool, fam=None):
+    """Compile (once per dtype/D/causal/family; ``fam`` None: the tiled family of the dtype)
+    the four kernels of one configuration with NVRTC.
 
     The source is :func:`kernel_source` (every kernel file inlined), so CuPy's on-disk cache is
     keyed on all of it; NVRTC compiles for the current device's architecture."""
     cp = _cupy()
-    names = [kernel_name(kind, dtype_name, D, causal) for kind in _KINDS]
+    names = module_names(_family_of(dtype_name, fam), D, causal)
     options = ["-std=c++17"]
     cuda_path = cp.cuda.get_cuda_path()   # None when CuPy found no CUDA tree (then NVRTC's own)
     if cuda_path:
@@ -537,12 +646,12 @@ def _device_smem_limit() -> int:
     return int(cp.cuda.runtime.deviceGetAttribute(97, cp.cuda.Device().id))   # the same, by number
 
 
-def _cupy_launch(dtype_name: str, D: int, causal: bool):
+def _cupy_launch(dtype_name: str, D: int, causal: bool, fam=None):
     cp = _cupy()
     null = numpy.uint64(0)  # a null device pointer (8 bytes)
 
     def launch(plan: LaunchPlan, args):
-        fn = _module(dtype_name, D, causal).get_function(plan.name)
+        fn = _module(dtype_name, D, causal, fam).get_function(plan.name)
         if plan.smem > DEFAULT_SMEM_LIMIT:
             fn.max_dynamic_shared_size_bytes = plan.smem
         fn(plan.grid, plan.block, tuple(null if a is None else a for a in args),
@@ -561,35 +670,54 @@ def _require_gpu(q):
     return cp
 
 
-def _refuse_declined(q, k, v, key_mask, lengths):
-    reason = decline_reason(q, k, v, key_mask, lengths)
+def _refuse_declined(q, k, v, key_mask, lengths, kernel):
+    reason = decline_reason(q, k, v, key_mask, lengths, kernel)
     if reason is not None:
         raise ValueError(f"flash_cuda cannot run these arrays: {reason}")
 
 
-def flash_attention_forward(q, k, v, *, causal=False, scale=None, key_mask=None, lengths=None):
-    """Flash-attention forward on CuPy arrays; returns ``(o, lse)``."""
+_PASSES = {"forward": ("fwd",), "backward": ("bwd_dot", "bwd_dkdv", "bwd_dq")}
+
+
+def _resolve(q, v, kernel, causal, what):
+    """The choice, family and compiled D of one call (``what``: "forward" or "backward"),
+    logged with the names of the kernels it launches, so the kernel that ran is on record."""
+    choice = kernel_choice() if kernel is None else _checked_choice(kernel, "kernel")
+    fam = chosen_kernel(q.dtype, choice)
+    Dp = compiled_head_dim(q, v)
+    names = [kernel_name(kind, q.dtype, Dp, bool(causal), fam) for kind in _PASSES[what]]
+    log.debug("%s: %s (%s=%s): %s", what, fam, KERNEL_ENV if kernel is None else "kernel",
+              choice, ", ".join(names))
+    return choice, fam, Dp
+
+
+def flash_attention_forward(q, k, v, *, causal=False, scale=None, key_mask=None, lengths=None,
+                            kernel=None):
+    """Flash-attention forward on CuPy arrays; returns ``(o, lse)``. ``kernel``: "tiled" or
+    "naive"; None reads ``MINITX_FLASH_KERNEL`` (:func:`kernel_choice`)."""
     cp = _require_gpu(q)
     validate_inputs(q, k, v, key_mask, lengths)
-    _refuse_declined(q, k, v, key_mask, lengths)
-    dt = numpy.dtype(q.dtype).name
-    launch = _cupy_launch(dt, compiled_head_dim(q, v), bool(causal))
+    _refuse_declined(q, k, v, key_mask, lengths, kernel)
+    choice, fam, Dp = _resolve(q, v, kernel, causal, "forward")
+    launch = _cupy_launch(numpy.dtype(q.dtype).name, Dp, bool(causal), fam)
     return _forward(cp, launch, q, k, v, causal=bool(causal), scale=scale, key_mask=key_mask,
-                    lengths=lengths, smem_limit=_device_smem_limit())
+                    lengths=lengths, smem_limit=_device_smem_limit(), kernel=choice)
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None, key_mask=None,
-                             lengths=None):
+                             lengths=None, kernel=None):
     """Flash-attention backward on CuPy arrays; returns ``(dq, dk, dv)`` in q's dtype.
 
     ``do`` (the upstream gradient) is cast to q's dtype if it differs (an autograd engine may
-    hand a float32 gradient to a float16 graph); ``lse`` is used as float32."""
+    hand a float32 gradient to a float16 graph); ``lse`` is used as float32. ``kernel`` as for
+    the forward (any family's backward is exact for any family's ``o`` and ``lse``)."""
     cp = _require_gpu(q)
     if getattr(do, "dtype", None) is not None and numpy.dtype(do.dtype) != numpy.dtype(q.dtype):
         do = do.astype(q.dtype)
     validate_inputs(q, k, v, key_mask, lengths, o=o, do=do, lse=lse)
-    _refuse_declined(q, k, v, key_mask, lengths)
-    dt = numpy.dtype(q.dtype).name
-    launch = _cupy_launch(dt, compiled_head_dim(q, v), bool(causal))
+    _refuse_declined(q, k, v, key_mask, lengths, kernel)
+    choice, fam, Dp = _resolve(q, v, kernel, causal, "backward")
+    launch = _cupy_launch(numpy.dtype(q.dtype).name, Dp, bool(causal), fam)
     return _backward(cp, launch, q, k, v, o, lse, do, causal=bool(causal), scale=scale,
-                     key_mask=key_mask, lengths=lengths, smem_limit=_device_smem_limit())
+                     key_mask=key_mask, lengths=lengths, smem_limit=_device_smem_limit(),
+                     kernel=choice)

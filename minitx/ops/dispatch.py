@@ -12,7 +12,14 @@ array code runs (the same math, written against ``xp``). The decision is never h
   ``auto`` (default) — the kernel when it applies, else the array code;
   ``off`` — always the array code;
   ``require`` — the kernel or a ``RuntimeError`` that says why not (for benchmarks and GPU
-  tests that must not silently measure the fallback).
+  tests that must not silently measure the fallback);
+- ``MINITX_FLASH_KERNEL`` chooses *which* kernel, also read at every call (in one place,
+  ``flash_cuda.kernel_choice``): ``tiled`` (default: tensor cores for float16, the register-tiled
+  CUDA-core kernel for float32) or ``naive`` (one thread per row, float32 only: the kernel to read
+  first; a float16 call is declined with the reason). ``flash_cuda.chosen_kernel(dtype)`` says
+  which family runs, and each launch is logged at DEBUG on ``minitx.flash_cuda`` with its name.
+  An unknown value of either variable is a ``ValueError`` naming it, the allowed values and the
+  value given.
 
 What the kernel takes: float32/float16 q/k/v on the GPU, head dims ≤ 128, grouped key/value heads,
 causal (bottom-right aligned) and key-padding masks, no dropout, no attention weights.
@@ -46,9 +53,12 @@ def decline_reason(q, k, v, *, key_mask=None, general_mask: bool = False,
 
     q (B, H, Nq, D), k/v (B, Hkv, Nk, D/Dv) raw arrays; ``key_mask`` (B, Nk) bool or None;
     ``general_mask``: a mask other than causal/key padding is present. Checks the call's own
-    reasons first, then the arrays, then whether a GPU with NVRTC is there.
+    reasons first, then the arrays and the kernel choice (``MINITX_FLASH_KERNEL=naive takes
+    float32 only (got float16)``), then whether a GPU with NVRTC is there.
     """
-    if mode() == "off":
+    policy = mode()
+    flash_cuda.kernel_choice()   # a mistyped MINITX_FLASH_KERNEL raises even where flash is off
+    if policy == "off":
         return "MINITX_FLASH=off"
     if need_weights:
         return "the attention weights were requested (the kernel never forms them)"
@@ -78,7 +88,9 @@ def choose_kernel(fn: str, q, k, v, **call) -> bool:
 class FlashKernelFunction(Function):
     """The CUDA kernels as one autograd node: saves (q, k, v, O, lse); backward recomputes P.
 
-    q (B, H, Nq, D), k/v (B, Hkv, Nk, D/Dv) → O (B, H, Nq, Dv); see ``flash_cuda``.
+    q (B, H, Nq, D), k/v (B, Hkv, Nk, D/Dv) → O (B, H, Nq, Dv); see ``flash_cuda``. Forward and
+    backward each run the kernel ``MINITX_FLASH_KERNEL`` names when they run; all kernels share
+    the (O, lse) convention, so the backward is exact whichever forward produced them.
     """
 
     @staticmethod

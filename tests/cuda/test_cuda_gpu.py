@@ -3,7 +3,8 @@
 Run where CuPy and an NVIDIA GPU are present (``MINITX_BACKEND=cupy python -m pytest
 tests/cuda/test_cuda_gpu.py``): the same cases and error bounds as the emulation tests, but
 through ``flash_cuda``'s NVRTC-compiled kernels on the device — ragged shapes, causal with
-Nq ≪ Nk and Nq ≫ Nk, grouped heads, key masks, float32 and float16.
+Nq ≪ Nk and Nq ≫ Nk, grouped heads, key masks, float32 and float16, and for float32 both the
+tiled and the naive kernels (``kernel="naive"``, what ``MINITX_FLASH_KERNEL=naive`` selects).
 """
 import numpy as np
 import pytest
@@ -22,13 +23,15 @@ pytestmark = pytest.mark.skipif(
 @given(nq=st.integers(1, 300), nk=st.integers(1, 300), causal=st.booleans(),
        dtype=st.sampled_from(["float32", "float16"]), d=st.sampled_from([24, 64, 128]),
        groups=st.sampled_from([(2, 2), (4, 1), (4, 2)]), masked=st.booleans(),
-       seed=st.integers(0, 1000))
+       seed=st.integers(0, 1000), naive=st.booleans())
 @example(nq=5, nk=300, causal=True, dtype="float32", d=64, groups=(2, 2), masked=False,
-         seed=0)
+         seed=0, naive=False)
 @example(nq=300, nk=5, causal=True, dtype="float16", d=64, groups=(2, 2), masked=False,
-         seed=0)
+         seed=0, naive=False)
+@example(nq=5, nk=300, causal=True, dtype="float32", d=128, groups=(4, 1), masked=True,
+         seed=0, naive=True)
 def test_kernels_match_the_float64_reference_on_the_gpu(nq, nk, causal, dtype, d, groups,
-                                                        masked, seed):
+                                                        masked, seed, naive):
     cp = backend.cupy_or_none()
     rng = np.random.default_rng(seed)
     hq, hkv = groups
@@ -42,9 +45,11 @@ def test_kernels_match_the_float64_reference_on_the_gpu(nq, nk, causal, dtype, d
     o_in, lse_in = o_ref.astype(dtype), lse_ref.astype(np.float32)
     dev = [cp.asarray(a) for a in (q, k, v)]
     km = None if key_mask is None else cp.asarray(key_mask)
-    o, lse = fc.flash_attention_forward(*dev, causal=causal, key_mask=km)
+    kernel = "naive" if naive and dtype == "float32" else "tiled"   # naive is fp32 only
+    o, lse = fc.flash_attention_forward(*dev, causal=causal, key_mask=km, kernel=kernel)
     grads = fc.flash_attention_backward(*dev, cp.asarray(o_in), cp.asarray(lse_in),
-                                        cp.asarray(do), causal=causal, key_mask=km)
+                                        cp.asarray(do), causal=causal, key_mask=km,
+                                        kernel=kernel)
     bounds = H.error_bounds(q, k, v, o_in, do, dtype, **kw)
     H.check_close("o", cp.asnumpy(o), o_ref, bounds["o"])
     H.check_lse(cp.asnumpy(lse), lse_ref)

@@ -10,6 +10,10 @@ at random at each scheduling point. Without the barrier a warp reads K rows anot
 not landed yet (NaN in a fresh tile, the previous tile's keys later), and a fast warp's V(t) copy
 can overwrite V(t-1) while a slow warp still multiplies by it, so the output is NaN or wrong.
 Each run uses a different scheduling seed; all must fail.
+
+The same broken copy also has the naive fp32 forward's rescale removed (``acc = alpha acc + p v``
+becomes ``acc = acc + p v``, see cuda_emu_harness.NAIVE_RESCALE): the check the naive tests use
+must reject it, while the unbroken naive kernel passes it.
 """
 import os
 import subprocess
@@ -71,3 +75,29 @@ def test_threadsanitizer_reports_no_race(tsan_exe):
     out = p.stdout + p.stderr
     assert "WARNING: ThreadSanitizer" not in out, out[-4000:]
     assert p.returncode == 0 and "EMU_MAIN OK" in out, out[-4000:]
+
+
+def _naive_detected(lib, seed):
+    """True if the naive forward is wrong vs the float64 reference (or non-finite, or hangs)."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal(s).astype(np.float32)
+               for s in ((1, 2, 33, 32), (1, 2, 150, 32), (1, 2, 150, 32)))
+    o_ref, _, _ = H.ref_forward(q, k, v, causal=True)
+    try:
+        o, lse = H.run_isolated(lib, lambda launch, _lib: H.emu_forward(
+            launch, q, k, v, causal=True, kernel="naive"), timeout=60, seed=seed)
+    except H.EmuTimeout:
+        return True
+    if not (np.all(np.isfinite(o)) and np.all(np.isfinite(lse))):
+        return True
+    bound = H.error_bounds(q, k, v, o_ref.astype(q.dtype), o_ref, q.dtype, causal=True)["o"]
+    return bool(np.any(np.abs(o.astype(np.float64) - o_ref) > bound))
+
+
+def test_correct_naive_kernel_passes_the_same_check(emu_lib):
+    assert not _naive_detected(emu_lib, 0)
+
+
+def test_naive_forward_without_its_rescale_is_detected(broken_lib):
+    results = [_naive_detected(broken_lib, seed) for seed in range(2)]
+    assert all(results), f"broken naive kernel slipped through in runs {results}"

@@ -17,8 +17,12 @@ So validation, padding (D and Dv), masks, launch plans, the four kernels, the GQ
 and the casts all run for real; the autograd node (``dispatch.FlashKernelFunction``) calls them
 with the arguments it would pass on a GPU. The device arrays cross to the host explicitly at
 the emulation's boundary (``.get()``, as data would cross a PCIe bus) and come back as device
-arrays. Results and gradients are compared with the same calls on the plain NumPy path.
+arrays. Results and gradients are compared with the same calls on the plain NumPy path. The same
+path runs under ``MINITX_FLASH_KERNEL=naive`` (the naive kernels, named in the launcher's log) and
+with the choices the dispatcher must refuse (float16 under naive, a mistyped value).
 """
+import logging
+import re
 from contextlib import contextmanager
 
 import numpy as np
@@ -41,15 +45,16 @@ class EmulatedFlashCuda:
     def __init__(self, lib_path):
         self.lib_path = lib_path
         self.calls = []
+        self.logged = []
 
     def _run(self, which, args, kwargs):
         real = _REAL[which]
 
         def work(launch, lib):          # in the forked child: patching flash_cuda is local
-            launched = []
+            launched, logged = [], []
 
-            def cupy_launch(dtype_name, D, causal):
-                module = {fc.kernel_name(kind, dtype_name, D, causal) for kind in fc._KINDS}
+            def cupy_launch(dtype_name, D, causal, fam=None):
+                module = set(fc.module_names(fam or fc.family(dtype_name), D, causal))
 
                 def checked(plan, a):
                     assert plan.name in module, (plan.name, sorted(module))
@@ -57,12 +62,19 @@ class EmulatedFlashCuda:
                     launch(plan, a)
                 return checked
 
+            class Keep(logging.Handler):          # the launcher's DEBUG line names the kernel
+                def emit(self, record):
+                    logged.append(record.getMessage())
+
+            fc.log.addHandler(Keep())
+            fc.log.setLevel(logging.DEBUG)
             fc._require_gpu = lambda q: np
             fc._cupy_launch = cupy_launch
             fc._device_smem_limit = lambda: H.SMEM_LIMIT
-            return real(*args, **kwargs), launched
+            return real(*args, **kwargs), launched, logged
 
-        out, launched = H.run_isolated(self.lib_path, work, timeout=TIMEOUT)
+        out, launched, logged = H.run_isolated(self.lib_path, work, timeout=TIMEOUT)
+        self.logged.extend(logged)
         return out, launched
 
     def _record(self, which, q, k, v, kwargs, launched):
@@ -103,15 +115,20 @@ def emu(emu_lib):
 
 
 @contextmanager
-def gpu_path(emu):
+def gpu_path(emu, kernel=None):
     """Inside: the cupy backend is the strict stand-in and the kernels are "available" (the
-    emulation); new tensors are device arrays, as on a GPU."""
+    emulation); new tensors are device arrays, as on a GPU. ``kernel``: MINITX_FLASH_KERNEL
+    (None: unset, the tiled default, whatever the shell running the tests has set)."""
     cp = strict_cupy.make_modules()[0]
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(backend._cupy, "module", cp)
         mp.setitem(backend._cupy, "tried", True)
         mp.setattr(backend, "_state", {"name": "cupy", "xp": cp})
         mp.setenv("MINITX_FLASH", "auto")
+        if kernel is None:
+            mp.delenv("MINITX_FLASH_KERNEL", raising=False)
+        else:
+            mp.setenv("MINITX_FLASH_KERNEL", kernel)
         mp.setattr(fc, "unavailable_reason", lambda: None)
         mp.setattr(fc, "flash_attention_forward", emu.flash_attention_forward)
         mp.setattr(fc, "flash_attention_backward", emu.flash_attention_backward)
@@ -149,10 +166,10 @@ def _reference(fn, arrays, upstream):
         return _run_graph(fn, arrays, upstream)
 
 
-def _compare(fn, arrays, upstream, emu, rel=2e-5):
+def _compare(fn, arrays, upstream, emu, rel=2e-5, kernel=None):
     ref_out, ref_grads = _reference(fn, arrays, upstream)
     n0 = len(emu.calls)
-    with gpu_path(emu):
+    with gpu_path(emu, kernel):
         out, grads = _run_graph(fn, arrays, upstream)
     assert [c["fn"] for c in emu.calls[n0:]] == ["forward", "backward"], emu.calls[n0:]
     assert out.dtype == ref_out.dtype
@@ -440,3 +457,93 @@ def test_public_functions_with_value_dim_larger_than_query_dim(emu):
         _close(f"d{name}", g, r, 1e-5)
     assert [c["launched"][0] for c in emu.calls] == ["flash_fwd_simt<64, true>",
                                                      "flash_bwd_dot<float>"]
+
+
+# ------------------------------------------------------------------ MINITX_FLASH_KERNEL=naive
+# (B, H, Hkv, Nq, Nk, D, Dv, causal, masking, entry)
+NAIVE_CASES = [
+    (2, 4, 2, 70, 70, 32, 32, True, "mask", "flash"),       # GQA; batch 1 fully masked
+    (1, 4, 1, 33, 140, 48, 24, True, None, "sdpa"),         # MQA, Nq < Nk, Dv < D, padded D
+    (2, 2, 2, 140, 33, 64, 64, True, None, "sdpa"),         # Nq > Nk: leading rows see no key
+]
+
+
+@pytest.mark.parametrize("case", NAIVE_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_naive_kernel_through_the_autograd_path(emu, case):
+    """MINITX_FLASH_KERNEL=naive: the autograd node runs the naive forward, then the naive
+    backward on that forward's own o and lse; values and gradients equal the NumPy path, and
+    the launcher's log names the naive kernels."""
+    B, Hh, Hkv, Nq, Nk, D, Dv, causal, masking, entry = case
+    q, k, v, do = _qkv(B, Hh, Hkv, Nq, Nk, D, Dv, seed=4)
+    key_mask = None
+    if masking == "mask":
+        key_mask = np.random.default_rng(2).random((B, Nk)) < 0.7
+        key_mask[0, -1] = True
+        key_mask[1] = False
+
+    def fn(qt, kt, vt):
+        if entry == "flash":
+            return F.flash_attention(qt, kt, vt, causal=causal, key_mask=key_mask)
+        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True)
+
+    out, grads = _compare(fn, (q, k, v), do, emu, kernel="naive")
+    Dp = fc.compiled_head_dim(q, v)
+    c = "true" if causal else "false"
+    fwd, bwd = emu.calls
+    assert fwd["launched"] == [f"flash_fwd_naive<{Dp}, {c}>"]
+    assert bwd["launched"] == ["flash_bwd_dot<float>", f"flash_bwd_dkdv_naive<{Dp}, {c}>",
+                               f"flash_bwd_dq_naive<{Dp}, {c}>"]
+    assert emu.logged == [
+        f"forward: naive (MINITX_FLASH_KERNEL=naive): flash_fwd_naive<{Dp}, {c}>",
+        f"backward: naive (MINITX_FLASH_KERNEL=naive): flash_bwd_dot<float>, "
+        f"flash_bwd_dkdv_naive<{Dp}, {c}>, flash_bwd_dq_naive<{Dp}, {c}>"]
+    if masking == "mask":                          # fully masked rows: zeros, never NaN
+        assert np.all(out[1] == 0) and all(np.all(g[1] == 0) for g in grads)
+    if Nq > Nk:
+        assert np.all(out[..., : Nq - Nk, :] == 0) and np.all(grads[0][..., : Nq - Nk, :] == 0)
+
+
+def test_the_default_kernel_is_tiled_and_logged(emu):
+    q, k, v, do = _qkv(1, 2, 2, 33, 33, 32)
+    _compare(lambda qt, kt, vt: F.flash_attention(qt, kt, vt, causal=True), (q, k, v), do, emu)
+    assert emu.calls[0]["launched"] == ["flash_fwd_simt<32, true>"]
+    assert emu.logged[0] == "forward: simt (MINITX_FLASH_KERNEL=tiled): flash_fwd_simt<32, true>"
+
+
+def test_naive_declines_float16_with_the_reason(emu, monkeypatch):
+    """float16 under MINITX_FLASH_KERNEL=naive: why_not_flash says so, the array code runs
+    (auto), and MINITX_FLASH=require raises with the same reason."""
+    q, k, v, _ = _qkv(1, 2, 2, 9, 9, 32, dtype=np.float16)
+    reason = "MINITX_FLASH_KERNEL=naive takes float32 only (got float16)"
+    with gpu_path(emu, kernel="naive"):
+        ts = [minitx.tensor(x) for x in (q, k, v)]
+        assert F.why_not_flash(*ts) == reason
+        out = F.scaled_dot_product_attention(*ts, is_causal=True)
+        assert out.dtype == np.float16
+        monkeypatch.setenv("MINITX_FLASH", "require")
+        with pytest.raises(RuntimeError, match=re.escape(reason)):
+            F.scaled_dot_product_attention(*ts)
+    assert emu.calls == []
+    with gpu_path(emu, kernel="naive"):                   # float32: taken
+        assert F.why_not_flash(*[minitx.tensor(x.astype(np.float32)) for x in (q, k, v)]) is None
+
+
+def test_an_unknown_kernel_choice_is_an_error_on_every_path(emu, monkeypatch):
+    """A mistyped MINITX_FLASH_KERNEL raises (naming the variable, the values and the given
+    one) on the GPU path and on the CPU path alike, and under MINITX_FLASH=off: never silent."""
+    q, k, v, _ = _qkv(1, 2, 2, 9, 9, 32)
+    msg = r"MINITX_FLASH_KERNEL must be one of \('tiled', 'naive'\), got 'Naiev'"
+    with gpu_path(emu, kernel="Naiev"):
+        ts = [minitx.tensor(x) for x in (q, k, v)]
+        with pytest.raises(ValueError, match=msg):
+            F.why_not_flash(*ts)
+        with pytest.raises(ValueError, match=msg):
+            F.scaled_dot_product_attention(*ts)
+    with host_path():
+        monkeypatch.setenv("MINITX_FLASH_KERNEL", "Naiev")
+        ts = [minitx.tensor(x) for x in (q, k, v)]
+        with pytest.raises(ValueError, match=msg):
+            F.flash_attention(*ts)
+        with pytest.raises(ValueError, match=msg):
+            F.why_not_flash(*ts)                          # under MINITX_FLASH=off too
+    assert emu.calls == []

@@ -96,7 +96,8 @@ def test_launch_plans():
 
 def test_kernel_names_and_families():
     names = fc.all_kernel_names()
-    assert len(names) == len(set(names)) == 38
+    assert len(names) == len(set(names)) == 56        # 38 tiled + 18 naive
+    assert len(fc.all_kernel_names(naive=False)) == 38
     assert "flash_bwd_dq_tc<128, true>" in names and "flash_fwd_simt<32, false>" in names
     assert "flash_bwd_dot<__half>" in names and "flash_bwd_dot<float>" in names
     assert fc.family(np.float16) == "tc" and fc.family(np.float32) == "simt"
@@ -107,13 +108,15 @@ def test_kernel_names_and_families():
 def test_kernel_source_inlines_every_header_once():
     src = fc.kernel_source()
     assert '#include "' not in src.replace('#include "cuda_emu.h"', "")   # self-contained for NVRTC
-    for name in ("flash_common.cuh", "flash_simt.cuh", "flash_tc.cuh"):
+    for name in ("flash_common.cuh", "flash_naive.cuh", "flash_simt.cuh", "flash_tc.cuh"):
         assert src.count(f"// ---- begin {name}") == 1
     files = [f for f in fc.kernel_files() if f.endswith(".cuh")]
-    assert len(files) == 3
+    assert len(files) == 4
     for kind in ("fwd", "bwd_dkdv", "bwd_dq"):
-        for fam in ("tc", "simt"):
+        for fam in ("tc", "simt", "naive"):
             assert f"flash_{kind}_{fam}(" in src
+    # the naive kernels come first: the file a reader opens first is the one NVRTC sees first
+    assert src.index("// ---- begin flash_naive.cuh") < src.index("// ---- begin flash_simt.cuh")
 
 
 @pytest.mark.parametrize("make,expected", [
@@ -275,3 +278,119 @@ def test_value_head_dim_may_differ():
         fc.validate_inputs(q, k, v, o=q)
     with pytest.raises(ValueError, match="<= 128.*129"):
         fc.validate_inputs(q, k, np.zeros(k.shape[:3] + (129,), np.float32))
+
+
+# ------------------------------------------------------------------ the kernel choice
+def test_kernel_choice_reads_the_environment_at_each_call(monkeypatch):
+    monkeypatch.delenv("MINITX_FLASH_KERNEL", raising=False)
+    assert fc.kernel_choice() == "tiled"
+    for value, expected in (("", "tiled"), ("  ", "tiled"), ("naive", "naive"),
+                            (" Naive ", "naive"), ("tiled", "tiled")):
+        monkeypatch.setenv("MINITX_FLASH_KERNEL", value)
+        assert fc.kernel_choice() == expected, value
+
+
+@pytest.mark.parametrize("value", ["fast", "simt", "tc", "naïve", "0"])
+def test_an_unknown_kernel_choice_names_the_variable_the_choices_and_the_value(monkeypatch,
+                                                                               value):
+    monkeypatch.setenv("MINITX_FLASH_KERNEL", value)
+    msg = f"MINITX_FLASH_KERNEL must be one of ('tiled', 'naive'), got {value!r}"
+    for call in (fc.kernel_choice, lambda: fc.chosen_kernel(np.float32),
+                 lambda: fc.decline_reason(*_qkv())):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert str(info.value) == msg
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        fc.chosen_kernel(np.float32, "fast")
+
+
+def test_chosen_kernel(monkeypatch):
+    monkeypatch.delenv("MINITX_FLASH_KERNEL", raising=False)
+    assert fc.chosen_kernel(np.float32) == "simt" and fc.chosen_kernel(np.float16) == "tc"
+    assert fc.chosen_kernel("float32", "naive") == "naive"
+    with pytest.raises(ValueError, match=r"MINITX_FLASH_KERNEL=naive takes float32 only \(got "
+                                         r"float16\)"):
+        fc.chosen_kernel(np.float16, "naive")
+    monkeypatch.setenv("MINITX_FLASH_KERNEL", "naive")
+    assert fc.chosen_kernel(np.float32) == "naive"
+    assert fc.chosen_kernel(np.float32, "tiled") == "simt"       # an explicit choice wins
+    with pytest.raises(TypeError, match="float32 or float16"):
+        fc.chosen_kernel(np.float64)
+
+
+def test_naive_declines_float16_with_the_reason(monkeypatch):
+    q16 = _qkv(dtype=np.float16)
+    monkeypatch.setenv("MINITX_FLASH_KERNEL", "naive")
+    assert fc.decline_reason(*q16) == "MINITX_FLASH_KERNEL=naive takes float32 only (got float16)"
+    assert fc.supports(*q16) is False
+    assert fc.decline_reason(*_qkv()) is None                     # float32: taken
+    assert fc.decline_reason(*q16, kernel="tiled") is None        # explicit: the env is not read
+    # the array checks come first (a float64 call is declined for its dtype, whatever the choice)
+    assert fc.decline_reason(*_qkv(dtype=np.float64)).startswith("dtype float64")
+    monkeypatch.delenv("MINITX_FLASH_KERNEL")
+    assert fc.decline_reason(*q16) is None
+    assert fc.decline_reason(*q16, kernel="naive").startswith("MINITX_FLASH_KERNEL=naive")
+
+
+def test_naive_launch_plans_names_and_shared_memory():
+    # one thread per row, 128 rows per block; no shared memory at all
+    p = fc.plan_launch("fwd", np.float32, B=2, H=3, Nq=300, Nk=5, D=64, causal=True, fam="naive")
+    assert p.name == "flash_fwd_naive<64, true>"
+    assert p.grid == (3, 6, 1) and p.block == (128, 1, 1) and p.smem == 0
+    p = fc.plan_launch("bwd_dkdv", np.float32, B=1, H=2, Nq=5, Nk=129, D=128, fam="naive")
+    assert p.name == "flash_bwd_dkdv_naive<128, false>" and p.grid == (2, 2, 1)   # keys: rows
+    p = fc.plan_launch("bwd_dq", np.float32, B=1, H=1, Nq=128, Nk=500, D=32, fam="naive")
+    assert p.grid == (1, 1, 1) and p.smem == 0
+    p = fc.plan_launch("bwd_dot", np.float32, B=1, H=2, Nq=5, Nk=65, D=32, fam="naive")
+    assert p.name == "flash_bwd_dot<float>"                       # the shared Dvec pre-pass
+    for kind in ("fwd", "bwd_dkdv", "bwd_dq"):
+        assert fc.tile_rows(kind, np.float32, 64, "naive") == fc.THREADS
+        for D in fc.SUPPORTED_HEAD_DIMS:
+            assert fc.smem_bytes(kind, np.float32, D, "naive") == 0
+            assert fc.smem_bytes_of(fc.kernel_name(kind, np.float32, D, True, "naive")) == 0
+    assert fc.module_names("naive", 32, False) == [
+        "flash_fwd_naive<32, false>", "flash_bwd_dkdv_naive<32, false>",
+        "flash_bwd_dq_naive<32, false>", "flash_bwd_dot<float>"]
+    assert fc.module_names("tc", 64, True)[0] == "flash_fwd_tc<64, true>"
+    with pytest.raises(TypeError, match="the naive kernels take float32, got float16"):
+        fc.kernel_name("fwd", np.float16, 64, False, "naive")
+    with pytest.raises(ValueError, match="family must be one of"):
+        fc.plan_launch("fwd", np.float32, B=1, H=1, Nq=1, Nk=1, D=32, fam="fast")
+
+
+def test_the_drivers_take_an_explicit_choice():
+    """_forward/_backward plan the chosen family's kernels, and refuse float16 under naive
+    before launching anything."""
+    launched = []
+
+    def launch(plan, args):
+        launched.append((plan.name, plan.grid, plan.smem))
+
+    q, k, v = (np.ones(s, np.float32) for s in ((1, 2, 3, 40), (1, 1, 4, 40), (1, 1, 4, 40)))
+    fc._forward(np, launch, q, k, v, causal=True, kernel="naive")
+    assert launched == [("flash_fwd_naive<64, true>", (1, 2, 1), 0)]
+    launched.clear()
+    fc._backward(np, launch, q, k, v, q.copy(), np.zeros((1, 2, 3), np.float32), q.copy(),
+                 kernel="naive")
+    assert [n for n, _, _ in launched] == [
+        "flash_bwd_dot<float>", "flash_bwd_dkdv_naive<64, false>", "flash_bwd_dq_naive<64, false>"]
+    launched.clear()
+    with pytest.raises(ValueError, match="naive takes float32 only"):
+        fc._forward(np, launch, *(x.astype(np.float16) for x in (q, k, v)), kernel="naive")
+    assert launched == []
+
+
+def test_the_launch_log_names_the_kernels(monkeypatch, caplog):
+    """Each public call logs the family and the instantiations it launches (DEBUG,
+    minitx.flash_cuda); the arrays are NumPy here, so only the naming step runs."""
+    import logging
+    monkeypatch.setenv("MINITX_FLASH_KERNEL", "naive")
+    q, k, v = _qkv(D=48)
+    with caplog.at_level(logging.DEBUG, logger="minitx.flash_cuda"):
+        assert fc._resolve(q, v, None, True, "forward") == ("naive", "naive", 64)
+        assert fc._resolve(q, v, "tiled", False, "backward") == ("tiled", "simt", 64)
+    lines = [r.getMessage() for r in caplog.records if r.name == "minitx.flash_cuda"]
+    assert lines == [
+        "forward: naive (MINITX_FLASH_KERNEL=naive): flash_fwd_naive<64, true>",
+        "backward: simt (kernel=tiled): flash_bwd_dot<float>, flash_bwd_dkdv_simt<64, false>, "
+        "flash_bwd_dq_simt<64, false>"]

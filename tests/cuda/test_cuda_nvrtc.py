@@ -1,7 +1,8 @@
 """The NVRTC path itself, without a GPU: the launcher's exact source (``kernel_source()``), options
-and name expressions, compiled by libnvrtc per module (dtype, D, causal; all 12 for sm_80, the
-two D = 128 causal ones for sm_90), as CuPy's RawModule does on a GPU; every name expression must lower to the mangled kernel name.
-The fp32 module is also compiled for sm_75, where ``cp_async_16`` becomes a plain copy.
+and name expressions (``flash_cuda.module_names``), compiled by libnvrtc per module (family, D,
+causal; all 18 for sm_80, the three D = 128 causal ones for sm_90), as CuPy's RawModule does on
+a GPU; every name expression must lower to the mangled kernel name. The fp32 modules (tiled and
+naive) are also compiled for sm_75, where ``cp_async_16`` becomes a plain copy.
 
 Runs where libnvrtc can be found (``$CUDA_PATH``/``$CUDA_HOME``/``/usr/local/cuda`` lib64, the
 ``nvidia-cuda-nvrtc`` wheel, or the loader path) and skips, saying so, elsewhere."""
@@ -46,13 +47,13 @@ pytestmark = pytest.mark.skipif(NVRTC is None, reason="libnvrtc not found (insta
                                                       "nvidia-cuda-nvrtc to run the NVRTC check)")
 
 
-def _compile(dtype, D, causal, arch):
+def _compile(fam, D, causal, arch):
     lib = NVRTC
     lib.nvrtcGetErrorString.restype = ctypes.c_char_p
     prog = ctypes.c_void_p()
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), fc.kernel_source().encode(),
                                   b"flash_attn.cu", 0, None, None) == 0
-    names = [fc.kernel_name(kind, dtype, D, causal) for kind in fc._KINDS]
+    names = fc.module_names(fam, D, causal)
     for n in names:
         assert lib.nvrtcAddNameExpression(prog, n.encode()) == 0
     opts = [b"-std=c++17", f"--gpu-architecture={arch}".encode()]
@@ -76,28 +77,29 @@ def _compile(dtype, D, causal, arch):
     return rc, log.value.decode(), lowered
 
 
-def _check_module(dtype, D, causal, arch):
-    rc, log, lowered = _compile(dtype, D, causal, arch)
-    assert rc == 0, f"{dtype} D={D} causal={causal} {arch}:\n{log}"
+def _check_module(fam, D, causal, arch):
+    rc, log, lowered = _compile(fam, D, causal, arch)
+    assert rc == 0, f"{fam} D={D} causal={causal} {arch}:\n{log}"
     assert "warning" not in log, log
     assert len(lowered) == 4 and all(v.startswith("_Z") for v in lowered.values())
 
 
 @pytest.mark.slow
 def test_every_module_compiles_with_nvrtc_for_sm80():
-    for dtype in ("float16", "float32"):
+    for fam in ("tc", "simt", "naive"):
         for D in fc.SUPPORTED_HEAD_DIMS:
             for causal in (False, True):
-                _check_module(dtype, D, causal, "sm_80")
+                _check_module(fam, D, causal, "sm_80")
 
 
 def test_largest_modules_compile_with_nvrtc_for_sm90():
     """(sm_90 resources for every instantiation are the nvcc/ptxas test's job.)"""
-    for dtype in ("float16", "float32"):
-        _check_module(dtype, 128, True, "sm_90")
+    for fam in ("tc", "simt", "naive"):
+        _check_module(fam, 128, True, "sm_90")
 
 
-def test_fp32_module_compiles_below_sm80_without_cp_async():
-    rc, log, lowered = _compile("float32", 64, True, "sm_75")
+@pytest.mark.parametrize("fam", ["simt", "naive"])
+def test_fp32_module_compiles_below_sm80_without_cp_async(fam):
+    rc, log, lowered = _compile(fam, 64, True, "sm_75")
     assert rc == 0, log
-    assert set(lowered) == {fc.kernel_name(k, "float32", 64, True) for k in fc._KINDS}
+    assert set(lowered) == set(fc.module_names(fam, 64, True))

@@ -5,14 +5,21 @@
 // and sm_90, and executed on the CPU by the emulation harness in tests/cuda (g++ with
 // -DMINITX_EMULATION, one std::thread per CUDA thread). See docs/cuda_kernel.md.
 //
-// Two kernel families, picked by the launcher (minitx/backend/flash_cuda.py) by dtype:
+// Read flash_naive.cuh first: one thread per row, fp32, the online softmax in its plainest form
+// (chosen with MINITX_FLASH_KERNEL=naive). The tiled families are the same loop made fast:
+//   flash_naive.cuh fp32, one thread per query (or key) row, everything from global memory
+//                   flash_fwd_naive<D, CAUSAL>, flash_bwd_dq_naive<D, CAUSAL>,
+//                   flash_bwd_dkdv_naive<D, CAUSAL>
+// and the two tiled families, picked by the launcher (minitx/backend/flash_cuda.py) by dtype:
 //   flash_tc.cuh    fp16 on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async; sm_80+)
-//                   flash_fwd_tc<D, CAUSAL>, flash_bwd_dq_tc<D, CAUSAL>, flash_bwd_dkdv_tc<D, CAUSAL>
+//                   flash_fwd_tc<D, CAUSAL>, flash_bwd_dq_tc<D, CAUSAL>,
+//                   flash_bwd_dkdv_tc<D, CAUSAL>
 //   flash_simt.cuh  fp32 on CUDA cores (register tiles, 128-bit shared loads, cp.async on sm_80+)
 //                   flash_fwd_simt<D, CAUSAL>, flash_bwd_dq_simt<D, CAUSAL>,
 //                   flash_bwd_dkdv_simt<D, CAUSAL>
 // and flash_bwd_dot<T> (T = float | __half, flash_common.cuh), the backward's pre-pass.
 // D = 32 | 64 | 128 (the launcher zero pads other head dims), CAUSAL = bottom-right aligned.
 #include "flash_common.cuh"
+#include "flash_naive.cuh"
 #include "flash_simt.cuh"
 #include "flash_tc.cuh"

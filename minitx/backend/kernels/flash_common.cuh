@@ -28,9 +28,10 @@
 
 namespace minitx_flash {
 
-constexpr int kThreads = 128;   // threads per block, every kernel: 4 warps
-constexpr float kLog2e = 1.4426950408889634f;   // exp(x) = exp2(x * log2(e))
-constexpr float kLn2 = 0.6931471805599453f;
+// [[maybe_unused]]: an NVRTC module of the naive kernels alone uses none of them (warning 177).
+[[maybe_unused]] constexpr int kThreads = 128;   // threads per block, every kernel: 4 warps
+[[maybe_unused]] constexpr float kLog2e = 1.4426950408889634f;   // exp(x) = exp2(x * log2(e))
+[[maybe_unused]] constexpr float kLn2 = 0.6931471805599453f;
 
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }

@@ -1,7 +1,8 @@
 // Emulation driver: compiles minitx/backend/kernels/flash_attn.cu for the CPU (cuda_emu.h) and
 // exposes extern "C" launchers for ctypes, one per kernel family and kind
-// (flash_fwd_simt_launch, flash_fwd_tc_launch, ..., flash_bwd_dot_launch), plus two tests of the
-// emulation itself (emu_mma_m16n8k16, emu_ldmatrix_x4). Build (see tests/cuda/conftest.py):
+// (flash_fwd_simt_launch, flash_fwd_tc_launch, flash_fwd_naive_launch, ..., flash_bwd_dot_launch),
+// plus tests of the emulation itself (emu_mma_m16n8k16, emu_ldmatrix_x4, emu_cp_async_probe).
+// Build (see tests/cuda/conftest.py):
 //   g++ -std=c++20 -O1 -pthread -shared -fPIC -DMINITX_EMULATION -I<emu> -I<kernels> driver.cpp
 // -DEMU_SMALL instantiates only D=32 (for the ThreadSanitizer / broken-kernel builds);
 // -DEMU_MAIN adds a main() running a small forward + backward (the TSan executable);
@@ -46,10 +47,12 @@ struct ArenaInit {
 template <int FAM> struct FamT;
 template <> struct FamT<0> { using T = float; };    // simt
 template <> struct FamT<1> { using T = __half; };   // tc
+template <> struct FamT<2> { using T = float; };    // naive
 }  // namespace
 
 #define FAM_simt 0
 #define FAM_tc 1
+#define FAM_naive 2
 
 extern "C" {
 
@@ -87,6 +90,7 @@ int emu_smem_bytes(int family, int kind, int D) {
         });
 DEFINE_FWD(simt)
 DEFINE_FWD(tc)
+DEFINE_FWD(naive)
 
 #define DEFINE_DKDV(FAM)                                                                     \
     int flash_bwd_dkdv_##FAM##_launch(const char* name, unsigned gx, unsigned gy,             \
@@ -110,6 +114,7 @@ DEFINE_FWD(tc)
         });
 DEFINE_DKDV(simt)
 DEFINE_DKDV(tc)
+DEFINE_DKDV(naive)
 
 #define DEFINE_DQ(FAM)                                                                       \
     int flash_bwd_dq_##FAM##_launch(const char* name, unsigned gx, unsigned gy, unsigned gz,  \
@@ -132,6 +137,7 @@ DEFINE_DKDV(tc)
         });
 DEFINE_DQ(simt)
 DEFINE_DQ(tc)
+DEFINE_DQ(naive)
 
 int flash_bwd_dot_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                          unsigned by, unsigned bz, size_t smem, const void* o, const void* dout,
@@ -199,9 +205,9 @@ int emu_cp_async_probe(const unsigned* src, unsigned* out) {
 }  // extern "C"
 
 #ifdef EMU_MAIN
-// Small forward + backward of both families (simt fp32 and tc fp16, D=32, causal with Nq < Nk,
-// lengths, GQA, several key tiles) for the ThreadSanitizer run. Prints "EMU_MAIN OK" when every
-// launch succeeded and every output is finite.
+// Small forward + backward of every family (simt fp32, tc fp16, naive fp32; D=32, causal with
+// Nq < Nk, lengths, GQA, several key tiles) for the ThreadSanitizer run. Prints "EMU_MAIN OK"
+// when every launch succeeded and every output is finite.
 #include <cmath>
 
 template <int FAM>
@@ -217,29 +223,36 @@ static int run_family(const char* fam) {
     std::vector<T> o(q.size()), dq(q.size());
     std::vector<float> lse(B * H * Nq), dvec(B * H * Nq), dk(B * H * Nk * D), dv(dk.size());
     int lengths[1] = {131};
-    const int rows_fwd = FAM == 0 ? minitx_flash::SimtCfg<32>::kFwdBM : minitx_flash::TcCfg<32>::kRows;
-    const int rows_dq = FAM == 0 ? minitx_flash::SimtCfg<32>::kDqBM : minitx_flash::TcCfg<32>::kRows;
-    const int rows_kv = FAM == 0 ? minitx_flash::SimtCfg<32>::kDkdvBK : minitx_flash::TcCfg<32>::kRows;
+    constexpr bool naive = FAM == 2;   // one row per thread, no shared memory
+    const int rows_fwd = naive ? 128 : FAM == 0 ? minitx_flash::SimtCfg<32>::kFwdBM
+                                                : minitx_flash::TcCfg<32>::kRows;
+    const int rows_dq = naive ? 128 : FAM == 0 ? minitx_flash::SimtCfg<32>::kDqBM
+                                               : minitx_flash::TcCfg<32>::kRows;
+    const int rows_kv = naive ? 128 : FAM == 0 ? minitx_flash::SimtCfg<32>::kDkdvBK
+                                               : minitx_flash::TcCfg<32>::kRows;
     auto smem = [&](int kind) {
-        return std::size_t(FAM == 0 ? minitx_flash::simt_smem_bytes<32>(kind)
-                                    : minitx_flash::tc_smem_bytes<32>(kind));
+        return std::size_t(naive ? 0 : FAM == 0 ? minitx_flash::simt_smem_bytes<32>(kind)
+                                                : minitx_flash::tc_smem_bytes<32>(kind));
     };
     char name[128];
     int rc = 0;
     std::snprintf(name, sizeof name, "flash_fwd_%s<32, true>", fam);
-    rc |= (FAM == 0 ? flash_fwd_simt_launch : flash_fwd_tc_launch)(
+    rc |= (FAM == 0 ? flash_fwd_simt_launch
+           : FAM == 1 ? flash_fwd_tc_launch : flash_fwd_naive_launch)(
         name, (Nq + rows_fwd - 1) / rows_fwd, B * H, 1, 128, 1, 1, smem(0), q.data(), k.data(),
         v.data(), o.data(), lse.data(), lengths, nullptr, H, Hkv, Nq, Nk, scale);
-    rc |= flash_bwd_dot_launch(FAM == 0 ? "flash_bwd_dot<float>" : "flash_bwd_dot<__half>",
+    rc |= flash_bwd_dot_launch(FAM == 1 ? "flash_bwd_dot<__half>" : "flash_bwd_dot<float>",
                                (B * H * Nq + 3) / 4, 1, 1, 128, 1, 1, 0, o.data(), dout.data(),
                                dvec.data(), B * H * Nq, D);
     std::snprintf(name, sizeof name, "flash_bwd_dkdv_%s<32, true>", fam);
-    rc |= (FAM == 0 ? flash_bwd_dkdv_simt_launch : flash_bwd_dkdv_tc_launch)(
+    rc |= (FAM == 0 ? flash_bwd_dkdv_simt_launch
+           : FAM == 1 ? flash_bwd_dkdv_tc_launch : flash_bwd_dkdv_naive_launch)(
         name, (Nk + rows_kv - 1) / rows_kv, B * H, 1, 128, 1, 1, smem(1), q.data(), k.data(),
         v.data(), dout.data(), lse.data(), dvec.data(), dk.data(), dv.data(), lengths, nullptr, H,
         Hkv, Nq, Nk, scale);
     std::snprintf(name, sizeof name, "flash_bwd_dq_%s<32, true>", fam);
-    rc |= (FAM == 0 ? flash_bwd_dq_simt_launch : flash_bwd_dq_tc_launch)(
+    rc |= (FAM == 0 ? flash_bwd_dq_simt_launch
+           : FAM == 1 ? flash_bwd_dq_tc_launch : flash_bwd_dq_naive_launch)(
         name, (Nq + rows_dq - 1) / rows_dq, B * H, 1, 128, 1, 1, smem(2), q.data(), k.data(),
         v.data(), dout.data(), lse.data(), dvec.data(), dq.data(), lengths, nullptr, H, Hkv, Nq,
         Nk, scale);
@@ -256,6 +269,7 @@ static int run_family(const char* fam) {
 int main() {
     int rc = run_family<0>("simt");
     if (rc == 0) rc = run_family<1>("tc");
+    if (rc == 0) rc = run_family<2>("naive");
     if (rc == 0) std::printf("EMU_MAIN OK\n");
     return rc;
 }
