@@ -59,6 +59,7 @@ import time
 KERNEL_FAMILIES = [
     ("tc", "float16", {}),        # fp16 on the tensor cores (mma.sync, ldmatrix, cp.async)
     ("simt", "float32", {}),      # fp32 register-tiled, CUDA cores
+    ("naive", "float32", {"MINITX_FLASH_KERNEL": "naive"}),   # one thread per row: read first
 ]
 TILED = ("tc", "simt")            # the families the launcher picks by dtype alone
 KINDS = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_dot")

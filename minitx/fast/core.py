@@ -7,8 +7,9 @@ around it. These twins run the same steps as their references (``minitx/autograd
 and ``engine.py``) in the same order, with the same checks and the same errors — so they give
 the same graph and the same gradients, bit for bit — but write them the way CPython runs
 fastest: a class test before ``isinstance``, the context and the output Tensor made without
-their constructors' calls, a Python number met in + − × ÷ cast once and kept (``fast/numbers.py``), the grad-mode and version counters read from their dicts, a
-gradient's shape and dtype compared inline before the checking function is called. What they
+their constructors' calls, a Python number met in + − × ÷ cast once and kept
+(``fast/numbers.py``), the grad-mode and version counters read from their dicts, a gradient's
+shape and dtype compared inline before the checking function is called. What they
 buy is measured in ``benchmarks/README.md``; ``tests/fast/test_core.py`` checks them against the
 references.
 """

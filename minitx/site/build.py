@@ -84,6 +84,7 @@ COURSE = [
      ["minitx/ops/flash.py", "minitx/attention/flash.py"]),
     ("The CUDA kernel", "The same recurrence on a GPU, on tensor cores.",
      ["docs/cuda_kernel.md", "minitx/backend/flash_cuda.py", "minitx/ops/dispatch.py",
+      "minitx/backend/kernels/flash_naive.cuh",
       "minitx/backend/kernels/flash_attn.cu", "minitx/backend/kernels/flash_common.cuh",
       "minitx/backend/kernels/flash_tc.cuh", "minitx/backend/kernels/flash_simt.cuh"]),
     ("Real pretrained models", "BERT and GPT-2 checkpoints, read and run by minitx.",

@@ -1,6 +1,6 @@
 """Causal attention far from square: Nq << Nk and Nq >> Nk, both spanning many tiles.
 
-The H100 run (issue: "the kernel is wrong for causal attention with Nq = 5, Nk = 300") compared
+An H100 run that reported "the kernel is wrong for causal attention with Nq = 5, Nk = 300" compared
 the kernel's output with ``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)``.
 PyTorch's ``is_causal`` is *top-left* aligned (``torch.tril(ones(Nq, Nk))``; documented as
 equivalent to ``torch.nn.attention.bias.causal_upper_left``), while minitx is *bottom-right*
