@@ -10,7 +10,7 @@ against exact softmax attention A* = softmax(q kᵀ/√D). Every variant here is
 so its effective attention matrix is read off by attending to v = I_N (out = A I = A).
 Reformer is shared-QK, so its exact reference is shared-QK attention under its own
 no-self rule (its one-bucket limit). Errors should fall as the budget grows; the trend is
-asserted (at small sizes) in tests/test_approx.py, not here. The measurement lives in\n``minitx.metrics`` and is shared with examples/efficient_report.py.
+asserted (at small sizes) in tests/attention/test_approx.py, not here. The measurement lives in\n``minitx.metrics`` and is shared with examples/efficient_report.py.
 
     python benchmarks/approx_quality.py [--n 128] [--d 16] [--seeds 3] [--scale 0.5]
 

@@ -611,7 +611,7 @@ def main(argv=None):
     why = flash_cuda.unavailable_reason()
     if why is not None:
         print(f"gpu_flash: no usable GPU ({why}); nothing to build, check or benchmark. The "
-              "kernels are still checked without a GPU by `python -m pytest tests/cuda`.",
+              "kernels are still checked without a GPU by `python -m pytest tests/gpu/cuda`.",
               file=sys.stderr)
         return 2
     cp = cupy_or_none()

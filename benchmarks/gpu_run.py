@@ -33,7 +33,7 @@ failed (the summary says what); 2 for a usage error.
 
 ``--dry-run`` runs each step at its smallest on the strict CuPy stand-in (tests/strict_cupy.py):
 a handful of suite tests, the tour and one example (char_gpt --quick, beside its NumPy twin),
-one kernel case per family through the CPU emulation harness of tests/cuda, the engine script
+one kernel case per family through the CPU emulation harness of tests/gpu/cuda, the engine script
 at its quick sizes. It prints the same budgets without enforcing them (the CPU is no GPU; a
 600 s watchdog still guards each step), and says "skipped in dry run: <why>" for what needs a
 GPU or a tool absent here (nvidia-smi, compute-sanitizer, the CUDA kernels themselves).
@@ -112,7 +112,7 @@ CPU_ONLY_BY_DESIGN = {
     "test_cuda_nvrtc.py": "compiles the kernels with NVRTC on the host",
 }
 CPU_ONLY_FIXTURES = {
-    "emu_lib": "the CPU emulation harness's library (tests/cuda/conftest.py)",
+    "emu_lib": "the CPU emulation harness's library (tests/gpu/cuda/conftest.py)",
     "tsan_exe": "the emulation harness under ThreadSanitizer",
     "broken_lib": "the emulation harness with a barrier removed",
     "ptxas_report": "nvcc/ptxas compiling every instantiation on the host",
@@ -965,10 +965,10 @@ class HostTiming:
 
 def probe_flash_emulated(work):
     """The dry run of step 4: gpu_flash's check and benchmark code on the CPU, with the kernels
-    executed by the emulation harness of tests/cuda (D = 32 only: its small build)."""
+    executed by the emulation harness of tests/gpu/cuda (D = 32 only: its small build)."""
     import types
     import numpy as np
-    sys.path[:0] = [os.path.join(ROOT, "tests", "cuda"), HERE]
+    sys.path[:0] = [os.path.join(ROOT, "tests", "gpu", "cuda"), HERE]
     import cuda_emu_harness as H
     import gpu_flash
     if H.GXX is None:

@@ -134,7 +134,7 @@ def _gradcheck_variant(cls, name, embed=8, heads=2, n=6):
     gen = np.random.default_rng(1)
     q, k, v = _qkv(gen, 1, heads, n, embed // heads, requires_grad=True)
     # fast: one random direction per input (two forwards each, not two per element); the
-    # element-by-element check of every variant runs in tests/test_registry_contract.py
+    # element-by-element check of every variant runs in tests/attention/test_registry_contract.py
     minitx.gradcheck(lambda a, b_, c: layer.attend(a, b_, c), (q, k, v), eps=1e-6, atol=1e-5,
                      rtol=1e-3, fast=True)
     return "pass"

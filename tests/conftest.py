@@ -32,7 +32,7 @@ def _threads_per_worker():
 # subprocesses inherit it. With every worker using every core, the workers took the cores
 # from each other: in the full NumPy pass (9 m 38 s, now about 5 m) notebook 03 took 207 s
 # (17 s alone) and the site build 266 s (36–48 s now). The threaded paths are still tested:
-# the tests of ``tests/test_attention_blocks.py`` run with two threads (its ``two_threads``
+# the tests of ``tests/ops/test_tiles.py`` run with two threads (its ``two_threads``
 # fixture).
 # The variables reach the subprocesses and the libraries loaded later; NumPy may already be
 # loaded here (by a plugin), so its BLAS is also limited directly, below.
@@ -72,7 +72,7 @@ except ImportError:  # pragma: no cover - hypothesis is a test dependency
 
 if settings is not None:
     # "ci": every property test, fast; "thorough": 200 examples each, for a deliberate hunt
-    # (MINITX_HYPOTHESIS_PROFILE=thorough python -m pytest tests/test_registry_contract.py)
+    # (MINITX_HYPOTHESIS_PROFILE=thorough python -m pytest tests/attention/test_registry_contract.py)
     settings.register_profile("ci", max_examples=25, deadline=None)
     settings.register_profile("thorough", max_examples=200, deadline=None)
     settings.load_profile(os.environ.get("MINITX_HYPOTHESIS_PROFILE", "ci"))

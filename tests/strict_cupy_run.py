@@ -4,7 +4,7 @@
     python tests/strict_cupy_run.py -m minitx --backend cupy
 
 The programs then meet "device" arrays that refuse every host mix, as on a GPU
-(``tests/strict_cupy.py``); ``tests/test_cupy_backend_programs.py`` runs every example, the
+(``tests/strict_cupy.py``); ``tests/gpu/test_cupy_backend_programs.py`` runs every example, the
 tour, ``bench`` and ``train`` this way.
 """
 import os

@@ -26,12 +26,17 @@ tolerances are exactly ``np.testing``'s (default ``rtol=1e-7, atol=0`` for ``ass
 """
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 
 import minitx
 from minitx.backend import to_host
 
-__all__ = ["tensor", "qkv", "params_to_float64", "assert_close", "assert_equal", "to_host"]
+__all__ = ["tensor", "qkv", "params_to_float64", "assert_close", "assert_equal", "to_host",
+           "REPO"]
+
+REPO = pathlib.Path(__file__).resolve().parents[1]       # the checkout: minitx/, tests/, …
 
 _HOST = (np.ndarray, np.generic, list, tuple, int, float, bool)
 

@@ -127,7 +127,7 @@ def to_device(array, device: str):
 host_xp = numpy
 """The host array module, named for what it is: compute code writes ``host_xp.arange(n)`` for
 host-only metadata (pattern pictures, index tables that are moved to the data once), and never
-``numpy`` directly (``tests/test_backend.py`` scans for it)."""
+``numpy`` directly (``tests/core/test_backend.py`` scans for it)."""
 
 
 def to_host(x):

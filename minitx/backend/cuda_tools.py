@@ -302,7 +302,7 @@ def doctor_lines(compile: bool = False, archs=("sm_80", "sm_90"), jobs: int = 2)
 
     Default: fast (well under a second without a GPU; no compilation): Python/NumPy/CuPy
     versions, the GPU, nvcc, NVRTC, the kernel source, its instantiations and their dynamic
-    shared memory, and whether the CPU emulation tests (``pytest tests/cuda``) can build.
+    shared memory, and whether the CPU emulation tests (``pytest tests/gpu/cuda``) can build.
     ``compile=True`` also compiles every instantiation with nvcc for each of ``archs`` (``jobs``
     nvcc processes; about a minute per arch) and appends the per-instantiation ptxas table
     (registers, dynamic shared memory, spills, stack) plus a summary line.
@@ -345,7 +345,7 @@ def doctor_lines(compile: bool = False, archs=("sm_80", "sm_90"), jobs: int = 2)
                      f"D=32/64/128 (bytes): {smem}; above {flash_cuda.DEFAULT_SMEM_LIMIT} needs "
                      f"the opt-in attribute")
     gxx = shutil.which(os.environ.get("CXX") or "g++")
-    lines.append("CPU emulation tests (pytest tests/cuda): "
+    lines.append("CPU emulation tests (pytest tests/gpu/cuda): "
                  + (f"g++ {gxx}" if gxx else "g++ not found: skipped"))
     if compile:
         if not nvcc:

@@ -44,7 +44,7 @@ take these arrays) and :func:`unavailable_reason` (``None`` = CuPy, a GPU and NV
 CuPy is imported lazily inside functions only; everything that does not launch a kernel
 (validation, padding decisions, launch plans, shared-memory arithmetic) is plain Python and is
 unit tested without a GPU. The same ``_forward``/``_backward`` drivers run the kernels in the
-CPU emulation harness of ``tests/cuda`` through a different ``launch`` callable.
+CPU emulation harness of ``tests/gpu/cuda`` through a different ``launch`` callable.
 """
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ def test_the_switch_picks_the_twin_or_the_reference(monkeypatch):
 
 @pytest.mark.parametrize("affine", [True, False])
 def test_gradcheck_of_the_twin_in_float64(affine):
-    """The twin's own backward (the reference's is checked in tests/test_ops.py), on ragged
+    """The twin's own backward (the reference's is checked in tests/ops/test_ops.py), on ragged
     shapes, two normalised axes, and a large offset."""
     r = np.random.default_rng(8)
     for shape, norm in (((3, 7), (7,)), ((2, 3, 4), (3, 4)), ((1, 1, 5), (5,))):

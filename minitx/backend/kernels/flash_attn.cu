@@ -2,7 +2,7 @@
 //
 // Compiled at run time with NVRTC (CuPy RawModule + name expressions such as
 // "flash_fwd_tc<64, true>", with -I<this directory>), checked offline with nvcc/ptxas for sm_80
-// and sm_90, and executed on the CPU by the emulation harness in tests/cuda (g++ with
+// and sm_90, and executed on the CPU by the emulation harness in tests/gpu/cuda (g++ with
 // -DMINITX_EMULATION, one std::thread per CUDA thread). See docs/cuda_kernel.md.
 //
 // Read flash_naive.cuh first: one thread per row, fp32, the online softmax in its plainest form

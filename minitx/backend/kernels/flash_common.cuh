@@ -4,7 +4,7 @@
 //   * fp16 <-> fp32 conversion, -inf,
 //   * the three PTX instructions of the fast kernels, each as a small __device__ function whose
 //     body is inline asm on the GPU and, under -DMINITX_EMULATION, the CPU emulation with the same
-//     register-level signature (tests/cuda/emu/cuda_emu.h), so the kernels are the same code in
+//     register-level signature (tests/gpu/cuda/emu/cuda_emu.h), so the kernels are the same code in
 //     both worlds:
 //         cp_async_16 / cp_async_commit / cp_async_wait<N>   (sm_80+; plain copies below sm_80)
 //         ldmatrix_x4 / ldmatrix_x4_trans                   (sm_75+)

@@ -1,7 +1,7 @@
 """The real kernels on a real GPU, against the float64 reference (skips cleanly without one).
 
 Run where CuPy and an NVIDIA GPU are present (``MINITX_BACKEND=cupy python -m pytest
-tests/cuda/test_cuda_gpu.py``): the same cases and error bounds as the emulation tests, but
+tests/gpu/cuda/test_cuda_gpu.py``): the same cases and error bounds as the emulation tests, but
 through ``flash_cuda``'s NVRTC-compiled kernels on the device — ragged shapes, causal with
 Nq ≪ Nk and Nq ≫ Nk, grouped heads, key masks, float32 and float16, and for float32 both the
 tiled and the naive kernels (``kernel="naive"``, what ``MINITX_FLASH_KERNEL=naive`` selects).

@@ -2,7 +2,7 @@
 // exposes extern "C" launchers for ctypes, one per kernel family and kind
 // (flash_fwd_simt_launch, flash_fwd_tc_launch, flash_fwd_naive_launch, ..., flash_bwd_dot_launch),
 // plus tests of the emulation itself (emu_mma_m16n8k16, emu_ldmatrix_x4, emu_cp_async_probe).
-// Build (see tests/cuda/conftest.py):
+// Build (see tests/gpu/cuda/conftest.py):
 //   g++ -std=c++20 -O1 -pthread -shared -fPIC -DMINITX_EMULATION -I<emu> -I<kernels> driver.cpp
 // -DEMU_SMALL instantiates only D=32 (for the ThreadSanitizer / broken-kernel builds);
 // -DEMU_MAIN adds a main() running a small forward + backward (the TSan executable);

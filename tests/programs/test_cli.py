@@ -73,7 +73,7 @@ def test_patterns_and_doctor():
     proc = run("patterns", "--n", "12", "--variants", "local,strided")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("■") > 12 and "strided" in proc.stdout
-    proc = run("doctor", "--quick")           # the full compile report is tested in tests/cuda
+    proc = run("doctor", "--quick")           # the full compile report is tested in tests/gpu/cuda
     assert proc.returncode == 0, proc.stderr
     assert "nvcc" in proc.stdout.lower() and "minitx" in proc.stdout
 

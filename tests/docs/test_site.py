@@ -13,6 +13,8 @@ from html.parser import HTMLParser
 
 import pytest
 
+from support import REPO
+
 STRICT_CUPY = os.environ.get("MINITX_TEST_BACKEND", "").strip().lower() == "strict-cupy"
 
 pytestmark = [pytest.mark.skipif(STRICT_CUPY, reason="the site is built on NumPy; the NumPy "
@@ -21,7 +23,7 @@ pytestmark = [pytest.mark.skipif(STRICT_CUPY, reason="the site is built on NumPy
               # site is built once and each notebook executes once (tests/conftest.py)
               pytest.mark.xdist_group("site")]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
 
 for _module in ("markdown_it", "mdit_py_plugins", "pygments", "latex2mathml"):
     pytest.importorskip(_module, reason=f'{_module} missing: pip install ".[docs]"')

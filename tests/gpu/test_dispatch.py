@@ -4,7 +4,7 @@ applies, the reason is visible when it does not, and ``MINITX_FLASH`` governs th
 "On a GPU" here is the strict CuPy stand-in (``tests/strict_cupy.py``) made the active backend,
 with the CUDA kernels declared available and replaced by counting stand-ins that compute with
 the tiled array code (``ops/flash.py``) — so these tests run in both CI passes. The real kernels
-are run through the same dispatcher by ``tests/cuda/test_cuda_integration.py`` (emulated) and
+are run through the same dispatcher by ``tests/gpu/cuda/test_cuda_integration.py`` (emulated) and
 by the GPU tests when a GPU is present.
 """
 import logging

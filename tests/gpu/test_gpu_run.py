@@ -12,8 +12,9 @@ import subprocess
 import sys
 
 import pytest
+from support import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_run.py")
 STEP_NAMES = ("versions", "suite", "programs", "flash kernels", "engine", "sanitizers")
 

@@ -10,7 +10,7 @@ import minitx
 import minitx.functional as F
 from minitx import Function
 from minitx.autograd import Context, topological_order
-from support import tensor, to_host
+from support import REPO, tensor, to_host
 
 
 def test_100k_op_chain_backprops_without_recursion_error():
@@ -361,8 +361,7 @@ def test_graph_memory_benchmark_runs_and_reports_the_graph_let_go(capsys):
     built and as gone after backward. Keeps the script from rotting; the engine's memory claim
     itself is pinned by ``test_bad_input``'s long-chain test."""
     import importlib.util
-    import pathlib
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "graph_memory.py"
+    path = REPO / "benchmarks" / "graph_memory.py"
     spec = importlib.util.spec_from_file_location("graph_memory", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -1,4 +1,4 @@
-"""Session-wide builds for tests/cuda, compiled once and in parallel (2 workers: CI has 2 cores).
+"""Session-wide builds for tests/gpu/cuda, compiled once and in parallel (2 workers: CI has 2 cores).
 
 Builds: the full emulation library (ctypes), a ThreadSanitizer executable, the deliberately
 broken emulation library, and the nvcc/ptxas compile of every instantiation for sm_80 and sm_90.

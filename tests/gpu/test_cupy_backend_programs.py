@@ -14,8 +14,9 @@ import subprocess
 import sys
 
 import pytest
+from support import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
 RUN = os.path.join(ROOT, "tests", "strict_cupy_run.py")
 ENV = {k: v for k, v in os.environ.items() if k not in ("MINITX_BACKEND", "MINITX_TEST_BACKEND")}
 ENV.update(MINITX_NO_TQDM="1", MINITX_NO_MATPLOTLIB="1")

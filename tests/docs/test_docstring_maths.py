@@ -10,15 +10,15 @@ A stray ``$`` (a shell variable, a price) that would open maths is caught the sa
 """
 import ast
 import io
-import pathlib
 import re
 import tokenize
 
 import pytest
 
 from minitx.attention import REGISTRY
+from support import REPO
 
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "minitx"
+ROOT = REPO / "minitx"
 CODE_SPAN = re.compile(r"``.+?``|`[^`\n]+`", re.S)
 DISPLAY = re.compile(r"\$\$(.+?)\$\$", re.S)
 # as the site reads inline maths: no space just inside the dollars, no digit right after

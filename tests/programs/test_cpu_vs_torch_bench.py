@@ -3,14 +3,14 @@ off, and the table of what each fast twin buys (a smoke test that keeps the scri
 rotting; its timings are never asserted). Run in a fresh
 interpreter on the NumPy backend: the script tunes the process's allocator and threads."""
 import os
-import pathlib
 import re
 import subprocess
 import sys
 
 import pytest
+from support import REPO
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_vs_torch.py"
+SCRIPT = REPO / "benchmarks" / "cpu_vs_torch.py"
 ROWS = ("sgemm 2,048³", "engine chain", "SDPA forward + backward", "matmuls/torch",
         "flash_attention", "MultiheadAttention", "TransformerEncoderLayer",
         "what each fast twin buys", "all (ref)",

@@ -1,10 +1,10 @@
 """The README's recipes run as written: the block under "A GPT in ten lines" is executed as is."""
-import pathlib
 import re
 
 import pytest
+from support import REPO
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = REPO / "README.md"
 
 
 def readme_block(heading: str) -> str:
@@ -42,6 +42,17 @@ def test_read_it_gives_the_site_command():
 
 @pytest.mark.parametrize("command", [
     "python -m pip install . && python -m minitx                   # the main job: the tour",
-    'python -m pip install ".[test]" && python -m pytest            # the tests'])
+    'python -m pip install ".[test]" && python -m pytest -n auto --dist loadgroup   # the tests'])
 def test_the_two_setup_commands_are_unchanged(command):
     assert command in README.read_text(encoding="utf-8")
+
+
+def test_ci_runs_the_readmes_test_command():
+    """CI installs the package as the README says and runs its test command (pytest-xdist's
+    options are the command's, not setup.cfg's)."""
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert 'python -m pip install --quiet ".[test]"' in ci
+    assert ci.count("python -m pytest -p no:cacheprovider -n auto --dist loadgroup") >= 2
+    addopts = [line for line in (REPO / "setup.cfg").read_text(encoding="utf-8").splitlines()
+               if line.startswith("addopts")]
+    assert addopts and not any("-n" in line.split() for line in addopts), addopts

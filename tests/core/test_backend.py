@@ -1,7 +1,6 @@
 """The array-module switch: numpy/cupy selection, the env variable, device moves, and a
 source scan that keeps compute code backend-agnostic (no direct NumPy in ops/attention/nn)."""
 import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -11,8 +10,9 @@ import pytest
 
 import minitx
 from minitx import backend
+from support import REPO
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 @pytest.fixture

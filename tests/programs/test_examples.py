@@ -8,8 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+from support import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
 ENV = dict(os.environ, MINITX_NO_TQDM="1", MINITX_BACKEND="numpy")
 
 

@@ -3,7 +3,7 @@
 Each case builds NumPy inputs, runs the op in minitx and the equivalent in PyTorch, feeds
 the same random upstream gradient to both, and compares outputs, output dtypes and every
 float input's gradient. Integer/bool inputs (indices, targets, masks) are constants.
-Inputs are kept off kinks and ties (see tests/test_ops.py) so that both libraries'
+Inputs are kept off kinks and ties (see tests/ops/test_ops.py) so that both libraries'
 subgradient conventions cannot differ.
 """
 import zlib

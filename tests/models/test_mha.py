@@ -8,6 +8,7 @@ import minitx
 import minitx.nn as nn
 from minitx.attention import (REGISTRY, ExactSelfAttention, causal_pattern,
                               dense_attention_array, default_kv_heads)
+from minitx.attention import base as attention_base
 from minitx.models import multihead as models_attention
 from support import tensor, to_host
 
@@ -152,12 +153,12 @@ def test_mha_runs_a_causal_attn_mask_as_the_causal_flag(rng, kind, monkeypatch):
         blocked[3, 4] = False                   # query 3 may see key 4: not causal
     mask = blocked if kind != "float" else np.where(blocked, -np.inf, 0.0)
     seen = []
-    sdpa = models_attention.scaled_dot_product_attention
+    sdpa = attention_base.scaled_dot_product_attention          # what hookable_attention calls
 
     def spy(*args, **kw):
         seen.append((kw["is_causal"], kw["attn_mask"] is None))
         return sdpa(*args, **kw)
-    monkeypatch.setattr(models_attention, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(attention_base, "scaled_dot_product_attention", spy)
     layer = mha(4, 2, batch_first=True)
     x = tensor(rng.standard_normal((2, nq, 4)), requires_grad=True)
     out, _ = layer(x, x, x, attn_mask=mask, need_weights=False, is_causal=kind != "near")

@@ -3,14 +3,15 @@
 says why (the launcher's ``unavailable_reason``), and the arguments ``benchmarks/gpu_run.py``
 passes parse. Its tables are checked too: the check's cases cover what the GPU issue lists, the
 benchmark runs the goal size first, and the GOAL lines compute throughput ratios the right way
-round. (The check itself runs on the CPU with emulated kernels in ``tests/test_gpu_run.py``.)"""
+round. (The check itself runs on the CPU with emulated kernels in ``tests/gpu/test_gpu_run.py``.)"""
 import os
 import subprocess
 import sys
 
 import pytest
+from support import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = str(REPO)
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_flash.py")
 
 

@@ -1,7 +1,6 @@
 """Performer (FAVOR+) and Linformer: unbiasedness, the 1/√m law, budgets, errors, redraws."""
 import importlib.util
 import math
-import pathlib
 
 import numpy as np
 import pytest
@@ -9,9 +8,9 @@ import pytest
 import minitx
 from minitx.attention import REGISTRY, dense_attention_array
 from minitx.attention.performer import orthogonal_gaussian, performer_kernel
-from support import assert_close, assert_equal, params_to_float64, qkv, tensor, to_host
+from support import REPO, assert_close, assert_equal, params_to_float64, qkv, tensor, to_host
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def load_quality():
