@@ -47,7 +47,6 @@ def apply(cls, inputs, kwargs):
             inputs = (a, cached_operand(a, b))
         elif a.__class__ in _NUMBERS:
             inputs = (cached_operand(b, a), b)
-
     ctx = _new(Context)                # Context(), without the call: what __init__ sets, here
     ctx.saved_tensors = ()
     arrays, needs = [], []

@@ -15,6 +15,7 @@ import numpy
 __all__ = ["cached_operand"]
 
 _NUMBERS = {}                   # float dtype -> {number: its read-only 0-d array}
+_PY_NUMBERS = (float, int)      # exactly these classes: bool, an int subclass, passes as it is
 _LIMIT = 1024                   # numbers kept per dtype; a loop over ever new numbers restarts
 
 
@@ -25,9 +26,11 @@ def cached_operand(tensor, other):
     The same values: under NEP 50 NumPy casts a Python number to the array's dtype anyway, so
     the op sees the same number, now cast once instead of at every use.
     """
+    if other.__class__ not in _PY_NUMBERS:
+        return other                        # a bool, an array, a Tensor, …
     data = getattr(tensor, "data", None)
-    if type(other) not in (float, int) or type(data) is not numpy.ndarray:
-        return other                        # a bool, an array, a Tensor; a device tensor
+    if data.__class__ is not numpy.ndarray:
+        return other                        # a device tensor (or no Tensor at all)
     cache = _NUMBERS.get(data.dtype)
     if cache is None:
         if data.dtype.kind != "f":          # an int tensor: NumPy's own rule applies
