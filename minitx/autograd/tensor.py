@@ -297,28 +297,28 @@ class Tensor(PyTorchSpellings):
     # + − × ÷: a Python number is a constant of the op, which NumPy casts to the tensor's
     # dtype (NEP 50)
     def __add__(self, other):
-        return _Add.apply(self, other)
+        return _add(self, other)
 
     def __radd__(self, other):
-        return _Add.apply(other, self)
+        return _add(other, self)
 
     def __sub__(self, other):
-        return _Sub.apply(self, other)
+        return _sub(self, other)
 
     def __rsub__(self, other):
-        return _Sub.apply(other, self)
+        return _sub(other, self)
 
     def __mul__(self, other):
-        return _Mul.apply(self, other)
+        return _mul(self, other)
 
     def __rmul__(self, other):
-        return _Mul.apply(other, self)
+        return _mul(other, self)
 
     def __truediv__(self, other):
-        return _Div.apply(self, other)
+        return _div(self, other)
 
     def __rtruediv__(self, other):
-        return _Div.apply(other, self)
+        return _div(other, self)
 
     def __pow__(self, other):
         return _F.pow(self, other)
@@ -434,4 +434,6 @@ def tensor(data, requires_grad: bool = False, dtype=None) -> Tensor:
 from . import engine as _engine  # noqa: E402
 from .. import ops as _F  # noqa: E402
 # + − × ÷ call their Functions directly: the hottest calls of a small model
-from ..ops.elementwise import Add as _Add, Div as _Div, Mul as _Mul, Sub as _Sub  # noqa: E402
+from ..ops.elementwise import Add, Div, Mul, Sub  # noqa: E402
+
+_add, _sub, _mul, _div = Add.apply, Sub.apply, Mul.apply, Div.apply
