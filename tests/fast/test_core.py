@@ -77,34 +77,15 @@ def test_the_nodes_are_the_references():
     assert nodes[True] == nodes[False]
 
 
-class WrongShape(Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad[:1]
+def broken(backward):
+    """A Function computing 2x whose backward is ``backward``: deliberately wrong."""
+    return type("Broken", (Function,), {"forward": staticmethod(lambda ctx, x: x * 2),
+                                        "backward": staticmethod(backward)})
 
 
-class WrongCount(Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, grad
-
-
-class MakesNaN(Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * np.nan
+WrongShape = broken(lambda ctx, grad: grad[:1])
+WrongCount = broken(lambda ctx, grad: (grad, grad))
+MakesNaN = broken(lambda ctx, grad: grad * np.nan)
 
 
 def _error(fast, make):
