@@ -1,4 +1,4 @@
-"""PyTorch's spellings run as written (issue 21, "PyTorch habits"): ``t.size()`` /
+"""PyTorch's spellings run as written (the habits people bring from PyTorch): ``t.size()`` /
 ``t.size(dim)``, ``t.float()`` and friends, ``dim=`` / ``keepdim=`` wherever minitx says
 ``axis=`` / ``keepdims=``, and the factories ``minitx.randn(2, 3, requires_grad=True)`` …
 Where PyTorch's meaning differs (``max(dim=)`` returns indices too, ``var(dim=)`` is unbiased,

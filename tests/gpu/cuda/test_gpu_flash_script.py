@@ -1,7 +1,7 @@
 """benchmarks/gpu_flash.py (build + check + benchmark on a GPU) works where there is no GPU:
 ``--help`` needs neither CuPy nor a GPU, a run without a usable GPU exits with status 2 and
 says why (the launcher's ``unavailable_reason``), and the arguments ``benchmarks/gpu_run.py``
-passes parse. Its tables are checked too: the check's cases cover what the GPU issue lists, the
+passes parse. Its tables are checked too: the check's cases cover what the GPU run must show, the
 benchmark runs the goal size first, and the GOAL lines compute throughput ratios the right way
 round. (The check itself runs on the CPU with emulated kernels in ``tests/gpu/test_gpu_run.py``.)"""
 import os
