@@ -26,13 +26,13 @@ def _threads_per_worker():
     return max(1, (cores or 1) // workers)
 
 
-# The suite runs one pytest-xdist worker per core (``-n auto``, setup.cfg). Each worker then
-# gets its share of the cores (one, on a machine with as many workers as cores) for minitx's
+# The suite runs one pytest-xdist worker per core (``-n auto``, the test command). Each worker
+# then gets its share of the cores (one, on a machine with as many workers as cores) for minitx's
 # attention threads, NumPy's BLAS and PyTorch; the notebooks' kernels and the examples'
 # subprocesses inherit it. With every worker using every core, the workers took the cores
 # from each other: in the full NumPy pass (9 m 38 s, now about 5 m) notebook 03 took 207 s
 # (17 s alone) and the site build 266 s (36–48 s now). The threaded paths are still tested:
-# the tests of ``tests/ops/test_tiles.py`` run with two threads (its ``two_threads``
+# the tests of ``tests/fast/test_fast_parallel.py`` run with two threads (its ``two_threads``
 # fixture).
 # The variables reach the subprocesses and the libraries loaded later; NumPy may already be
 # loaded here (by a plugin), so its BLAS is also limited directly, below.
@@ -72,7 +72,8 @@ except ImportError:  # pragma: no cover - hypothesis is a test dependency
 
 if settings is not None:
     # "ci": every property test, fast; "thorough": 200 examples each, for a deliberate hunt
-    # (MINITX_HYPOTHESIS_PROFILE=thorough python -m pytest tests/attention/test_registry_contract.py)
+    # (MINITX_HYPOTHESIS_PROFILE=thorough python -m pytest
+    # tests/attention/test_registry_contract.py)
     settings.register_profile("ci", max_examples=25, deadline=None)
     settings.register_profile("thorough", max_examples=200, deadline=None)
     settings.load_profile(os.environ.get("MINITX_HYPOTHESIS_PROFILE", "ci"))
