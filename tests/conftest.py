@@ -41,7 +41,7 @@ if _SHARE is not None:
     for _var in ("MINITX_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_var, str(_SHARE))
 # OpenBLAS's idle threads sleep after about 0.4 ms instead of spinning for 0.1 s after every
-# matmul (minitx/__init__.py says why; it can only do so where it is imported before NumPy).
+# matmul (minitx/fast/host.py says why; it can only do so where it is imported before NumPy).
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
 import numpy as np  # noqa: E402
