@@ -23,7 +23,7 @@ import math
 import time
 import tracemalloc
 
-import minitx  # before NumPy: minitx shortens OpenBLAS's idle spinning (see its __init__)
+import minitx  # before NumPy: it shortens OpenBLAS's idle spinning (minitx/fast/host.py)
 import numpy as np
 
 import minitx.functional as F

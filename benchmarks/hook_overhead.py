@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = r"""
 import json, statistics, sys, time
-import minitx  # before NumPy: minitx shortens OpenBLAS's idle spinning (see its __init__)
+import minitx  # before NumPy: it shortens OpenBLAS's idle spinning (minitx/fast/host.py)
 import numpy as np
 from minitx.models import GPTBlock, GPTConfig, MultiheadAttention
 what, iters = sys.argv[1], int(sys.argv[2])

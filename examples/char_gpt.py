@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-import minitx  # before NumPy: minitx shortens OpenBLAS's idle spinning (see its __init__)
+import minitx  # before NumPy: it shortens OpenBLAS's idle spinning (minitx/fast/host.py)
 import numpy as np
 
 from minitx import nn, optim

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 
-import minitx  # before NumPy: minitx shortens OpenBLAS's idle spinning (see its __init__)
+import minitx  # before NumPy: it shortens OpenBLAS's idle spinning (minitx/fast/host.py)
 import numpy as np
 
 from minitx import nn, optim

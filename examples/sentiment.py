@@ -19,7 +19,7 @@ import sys
 import time
 from collections import defaultdict
 
-import minitx  # before NumPy: minitx shortens OpenBLAS's idle spinning (see its __init__)
+import minitx  # before NumPy: it shortens OpenBLAS's idle spinning (minitx/fast/host.py)
 import numpy as np
 
 import minitx.functional as F
