@@ -273,6 +273,9 @@ def cmd_doctor(args) -> int:
         print("compiling every kernel instantiation for sm_80 and sm_90 with nvcc "
               "(about a minute; --quick skips this) ...", flush=True)
     print(f"minitx {minitx.__version__}, active backend {minitx.get_backend()}")
+    twins = sorted(minitx.configuration.twins())
+    print(f"fast layer: {'on' if minitx.config.fast else 'off (MINITX_FAST=0)'}, "
+          f"{len(twins)} twins ({', '.join(twins)})")
     print("\n".join(str(line) for line in doctor_lines(compile=compile_)))
     return 0
 

@@ -76,6 +76,7 @@ def test_patterns_and_doctor():
     proc = run("doctor", "--quick")           # the full compile report is tested in tests/gpu/cuda
     assert proc.returncode == 0, proc.stderr
     assert "nvcc" in proc.stdout.lower() and "minitx" in proc.stdout
+    assert "fast layer: on," in proc.stdout and "sdpa" in proc.stdout
 
 
 def test_bench_small(tmp_path):
