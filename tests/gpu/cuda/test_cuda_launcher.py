@@ -370,8 +370,9 @@ def test_the_drivers_take_an_explicit_choice():
     fc._forward(np, launch, q, k, v, causal=True, kernel="naive")
     assert launched == [("flash_fwd_naive<64, true>", (1, 2, 1), 0)]
     launched.clear()
-    fc._backward(np, launch, q, k, v, q.copy(), np.zeros((1, 2, 3), np.float32), q.copy(),
-                 kernel="naive")
+    with np.errstate(all="ignore"):        # the fake launch writes nothing: the group sums of
+        fc._backward(np, launch, q, k, v, q.copy(), np.zeros((1, 2, 3), np.float32), q.copy(),
+                     kernel="naive")       # dK, dV then add up unwritten buffers
     assert [n for n, _, _ in launched] == [
         "flash_bwd_dot<float>", "flash_bwd_dkdv_naive<64, false>", "flash_bwd_dq_naive<64, false>"]
     launched.clear()
