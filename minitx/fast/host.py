@@ -3,10 +3,10 @@
 Neither changes a single number minitx computes; both change how long it takes.
 
 - **OpenBLAS's spinning threads.** After every matmul NumPy's OpenBLAS keeps each idle worker
-  thread spinning for 2²⁸ cycles (about 0.1 s). The spinning thread takes a core from the
-  element-wise passes that follow and from attention's worker threads (``fast/parallel.py``).
-  ``OPENBLAS_THREAD_TIMEOUT=20`` (2²⁰ cycles, about 0.4 ms) keeps the threads awake for the next
-  of a run of small matmuls and asleep during a longer element-wise stretch. OpenBLAS reads the
+  thread spinning for 2²⁸ cycles. The spinning thread takes a core from the element-wise passes
+  that follow and from attention's worker threads (``fast/parallel.py``).
+  ``OPENBLAS_THREAD_TIMEOUT=20`` (2²⁰ cycles, 256 times shorter) keeps the threads awake for the
+  next of a run of small matmuls and asleep during a longer element-wise stretch. OpenBLAS reads the
   variable once, when NumPy loads it, so ``prepare_blas`` runs first when minitx is imported
   (``minitx/fast/__init__.py``) and takes effect only when minitx is imported before NumPy; a
   value the user set is kept, and with ``MINITX_FAST=0`` nothing is set.
@@ -58,5 +58,5 @@ def tune_host_allocator() -> bool:
         ok = libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)
         ok &= libc.mallopt(m_trim_threshold, 1 << 30)
         return bool(ok)
-    except Exception:                                          # never fail a program for this
+    except (OSError, AttributeError):          # no libc to load, or no mallopt in it
         return False
