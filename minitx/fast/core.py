@@ -26,7 +26,7 @@ from ..autograd.function import Context
 from ..autograd.grad_mode import _state as _grad_mode
 from ..autograd.tensor import Tensor
 from ..ops.elementwise import Add, Div, Mul, Sub
-from .numbers import cached_operand
+from .numbers import _PY_NUMBERS as _NUMBERS, cached_operand
 
 __all__ = ["apply", "backward"]
 
@@ -34,7 +34,6 @@ _new = object.__new__
 _ndarray, _generic = numpy.ndarray, numpy.generic
 _cupy, _versions = backend._cupy, versions.state
 _ARITHMETIC = frozenset((Add, Sub, Mul, Div))
-_NUMBERS = (float, int)                # exactly these classes: bool (an int subclass) stays
 
 
 def apply(cls, inputs, kwargs):

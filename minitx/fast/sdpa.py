@@ -42,7 +42,7 @@ from ..autograd.function import Function
 from ..backend import get_array_module
 from ..ops._util import row_max, row_sum, unbroadcast
 from ..ops.dropout import dropout_mask
-from ..ops.sdpa import SDPAFunction, grouped_key_grad, grouped_scores, grouped_values
+from ..ops.sdpa import grouped_key_grad, grouped_scores, grouped_values
 from .parallel import map_in_threads, thread_count
 
 __all__ = ["BlockedSDPAFunction", "attention_blocks", "attention_backward_scaled",
@@ -254,5 +254,4 @@ class BlockedSDPAFunction(Function):
         return dq, dk, dv, dbias
 
 
-BlockedSDPAFunction.reference = SDPAFunction
 configuration.register_twin("sdpa", BlockedSDPAFunction)

@@ -500,6 +500,7 @@ def attention_scores(query, key, attn_mask=None, is_causal: bool = False, scale:
     Same arguments and mask semantics as ``scaled_dot_product_attention``; masked entries are
     −inf (softmax makes them 0, and a row of them a row of zeros). With ``softmax`` and a
     matmul it composes to attention, one stage at a time — the form a hook can look into.
+    Time O(Nq·Nk·D) per head, memory O(Nq·Nk).
     """
     s, dtype, lead = _scores("attention_scores", query, key, attn_mask, is_causal, scale,
                              enable_gqa)
