@@ -35,3 +35,13 @@ from .synthesizer import *  # noqa: F401,F403
 from .routing import *  # noqa: F401,F403
 from .flash import *  # noqa: F401,F403
 from .mixers import *  # noqa: F401,F403
+
+# The attention of current models, and attention as recurrence.
+from .latent import *  # noqa: F401,F403
+from .differential import *  # noqa: F401,F403
+from .sigmoid import *  # noqa: F401,F403
+from .sinks import *  # noqa: F401,F403
+from .nystrom import *  # noqa: F401,F403
+from .retention import *  # noqa: F401,F403
+from .delta_rule import *  # noqa: F401,F403
+from .ssd import *  # noqa: F401,F403

@@ -31,6 +31,7 @@ import difflib
 from .. import validate
 from ..backend import get_array_module, host_xp
 from ..nn.hooks import HookPoint
+from .kv_cache import KVCache
 from ..nn.layers import Linear
 from ..nn.module import Module
 from ..ops.activation import softmax, softmax_array
@@ -215,7 +216,11 @@ class AttentionBase(Module):
       the values in that place (they are not read);
     - ``supports_causal = False`` to refuse ``causal=True`` at construction;
     - ``supports_attn_mask`` / ``supports_kv_cache`` when ``attend`` takes ``attn_mask`` and
-      ``forward`` may take a ``kv_cache``.
+      ``forward`` may take a ``kv_cache``; ``new_cache()`` makes the cache ``forward`` takes
+      (a ``KVCache``, or a variant's own state: anything with ``len()`` = tokens seen);
+    - ``model_options``: constructor options a model fills in when it builds the variant,
+      from ("layer_index", "context_length"): the block's 0-based depth and the model's
+      context length (GPT's ``block_size``). Options given explicitly win.
     """
 
     kind = "exact"
@@ -225,6 +230,7 @@ class AttentionBase(Module):
     supports_attn_mask = False
     supports_kv_cache = False
     head_hooks = True       # False for a variant whose forward has no q/k/v (FNet)
+    model_options = ()      # e.g. ("layer_index",): filled in by GPT and the blocks
 
     def __init__(self, embed_dim: int, num_heads: int, causal: bool = False,
                  num_kv_heads: int = None, bias: bool = True):
@@ -290,6 +296,10 @@ class AttentionBase(Module):
         else:
             y = self.attend(q, k, v, attn_mask=attn_mask)
         return self.out_proj(merge_heads(hooked_heads(self.hook_z, y)))
+
+    def new_cache(self):
+        """An empty cache for incremental decoding through ``forward(x, kv_cache=…)``."""
+        return KVCache()
 
     def attend(self, q, k, v):  # pragma: no cover - abstract
         raise NotImplementedError

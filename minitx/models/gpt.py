@@ -88,11 +88,14 @@ class GPTConfig:
 class GPTBlock(Module):
     """Pre-norm causal block: x + Attn(LN₁(x)), then x + MLP(LN₂(x)), MLP = W₂ GELU(W₁ x)."""
 
-    def __init__(self, config: GPTConfig, attention: str):
+    def __init__(self, config: GPTConfig, attention: str, index: int = 0):
         super().__init__()
         c = config
         cls = REGISTRY[attention]
         options = dict(c.attention_options)
+        known = {"layer_index": index, "context_length": c.block_size}
+        for name in getattr(cls, "model_options", ()):
+            options.setdefault(name, known[name])
         if issubclass(cls, ExactSelfAttention):
             options.setdefault("dropout", c.dropout)
         if c.num_kv_heads is not None:
@@ -171,7 +174,7 @@ class GPT(Module, AttentionMaps, HookedModel):
         self.hook_embed = HookPoint()            # (B, T, E) wte[idx]
         self.hook_pos_embed = HookPoint()        # (B, T, E) wpe[positions] (learned only)
         self.drop = Dropout(c.dropout)
-        self.h = ModuleList([GPTBlock(c, name) for _ in range(c.n_layer)])
+        self.h = ModuleList([GPTBlock(c, name, i) for i in range(c.n_layer)])
         self.ln_f = LayerNorm(c.n_embd, bias=c.bias)
         self.lm_head = None if c.tie_weights else Linear(c.n_embd, c.vocab_size, bias=False)
         self._init_weights()
@@ -192,8 +195,9 @@ class GPT(Module, AttentionMaps, HookedModel):
         return all(getattr(b.attn, "supports_kv_cache", False) for b in self.h)
 
     def new_caches(self):
-        """One empty ``KVCache`` per block."""
-        return [KVCache() for _ in self.h]
+        """One empty cache per block (a ``KVCache``, or the variant's own recurrent state)."""
+        return [b.attn.new_cache() if hasattr(b.attn, "new_cache") else KVCache()
+                for b in self.h]
 
     def forward(self, idx, targets=None, kv_caches=None):
         tokens = token_ids(idx)
