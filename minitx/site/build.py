@@ -268,8 +268,11 @@ def _meta(page, known, seed, commit):
 def _proof_html(proof) -> str:
     rows = []
     for claim, value, limit, passed, measured in proof.lines:
-        verdict = (f'<span class="limit">{esc(limit)} {"✓" if passed else "✗"}</span>'
-                   if limit else "")
+        if limit == "illustrative":       # a clock's number: shown, labelled, never judged
+            verdict = '<span class="limit illustrative">illustrative</span>'
+        else:
+            verdict = (f'<span class="limit">{esc(limit)} {"✓" if passed else "✗"}</span>'
+                       if limit else "")
         row = (f'<li><span class="claim">{esc(claim)}</span>'
                f'<span class="value"><b>{esc(value)}</b>{verdict}</span></li>')
         rows.append(f"<!--measured-->{row}<!--/measured-->" if measured else row)
@@ -280,11 +283,11 @@ def _proof_html(proof) -> str:
     parts.append(f'<ul class="claims">{"".join(rows)}</ul>')
     plots = []
     if proof.time:
-        plots.append("<!--measured-->" + svg_plot({"time (s)": proof.time}, "N", "seconds")
-                     + "<!--/measured-->")
+        plots.append("<!--measured-->" + svg_plot({"time, illustrative": proof.time}, "N",
+                                                  "seconds", unit="s") + "<!--/measured-->")
     if proof.memory:       # traced peaks move by a few hundred bytes with the allocator's state
-        plots.append("<!--measured-->" + svg_plot({"peak memory (bytes)": proof.memory}, "N",
-                                                  "bytes") + "<!--/measured-->")
+        plots.append("<!--measured-->" + svg_plot({"peak traced memory": proof.memory}, "N",
+                                                  "bytes", unit="B") + "<!--/measured-->")
     if proof.budget:
         plots.append(svg_plot({"output error": [(b, e) for b, e in proof.budget if e > 0]},
                               proof.budget_label, "relative error"))

@@ -285,15 +285,27 @@ def pygments_css() -> str:
 _COLOURS = ("#1f5fa8", "#c2410c", "#15803d", "#7e22ce", "#b45309")
 
 
-def _nice(v: float) -> str:
+def _nice(v: float, unit: str = "") -> str:
+    """A tick label: integers as written, bytes in B/KiB/MiB/GiB, seconds in s/ms/µs."""
+    if unit == "B":
+        for scale, name in ((2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
+            if abs(v) >= scale:
+                return f"{v / scale:.3g} {name}"
+        return f"{v:.0f} B"
+    if unit == "s":
+        for scale, name in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+            if abs(v) >= scale:
+                return f"{v / scale:.3g} {name}"
+        return f"{v * 1e9:.3g} ns"
     return str(int(v)) if float(v).is_integer() and abs(v) < 1e7 else f"{v:.3g}"
 
 
-def svg_plot(series: dict, xlabel: str, ylabel: str, log=True, width=240, height=150) -> str:
+def svg_plot(series: dict, xlabel: str, ylabel: str, log=True, width=260, height=150,
+             unit: str = "") -> str:
     """A small line plot as inline SVG, drawn by hand so the bytes depend only on the numbers.
 
     ``series``: {label: [(x, y), …]}; ``log``: both axes logarithmic (a power law is a line,
-    its slope the exponent).
+    its slope the exponent); ``unit``: "B" or "s" writes the y ticks in KiB/MiB or ms/µs.
     """
     tx = (lambda v: float(np.log10(v))) if log else float
     pts = {k: [(tx(x), tx(max(y, 1e-30)) if log else float(y)) for x, y in v]
@@ -306,31 +318,36 @@ def svg_plot(series: dict, xlabel: str, ylabel: str, log=True, width=240, height
         x1 = x0 + 1
     if y1 == y0:
         y1 = y0 + 1
-    left, right, top, bottom = 46, 8, 18, 30
+    # margins wide enough for "512 KiB" on the left and a four-digit N under the last point
+    left, right, top, bottom = 54, 18, 18, 30
     sx = lambda x: left + (x - x0) / (x1 - x0) * (width - left - right)  # noqa: E731
     sy = lambda y: height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom)  # noqa: E731
     raw = [(x, y) for v in series.values() for x, y in v]
-    label_x = lambda v: _nice(v)  # noqa: E731
+    scale = "log–log" if log else "linear"
     out = [f'<svg class="plot" viewBox="0 0 {width} {height}" width="{width}" '
            f'height="{height}" role="img" aria-label="{esc(ylabel)} against {esc(xlabel)}">',
            f'<rect x="{left}" y="{top}" width="{width - left - right}" '
            f'height="{height - top - bottom}" fill="#fafafa" stroke="#ccc"/>']
-    for x in sorted({x for x, _ in raw}):
+    ticks = sorted({x for x, _ in raw})
+    for i, x in enumerate(ticks):
         px = sx(tx(x))
+        if len(ticks) > 6 and 0 < i < len(ticks) - 1 and i % 2:
+            continue                     # every other label when they would crowd
         out.append(f'<text x="{px:.1f}" y="{height - bottom + 12}" text-anchor="middle">'
-                   f'{label_x(x)}</text>')
+                   f'{_nice(x)}</text>')
     for y in (min(y for _, y in raw), max(y for _, y in raw)):
         py = sy(tx(max(y, 1e-30)) if log else y)
-        out.append(f'<text x="{left - 3}" y="{py + 3:.1f}" text-anchor="end">{_nice(y)}</text>')
+        out.append(f'<text x="{left - 3}" y="{py + 3:.1f}" text-anchor="end">'
+                   f'{_nice(y, unit)}</text>')
     out.append(f'<text x="{(left + width - right) / 2:.1f}" y="{height - 4}" '
-               f'text-anchor="middle">{esc(xlabel)}</text>')
+               f'text-anchor="middle">{esc(xlabel)} ({scale})</text>')
     for i, (name, v) in enumerate(sorted(pts.items())):
         colour = _COLOURS[i % len(_COLOURS)]
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in v)
         out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.6"/>')
         out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.4" fill="{colour}"/>'
                 for x, y in v]
-        out.append(f'<text x="{left + 90 * i}" y="{top - 6}" fill="{colour}">'
+        out.append(f'<text x="{left + 110 * i}" y="{top - 6}" fill="{colour}">'
                    f'{esc(name)}</text>')                  # the legend, above the frame
     out.append("</svg>")
     return "".join(out)

@@ -1,0 +1,92 @@
+"""The rules the site's proof boxes follow: a verdict rests on a count, never on a clock.
+
+Growth is judged on traced bytes against the limit the *stated* complexity sets; a timing is
+printed but labelled "illustrative"; a variant's own identities are judged like every other
+number; plots are log–log with readable units.
+"""
+import re
+
+import pytest
+
+pytest.importorskip("markdown_it", reason='pip install ".[docs]"')
+
+from minitx.attention import REGISTRY  # noqa: E402
+from minitx.site import build as site_build  # noqa: E402
+from minitx.site import proofs  # noqa: E402
+from minitx.site.render import svg_plot  # noqa: E402
+
+
+@pytest.mark.parametrize("text,power", [
+    ("time O(B·H·N²·D), memory O(B·H·N²)", 2),
+    ("time O(B·H·N·m·D), memory O(B·H·N·m); causal memory O(B·H·N·m·D)", 1),
+    ("time O(B·H·N·(l + N/l)·D), memory O(B·H·N·(l + N/l)·D)", 2),     # a stride: N²/l
+    ("time O(B·H·N·(l + N·c/l)·D), memory O(B·H·N·(l + N·c/l))", 2),
+    ("time O(B·H·N²·D), memory O(B·H·(N·D + b_q·b_k))", 1),            # flash: time N², memory N
+    ("time O(B·N·E·(log N + log E)), memory O(B·N·E)", 1),
+])
+def test_the_memory_power_is_read_from_the_stated_complexity(text, power):
+    assert proofs.stated_memory_power(text) == power
+
+
+def test_every_variant_states_a_memory_term_the_rule_can_read():
+    for name, cls in REGISTRY.items():
+        assert "memory" in cls.complexity or "O(" in cls.complexity, name
+        assert proofs.MEMORY_LIMIT[proofs.stated_memory_power(cls.complexity)] in (1.4, 2.4)
+
+
+def test_the_limits_separate_the_powers():
+    # a linear claim admits at most 1.4, a quadratic one at most 2.4: neither admits the next
+    assert proofs.MEMORY_LIMIT[1] < 2 and proofs.MEMORY_LIMIT[2] < 3
+
+
+def test_every_number_in_a_box_shows_its_limit_or_the_word_illustrative():
+    p = proofs.Proof("x", "X")
+    p.report("float64 gradcheck", "pass")
+    p.check("gradient error", 1e-9, 1e-6)
+    p.report("time exponent", "1.93", measured=True)
+    p.check("memory exponent", 1.02, 1.4, fmt="{:.2f}", measured=True)
+    html = site_build._proof_html(p)
+    for row in re.findall(r"<li>(.*?)</li>", html):
+        value = re.search(r'<span class="value"><b>(.*?)</b>', row).group(1)
+        if re.search(r"\d", value):
+            assert re.search(r'class="limit[^"]*">(≤|≥|illustrative)', row), row
+    assert 'illustrative</span>' in html and "1.93" in html
+
+
+def test_a_slow_machine_cannot_fail_a_build(monkeypatch):
+    # a timing that grows like N⁴ (a loaded machine) is reported, not judged
+    p = proofs.Proof("local", "LocalAttention")
+
+    def fake_measure(run, sizes, repeats=3):
+        return [(n, (n / 64) ** 4) for n in sizes], [(n, 1000.0 * n) for n in sizes]
+    monkeypatch.setattr(proofs, "_measure", fake_measure)
+    proofs._growth(p, None, (64, 128, 256), power=1)
+    time_line = next(line for line in p.lines if line[0].startswith("time"))
+    assert time_line[1] == "4.00" and time_line[2] == "illustrative"
+
+
+def test_memory_that_grows_faster_than_stated_fails_the_build(monkeypatch):
+    p = proofs.Proof("local", "LocalAttention")
+    monkeypatch.setattr(proofs, "_measure", lambda run, sizes, repeats=3: (
+        [(n, 1.0) for n in sizes], [(n, float(n) ** 2) for n in sizes]))
+    with pytest.raises(proofs.ProofFailure, match="memory exponent"):
+        proofs._growth(p, None, (64, 128, 256), power=1)
+
+
+def test_a_variants_identities_are_judged(monkeypatch):
+    cls = REGISTRY["local"]
+    monkeypatch.setattr(cls, "identities", classmethod(
+        lambda c, seed=0: [("recurrent − parallel, max |Δ|", 1e-3, 1e-10)]), raising=False)
+    monkeypatch.setattr(proofs, "_measure", lambda run, sizes, repeats=3: (
+        [(n, 1.0) for n in sizes], [(n, float(n)) for n in sizes]))
+    with pytest.raises(proofs.ProofFailure, match="recurrent − parallel"):
+        proofs.variant_proof("local", proofs.Sizes.make(True), seed=0)
+
+
+def test_plots_are_log_log_with_bytes_in_binary_units():
+    svg = svg_plot({"peak traced memory": [(128, 3 * 2 ** 20), (1024, 24 * 2 ** 20)]}, "N",
+                   "bytes", unit="B")
+    assert "3 MiB" in svg and "24 MiB" in svg and "N (log–log)" in svg
+    assert ">1024<" in svg                       # the last tick is written whole
+    assert "3145728" not in svg                  # no raw byte counts
+    assert "1.5 ms" in svg_plot({"t": [(64, 1.5e-3), (128, 3e-3)]}, "N", "s", unit="s")
