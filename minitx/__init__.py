@@ -28,6 +28,7 @@ from .autograd import (arange, full, full_like, ones, ones_like, rand, randn,  #
                        randn_like, zeros, zeros_like)                          # factories
 from . import ops
 from . import functional
+from .ops.shape import cat                      # PyTorch's torch.cat (= functional.concatenate)
 
 _SUBPACKAGES = ("nn", "optim", "attention", "models", "pretrained", "interop", "data", "viz",
                 "validate")
@@ -45,5 +46,5 @@ __all__ = ["__version__", "Tensor", "tensor", "Function", "no_grad", "enable_gra
            "is_grad_enabled", "set_grad_enabled", "gradcheck", "checkpoint", "manual_seed",
            "set_backend", "get_backend", "get_array_module", "gpu_available", "functional",
            "backend", "ops", "zeros", "ones", "full", "rand", "randn", "arange", "zeros_like",
-           "ones_like", "full_like", "randn_like",
+           "ones_like", "full_like", "randn_like", "cat",
            "config", "using_config", "configuration", "fast"]

@@ -11,7 +11,9 @@ Everything here comes from ``minitx.ops`` (one Function per op); attention's fus
 Every op with an ``axis`` also takes PyTorch's ``dim=`` (and ``keepdim=`` for ``keepdims``):
 ``F.softmax(x, dim=-1)``. Where PyTorch's ``dim=`` means something else (``max``/``min``
 return indices too, ``var`` is unbiased, ``split`` cuts pieces of a length) it is refused with
-minitx's spelling named (``minitx.validate.dim_alias``).
+minitx's spelling named (``minitx.validate.dim_alias``). PyTorch's names of ops sit beside
+NumPy's in the op's own file: ``cat`` (also ``minitx.cat``) is ``concatenate``, in
+``ops/shape.py``.
 """
 from .ops import *  # noqa: F401,F403
 from .ops import unbroadcast  # noqa: F401

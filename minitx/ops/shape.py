@@ -1,5 +1,6 @@
-"""Shape ops: reshape, transpose, swapaxes, broadcast_to, squeeze, expand_dims, concatenate,
-stack, split, pad, tril/triu. Their backward moves the gradient back to the input's layout.
+"""Shape ops: reshape, transpose, swapaxes, broadcast_to, squeeze, expand_dims, concatenate
+(and PyTorch's spelling of it, ``cat``), stack, split, pad, tril/triu. Their backward moves the
+gradient back to the input's layout.
 """
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import numbers
 
 from ..autograd.function import Function
 from ..backend import get_array_module
-from ..validate import dim_alias
+from ..validate import OptionError, dim_alias, integer
 from ._util import as_tuple, normalize_axis, unbroadcast
 
 __all__ = ["reshape", "transpose", "swapaxes", "broadcast_to", "squeeze", "expand_dims",
-           "concatenate", "stack", "split", "pad", "tril", "triu", "flip"]
+           "concatenate", "cat", "stack", "split", "pad", "tril", "triu", "flip"]
 
 
 class Reshape(Function):
@@ -177,13 +178,59 @@ def expand_dims(x, axis):
     return Reshape.apply(x, tuple(shape))
 
 
-@dim_alias
-def concatenate(xs, axis: int = 0):
-    """Join tensors along an existing axis; backward splits the gradient at the seams."""
+def _joinable(fn: str, arg: str, xs, axis, axis_name: str):
+    """``xs`` as a list, checked for ``fn``: a non-empty sequence (not one tensor) of tensors
+    whose shapes agree in every dim but ``axis``; returns (list, axis in [0, ndim))."""
+    if hasattr(xs, "shape"):          # one Tensor or array: iterating it would join its rows
+        raise OptionError(f"{fn}: {arg} must be a list or tuple of tensors, got one "
+                          f"{type(xs).__name__} of shape {tuple(xs.shape)} (pass [x, ...])")
     xs = list(xs)
     if not xs:
-        raise ValueError("concatenate needs at least one tensor")
+        raise OptionError(f"{fn}: {arg} must be a non-empty list of tensors, got an empty one")
+    # every entry needs a shape; the first one's sets the rank and the dims that must agree
+    for i, x in enumerate(xs):
+        if not hasattr(x, "shape"):
+            raise OptionError(f"{fn}: {arg}[{i}] must be a Tensor or array, got "
+                              f"{type(x).__name__}")
+    first = tuple(xs[0].shape)
+    if not first:
+        raise OptionError(f"{fn}: {arg}[0] is 0-d; 0-d tensors have no {axis_name} to join "
+                          "along (use stack)")
+    axis = integer(axis, axis_name, minimum=-len(first), maximum=len(first) - 1, owner=fn)
+    axis %= len(first)
+    for i, x in enumerate(xs[1:], 1):
+        shape = tuple(x.shape)
+        if len(shape) != len(first) or any(a != b for d, (a, b) in enumerate(zip(shape, first))
+                                           if d != axis):
+            raise OptionError(f"{fn}: {arg}[{i}] has shape {shape} but {arg}[0] has {first}; "
+                              f"every dim but {axis_name} {axis} must match")
+    return xs, axis
+
+
+@dim_alias
+def concatenate(xs, axis: int = 0):
+    """Join tensors along an existing axis; backward splits the gradient at the seams.
+
+    xs: (…, n_i, …) for i = 1..k, equal in every other dim → (…, Σ n_i, …). ``dim=`` works as
+    ``axis=``; ``cat`` is PyTorch's spelling. Time and memory O(total size).
+    """
+    xs, axis = _joinable("concatenate", "xs", xs, axis, "axis")
     return Concatenate.apply(*xs, axis=axis)
+
+
+def cat(tensors, dim: int = 0, *, axis: int = None):
+    """PyTorch's ``torch.cat(tensors, dim=0)``: ``concatenate`` under PyTorch's names.
+
+    ``axis=`` (NumPy's spelling) is taken too; giving both ``dim`` (other than its default)
+    and ``axis`` is an ``OptionError`` naming both. Errors name ``cat`` and ``tensors``.
+    """
+    if axis is not None:
+        if dim != 0:
+            raise OptionError(f"cat: pass dim= or its NumPy spelling axis=, not both (got "
+                              f"dim={dim!r} and axis={axis!r})")
+        dim = axis
+    xs, dim = _joinable("cat", "tensors", tensors, dim, "dim")
+    return Concatenate.apply(*xs, axis=dim)
 
 
 @dim_alias
