@@ -1,19 +1,34 @@
-"""Reading ``.npz`` checkpoints safely (``Module.load``): host files, host arrays.
+"""Reading and writing ``.npz`` checkpoints safely (``Module.save``/``load``,
+``minitx.save_checkpoint``): host files, host arrays.
 
-NumPy's ``np.load`` with ``allow_pickle=False`` never unpickles, but it reports a broken file in
-its own words and allocates an entry before it knows the file holds it. This reader checks every
-entry's ``.npy`` header against the archive first and names the file and the entry in every
-refusal.
+Reading: NumPy's ``np.load`` with ``allow_pickle=False`` never unpickles, but it reports a broken
+file in its own words and allocates an entry before it knows the file holds it. ``read_npz``
+checks every entry's ``.npy`` header against the archive first and names the file and the entry
+in every refusal.
+
+Writing: ``write_npz`` never leaves a half-written file where a checkpoint was. It writes the
+whole archive to ``<path>.tmp`` beside the target, flushes it and ``fsync``s it to the disk, and
+only then renames it over the target with ``os.replace`` (atomic on POSIX and Windows within one
+folder), then ``fsync``s the folder so the rename itself survives a power cut (POSIX only). A
+failure, a Ctrl-C or a kill at any moment leaves either the old file or the new one:
+
+    kill during the write / flush / fsync   the old file, plus a stray ``<path>.tmp``
+    exception or Ctrl-C at the same points  the old file; ``<path>.tmp`` removed
+    kill after the rename                   the new file
+
+The temporary has a fixed name, so the next save overwrites a stray one: however many kills,
+at most one stray file.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import zipfile
 
 import numpy
 from numpy.lib import format as npy
 
-__all__ = ["read_npz", "CheckpointError"]
+__all__ = ["read_npz", "write_npz", "temporary_path", "CheckpointError"]
 
 
 class CheckpointError(ValueError):
@@ -29,6 +44,8 @@ def read_npz(path) -> dict:
     entry whose header claims more bytes than the archive holds for it.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"checkpoint {path!r} is a folder, not an .npz file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist")
     with open(path, "rb") as fh:
@@ -76,3 +93,70 @@ def read_npz(path) -> dict:
     except (zipfile.BadZipFile, EOFError, OSError) as exc:
         raise CheckpointError(f"checkpoint {path!r} is truncated or corrupt: {exc}") from exc
     return state
+
+
+# --- writing --------------------------------------------------------------------------------
+
+def temporary_path(path) -> str:
+    """Where ``write_npz`` writes before the rename: ``<path>.tmp``, in the same folder (a
+    rename across folders, possibly across file systems, would not be atomic)."""
+    return os.fspath(path) + ".tmp"
+
+
+def write_npz(path, arrays) -> str:
+    """Write ``arrays`` ({entry name: array}) as an uncompressed ``.npz`` at ``path``, atomically
+    (module docstring): the old file or the new one, never a broken one. Returns ``path``.
+
+    The layout is ``numpy.savez``'s (one ``<name>.npy`` per entry in a zip archive), written
+    here through a file object so that no ``.npz`` suffix is added and any name is an entry
+    (``savez(file, **arrays)`` would take an entry called ``file`` as its own argument). Object
+    arrays are refused (``allow_pickle=False``), before the target is touched.
+    An ``OSError`` (disk full, read-only folder, ...) is raised again naming ``path``.
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"cannot write checkpoint {path!r}: it is a folder")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"cannot write checkpoint {path!r}: folder {folder!r} does not "
+                                "exist")
+    arrays = {str(name): numpy.asarray(a) for name, a in arrays.items()}
+    for name, array in arrays.items():
+        if array.dtype.hasobject:
+            raise TypeError(f"checkpoint {path!r}: entry {name!r} holds Python objects; only "
+                            "plain numeric (or string) arrays are written")
+    tmp = temporary_path(path)
+    try:
+        # 1. the whole archive into <path>.tmp, then flushed from Python's buffer and the OS's
+        with open(tmp, "wb") as fh:
+            _write_archive(fh, arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        # 2. one atomic rename: from here on the target is the new file
+        os.replace(tmp, path)
+    except BaseException as exc:            # an error, Ctrl-C: no stray file, the old one kept
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, f"checkpoint not written, the file there before (if any) is "
+                          f"unchanged: {exc.strerror or exc}", path) from exc
+        raise
+    # 3. make the rename durable: fsync the folder's entry list (POSIX; Windows cannot open a
+    # folder). Some file systems refuse a folder fsync; the file is in place either way.
+    if os.name == "posix":
+        with contextlib.suppress(OSError):
+            fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    return path
+
+
+def _write_archive(fh, arrays: dict) -> None:
+    """``numpy.savez``'s layout on an open binary file: a zip archive (stored, not deflated;
+    Zip64 so that entries over 4 GiB work) with one ``.npy`` per entry."""
+    with zipfile.ZipFile(fh, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, array in arrays.items():
+            with zf.open(name + ".npy", mode="w", force_zip64=True) as entry:
+                npy.write_array(entry, array, allow_pickle=False)

@@ -71,11 +71,6 @@ def _copy_to_host(array):
     return host.copy() if host is array else host
 
 
-def _host_module():
-    """The host array module (NumPy), for file I/O; ``get_array_module()`` of no arrays."""
-    return backend.get_array_module()
-
-
 def _check_name(kind: str, name) -> None:
     if not isinstance(name, str):
         raise TypeError(f"{kind} name must be a str, got {type(name).__name__}")
@@ -449,10 +444,9 @@ class Module:
 
     def save(self, path) -> str:
         """Write ``state_dict()`` to an ``.npz`` file (".npz" is appended when missing); returns
-        the path written. Plain arrays only, so loading never unpickles."""
-        path = self._npz_path(path)
-        _host_module().savez(path, **self.state_dict())
-        return path
+        the path written. Plain arrays only, so loading never unpickles. Atomic
+        (``backend.npz.write_npz``): a failure or a kill leaves the old file or the new one."""
+        return backend.npz.write_npz(self._npz_path(path), self.state_dict())
 
     def load(self, path, strict: bool = True) -> IncompatibleKeys:
         """Read an ``.npz`` written by ``save`` and ``load_state_dict`` it (``read_npz``: every
