@@ -34,11 +34,19 @@ _SUBPACKAGES = ("nn", "optim", "attention", "models", "pretrained", "interop", "
                 "validate")
 
 
+# training checkpoints (minitx/checkpoints.py, built on the models' layer: imported on use)
+_CHECKPOINTS = ("save_checkpoint", "load_checkpoint")
+
+
 def __getattr__(name):
-    """Import the larger subpackages on first use (``minitx.nn``, ``minitx.attention``, ...)."""
+    """Import the larger subpackages on first use (``minitx.nn``, ``minitx.attention``, ...),
+    and ``minitx.save_checkpoint`` / ``load_checkpoint`` from ``minitx.checkpoints``."""
     if name in _SUBPACKAGES:
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
+    if name in _CHECKPOINTS:
+        import importlib
+        return getattr(importlib.import_module(f"{__name__}.checkpoints"), name)
     raise AttributeError(f"module 'minitx' has no attribute {name!r}")
 
 
@@ -47,4 +55,5 @@ __all__ = ["__version__", "Tensor", "tensor", "Function", "no_grad", "enable_gra
            "set_backend", "get_backend", "get_array_module", "gpu_available", "functional",
            "backend", "ops", "zeros", "ones", "full", "rand", "randn", "arange", "zeros_like",
            "ones_like", "full_like", "randn_like", "cat",
-           "config", "using_config", "configuration", "fast"]
+           "config", "using_config", "configuration", "fast", "save_checkpoint",
+           "load_checkpoint"]

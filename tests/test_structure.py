@@ -12,7 +12,8 @@ any layer below, never above:
     5  attention                         the registry and every variant
     6  models                            MultiheadAttention, transformer blocks, models
     7  pretrained, interop, metrics,     built from models: checkpoints, PyTorch hand-off,
-       data, viz, patching               measures, data sets, pictures, patching
+       data, viz, patching, checkpoints  measures, data sets, pictures, patching, training
+                                         checkpoints (stop and resume)
     8  tour, cli, __main__, site         the programs
 
 Two deliberate exceptions, both documented where they are: ``autograd/tensor.py`` binds the
@@ -38,7 +39,7 @@ LAYERS = [("validate", "configuration"), ("backend",), ("autograd", "ops", "func
           ("fast", "__init__"),
           ("nn", "optim"),
           ("attention",), ("models",),
-          ("pretrained", "interop", "metrics", "data", "viz", "patching"),
+          ("pretrained", "interop", "metrics", "data", "viz", "patching", "checkpoints"),
           ("tour", "cli", "__main__", "site")]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 

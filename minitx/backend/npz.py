@@ -28,7 +28,7 @@ import zipfile
 import numpy
 from numpy.lib import format as npy
 
-__all__ = ["read_npz", "write_npz", "temporary_path", "CheckpointError"]
+__all__ = ["CheckpointError", "read_npz", "temporary_path", "write_npz"]
 
 
 class CheckpointError(ValueError):
