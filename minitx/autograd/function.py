@@ -28,13 +28,15 @@ hands a new array that nobody else holds to a leaf as its ``.grad`` without copy
 from __future__ import annotations
 
 import itertools
-import re
 
 import numpy
 
 from .. import backend, configuration
-from . import versions
-from .anomaly import _state as _anomaly, user_frame
+from . import anomaly, versions
+from .anomaly import _state as _anomaly
+from .checks import NAMED as _NAMED, in_op as _in_op
+from .checks import describe as _describe  # noqa: F401 - its name here before checks.py
+from .devices import _deep, one_device as _one_device  # noqa: F401 - _deep: the same
 from .grad_mode import _state as _grad_mode
 from .tensor import Tensor
 
@@ -95,9 +97,13 @@ class Function:
         ``arrays = [a.data if Tensor else a]``; ``out = forward(ctx, *arrays)``; ``ctx`` is
         recorded as ``out``'s node iff grad mode is on and some input requires grad.
         """
-        fast = configuration.twin("apply")          # the fast layer's, when it is on
+        # With minitx.config.fast on, the fast layer's twin runs the same steps (fast/core.py)
+        fast = configuration.twin("apply")
         if fast is not None:
             return fast(cls, inputs, kwargs)
+
+        # Unwrap: forward sees raw arrays. An input that is not a Tensor (a Python number, a
+        # mask array) is a constant of the op: it never receives a gradient
         arrays, needs = [], []                     # each input's array; needs its gradient?
         for a in inputs:
             is_tensor = isinstance(a, Tensor)
@@ -106,76 +112,32 @@ class Function:
         record = _grad_mode["enabled"] and any(needs)        # grad mode on (no_grad off)
         if backend._cupy["module"] is not None:    # the device rule: once CuPy is loaded
             arrays, kwargs = _one_device(cls, inputs, arrays, kwargs)
+
+        # Run the maths. NumPy's own errors come back once, with the op's name and its
+        # inputs' shapes; an error minitx wrote ("name: …") already says who refused
         ctx = Context()
         try:
             out = cls.forward(ctx, *arrays, **kwargs)
         except (ValueError, IndexError, TypeError) as exc:
-            if _NAMED.match(str(exc)):                           # already says who refused
+            if _NAMED.match(str(exc)):
                 raise
-            raise _in_op(cls, exc, arrays) from exc              # NumPy's words, with the op
+            raise _in_op(cls, exc, arrays) from exc
         if isinstance(out, numpy.generic):         # NumPy reductions return scalars
             out = numpy.asarray(out)
+        if _anomaly["enabled"]:                    # a NaN made here raises; where it ran
+            ctx.trace = anomaly.check_forward(cls, arrays, kwargs, out)
+
+        # Record the node only when a gradient will be asked of it: under no_grad, or with
+        # constants only, the output is a plain leaf and nothing is kept alive for backward
         result = Tensor._wrap(out, record)
         if record:
             ctx.fn, ctx.parents, ctx.needs_input_grad = cls, inputs, needs
             ctx.seq = next(_sequence)              # creation order: the engine's walk order
             ctx.stamp = versions.state["stamp"]    # in-place writes so far (see versions)
-            if _anomaly["enabled"]:
-                ctx.trace = user_frame()           # where the forward ran, for the message
             result._ctx = ctx
         return result
 
 
+# One counter for every node of every graph: a node's number is larger than those of the
+# nodes that made its inputs, which is all the engine needs to find a topological order
 _sequence = itertools.count()
-_NAMED = re.compile(r"[A-Za-z_][\w.]*: ")     # "var: …", "Embedding: …" — minitx's own errors
-
-
-def _describe(a) -> str:
-    if hasattr(a, "shape") and hasattr(a, "dtype"):
-        return f"{a.dtype}{tuple(a.shape)}"
-    if isinstance(a, (tuple, list)):
-        return "(" + ", ".join(_describe(v) for v in a) + ")"
-    return type(a).__name__
-
-
-def _in_op(fn, exc, arrays):
-    """The error ``exc`` raised inside ``fn.forward``, re-raised once, here, with the op's name
-    and its inputs' dtypes and shapes (so a user never reads a bare NumPy message)."""
-    kind = next(k for k in (TypeError, IndexError, ValueError) if isinstance(exc, k))
-    base = type(exc) if type(exc) in (ValueError, IndexError, TypeError) or \
-        type(exc).__name__ == "OptionError" else kind
-    inputs = ", ".join(_describe(a) for a in arrays)
-    return base(f"{fn.__name__}: {exc} (inputs: {inputs})")
-
-
-def _one_device(fn, inputs, arrays, kwargs):
-    """The device rule, enforced here for every op: Tensors of one call live on one device;
-    a NumPy array given with device Tensors (a mask, an index array, a constant) is copied to
-    the device once; a device array given with host Tensors is an error."""
-    devices = {a.device for a in inputs if isinstance(a, Tensor)}
-    if len(devices) > 1:
-        where = ", ".join(f"input {i} on {a.device}" for i, a in enumerate(inputs)
-                          if isinstance(a, Tensor))
-        raise RuntimeError(f"{fn.__name__}: expected all tensors on one device, got {where}; "
-                           "move them with .to('cuda') or .to('cpu')")
-    if devices == {"cuda"}:
-        move = backend.to_device_of
-        like = next(a for a in arrays if backend.device_of(a) == "cuda")
-        arrays = [_deep(move, a, like) for a in arrays]
-        kwargs = {k: _deep(move, v, like) for k, v in kwargs.items()}
-    elif devices == {"cpu"}:
-        for a in list(arrays) + list(kwargs.values()):
-            if backend.device_of(a) == "cuda":
-                raise RuntimeError(f"{fn.__name__}: a CUDA array was given with CPU tensors; "
-                                   "move it with minitx.backend.to_host(...) or the tensors "
-                                   "with .to('cuda')")
-    return arrays, kwargs
-
-
-def _deep(move, value, like):
-    """``move`` applied to ``value`` and to the arrays inside a tuple/list (an index)."""
-    if isinstance(value, tuple):
-        return tuple(_deep(move, v, like) for v in value)
-    if isinstance(value, list):
-        return [_deep(move, v, like) for v in value]
-    return move(value, like)

@@ -9,14 +9,23 @@ methods that take ``dim=`` / ``keepdim=`` (``sum``, ``mean``, ``softmax``, …; 
 ``validate.dim_alias``, and refuse them where PyTorch means something else, naming minitx's
 spelling). No maths lives here: ``Tensor`` inherits this class (``tensor.py``), and this module
 is the home of every further PyTorch alias of a Tensor method.
+
+One name means two things: ``transpose``. NumPy's ``a.transpose(*axes)`` permutes all axes,
+PyTorch's ``t.transpose(d0, d1)`` swaps two. ``Tensor.transpose`` keeps NumPy's meaning and
+refuses the two ints a PyTorch user writes wherever NumPy would read them otherwise
+(``transpose_axes``), naming the spellings that say it: ``t.swapaxes(d0, d1)``, ``t.T``,
+``t.permute(…)``, ``t.t()``, ``t.transpose((…))``.
 """
 from __future__ import annotations
 
+import numbers
+
 import numpy
 
+from ..validate import OptionError
 from . import tensor as _tensor   # the module (tensor.py imports this one at its top)
 
-__all__ = ["PyTorchSpellings", "Size"]
+__all__ = ["PyTorchSpellings", "Size", "transpose_axes"]
 
 
 class Size(int):
@@ -32,6 +41,7 @@ class Size(int):
         return size
 
     def __call__(self, dim=None):
+        # t.size(): the shape; t.size(d): one extent, with PyTorch's range check
         if dim is None:
             return self.shape
         if isinstance(dim, bool) or not isinstance(dim, (int, numpy.integer)) or \
@@ -39,6 +49,50 @@ class Size(int):
             raise IndexError(f"size: dim must be an int in [{-len(self.shape)}, "
                              f"{len(self.shape) - 1}] for shape {self.shape}, got {dim!r}")
         return self.shape[dim]
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def transpose_axes(ndim: int, axes: tuple):
+    """The permutation that ``Tensor.transpose(*axes)`` means on a tensor of ``ndim`` axes
+    (``None``: all axes reversed), or an ``OptionError`` where NumPy's reading and PyTorch's
+    differ and the call cannot say which one it means:
+
+    - ``()``: reversed; one tuple or list, or ``ndim`` ints other than the case below: NumPy's
+      permutation (``transpose((2, 0, 1))``, ``transpose(2, 0, 1)``);
+    - two ints on a tensor that does not have 2 axes: not a permutation of its axes, so NumPy
+      refuses them, and PyTorch swaps them: refused, naming ``swapaxes``;
+    - two ints on a 2-D tensor that name axes 0, 1 in that order (``(0, 1)``, ``(-2, -1)``):
+      NumPy's identity, the tensor unchanged, and PyTorch's swap, the matrix transpose —
+      refused, naming ``T``, ``swapaxes(0, 1)`` and ``transpose((1, 0))``;
+    - ``(1, 0)`` on a 2-D tensor: a swap in both readings: taken.
+    """
+    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+        return tuple(axes[0])
+    if len(axes) != 2 or not all(_is_int(a) for a in axes):
+        return axes or None
+    # two ints: the one call whose meaning depends on who reads it
+    a, b = (int(v) for v in axes)
+    if ndim != 2:
+        perm = list(range(ndim))
+        if -ndim <= a < ndim and -ndim <= b < ndim:
+            perm[a], perm[b] = perm[b], perm[a]
+            swap = f"x.swapaxes({a}, {b}) or x.transpose({tuple(perm)})"
+        else:
+            swap = f"x.swapaxes({a}, {b})"
+        raise OptionError(
+            f"transpose: axes must be a permutation of all the axes of this {ndim}-D tensor "
+            f"(NumPy's transpose), got two, ({a}, {b}); to swap two axes, as PyTorch's "
+            f"transpose({a}, {b}) does, write {swap}")
+    if -2 <= a < 2 and -2 <= b < 2 and (a % 2, b % 2) == (0, 1):
+        raise OptionError(
+            f"transpose: axes ({a}, {b}) on a 2-D tensor read two ways: NumPy's permutation "
+            f"(axes in their own order: the tensor unchanged) and PyTorch's swap (the matrix "
+            f"transpose); for the swap write x.T, x.swapaxes(0, 1) or x.transpose((1, 0)), "
+            f"for no change x itself")
+    return axes
 
 
 def _functional():
@@ -89,6 +143,34 @@ class PyTorchSpellings:
         """A new axis of length 1 at ``dim`` (PyTorch's name for ``expand_dims``)."""
         return _functional().expand_dims(self, dim)
 
+    def permute(self, *dims):
+        """The axes in the order ``dims``, each axis once: ``t.permute(2, 0, 1)`` or
+        ``t.permute((2, 0, 1))`` (PyTorch's name for NumPy's ``transpose(dims)``)."""
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+            dims = tuple(dims[0])
+        n = self.data.ndim
+        # each dim an int in [-n, n), and together every axis exactly once
+        if not all(_is_int(d) and -n <= d < n for d in dims) or \
+                sorted(int(d) % max(n, 1) for d in dims) != list(range(n)):
+            raise OptionError(f"permute: dims must be a permutation of the {n} axes "
+                              f"0..{n - 1} (each once; negatives count back), got {dims}")
+        return _functional().transpose(self, tuple(int(d) for d in dims))
+
+    def t(self):
+        """The matrix transpose of a 2-D tensor (``t.T``); a 0-D or 1-D tensor is returned
+        as it is (PyTorch's ``t()``). More axes are refused: say which two to swap."""
+        if self.data.ndim > 2:
+            raise OptionError(f"t: expects a tensor with at most 2 axes, got {self.data.ndim} "
+                              f"(shape {tuple(self.data.shape)}); swap two axes with "
+                              "x.swapaxes(d0, d1), or reverse them all with x.T")
+        return self.transpose() if self.data.ndim == 2 else self
+
+    def contiguous(self):
+        """``self``. PyTorch needs ``contiguous()`` before ``view`` on a transposed tensor;
+        minitx does not: every op takes arrays of any strides (NumPy and CuPy read a view as
+        it is), and ``view`` is ``reshape``, which copies where a view cannot be made."""
+        return self
+
     def cpu(self):
         """``t.to("cpu")``."""
         return self.to("cpu")
@@ -120,6 +202,7 @@ class PyTorchSpellings:
         """Minimum over ``axis``; ``dim=`` is refused as for ``max``. See ``F.min``."""
         return _functional().min(self, *args, **kwargs)
 
+    # arg-reductions and the softmaxes: dim= accepted, the same meaning as axis=
     def argmax(self, *args, **kwargs):
         """Index of the maximum over ``axis`` (or ``dim``; None: flattened). See ``F.argmax``."""
         return _functional().argmax(self, *args, **kwargs)

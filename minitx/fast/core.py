@@ -21,7 +21,7 @@ import numpy
 
 from .. import backend, configuration
 from ..autograd import engine, function, versions
-from ..autograd.anomaly import _state as _anomaly, user_frame
+from ..autograd.anomaly import _state as _anomaly, check_forward
 from ..autograd.function import Context
 from ..autograd.grad_mode import _state as _grad_mode
 from ..autograd.tensor import Tensor
@@ -67,6 +67,8 @@ def apply(cls, inputs, kwargs):
         raise function._in_op(cls, exc, arrays) from exc
     if out.__class__ is not _ndarray and isinstance(out, _generic):
         out = numpy.asarray(out)                             # NumPy reductions return scalars
+    if _anomaly["enabled"]:
+        ctx.trace = check_forward(cls, arrays, kwargs, out)
     result = _new(Tensor)
     result.data = out
     result.grad = result._ctx = None
@@ -77,8 +79,6 @@ def apply(cls, inputs, kwargs):
         ctx.needs_input_grad = needs
         ctx.seq = next(function._sequence)
         ctx.stamp = _versions["stamp"]
-        if _anomaly["enabled"]:
-            ctx.trace = user_frame()
         result._ctx = ctx
     return result
 
