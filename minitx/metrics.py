@@ -33,6 +33,7 @@ APPROX_BUDGETS = {
     "linformer": ("proj_dim", [4, 16, 64, 128], {"init": "pool"}),
     "reformer": ("n_hashes", [1, 2, 4, 8], {"n_buckets": 8, "chunk_size": 16}),
     "routing": ("num_clusters", [16, 4, 2, 1], {"window": 128}),
+    "nystrom": ("num_landmarks", [4, 16, 64, 128], {}),
 }
 
 
