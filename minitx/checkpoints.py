@@ -54,14 +54,8 @@ from . import __version__, backend, configuration
 from .backend.npz import CheckpointError, read_npz, write_npz
 from .fast.parallel import thread_count
 
-__all__ = [
-    "FORMAT",
-    "FORMAT_VERSION",
-    "CheckpointMismatchError",
-    "CheckpointWarning",
-    "load_checkpoint",
-    "save_checkpoint",
-]
+__all__ = ["FORMAT", "FORMAT_VERSION", "CheckpointMismatchError", "CheckpointWarning",
+           "load_checkpoint", "read_header", "save_checkpoint"]
 
 FORMAT = "minitx.checkpoint"
 FORMAT_VERSION = 1
@@ -308,6 +302,14 @@ def load_checkpoint(path, model, optimizer=None, scheduler=None, *,
         if header.get("threads") and header["threads"] != thread_count():
             os.environ["MINITX_THREADS"] = str(int(header["threads"]))
     return {"step": header["step"], **extra}
+
+
+def read_header(path) -> dict:
+    """The header of the checkpoint at ``path`` (module docstring), checked as
+    ``load_checkpoint`` checks it, without loading anything: what a program looks at before
+    it resumes (the step, the extras saved as JSON under ``header["extra"][name]["json"]``)."""
+    path = _npz_path(path)
+    return _read_header(path, read_npz(path))
 
 
 def _read_header(path: str, arrays: dict) -> dict:

@@ -9,7 +9,8 @@ tour, bench, train, patterns, doctor, site.
     python -m minitx site --out site --quick   # the reading site (needs the [docs] extra)
 
 The helpers ``add_common_args`` and ``setup_run`` give every example the same
-``--backend``, ``--seed``, ``--out`` and ``--quick`` options.
+``--backend``, ``--seed``, ``--out`` and ``--quick`` options; ``add_checkpoint_args`` and
+``Checkpointing`` give every training example ``--checkpoint-every K`` and ``--resume``.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import os
 import runpy
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 
@@ -27,12 +29,14 @@ from minitx import backend
 
 from .attention import REGISTRY
 from .backend.cuda_tools import doctor_lines
+from .checkpoints import (CheckpointError, CheckpointWarning, load_checkpoint, read_header,
+                          save_checkpoint)
 from .site import command as site_command
 from .tour import PATTERN_VARIANTS, _short, _time_and_memory, fmt_bytes, pattern_section, run_tour
 from .viz import line_plot
 
 __all__ = ["main", "add_common_args", "setup_run", "select_backend", "result_line",
-           "EXAMPLES", "examples_dir", "Progress"]
+           "EXAMPLES", "examples_dir", "Progress", "add_checkpoint_args", "Checkpointing"]
 
 EXAMPLES = ("sentiment", "seq2seq", "char_gpt", "lra_listops", "efficient_report",
             "pretrained_attention", "look_inside")
@@ -107,17 +111,24 @@ class Progress:
     """A tqdm progress bar when tqdm is installed; otherwise a plain line every ``every``
     steps. ``update(postfix=dict)`` advances by one; ``close()`` ends it."""
 
-    def __init__(self, total: int, desc: str = "", every: int = None):
-        self.total, self.desc, self.n = total, desc, 0
+    def __init__(self, total: int, desc: str = "", every: int = None, start: int = 0):
+        self.total, self.desc, self.n = total, desc, start
         self.every = every or max(1, total // 10)
         self.bar = None
         if os.environ.get("MINITX_NO_TQDM", "").strip() in ("", "0"):
             try:
                 from tqdm import tqdm  # noqa: PLC0415 - optional extra
                 self.bar = tqdm(total=total, desc=desc, leave=True, mininterval=0.5,
-                                dynamic_ncols=True, file=sys.stdout)
+                                dynamic_ncols=True, file=sys.stdout, initial=start)
             except Exception:
                 self.bar = None
+
+    def write(self, line: str) -> None:
+        """Print ``line`` without breaking the bar."""
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stdout)
+        else:
+            print(line, flush=True)
 
     def update(self, postfix=None):
         self.n += 1
@@ -137,10 +148,127 @@ class Progress:
 
 
 def examples_dir():
-    """The repository's ``examples/`` folder (next to the package), or None."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.path.join(here, "examples")
-    return path if os.path.isdir(path) else None
+    """The folder of the example scripts, or None: ``minitx/examples`` in an installed package
+    (setup.py ships the repository's ``examples/`` as ``minitx.examples``), else a checkout's
+    ``examples/`` next to the package (a source tree, or an editable install)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    for path in (os.path.join(package, "examples"),
+                 os.path.join(os.path.dirname(package), "examples")):
+        if all(os.path.isfile(os.path.join(path, f"{name}.py")) for name in EXAMPLES):
+            return path
+    return None
+
+
+# ---- stop and resume (shared by the training examples) -------------------------------------
+
+def add_checkpoint_args(parser):
+    """``--checkpoint-every K`` and ``--resume``, for an example that trains."""
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                        help="save a training checkpoint in --out every K steps and after the "
+                             "last one (default 0: never)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run whose checkpoint is in --out, from its last "
+                             "saved step (the same options; the same RESULT as a run never "
+                             "stopped)")
+    return parser
+
+
+#: Options that do not change what a run computes: a resume may change them.
+RUN_NEUTRAL = ("out", "resume", "checkpoint_every", "backend")
+
+
+class Checkpointing:
+    """The training examples' stop and resume: ``minitx.save_checkpoint`` every
+    ``--checkpoint-every`` steps and after the last, ``minitx.load_checkpoint`` on ``--resume``.
+
+        ckpt = Checkpointing(args, model, opt, sched, total=args.steps)
+        start, state = ckpt.start(gen=gen, losses=[])      # fresh, or as saved in --out
+        gen, losses = state["gen"], state["losses"]
+        bar = ckpt.progress("train")
+        for step in range(start, args.steps):
+            ...                                              # one training step
+            ckpt.step_done(step + 1, gen=gen, losses=losses)
+
+    The run's options (``args`` but ``RUN_NEUTRAL``) are saved with the checkpoint; a resume
+    with other options (say ``--batch-size``) is refused: the resumed run would not be the run
+    that was saved, and its RESULT would match neither. A refusal prints why and exits with
+    status 2. ``name`` is the file's name in ``--out`` (``lra_listops`` keeps one per variant).
+    """
+
+    def __init__(self, args, model, optimizer, scheduler=None, *, total: int,
+                 name: str = "checkpoint"):
+        self.path = os.path.join(args.out, f"{name}.npz")
+        self.every = validate_every(args.checkpoint_every)
+        self.resume, self.total, self.start_step = args.resume, total, 0
+        self.objects = (model, optimizer, scheduler)
+        self.options = {k: v for k, v in sorted(vars(args).items()) if k not in RUN_NEUTRAL}
+        self.bar = None
+
+    def start(self, **state):
+        """(first step, state): ``(0, state)`` for a fresh run; with ``--resume`` and a
+        checkpoint in ``--out``, its step and state (names as given here), after printing
+        where it resumed from. Call it after building the model, optimizer and schedule."""
+        if not self.resume:
+            if self.every and os.path.exists(self.path):
+                print(f"note: {self.path} is replaced by this run's checkpoints (--resume "
+                      "continues it instead)")
+            return 0, state
+        if not os.path.exists(self.path):
+            print(f"resume: no checkpoint at {self.path} yet; starting from step 0")
+            return 0, state
+        try:
+            extra = read_header(self.path)["extra"]
+            saved = extra.get("run_options", {}).get("json")
+            if saved != json.loads(json.dumps(self.options)):
+                self._refuse(option_differences(saved or {}, self.options))
+            missing = [k for k in state if k not in extra]
+            if missing:
+                self._refuse(f"it lacks the run's state {', '.join(missing)}")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", CheckpointWarning)
+                loaded = load_checkpoint(self.path, *self.objects)
+        except (CheckpointError, OSError) as exc:
+            self._refuse(str(exc))
+        for w in caught:
+            print(f"warning: {w.message}")
+        self.start_step = loaded.pop("step")
+        print(f"resumed from {self.path} at step {self.start_step} of {self.total}", flush=True)
+        return self.start_step, {k: loaded[k] for k in state}
+
+    def _refuse(self, why: str):
+        print(f"error: cannot resume from {self.path}: {why}", file=sys.stderr)
+        raise SystemExit(2)
+
+    def progress(self, desc: str, every: int = None) -> Progress:
+        """The run's progress bar, starting at the step resumed from."""
+        self.bar = Progress(self.total, desc, every=every, start=self.start_step)
+        return self.bar
+
+    def step_done(self, step: int, **state) -> None:
+        """After ``step`` steps (counted from 1): a checkpoint every K steps and after the
+        last; ``state`` is what ``start`` takes (generators, data order, loss history)."""
+        if self.every and (step % self.every == 0 or step == self.total):
+            save_checkpoint(self.path, *self.objects, step=step, run_options=self.options,
+                            **state)
+            (self.bar.write if self.bar else print)(f"checkpoint: step {step} → {self.path}")
+
+
+def validate_every(value) -> int:
+    """``--checkpoint-every``: an int >= 0 (0: no checkpoints)."""
+    if not isinstance(value, int) or value < 0:
+        print(f"error: --checkpoint-every must be an integer >= 0, got {value!r}",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return value
+
+
+def option_differences(saved: dict, now: dict) -> str:
+    """"the run's options differ: --batch-size: checkpoint 8, now 4; ..." """
+    keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    return "the run's options differ: " + "; ".join(
+        f"--{k.replace('_', '-')}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}"
+        for k in keys) + " (a resumed run must be the run that was saved: resume with the "
+    "same options, or start a new run in another --out)"
 
 
 def variant_list(text: str) -> list:
@@ -248,8 +376,8 @@ def cmd_bench(args) -> int:
 def cmd_train(args, extra) -> int:
     folder = examples_dir()
     if folder is None:
-        print("error: the examples/ folder was not found next to the minitx package (it ships "
-              "with the repository; install with `pip install -e .` from a checkout)",
+        print("error: the example scripts were found neither in the minitx package "
+              "(minitx/examples) nor next to it (examples/): reinstall minitx",
               file=sys.stderr)
         return 2
     script = os.path.join(folder, f"{args.task}.py")
