@@ -1,2 +1,208 @@
-"""(being written)"""
-__all__ = []
+r"""State-space duality (Mamba-2): a selective state-space model *is* masked linear attention.
+
+Dao & Gu (2024), "Transformers are SSMs: Generalized Models and Efficient Algorithms Through
+Structured State Space Duality".
+
+A selective SSM with a scalar decay per step runs, per head, the recurrence (row vectors:
+x_t (1, P) the input, B_t, C_t (1, N_s) input and output maps, h_t (N_s, P) the state)
+
+    h_t = a_t h_{t−1} + B_tᵀ x_t,        y_t = C_t h_t,        a_t ∈ (0, 1)
+
+Unrolling it, y_t = Σ_{s≤t} (a_{s+1} ··· a_t) (C_t·B_s) x_s — so Y = M X with
+
+    M = L ⊙ C Bᵀ,      L_ts = a_{s+1} ··· a_t  (t ≥ s),  0 above the diagonal.
+
+That is the **duality**: the same map computed two ways. As a *recurrence* (a linear scan):
+O(T·N_s·P) time, O(N_s·P) state — an RNN. As *masked attention* with C as queries, B as keys,
+X as values and the 1-semiseparable mask L in place of the softmax: O(T²) time, matmuls only —
+a transformer. The **chunked algorithm** (the paper's SSD algorithm) takes the best of both:
+the quadratic form inside chunks of length Q, the recurrence between chunks (the state passed
+on), O(T·Q) memory.
+
+minitx's mapping onto the attention contract: C ↔ q, B ↔ k, X ↔ v (N_s = P = D, the head
+dimension), and the decay from a learned, input-dependent step Δ_t (Mamba-2's
+parameterisation, a zero-order-hold discretisation):
+
+    Δ_t = softplus(w_h·x_t + b_h),     a_t = exp(−Δ_t · A_h),  A_h = exp(A_log_h) > 0,
+    B̄_t = Δ_t B_t      (so h_t = a_t h_{t−1} + Δ_t B_tᵀ x_t, Mamba-2's ``x·dt``).
+
+Retention is the case a_t = γ (constant, no Δ): both use ``retention.decay_mask`` and
+``retention.decayed_chunk``, written for a per-token decay.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import functional as F
+from ..autograd.grad_mode import no_grad
+from ..autograd.tensor import Tensor
+from ..backend import get_array_module, host_xp, rng, to_host, xp as active_xp
+from ..nn.hooks import HookPoint
+from ..nn.module import Parameter
+from .base import check_heads, register, repeat_kv, repeat_kv_array
+from .retention import (RecurrentAttention, decay_mask, decayed_chunk, decayed_recurrence,
+                        run_in_chunks)
+
+__all__ = ["ssd_scan", "StateSpaceDuality"]
+
+
+def ssd_scan(c, b, x, log_a):
+    """The SSM as a linear scan, token by token: h_t = a_t h_{t−1} + B_tᵀ x_t, y_t = C_t h_t.
+
+    c, b (Bt, H, T, N_s), x (Bt, H, T, P), log_a = log a_t (Bt, H, T) Tensors →
+    (Y (Bt, H, T, P), h_T (Bt, H, N_s, P)). The same recurrence as retention's with a
+    per-token decay: ``retention.decayed_recurrence`` with (q, k, v) = (C, B, X)."""
+    return decayed_recurrence(c, b, x, log_a)
+
+
+@register("ssd")
+class StateSpaceDuality(RecurrentAttention):
+    r"""SSD (Mamba-2): a selective state-space model with a scalar decay per step, computed as
+    masked attention (quadratic), as a linear scan (recurrent), or chunk by chunk.
+
+    Formula: Y = (L ⊙ C B̄ᵀ) X with C = q, B̄_t = Δ_t k_t, X = v and
+    L_ts = a_{s+1} ··· a_t (t ≥ s, else 0); equivalently h_t = a_t h_{t−1} + B̄_tᵀ x_t,
+    y_t = C_t h_t. Δ_t = softplus(w_h·v_t + b_h), a_t = exp(−Δ_t exp(A_log_h)).
+
+    $$
+    Y = \left( L \odot C \bar B^\top \right) X,
+    \quad L_{ts} = \prod_{r=s+1}^{t} a_r ,
+    \quad h_t = a_t h_{t-1} + \bar B_t^\top x_t ,
+    \quad y_t = C_t h_t
+    $$
+
+    The step Δ_t reads the token through its value head (w_h·W_v x_t: Mamba-2 projects x
+    directly; here the projection is factored through W_v so that ``attend(q, k, v)`` holds
+    everything). Not included: Mamba-2's block around the SSD (the short convolution, the D
+    skip term y += D x, the gate and the norm). Non-causal (``causal=False``) is minitx's
+    extension: the symmetric mask L_ts = L_st (a forward and a backward scan, cf. Hydra,
+    Hwang et al. 2024), computed in the quadratic form only.
+
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
+    k/v (B, Hkv, N, D) → (B, H, N, D); Δ (B, H, N); L (B, H, N, N); the state (B, H, D, D).
+    Hook points (besides hook_q/k/v/z): ``hook_dt`` Δ (B, H, N), ``hook_decay`` L and
+    ``hook_pattern`` L ⊙ C B̄ᵀ (B, H, N, N), replaceable (Y = pattern X; with a hook on either
+    the quadratic form runs), ``hook_state`` the state after the last token.
+    ``decay_matrix(v)`` gives L for value heads v.
+
+    Options: ``causal`` (False), ``chunk_size`` Q (None: the quadratic form; an int: the
+    chunked algorithm, causal only), ``num_kv_heads``, ``bias``. Parameters: ``dt_weight``
+    (H, D), ``dt_bias`` (H,) (initialised so that Δ starts log-uniform in [0.001, 0.1]),
+    ``A_log`` (H,) (A uniform in [1, 16]), as Mamba-2. Decoding:
+    ``forward(x, kv_cache=layer.new_cache())`` (a ``RecurrentState``, constant size).
+
+    Complexity: {complexity}; chunked (Q) O(B·H·N·(Q + D)·D) time and O(B·H·N·Q) memory;
+    decoding O(D²) per token and head.
+
+    Exactness: a different score function (no softmax; tested against its own dense formula,
+    ``reference``, and its three forms against each other).
+
+    Reference: Dao & Gu (2024), "Transformers are SSMs: Generalized Models and Efficient
+    Algorithms Through Structured State Space Duality".
+    """
+
+    complexity = "time O(B·H·N²·D), memory O(B·H·N²)"
+
+    kind = "score"
+
+    def __init__(self, embed_dim, num_heads, causal=False, chunk_size=None, **base):
+        super().__init__(embed_dim, num_heads, causal=causal, chunk_size=chunk_size, **base)
+        h, d = self.num_heads, self.head_dim
+        g = rng()
+        # Mamba-2's initialisation: Δ = softplus(dt_bias) log-uniform in [1e-3, 1e-1] (bias =
+        # softplus⁻¹(Δ) = Δ + log(1 − e^{−Δ})), A uniform in [1, 16]; w small
+        dt = np.exp(g.uniform(math.log(1e-3), math.log(1e-1), h))
+        self.dt_bias = Parameter(active_xp().asarray(dt + np.log(-np.expm1(-dt)))
+                                 .astype("float32"))
+        self.dt_weight = Parameter(
+            active_xp().asarray(g.standard_normal((h, d)) * 0.02).astype("float32"))
+        self.A_log = Parameter(active_xp().asarray(np.log(g.uniform(1, 16, h))).astype("float32"))
+        self.hook_dt = HookPoint()          # (B, H, N) Δ
+        self.hook_decay = HookPoint()       # (B, H, N, N) L
+        self.hook_pattern = HookPoint()     # (B, H, N, N) L ⊙ C B̄ᵀ
+
+    def steps(self, v):
+        """Value heads v (B, H, N, D) → (Δ (B, H, N), log a = −Δ·exp(A_log) (B, H, N))."""
+        dt = self.hook_dt(F.softplus(F.einsum("bhnd,hd->bhn", v, self.dt_weight)
+                                     + F.reshape(self.dt_bias, (1, -1, 1))))
+        return dt, -dt * F.reshape(F.exp(self.A_log), (1, -1, 1))
+
+    def decay_matrix(self, v):
+        """L (B, H, N, N) Tensor for value heads v (B, Hkv, N, D): L_ts = a_{s+1} ··· a_t below
+        the diagonal (the symmetric mask when non-causal) — the picture of what is kept."""
+        _, log_a = self.steps(repeat_kv(v, self.num_heads))
+        return decay_mask(log_a, self.causal)
+
+    def _chunk(self, c, b, x, log_a, state, causal=True):
+        hooked = self.hook_decay.active or self.hook_pattern.active
+        return decayed_chunk(c, b, x, log_a, state, causal=causal,
+                             hook_decay=self.hook_decay if hooked else None,
+                             hook_pattern=self.hook_pattern if hooked else None)
+
+    def _heads(self, q, k, v):
+        """(C, B̄ = Δ·k, X, log a) for the H query heads."""
+        h = q.shape[1]
+        k, v = repeat_kv(k, h), repeat_kv(v, h)
+        dt, log_a = self.steps(v)
+        return q, k * F.expand_dims(dt, -1), v, log_a
+
+    def extend(self, q, k, v, state):
+        """The n new tokens after ``state``: q (B, H, n, D), k/v (B, Hkv, n, D) → (out, state)."""
+        c, b, x, log_a = self._heads(q, k, v)
+        hooked = self.hook_decay.active or self.hook_pattern.active
+        return run_in_chunks(self._chunk, c, b, x, log_a, state,
+                             None if hooked else self.chunk_size)
+
+    def attend(self, q, k, v):
+        """q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D)."""
+        check_heads(q, k, v, self.name)
+        if self.causal:
+            out, state = self.extend(q, k, v, None)
+        else:
+            out, state = self._chunk(*self._heads(q, k, v), None, causal=False)
+        self.show_state(state)
+        return out
+
+    def reference(self, q, k, v):
+        """Raw-array masked-attention form (L ⊙ C B̄ᵀ) X, L_ts = exp(A_t − A_s) from prefix sums
+        A_t = Σ_{r≤t} log a_r (symmetric: exp(−|A_t − A_s|)) — not through ``decay_mask``."""
+        xp = get_array_module(q)
+        h = q.shape[1]
+        k, v = repeat_kv_array(k, h), repeat_kv_array(v, h)
+        w, bias = (p.data.astype(q.dtype) for p in (self.dt_weight, self.dt_bias))
+        dt = xp.logaddexp(0, xp.einsum("bhnd,hd->bhn", v, w) + bias[:, None])    # softplus
+        big_a = xp.cumsum(-dt * xp.exp(self.A_log.data.astype(q.dtype))[:, None], axis=-1)
+        diff = big_a[..., :, None] - big_a[..., None, :]                           # A_t − A_s
+        n = q.shape[2]
+        if self.causal:
+            mask = xp.where(xp.tri(n, dtype=bool), xp.exp(xp.minimum(diff, 0)), 0.0)
+        else:
+            mask = xp.exp(-xp.abs(diff))
+        return (mask * (q @ xp.swapaxes(k * dt[..., None], -1, -2))) @ v
+
+    @classmethod
+    def identities(cls, seed=0):
+        """Quadratic (masked attention), chunked and scan agree: float64, B = 1, H = 2, D = 4,
+        N = 13, a_t drawn in (0.5, 1)."""
+        g = host_xp.random.default_rng(seed)
+        c, b, x = (Tensor(active_xp().asarray(g.standard_normal((1, 2, 13, 4))))
+                   for _ in range(3))
+        log_a = Tensor(active_xp().asarray(np.log(g.uniform(0.5, 1.0, (1, 2, 13)))))
+        with no_grad():
+            quadratic = decayed_chunk(c, b, x, log_a)[0]
+            scan = ssd_scan(c, b, x, log_a)[0]
+            chunked = run_in_chunks(decayed_chunk, c, b, x, log_a, None, 4)[0]
+            m = to_host((decay_mask(log_a) * F.matmul(c, F.swapaxes(b, -1, -2))).data)
+        a_host = to_host(log_a.data)[0]                                  # (H, T)
+        prod = np.exp(np.cumsum(a_host, -1)[:, :, None] - np.cumsum(a_host, -1)[:, None, :])
+        by_hand = np.tril(prod) * (to_host(c.data)[0] @ to_host(b.data)[0].swapaxes(-1, -2))
+        q_, s_, ch_ = (to_host(t.data) for t in (quadratic, scan, chunked))
+        scan_claim = ("masked attention (L ⊙ CBᵀ)X − linear scan h_t = a_t h_{t−1} + B_tᵀx_t, "
+                      "max |Δ|")
+        return [(scan_claim, float(np.abs(q_ - s_).max()), 1e-12),
+                ("chunked (Q = 4) − masked attention, max |Δ|", float(np.abs(ch_ - q_).max()),
+                 1e-12),
+                ("M = L ⊙ CBᵀ − products a_{s+1}···a_t by prefix sums, max |Δ|",
+                 float(np.abs(m[0] - by_hand).max()), 1e-12)]
