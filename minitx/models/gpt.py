@@ -234,8 +234,11 @@ class GPT(Module, AttentionMaps, HookedModel):
         new token through the model, reading earlier keys/values from per-block KV caches
         (``paged=True``: a ``PagedKVCache`` pool). As in nanoGPT the context is cropped to
         the last ``block_size`` tokens; once it would be, steps fall back to a full forward, so
-        cached and uncached generation give the same tokens. ``temperature=0`` or
-        ``top_k=1`` is greedy. Returns the tokens as an int Tensor on the model's device.
+        cached and uncached generation give the same tokens. A variant whose cache is bounded
+        (its class sets ``bounded_cache = True``, e.g. attention sinks) keeps decoding through
+        its cache past ``block_size`` instead (unless positions are "learned"): the context is
+        never cropped, so there its tokens differ from uncached generation. ``temperature=0``
+        or ``top_k=1`` is greedy. Returns the tokens as an int Tensor on the model's device.
         """
         who = "GPT.generate"
         tokens = token_ids(idx).copy()
@@ -248,11 +251,14 @@ class GPT(Module, AttentionMaps, HookedModel):
             validate.integer(top_k, "top_k", minimum=1, maximum=self.config.vocab_size, owner=who)
         xp = backend.get_array_module(tokens)
         bs = self.config.block_size
+        # a bounded cache (the variant's ``bounded_cache``) is used at every length
+        bounded = self.config.position != "learned" and all(
+            getattr(b.attn, "bounded_cache", False) for b in self.h)
         caches = None
         with no_grad():
             for step in range(max_new_tokens):
                 t = tokens.shape[1]
-                if use_cache and self.supports_kv_cache and t <= bs:
+                if use_cache and self.supports_kv_cache and (t <= bs or bounded):
                     if caches is None:
                         caches = self._paged_caches(tokens.shape[0]) if paged else \
                             self.new_caches()

@@ -53,7 +53,8 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
 
     ``attn_mask`` (L, S) or (N·H, L, S) and ``key_padding_mask`` (N, S): bool True = NOT
     allowed, or float (added — the trap: HuggingFace's 1/0 ``attention_mask`` as floats masks
-    nothing; a float key_padding_mask of only 0s and 1s warns). ``is_causal`` without
+    nothing; a float key_padding_mask of only 0s and 1s warns; an ``attn_mask`` hiding every
+    query's own position warns when the result reaches attention). ``is_causal`` without
     ``attn_mask`` adds the causal mask. Returns None, a bool mask (True = MAY attend) or a
     float mask (−inf where not allowed), broadcastable to (N, H, L, S). A mask of another dtype
     or shape raises an ``OptionError`` naming ``owner`` (the module the caller called), the
@@ -67,14 +68,9 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
                       dims=["(L, S)", "(N·num_heads, L, S)"], owner=owner,
                       hint="True = NOT allowed (PyTorch's rule), float = added to the scores")
         m = m[None, None] if m.ndim == 2 else m.reshape(n, num_heads, nq, nk)  # (N|1, H|1, L, S)
-        if m.dtype == bool and nq == nk and m.size and bool(
-                xp.diagonal(m, axis1=-2, axis2=-1).all()):
-            warnings.warn("attn_mask hides every query's own position: for MultiheadAttention "
-                          "and the transformer layers a bool mask is True where attention is "
-                          "NOT allowed (PyTorch's rule), the opposite of "
-                          "scaled_dot_product_attention and the registry (True = may attend). "
-                          "A lower-triangular True mask here is anti-causal; pass ~mask, or "
-                          "is_causal=True.", UserWarning, stacklevel=4)
+        # a mask of the other polarity (SDPA's True = may attend) hides every query's own
+        # position: the attention op warns about it, one rule for both (ops/sdpa.py,
+        # warn_if_polarity_inverted), when the mask below reaches it
         (allowed if m.dtype == bool else bias).append(~m if m.dtype == bool else m)
     elif is_causal:
         allowed.append(causal_pattern(nq, nk, xp))

@@ -40,7 +40,10 @@ mask is added to the scores. Causal masks are **bottom-right aligned** everywher
 with Nq queries and Nk keys, query i may see key j iff j ≤ i + (Nk − Nq), i.e. the queries are
 the *last* Nq positions (what a KV cache needs). PyTorch's ``is_causal`` is top-left aligned
 (j ≤ i); the two agree when Nq = Nk. A row whose keys are *all* masked gives a zero output and
-zero gradients, never NaN. ``mask_scores`` applies every mask, in one place.
+zero gradients, never NaN. ``mask_scores`` applies every mask, in one place. A self-attention
+mask that hides every query's own position is almost always a mask of the other polarity
+(``MultiheadAttention``'s True = NOT allowed given here, or the reverse): it warns, one rule
+for every caller (``warn_if_polarity_inverted``).
 
 **Grouped heads (MQA/GQA).** K and V may have Hkv heads, Hkv | H: query head h reads key/value
 head h // G, G = H/Hkv. Query heads of a group are contiguous, so q viewed as (B, Hkv, G·Nq, D)
@@ -59,6 +62,9 @@ runs instead of either (``ops/dispatch.py``, ``why_not_flash``).
 from __future__ import annotations
 
 import math
+import os
+import sys
+import warnings
 
 from .. import configuration, validate
 from ..autograd.function import Function
@@ -77,7 +83,7 @@ __all__ = ["scaled_dot_product_attention", "attention_weights", "attention_score
            "why_not_flash", "split_heads", "merge_heads", "repeat_kv", "check_heads",
            "mask_scores", "attention_forward", "attention_backward", "grouped_scores",
            "grouped_values", "grouped_key_grad", "SDPAFunction", "AttentionScoresFunction",
-           "merge_masks", "check_scale"]
+           "merge_masks", "check_scale", "hides_own_positions", "warn_if_polarity_inverted"]
 
 
 # ---- head bookkeeping --------------------------------------------------------------------
@@ -374,7 +380,61 @@ def _prepare(fn, query, key, value, attn_mask, scale, enable_gqa):
             raise TypeError(f"{fn}: attn_mask must be bool (True = may attend) or float "
                             f"(added to the scores), got dtype {mdata.dtype} (an int 1/0 "
                             "mask is ambiguous: use mask.astype(bool))")
+        warn_if_polarity_inverted(allowed if bias is None else bias, nq, nk)
     return q4, k4, v4, allowed, bias, check_scale(fn, scale, d), lead, (b, h, nq, dv)
+
+
+# ---- mask polarity: the silent trap --------------------------------------------------------
+# Two conventions meet in every PyTorch port: scaled_dot_product_attention's bool mask is
+# True = may attend, nn.MultiheadAttention's is True = NOT allowed. A mask of the wrong one
+# runs without error; in self-attention it shows as every query's own key being hidden (a
+# causal mask turns anti-causal, a band turns into its complement). Every bool or float mask
+# reaching attention (this op, the composed form, the models, the registry's variants) passes
+# through ``_prepare``, so the rule below is checked there, once, for all of them.
+
+POLARITY_WARNING = (
+    "attn_mask hides every query's own position in self-attention (Nq = Nk = {n}): check its "
+    "polarity. For scaled_dot_product_attention and the registry's variants a bool mask is "
+    "True where attention is allowed (True = may attend); for MultiheadAttention and the "
+    "transformer layers it is True where attention is NOT allowed (PyTorch's rule for "
+    "modules). A mask of the other polarity is inverted: a lower-triangular causal mask "
+    "becomes anti-causal. Pass ~mask, or is_causal=True instead of a causal mask.")
+
+
+def hides_own_positions(allowed, nq: int, nk: int) -> bool:
+    """True when a self-attention mask lets no query attend to its own position.
+
+    ``allowed``: bool (True = may attend) or float (−inf = may not), of shape (…, Nq, Nk); an
+    array or a Tensor. Only a mask whose last two dims are (Nq, Nk) with Nq = Nk ≥ 1 is
+    judged: in cross-attention (Nq ≠ Nk), or for a mask broadcast along queries (a key-padding
+    mask (…, 1, Nk)), the diagonal means nothing. (Cross-attention between sequences of one
+    length looks like self-attention here; a mask hiding every (i, i) is odd there too.)
+    O(…·N) reads. To silence it where it is meant (a strictly causal j < i mask):
+    ``warnings.filterwarnings("ignore", message="attn_mask hides every query")``.
+    """
+    data = allowed.data if isinstance(allowed, Tensor) else allowed
+    if nq != nk or nq == 0 or tuple(data.shape[-2:]) != (nq, nk):
+        return False
+    xp = get_array_module(data)
+    own = xp.diagonal(data, axis1=-2, axis2=-1)             # (…, N): query i's own key i
+    return not bool((own if own.dtype == bool else own != -xp.inf).any())
+
+
+def _first_frame_outside_minitx() -> int:
+    """The ``stacklevel`` that points a warning at the caller's line, not at minitx's code."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame, level = sys._getframe(2), 2                     # 1 is the function that warns
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_if_polarity_inverted(allowed, nq: int, nk: int) -> None:
+    """Warn (``UserWarning``, at the caller's line) when ``hides_own_positions``: the message
+    names both polarities, SDPA's and the modules'."""
+    if hides_own_positions(allowed, nq, nk):
+        warnings.warn(POLARITY_WARNING.format(n=nq), UserWarning,
+                      stacklevel=_first_frame_outside_minitx())
 
 
 def _key_mask(allowed, b, nk):
