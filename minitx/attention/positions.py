@@ -40,10 +40,11 @@ from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, xp as active_xp
 from ..nn import init
+from ..nn.hooks import HookPoint
 from ..nn.module import Parameter
 from ..ops.indexing import getitem
 from ..ops.linalg import einsum
-from .base import causal_pattern, register, repeat_kv_array, softmax_rows_array
+from .base import causal_pattern, hooked_heads, register, repeat_kv_array, softmax_rows_array
 from .exact import ExactSelfAttention
 
 __all__ = ["relative_position_index", "RelativePositionAttention", "rope_angles", "apply_rope",
@@ -90,6 +91,11 @@ class RelativePositionAttention(ExactSelfAttention):
     Complexity: {complexity}; P is kept, and the gathered embeddings once, shared by batch and
     heads. The key term enters ``scaled_dot_product_attention`` as a differentiable float bias.
 
+    Hook points (besides ``mha``'s): ``hook_rel_key_term`` (B, H, Nq, Nk), q_i · a^K_ij/√D,
+    the part of ``hook_attn_scores`` the relative keys add (scores = q·k/√D + this term);
+    ``hook_rel_value_term`` (B, Nq, H, D), Σ_j α_ij a^V_ij, the part of ``hook_z`` the
+    relative values add (z = pattern · v + this term). Both may be replaced.
+
     Exactness: a different score function (tested against its own dense formula). kind "score".
 
     Reference: Shaw, Uszkoreit & Vaswani (2018), "Self-Attention with Relative Position
@@ -111,6 +117,8 @@ class RelativePositionAttention(ExactSelfAttention):
         self.rel_v = Parameter(active_xp().zeros((r, self.head_dim), dtype="float32"))
         init.normal_(self.rel_k, 0.0, 0.1)
         init.normal_(self.rel_v, 0.0, 0.1)
+        self.hook_rel_key_term = HookPoint()     # (B, H, Nq, Nk) q_i · a^K_ij / √D
+        self.hook_rel_value_term = HookPoint()   # (B, Nq, H, D)  Σ_j α_ij a^V_ij (hook_z layout)
 
     def _index(self, nq, nk, like):
         return relative_position_index(nq, nk, self.max_relative_position,
@@ -120,12 +128,12 @@ class RelativePositionAttention(ExactSelfAttention):
         nq, nk = q.shape[2], k.shape[2]
         a_k = getitem(self.rel_k, self._index(nq, nk, q))          # (Nq, Nk, D)
         # (B, H, Nq, D) · (Nq, Nk, D) -> (B, H, Nq, Nk):  q_i · a^K_ij, scaled like q·k
-        return einsum("bhqd,qkd->bhqk", q, a_k) * self.scale
+        return self.hook_rel_key_term(einsum("bhqd,qkd->bhqk", q, a_k) * self.scale)
 
     def value_term(self, weights, nq, nk):
         a_v = getitem(self.rel_v, self._index(nq, nk, weights))    # (Nq, Nk, D)
         # (B, H, Nq, Nk) · (Nq, Nk, D) -> (B, H, Nq, D):  Σ_j α_ij a^V_ij
-        return einsum("bhqk,qkd->bhqd", weights, a_v)
+        return hooked_heads(self.hook_rel_value_term, einsum("bhqk,qkd->bhqd", weights, a_v))
 
     def reference(self, q, k, v):
         """Raw arrays: Shaw's formula with an explicit clipped-distance table, (B, H, Nq, D)."""
@@ -229,6 +237,10 @@ class RoPEAttention(ExactSelfAttention):
 
     Complexity: {complexity}.
 
+    Hook points (besides ``mha``'s): ``hook_rot_q`` (B, Nq, H, D) and ``hook_rot_k``
+    (B, Nk, Hkv, D), the rotated R q and R k (TransformerLens's names and layout, as
+    ``hook_q``/``hook_k``); the scores are hook_rot_q · hook_rot_k / √D. Both may be replaced.
+
     Exactness: a different score function (tested against its own dense formula). kind "score".
 
     Reference: Su, Lu, Pan, Murtadha, Wen & Liu (2021), "RoFormer: Enhanced Transformer with
@@ -245,12 +257,15 @@ class RoPEAttention(ExactSelfAttention):
             raise ValueError(f"rope: head dim embed_dim/num_heads must be even, got "
                              f"{self.head_dim}")
         self.base = validate.positive_real(base, "base", owner="rope")
+        self.hook_rot_q = HookPoint()        # (B, Nq, H, D)   R_m q at query positions m
+        self.hook_rot_k = HookPoint()        # (B, Nk, Hkv, D) R_n k at key positions n
 
     def transform_qk(self, q, k):
         nq, nk = q.shape[2], k.shape[2]
         xp = get_array_module(q.data)
-        return (apply_rope(q, _query_positions(nq, nk, xp), base=self.base),
-                apply_rope(k, xp.arange(nk), base=self.base))
+        q = apply_rope(q, _query_positions(nq, nk, xp), base=self.base)   # (B, H, Nq, D)
+        k = apply_rope(k, xp.arange(nk), base=self.base)                   # (B, Hkv, Nk, D)
+        return hooked_heads(self.hook_rot_q, q), hooked_heads(self.hook_rot_k, k)
 
     def reference(self, q, k, v):
         """Raw arrays: each pair (x_{2i}, x_{2i+1}) as the complex number x_{2i} + i·x_{2i+1},
@@ -323,6 +338,10 @@ class ALiBiAttention(ExactSelfAttention):
     Complexity: {complexity}; the second term is the bias. Extrapolates to lengths longer than
     those seen in training.
 
+    Hook point (besides ``mha``'s): ``hook_alibi_bias`` (1, H, Nq, Nk), −m_h·|pos_i − j|,
+    the same for every batch row; ``hook_attn_scores`` = q·k/√D + this bias (−inf where
+    masked). A replacement changes the scores by the difference.
+
     Exactness: a different score function (tested against its own dense formula). kind "score".
 
     Reference: Press, Smith & Lewis (2021; ICLR 2022), "Train Short, Test Long: Attention with
@@ -333,9 +352,16 @@ class ALiBiAttention(ExactSelfAttention):
 
     kind = "score"
 
+    def __init__(self, embed_dim, num_heads, causal=False, **options):
+        super().__init__(embed_dim, num_heads, causal=causal, **options)
+        self.hook_alibi_bias = HookPoint()   # (1, H, Nq, Nk) −m_h·|pos_i − j|
+
     def score_bias(self, q, k):
         xp = get_array_module(q.data)
-        return alibi_bias(self.num_heads, q.shape[2], k.shape[2], xp, q.dtype)[None]
+        bias = alibi_bias(self.num_heads, q.shape[2], k.shape[2], xp, q.dtype)[None]
+        if self.hook_alibi_bias.active:                  # a Tensor only when someone looks
+            bias = self.hook_alibi_bias(Tensor(bias))
+        return bias                                      # (1, H, Nq, Nk)
 
     def reference(self, q, k, v):
         """Raw arrays: scores q·kᵀ/√D − m_h·|pos_i − j| per head, dense softmax. (B, H, Nq, D)."""

@@ -65,6 +65,12 @@ class SynthesizerAttention(AttentionBase):
     Complexity: {complexity}; L = max_len: the dense logits are formed for all L positions
     before the cut.
 
+    Hook points (besides q/k/v/z): ``hook_synthetic_logits`` (B or 1, H, N, N), the
+    synthesised S before the causal mask and, for "mixture", before it is mixed with the dot
+    products (scores = α₁ S + α₂ Q Kᵀ/√D; otherwise scores = S); ``hook_attn_scores`` (the
+    logits attended with, −inf where masked) and ``hook_pattern`` (their softmax). (1, …)
+    for random/factorized: input-free. Each may be replaced.
+
     Exactness: learned: a different score function (tested against its own dense formula).
 
     Reference: Tay, Bahri, Metzler, Juan, Zhao & Zheng (2021), "Synthesizer: Rethinking
@@ -83,8 +89,10 @@ class SynthesizerAttention(AttentionBase):
         self.projections = {"dense": ("q", "v", "out"), "mixture": ("q", "k", "v", "out")}.get(
             synthesis, ("v", "out"))
         super().__init__(embed_dim, num_heads, causal=causal, **base)
-        # synthetic logits (−inf above the diagonal when causal) and their softmax:
+        # the synthesised logits S; the logits attended with (S, or S mixed with the dot
+        # products; −inf above the diagonal when causal); their softmax:
         # (B, H, N, N) for dense/mixture, (1, H, N, N) for random/factorized (input-free)
+        self.hook_synthetic_logits = HookPoint()
         self.hook_attn_scores = HookPoint()
         self.hook_pattern = HookPoint()
         self.synthesis = synthesis
@@ -110,17 +118,23 @@ class SynthesizerAttention(AttentionBase):
             self.mix = Parameter(active_xp().zeros(2, dtype="float32"))
 
     def logits(self, q, k):
-        """The synthesised (B, H, N, N) or (1, H, N, N) logits, before masking."""
+        """The (B, H, N, N) or (1, H, N, N) logits attended with, before masking: the
+        synthesised S (seen by ``hook_synthetic_logits``), mixed with the dot products for
+        "mixture"."""
+        s = self.hook_synthetic_logits(self.synthetic_logits(q))
+        if self.synthesis == "mixture":
+            alpha = F.softmax(self.mix, axis=0)
+            dot = F.matmul(q, F.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+            s = s * F.getitem(alpha, 0) + dot * F.getitem(alpha, 1)
+        return s
+
+    def synthetic_logits(self, q):
+        """The synthesised S: (B, H, N, N) for dense/mixture, (1, H, N, N) otherwise."""
         n = q.shape[2]
         if self.synthesis in ("dense", "mixture"):
             hidden = F.relu(F.matmul(q, self.w1) + self.b1)         # (B, H, N, D) @ (H, D, D)
             s = F.matmul(hidden, self.w2) + self.b2                 # (B, H, N, max_len)
-            s = F.getitem(s, (Ellipsis, slice(0, n)))               # (B, H, N, N)
-            if self.synthesis == "mixture":
-                alpha = F.softmax(self.mix, axis=0)
-                dot = F.matmul(q, F.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-                s = s * F.getitem(alpha, 0) + dot * F.getitem(alpha, 1)
-            return s
+            return F.getitem(s, (Ellipsis, slice(0, n)))            # (B, H, N, N)
         if self.synthesis == "random":
             table = self.R if isinstance(self.R, Tensor) else Tensor._wrap(self.R)
             if not table.requires_grad:

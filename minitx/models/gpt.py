@@ -172,7 +172,8 @@ class GPT(Module, AttentionMaps, HookedModel):
         else:
             self.wpe = None
         self.hook_embed = HookPoint()            # (B, T, E) wte[idx]
-        self.hook_pos_embed = HookPoint()        # (B, T, E) wpe[positions] (learned only)
+        if c.position == "learned":              # hook_names() lists only what fires
+            self.hook_pos_embed = HookPoint()    # (B, T, E) wpe[positions]
         self.drop = Dropout(c.dropout)
         self.h = ModuleList([GPTBlock(c, name, i) for i in range(c.n_layer)])
         self.ln_f = LayerNorm(c.n_embd, bias=c.bias)
