@@ -51,8 +51,8 @@ from ..nn.hooks import HookPoint
 from ..ops.elementwise import sigmoid
 from ..ops.linalg import matmul
 from ..ops.sdpa import attention_scores
-from .base import AttentionBase, causal_pattern, check_heads, register, repeat_kv, \
-    repeat_kv_array
+from .base import (AttentionBase, causal_pattern, check_heads, register, repeat_kv,
+                   repeat_kv_array)
 from .kv_cache import KVCache
 
 __all__ = ["SigmoidAttention", "sigmoid_bias"]
