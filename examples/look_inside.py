@@ -2,6 +2,7 @@
 
     python examples/look_inside.py                  # a few minutes on 2 cores
     python examples/look_inside.py --quick          # seconds, for tests
+    python examples/look_inside.py --checkpoint-every 100 [--resume]   # stop and resume
 
 1. Trains the character GPT of ``char_gpt.py`` (briefly with ``--quick``) and reads every
    head's pattern from ``run_with_cache``: a **previous-token** score (mean attention from t to
@@ -28,7 +29,8 @@ import numpy as np
 from minitx import nn, optim
 from minitx.attention import REGISTRY
 from minitx.backend import to_host
-from minitx.cli import Progress, add_common_args, result_line, setup_run
+from minitx.cli import (Checkpointing, add_checkpoint_args, add_common_args, result_line,
+                        setup_run)
 from minitx.data import CharVocab, lm_batch, stdlib_corpus
 from minitx.patching import activation_patching, attribution_patching
 from minitx.viz import heatmap_grid
@@ -37,6 +39,7 @@ from minitx.viz import heatmap_grid
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(p, "minitx_out/look_inside")
+    add_checkpoint_args(p)
     p.add_argument("--chars", type=int, default=200_000, help="characters of corpus")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--block", type=int, default=64)
@@ -58,17 +61,21 @@ def train_char_gpt(args):
                        n_head=args.heads, n_embd=args.d_model)
     model = nn.GPT(cfg)
     opt = optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
-    gen = np.random.default_rng(args.seed)
-    bar = Progress(args.steps, "train")
-    for _ in range(args.steps):
+    ckpt = Checkpointing(args, model, opt, total=args.steps)
+    start, state = ckpt.start(gen=np.random.default_rng(args.seed), last_loss=None)
+    gen, last = state["gen"], state["last_loss"]
+    bar = ckpt.progress("train")
+    for step in range(start, args.steps):
         x, y = lm_batch(data, 16, args.block, gen)
         _, loss = model(minitx.tensor(x), minitx.tensor(y))
         opt.zero_grad()
         loss.backward()
         opt.step()
-        bar.update({"loss": float(loss.item())})
+        last = float(loss.item())
+        bar.update({"loss": last})
+        ckpt.step_done(step + 1, gen=gen, last_loss=last)
     bar.close()
-    print(f"char GPT: {args.steps} steps, last loss {float(loss.item()):.3f}")
+    print(f"char GPT: {args.steps} steps, last loss {last:.3f}")
     return model.eval(), vocab, data
 
 

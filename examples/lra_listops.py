@@ -4,6 +4,7 @@
     python examples/lra_listops.py --variants mha,local,performer --steps 600
     python examples/lra_listops.py --min-len 100 --max-len 300 --max-depth 10   # LRA-like
     python examples/lra_listops.py --quick                  # short sequences, seconds
+    python examples/lra_listops.py --checkpoint-every 100 [--resume]   # one file per variant
 
 ListOps (``minitx.data.listops``) asks for the value (0–9) of a nested expression such as
 ``[MAX 2 9 [MIN 4 7 ] 0 ]``: the answer depends on tokens far apart. Every variant gets the
@@ -33,7 +34,8 @@ import numpy as np
 
 import minitx.functional as F
 from minitx import nn, optim
-from minitx.cli import Progress, add_common_args, result_line, setup_run
+from minitx.cli import (Checkpointing, add_checkpoint_args, add_common_args, result_line,
+                        setup_run)
 from minitx.data import LISTOPS_TOKENS, listops_dataset
 from minitx.viz import line_plot
 from minitx.backend import to_host
@@ -57,6 +59,7 @@ def variant_options(name, seq_len):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(p, "minitx_out/lra_listops")
+    add_checkpoint_args(p)
     p.add_argument("--variants", default=DEFAULT_VARIANTS)
     p.add_argument("--min-len", type=int, default=60)
     p.add_argument("--max-len", type=int, default=150)
@@ -92,11 +95,14 @@ def run_variant(name, args, data, seq_len):
     opt = optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sched = optim.WarmupCosine(opt, warmup_steps=max(1, int(args.warmup * args.steps)),
                                total_steps=args.steps)
-    gen = np.random.default_rng(args.seed)
-    bar = Progress(args.steps, f"{name:>10}")
-    losses = []
+    # each variant has its own checkpoint (checkpoint_<variant>.npz in --out): a resume
+    # reloads the finished ones at their last step and carries on with the one that was cut
+    ckpt = Checkpointing(args, model, opt, sched, total=args.steps, name=f"checkpoint_{name}")
+    start, state = ckpt.start(gen=np.random.default_rng(args.seed), losses=[])
+    gen, losses = state["gen"], state["losses"]
+    bar = ckpt.progress(f"{name:>10}")
     t0 = time.perf_counter()
-    for _ in range(args.steps):
+    for step in range(start, args.steps):
         idx = gen.integers(0, len(xtr), args.batch_size)
         loss = F.cross_entropy(model(minitx.tensor(xtr[idx])), minitx.tensor(ytr[idx]))
         opt.zero_grad()
@@ -106,8 +112,9 @@ def run_variant(name, args, data, seq_len):
         sched.step()
         losses.append(float(loss.item()))
         bar.update({"loss": float(np.mean(losses[-10:]))})
+        ckpt.step_done(step + 1, gen=gen, losses=losses)
     bar.close()
-    step_time = (time.perf_counter() - t0) / args.steps
+    step_time = (time.perf_counter() - t0) / max(1, args.steps - start)
     model.eval()
     correct = 0
     with minitx.no_grad():

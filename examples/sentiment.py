@@ -3,6 +3,7 @@
     python examples/sentiment.py                 # generated reviews (labels depend on word order)
     python examples/sentiment.py --data aclImdb  # the IMDB folder layout (train/pos, train/neg, ...)
     python examples/sentiment.py --quick         # seconds, for tests
+    python examples/sentiment.py --checkpoint-every 50 [--resume]   # stop and resume
 
 The default corpus (``minitx.data.sentiment``) is built so that counting words is not enough:
 "the plot was good but boring" is negative, "the plot was boring but good" positive, and
@@ -24,7 +25,8 @@ import numpy as np
 
 import minitx.functional as F
 from minitx import nn, optim
-from minitx.cli import Progress, add_common_args, result_line, setup_run
+from minitx.cli import (Checkpointing, add_checkpoint_args, add_common_args, result_line,
+                        setup_run)
 from minitx.data import Vocab, generate_reviews, load_imdb, pad_sequences
 from minitx.viz import heatmap
 from minitx.backend import to_host
@@ -33,6 +35,7 @@ from minitx.backend import to_host
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(p, "minitx_out/sentiment")
+    add_checkpoint_args(p)
     p.add_argument("--data", default=None, help="IMDB root folder (train/pos, train/neg, ...)")
     p.add_argument("--train-size", type=int, default=4000)
     p.add_argument("--test-size", type=int, default=1000)
@@ -107,25 +110,35 @@ def main(argv=None):
     print(f"model: {args.layers} layers, d_model {args.d_model}, {args.heads} heads, "
           f"{n_params:,} parameters; {steps} steps")
 
-    gen = np.random.default_rng(args.seed)
+    # one loop over the steps; each epoch draws a new order of the training reviews. A
+    # checkpoint holds the generator, the epoch's order (a resume may land mid-epoch) and the
+    # loss history
+    per_epoch = (len(xtr) + args.batch_size - 1) // args.batch_size
+    ckpt = Checkpointing(args, model, opt, sched, total=steps)
+    start, state = ckpt.start(gen=np.random.default_rng(args.seed),
+                              order=np.arange(len(xtr)), losses=[])
+    gen, order, losses = state["gen"], state["order"], state["losses"]
     t0 = time.perf_counter()
-    bar = Progress(steps, "train")
-    losses = []
-    for epoch in range(args.epochs):
-        order = gen.permutation(len(xtr))
-        for s in range(0, len(xtr), args.batch_size):
-            idx = order[s:s + args.batch_size]
-            logits = model(minitx.tensor(xtr[idx]))
-            loss = F.cross_entropy(logits, minitx.tensor(ytr[idx]))
-            opt.zero_grad()
-            loss.backward()
-            optim.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            losses.append(float(loss.item()))
-            bar.update({"loss": float(np.mean(losses[-20:]))})
-        print(f"epoch {epoch + 1}: mean loss {np.mean(losses[-(len(xtr) // args.batch_size):]):.4f}"
-              f", test accuracy {evaluate(model, xte, yte):.3f}", flush=True)
+    bar = ckpt.progress("train")
+    for step in range(start, steps):
+        epoch, s = divmod(step, per_epoch)
+        if s == 0:
+            order = gen.permutation(len(xtr))
+        idx = order[s * args.batch_size:(s + 1) * args.batch_size]
+        logits = model(minitx.tensor(xtr[idx]))
+        loss = F.cross_entropy(logits, minitx.tensor(ytr[idx]))
+        opt.zero_grad()
+        loss.backward()
+        optim.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.item()))
+        bar.update({"loss": float(np.mean(losses[-20:]))})
+        if s == per_epoch - 1:
+            bar.write(f"epoch {epoch + 1}: mean loss "
+                      f"{np.mean(losses[-(len(xtr) // args.batch_size):]):.4f}, test accuracy "
+                      f"{evaluate(model, xte, yte):.3f}")
+        ckpt.step_done(step + 1, gen=gen, order=order, losses=losses)
     bar.close()
     train_time = time.perf_counter() - t0
     acc = evaluate(model, xte, yte)

@@ -3,6 +3,7 @@
     python examples/seq2seq.py                   # reverse, default settings (≥ 99% exact match)
     python examples/seq2seq.py --task sort
     python examples/seq2seq.py --quick           # seconds, for tests
+    python examples/seq2seq.py --checkpoint-every 100 [--resume]   # stop and resume
 
 Teacher forcing for training; greedy decoding through the decoder's KV cache for evaluation
 (each step feeds one token; earlier keys/values are read from the cache). Reports exact
@@ -22,7 +23,8 @@ import numpy as np
 
 import minitx.functional as F
 from minitx import nn, optim
-from minitx.cli import Progress, add_common_args, result_line, setup_run
+from minitx.cli import (Checkpointing, add_checkpoint_args, add_common_args, result_line,
+                        setup_run)
 from minitx.data import (SEQ_BOS, SEQ_EOS, SEQ_OFFSET, SEQ_PAD, seq2seq_split, strip_special,
                          task_output)
 from minitx.viz import heatmap
@@ -32,6 +34,7 @@ from minitx.backend import to_host
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(p, "minitx_out/seq2seq")
+    add_checkpoint_args(p)
     p.add_argument("--task", choices=["reverse", "sort", "copy"], default="reverse")
     p.add_argument("--vocab", type=int, default=8, help="number of distinct symbols")
     p.add_argument("--min-len", type=int, default=3)
@@ -93,11 +96,12 @@ def main(argv=None):
     print(f"model: {args.layers}+{args.layers} layers, d_model {args.d_model}, {args.heads} "
           f"heads, {n_params:,} parameters; {args.steps} steps of {args.batch_size}")
 
-    gen = np.random.default_rng(args.seed)
-    bar = Progress(args.steps, "train")
-    losses = []
+    ckpt = Checkpointing(args, model, opt, sched, total=args.steps)
+    start, state = ckpt.start(gen=np.random.default_rng(args.seed), losses=[])
+    gen, losses = state["gen"], state["losses"]          # the batches' generator, the history
+    bar = ckpt.progress("train")
     t0 = time.perf_counter()
-    for step in range(args.steps):
+    for step in range(start, args.steps):
         idx = gen.integers(0, len(xtr), args.batch_size)
         src, tgt = xtr[idx], ytr[idx]
         keep = max(1, int((src != SEQ_PAD).sum(1).max()))
@@ -114,6 +118,7 @@ def main(argv=None):
         sched.step()
         losses.append(float(loss.item()))
         bar.update({"loss": float(np.mean(losses[-20:]))})
+        ckpt.step_done(step + 1, gen=gen, losses=losses)
     bar.close()
     train_time = time.perf_counter() - t0
 

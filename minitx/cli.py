@@ -427,9 +427,12 @@ def build_parser():
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--out", default="minitx_out/bench", help="folder for the plots")
     p = sub.add_parser("train", help="run an example task: " + ", ".join(EXAMPLES),
-                       description="Runs examples/<task>.py; further arguments (e.g. --quick, "
-                                   "--out DIR) go to the example.")
+                       description="Runs examples/<task>.py (shipped inside the installed "
+                                   "package as minitx.examples); further arguments (e.g. "
+                                   "--quick, --out DIR, --help) go to the example.")
     p.add_argument("task", choices=EXAMPLES)
+    p.add_argument("task_args", nargs=argparse.REMAINDER,
+                   help="the example's own options (`train TASK --help` lists them)")
     p = sub.add_parser("patterns", help="text pictures of sparse attention patterns")
     p.add_argument("--n", type=int, default=16)
     p.add_argument("--variants", default=None, type=variant_list,
@@ -460,7 +463,7 @@ def main(argv=None) -> int:
         except (RuntimeError, ValueError) as exc:
             print(f"note: backend {args.backend!r} unavailable: {exc}")
     if command == "train":
-        return cmd_train(args, extra)
+        return cmd_train(args, list(args.task_args) + list(extra))
     if command == "site":
         return site_command.run(args)
     return {"tour": cmd_tour, "bench": cmd_bench, "patterns": cmd_patterns,
