@@ -20,6 +20,8 @@ Every page links to the previous and next page of the course and to the pages it
 from __future__ import annotations
 
 import ast
+import contextlib
+import fnmatch
 import os
 import re
 import shutil
@@ -29,7 +31,9 @@ from dataclasses import dataclass, field
 
 from mdit_py_plugins.anchors import anchors_plugin
 
+from . import fast_twins
 from . import proofs as proofs_mod
+from .progress import Progress
 from .render import (MathError, Renderer, docstring_markdown, esc, highlight_lines,
                      pygments_css, svg_plot)
 from .source import file_sections, module_summary
@@ -42,35 +46,47 @@ except ImportError as exc:       # its tools (nbclient, jupytext) are not instal
     notebook_runner, RUNNER_MISSING = None, f"the notebook runner ({exc})"
     NOTEBOOK_ERRORS = ()
 
-__all__ = ["COURSE", "Page", "build_site", "course_pages", "page_url", "repo_root",
-           "MathError"]
+__all__ = ["COURSE", "APPENDICES", "CHAPTER_BUDGET", "ENGINE_BUDGET", "Page", "build_site",
+           "course_pages", "chapter_lines", "appendix_of", "page_url", "repo_root", "MathError"]
 
-# The course: (chapter title, what the reader learns, [files]) in reading order.
+# The course: (chapter title, what the reader learns, [files]) in reading order. It starts at
+# attention (by hand, then as five lines of code), walks through the engine those lines run on
+# (the references only), and climbs from softmax to GPT, the variants, flash and the kernels.
+# A notebook sits in the chapter it illustrates. Each chapter stays short enough to read at
+# one sitting: its files total at most CHAPTER_BUDGET lines (the engine's, ENGINE_BUDGET).
 COURSE = [
-    ("The autograd engine", "Tensors that remember how they were made, and the backward pass.",
-     ["minitx/autograd/tensor.py", "minitx/autograd/function.py", "minitx/autograd/engine.py",
-      "minitx/autograd/grad_mode.py", "minitx/autograd/gradcheck.py",
-      "minitx/autograd/versions.py", "minitx/autograd/anomaly.py",
-      "minitx/ops/elementwise.py", "minitx/ops/linalg.py", "minitx/ops/reduce.py"]),
+    ("Attention, by hand",
+     "softmax(QKᵀ/√d_k)V worked through by hand, why we divide by √d_k, then the same "
+     "formula as five lines of code.",
+     ["notebooks/01_attention_by_hand.py", "minitx/attention/classic.py"]),
+    ("The engine: Function → engine → Tensor",
+     "What those five lines ran on: a Function is one op with its derivative, the engine "
+     "walks the graph backwards, a Tensor remembers how it was made. The references only; "
+     "the rest of the engine is an appendix.",
+     ["minitx/autograd/function.py", "minitx/autograd/engine.py",
+      "minitx/autograd/tensor.py"]),
     ("Softmax and its Jacobian", "The one nonlinearity of attention, and its derivative.",
      ["minitx/ops/activation.py"]),
     ("Scaled dot-product attention and its backward",
-     "softmax(QKᵀ/√d_k)V, forward and backward, one fused op.",
-     ["minitx/attention/classic.py", "minitx/ops/sdpa.py", "minitx/attention/base.py",
-      "minitx/attention/exact.py"]),
+     "softmax(QKᵀ/√d_k)V, forward and backward, as one fused op; the contract every "
+     "attention variant keeps.",
+     ["minitx/ops/sdpa.py", "minitx/attention/base.py", "minitx/attention/exact.py"]),
     ("Multi-head attention and masks", "Heads, projections, masks, the KV cache.",
-     ["minitx/models/multihead.py", "minitx/attention/masks.py", "minitx/attention/kv_cache.py"]),
+     ["minitx/models/multihead.py", "minitx/attention/masks.py",
+      "minitx/attention/kv_cache.py"]),
     ("Positions", "Where a token is: sinusoids, learned tables, relative biases, rotations.",
      ["minitx/nn/positional.py", "minitx/attention/positions.py"]),
-    ("Blocks and GPT", "Layers, normalisation, the transformer block, a GPT.",
-     ["minitx/nn/module.py", "minitx/nn/layers.py", "minitx/nn/init.py", "minitx/ops/norm.py",
-      "minitx/ops/loss.py", "minitx/models/transformer.py", "minitx/models/gpt.py",
-      "minitx/models/common.py", "minitx/models/seq2seq.py", "minitx/models/classifier.py",
-      "minitx/nn/reversible.py"]),
+    ("The block and GPT",
+     "Layers, normalisation, the transformer block, a GPT and its loss; then a small GPT "
+     "trained on characters, and what its heads learned.",
+     ["minitx/nn/layers.py", "minitx/ops/norm.py", "minitx/models/transformer.py",
+      "minitx/models/common.py", "minitx/models/gpt.py", "minitx/ops/loss.py",
+      "notebooks/03_char_gpt_heads.py"]),
     ("Efficient attention: sparse patterns", "Exact attention under a sparsity mask.",
      ["minitx/attention/sparse.py"]),
-    ("Efficient attention: low rank", "Project the sequence to k rows (Linformer).",
-     ["minitx/attention/linformer.py"]),
+    ("Efficient attention: low rank",
+     "Attend through k rows instead of N: Linformer's projection, Nyström's landmarks.",
+     ["minitx/attention/linformer.py", "minitx/attention/nystrom.py"]),
     ("Efficient attention: kernels and linear attention",
      "Replace exp(q·k) by a feature map (Performer, linear attention).",
      ["minitx/attention/performer.py", "minitx/attention/linear.py"]),
@@ -78,22 +94,71 @@ COURSE = [
      ["minitx/attention/reformer.py"]),
     ("Efficient attention: clustering", "Attend within k-means clusters (Routing Transformer).",
      ["minitx/attention/routing.py"]),
-    ("Efficient attention: synthetic and mixing", "Attention without q·k: Synthesizer, FNet, AFT.",
+    ("Efficient attention: synthetic and mixing",
+     "Attention without q·k: Synthesizer, FNet, AFT.",
      ["minitx/attention/synthesizer.py", "minitx/attention/mixers.py"]),
-    ("Tiled flash attention in NumPy", "Exact attention in O(N) memory: the online softmax.",
-     ["minitx/ops/flash.py", "minitx/attention/flash.py"]),
-    ("The CUDA kernel", "The same recurrence on a GPU, on tensor cores.",
-     ["docs/cuda_kernel.md", "minitx/backend/flash_cuda.py", "minitx/ops/dispatch.py",
-      "minitx/backend/kernels/flash_naive.cuh",
-      "minitx/backend/kernels/flash_attn.cu", "minitx/backend/kernels/flash_common.cuh",
-      "minitx/backend/kernels/flash_tc.cuh", "minitx/backend/kernels/flash_simt.cuh"]),
+    ("Attention in current models",
+     "What recent models changed: latent keys and values (MLA), the differential "
+     "transformer, sigmoid attention, attention sinks.",
+     ["minitx/attention/latent.py", "minitx/attention/differential.py",
+      "minitx/attention/sigmoid.py", "minitx/attention/sinks.py"]),
+    ("Attention as recurrence",
+     "Linear attention read as a recurrent state: retention, the delta rule, state-space "
+     "duality.",
+     ["minitx/attention/retention.py", "minitx/attention/delta_rule.py",
+      "minitx/attention/ssd.py", "notebooks/05_attention_and_recurrence.py"]),
+    ("Tiled flash attention in NumPy",
+     "Exact attention in O(N) memory: the online softmax; which code computes attention; "
+     "then what every efficient variant costs and gives up, measured.",
+     ["minitx/ops/flash.py", "minitx/attention/flash.py", "minitx/ops/dispatch.py",
+      "notebooks/02_efficient_attention.py"]),
+    ("The CUDA kernel: naive",
+     "The online softmax on a GPU, one thread per query row: the kernel to read first.",
+     ["minitx/backend/kernels/flash_naive.cuh", "docs/cuda_kernel.md"]),
+    ("The CUDA kernel: tiled",
+     "Tiles in shared memory and registers, the CUDA-core kernels for float32.",
+     ["minitx/backend/kernels/flash_common.cuh", "minitx/backend/kernels/flash_simt.cuh",
+      "minitx/backend/kernels/flash_attn.cu"]),
+    ("The CUDA kernel: tensor cores",
+     "The same tiles on tensor cores for float16 (mma.sync, ldmatrix, cp.async), and the "
+     "launcher that picks a kernel for each call.",
+     ["minitx/backend/kernels/flash_tc.cuh", "minitx/backend/flash_cuda.py"]),
     ("Real pretrained models", "BERT and GPT-2 checkpoints, read and run by minitx.",
      ["docs/pretrained.md", "minitx/pretrained/safetensors.py", "minitx/pretrained/common.py",
-      "minitx/pretrained/bert.py", "minitx/pretrained/gpt2.py",
-      "minitx/pretrained/tokenization.py", "minitx/pretrained/wordpiece.py",
-      "minitx/pretrained/bpe.py"]),
+      "minitx/pretrained/bert.py", "minitx/pretrained/gpt2.py"]),
+    ("Tokenizers, and a real BERT's heads",
+     "Text to token ids (WordPiece, byte-level BPE); then every head of a pretrained BERT.",
+     ["minitx/pretrained/tokenization.py", "minitx/pretrained/wordpiece.py",
+      "minitx/pretrained/bpe.py", "notebooks/04_pretrained_bert.py"]),
     ("Look inside a model", "Hook points, caches, patching: what every head and variant computes.",
      ["docs/look_inside.md", "minitx/nn/hooks.py", "minitx/patching.py"]),
+]
+
+CHAPTER_BUDGET = 1500       # lines (whole files, notes included) of a course chapter
+ENGINE_BUDGET = 800         # … of the engine chapter: Function → engine → Tensor
+
+# The appendices, after the course: (title, what is in it, [glob patterns]) — a file goes to
+# the first appendix with a pattern that matches it; what is left goes to the last one.
+APPENDICES = [
+    ("Appendix: inside the engine",
+     "What a first reader does not need: dtype and device rules, version counters, anomaly "
+     "mode, gradient checks, checkpointing, the PyTorch spellings.",
+     ["minitx/autograd/*.py"]),
+    ("Appendix: the ops",
+     "Every other primitive op (elementwise, reductions, shapes, indexing, linear algebra), "
+     "each in its reference form.",
+     ["minitx/ops/*.py", "minitx/functional.py"]),
+    ("Appendix: modules, initialisation and more models",
+     "The Module base class (parameters, state dicts, hooks), initialisation, the "
+     "encoder–decoder, the classifier, reversible layers.",
+     ["minitx/nn/*.py", "minitx/models/*.py"]),
+    ("Appendix: How it was made fast",
+     "The CPU speed tricks of minitx/fast/, each beside the reference it stands in for, with "
+     "the speed-up this build measured. Switch them off with MINITX_FAST=0: the course's "
+     "references then run alone.",
+     ["minitx/fast/*.py", "minitx/configuration.py"]),
+    ("Appendix: the utilities", "Everything else: backends, data, pictures, the programs.",
+     ["minitx/**"]),
 ]
 
 
@@ -109,6 +174,7 @@ def page_url(path: str) -> str:
 
 
 def _appendix_files(root: str, course: set) -> list:
+    """Every source file of the package that the course does not list, sorted."""
     found = []
     for folder, dirs, files in os.walk(os.path.join(root, "minitx")):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
@@ -118,6 +184,30 @@ def _appendix_files(root: str, course: set) -> list:
                 if rel not in course:
                     found.append(rel)
     return sorted(found)
+
+
+def appendix_of(path: str) -> str:
+    """The title of the appendix that holds ``path`` (the first whose pattern matches)."""
+    for title, _, patterns in APPENDICES:
+        if any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns):
+            return title
+    return APPENDICES[-1][0]
+
+
+def chapter_lines(root: str) -> list:
+    """[(chapter title, lines, budget)] for the course's chapters: the whole-file line counts
+    of the files each lists (notes included; a file not written yet counts 0)."""
+    out = []
+    for title, _, files in COURSE:
+        total = 0
+        for path in files:
+            full = os.path.join(root, path)
+            if os.path.exists(full):
+                with open(full, encoding="utf-8") as fh:
+                    total += sum(1 for _ in fh)
+        budget = ENGINE_BUDGET if title.startswith("The engine") else CHAPTER_BUDGET
+        out.append((title, total, budget))
+    return out
 
 
 @dataclass
@@ -144,22 +234,39 @@ def _notebooks(root):
                   if n.endswith(".py") and not n.startswith("_"))
 
 
+MORE_NOTEBOOKS = ("More notebooks", "Notebooks not yet placed in a chapter, executed at this "
+                  "build.")
+
+
+def _kind(path):
+    if path.startswith("notebooks/"):
+        return "notebook"
+    return "doc" if path.endswith(".md") else "source"
+
+
 def course_pages(root: str):
-    """(course pages in reading order, appendix pages) for the checkout at ``root``."""
+    """(course pages in reading order, appendix pages) for the checkout at ``root``.
+
+    A file the course lists but the checkout lacks is left out; a notebook the course does
+    not list comes last, in "More notebooks". The appendix pages read in APPENDICES' order.
+    """
     pages = []
     listed = set()
     for title, _, files in COURSE:
         for path in files:
             if os.path.exists(os.path.join(root, path)):
-                kind = "doc" if path.endswith(".md") else "source"
-                pages.append(Page(path, path, chapter=title, kind=kind))
+                pages.append(Page(path, path, chapter=title, kind=_kind(path)))
                 listed.add(path)
     for path in _notebooks(root):
-        pages.append(Page(path, path, chapter="Notebooks", kind="notebook"))
+        if path not in listed:
+            pages.append(Page(path, path, chapter=MORE_NOTEBOOKS[0], kind="notebook"))
     for a, b in zip(pages, pages[1:]):
         a.next, b.prev = b, a
-    appendix = [Page(p, p, chapter="Appendix") for p in _appendix_files(root, listed)]
-    for a, b in zip(appendix, appendix[1:]):     # the appendix reads in its own order
+    order = {title: n for n, (title, _, _) in enumerate(APPENDICES)}
+    files = _appendix_files(root, listed)
+    files.sort(key=lambda p: (order[appendix_of(p)], p))
+    appendix = [Page(p, p, chapter=appendix_of(p)) for p in files]
+    for a, b in zip(appendix, appendix[1:]):     # the appendices read in their own order
         a.next, b.prev = b, a
     return pages, appendix
 
@@ -297,10 +404,66 @@ def _proof_html(proof) -> str:
     return "".join(parts)
 
 
+# ---- the fast layer beside its references -------------------------------------------------
+
+def _speedup_html(twin) -> str:
+    if twin.speedup is None:
+        return '<span class="value">not measured in this build</span>'
+    fast, plain = twin.times
+    return (f'<!--measured--><span class="value"><b>×{twin.speedup:.2f}</b> '
+            f'({fast * 1e3:.2f} ms with it, {plain * 1e3:.2f} ms without)</span><!--/measured-->')
+
+
+def _twin_notes(twins, known) -> dict:
+    """{page path: {anchor: [box HTML]}}: on a twin's page, beside the twin, a box naming
+    its reference and the speed-up this build measured; on the reference's page, beside the
+    dispatch point, a box naming the twin."""
+    notes = {}
+    for tw in twins:
+        if tw.fast_path not in known:
+            continue
+        ref = (f'<a href="{page_url(tw.ref_path)}#{esc(tw.ref_anchor)}"><code>{esc(tw.ref_path)}'
+               f'</code> · <code>{esc(tw.ref_anchor)}</code></a>' if tw.ref_path in known
+               else "no dispatch point found")
+        notes.setdefault(tw.fast_path, {}).setdefault(tw.fast_anchor, []).append(
+            f'<aside class="twin" id="twin-{esc(tw.name)}"><p class="proof-title">Fast twin of '
+            f'<code>{esc(tw.name)}</code></p><p>The reference it stands in for: {ref}. '
+            f'Speed-up measured by this build (the same workload with every twin on, then with '
+            f'this one off): {_speedup_html(tw)}</p></aside>')
+        if tw.ref_path in known:
+            notes.setdefault(tw.ref_path, {}).setdefault(tw.ref_anchor, []).append(
+                f'<aside class="twin"><p>With the fast layer on (the default) this dispatch '
+                f'point runs the fast twin <a href="{page_url(tw.fast_path)}#twin-'
+                f'{esc(tw.name)}"><code>{esc(tw.fast_path)}</code> · '
+                f'<code>{esc(tw.fast_anchor)}</code></a> (appendix “How it was made fast”); '
+                f'<code>MINITX_FAST=0</code> runs the reference, the code on this page.</p>'
+                f'</aside>')
+    return notes
+
+
+def _twin_table(twins, known) -> str:
+    """The fast appendix's table: each twin, its reference, the measured speed-up."""
+    rows = []
+    for tw in twins:
+        if tw.fast_path not in known:
+            continue
+        ref = (f'<a href="{page_url(tw.ref_path)}#{esc(tw.ref_anchor)}">{esc(tw.ref_anchor)}</a>'
+               if tw.ref_path in known else "—")
+        rows.append(f'<tr><td><a href="{page_url(tw.fast_path)}#twin-{esc(tw.name)}">'
+                    f'{esc(tw.name)}</a></td><td>{ref}</td><td>{_speedup_html(tw)}</td></tr>')
+    if not rows:
+        return ""
+    return ('<div class="scroll"><table class="twins"><thead><tr><th>twin</th>'
+            '<th>reference</th><th>speed-up measured by this build</th></tr></thead><tbody>'
+            + "".join(rows) + "</tbody></table></div>")
+
+
 # ---- source pages -------------------------------------------------------------------------
 
-def source_body(page, text, renderer, proofs=(), known=()) -> str:
-    """The sections of one source file as HTML rows (prose | code)."""
+def source_body(page, text, renderer, proofs=(), known=(), side=None) -> str:
+    """The sections of one source file as HTML rows (prose | code). ``side`` maps a section
+    anchor to HTML shown under that section's notes (the fast layer's twin boxes)."""
+    side = side or {}
     language = "cuda" if page.path.endswith((".cu", ".cuh")) else "python"
     sections = file_sections(page.path, text)
     renderer.code_link = code_linker(known, [s.anchor for s in sections] +
@@ -328,17 +491,19 @@ def source_body(page, text, renderer, proofs=(), known=()) -> str:
         out.append(
             f'<section class="sec" id="{esc(sec.anchor)}">{extra}'
             f'<div class="prose" data-src="{esc("".join(sec.prose_src))}">{label}{notes}'
-            f'{"".join(_proof_html(p) for p in boxes)}</div>'
+            f'{"".join(_proof_html(p) for p in boxes)}'
+            f'{"".join(h for n in [sec.anchor] + sec.names for h in side.get(n, ()))}</div>'
             f'<div class="code" data-head="{len(sec.head_src)}"><pre>{code_html}</pre></div>'
             f'</section>')
     return "\n".join(out)
 
 
-def _source_page(page, root, renderer, proofs, known, seed, commit, position, total):
+def _source_page(page, root, renderer, proofs, known, seed, commit, position, total,
+                 notes=None):
     with open(os.path.join(root, page.path), encoding="utf-8", newline="") as fh:
         text = fh.read()
     page.builds_on = imported_files(root, page.path, text)
-    body = source_body(page, text, renderer, proofs, known)
+    body = source_body(page, text, renderer, proofs, known, notes)
     head = (f'<div class="pagehead"><h1><code>{esc(page.path)}</code></h1>'
             f'{_meta(page, known, seed, commit)}{_contents(page.path, text)}</div>')
     return _frame(page.path, head + '<div class="sections">' + body + "</div>",
@@ -401,20 +566,24 @@ def _doc_page(page, root, out, known, seed, commit, position, total):
 
 # ---- notebooks ----------------------------------------------------------------------------
 
-def _notebook_page(page, root, renderer, cache_dir, quick, seed, commit, known, position,
-                   total):
+def _run_notebook(page, root, cache_dir, quick, seed):
+    """(the executed notebook, "") — or, when what it needs is missing, (the notebook as
+    written, a banner saying why it was not executed)."""
     import jupytext  # noqa: PLC0415 - notebook pages only
 
     path = os.path.join(root, page.path)
-    banner = ""
     missing = (notebook_runner.notebook_requirements_missing(path) if notebook_runner
                else RUNNER_MISSING)
     if missing:
-        nb = jupytext.read(path)
-        banner = (f'<p class="banner">Not executed in this build — {esc(missing)}. '
-                  'The code is shown as written, without outputs.</p>')
-    else:
-        nb = notebook_runner.execute_notebook(path, quick=quick, seed=seed, cache_dir=cache_dir)
+        return jupytext.read(path), (f'<p class="banner">Not executed in this build — '
+                                     f'{esc(missing)}. The code is shown as written, without '
+                                     'outputs.</p>')
+    return notebook_runner.execute_notebook(path, quick=quick, seed=seed,
+                                            cache_dir=cache_dir), ""
+
+
+def _notebook_page(page, executed, renderer, seed, commit, known, position, total):
+    nb, banner = executed
     cells = notebook_html(nb, renderer, page.path)
     head = (f'<div class="pagehead"><h1><code>{esc(page.path)}</code></h1>{banner}'
             f'{_meta(page, known, seed, commit)}</div>')
@@ -469,41 +638,55 @@ def _output_html(output, path, index):
 
 # ---- index --------------------------------------------------------------------------------
 
-def _index(pages, appendix, summaries, seed, commit, formulas_note):
+def _page_list(items, summaries):
+    return "".join(f'<li><a href="{p.url}">{esc(p.path)}</a>'
+                   f'<span class="sum">{summaries.get(p.path, "")}</span></li>' for p in items)
+
+
+def appendix_id(title: str) -> str:
+    """``Appendix: inside the engine`` -> ``appendix-inside-the-engine`` (the index anchor)."""
+    return "appendix-" + "-".join(re.findall(r"[a-z0-9]+", title.lower().split(":", 1)[-1]))
+
+
+def _index(pages, appendix, summaries, seed, commit, formulas_note, extra=None):
+    """The index: the course chapter by chapter, then each appendix; ``extra`` maps an
+    appendix title to HTML shown under its description (the fast layer's table)."""
     inline = Renderer("index.html").md.renderInline
     summaries = {k: inline(docstring_markdown(v)) for k, v in summaries.items()}
+    extra = extra or {}
     chapters = []
     by_chapter = {}
-    for p in pages:
+    for p in pages + appendix:
         by_chapter.setdefault(p.chapter, []).append(p)
-    for n, (title, learn, _) in enumerate(COURSE + [("Notebooks", "Executed top to bottom at "
-                                                     "this build.", [])], 1):
+    for n, (title, learn, _) in enumerate(COURSE + [MORE_NOTEBOOKS + ([],)], 1):
         items = by_chapter.get(title, [])
         if not items:
             continue
-        lis = "".join(f'<li><a href="{p.url}">{esc(p.path)}</a>'
-                      f'<span class="sum">{summaries.get(p.path, "")}</span></li>'
-                      for p in items)
         chapters.append(f'<li class="chapter"><h2>{n}. {esc(title)}</h2><p>{esc(learn)}</p>'
-                        f'<ol>{lis}</ol></li>')
-    apx = "".join(f'<li><a href="{p.url}">{esc(p.path)}</a>'
-                  f'<span class="sum">{summaries.get(p.path, "")}</span></li>'
-                  for p in appendix)
+                        f'<ol>{_page_list(items, summaries)}</ol></li>')
+    appendices = []
+    for title, what, _ in APPENDICES:
+        items = by_chapter.get(title, [])
+        if items:
+            appendices.append(
+                f'<section class="appendix" id="{appendix_id(title)}"><h2>{esc(title)}</h2>'
+                f'<p>{esc(what)}</p>{extra.get(title, "")}'
+                f'<ul>{_page_list(items, summaries)}</ul></section>')
     first = pages[0]
     body = (
         '<div class="intro"><h1>minitx, read it</h1>'
-        "<p>Attention and transformers from scratch, in NumPy, read as a course. Each page is "
-        "one source file of minitx: the notes (docstrings and comments) on the left, the code "
-        "they explain on the right — all of it, generated from the files themselves. Beside "
-        "the ops and every attention variant, a proof box shows numbers this build computed: "
-        "a float64 gradient check, the error against the reference, how time and memory grow "
-        "with N.</p>"
+        "<p>Attention and transformers from scratch, in NumPy, read as a course that starts "
+        "at attention itself. Each page is one source file of minitx: the notes (docstrings "
+        "and comments) on the left, the code they explain on the right — all of it, generated "
+        "from the files themselves. Beside the ops and every attention variant, a proof box "
+        "shows numbers this build computed: a float64 gradient check, the error against the "
+        "reference, how time and memory grow with N. What a first reading can skip is in the "
+        "appendices at the end.</p>"
         f'<p>Start with <a href="{first.url}">{esc(first.path)}</a> and follow “next →”.</p>'
         f'<p class="stamp">Built from commit <code>{esc(commit)}</code> with seed {seed}. '
         f"{esc(formulas_note)}</p></div>"
         f'<ol class="course">{"".join(chapters)}</ol>'
-        '<section class="appendix" id="appendix"><h2>Appendix: the utilities</h2>'
-        f'<p>Modules outside the course, each with its page.</p><ul>{apx}</ul></section>')
+        f'<div id="appendix">{"".join(appendices)}</div>')
     top = ('<header class="bar"><a class="home" href="index.html">minitx · read it</a>'
            f'<span class="where">the course: {len(pages)} pages</span>'
            f'<nav class="prevnext"><span></span><a rel="next" href="{first.url}">'
@@ -526,61 +709,122 @@ def _write(path, text):
         fh.write(text)
 
 
+@contextlib.contextmanager
+def numpy_backend():
+    """The build computes on NumPy whatever ``MINITX_BACKEND`` says: its proofs compare
+    against NumPy references and its notebooks run on NumPy (``notebooks._kernel_env``), so a
+    site built in a GPU user's shell (``MINITX_BACKEND=cupy``) shows the same pages. The
+    backend is set back when the build ends."""
+    from minitx import backend  # noqa: PLC0415 - the library, at build time
+
+    before = backend.get_backend()
+    if before != "numpy":
+        backend.set_backend("numpy")
+    try:
+        yield
+    finally:
+        if backend.get_backend() != before:
+            backend.set_backend(before)
+
+
 def build_site(out: str, seed: int = 0, quick: bool = False, root: str = None,
                cache_dir: str = None, log=print, notebooks: bool = True,
-               proofs: bool = True) -> dict:
-    """Build the site into ``out``; returns {pages, formulas, seconds, proofs}.
+               proofs: bool = True, bars=None) -> dict:
+    """Build the site into ``out``; returns {pages, formulas, seconds, proofs, twins}.
 
-    ``proofs=False`` leaves the proof boxes out (for tests of the rest of the build).
+    ``proofs=False`` leaves the proof boxes out and measures no fast twin (for tests of the
+    rest of the build). The build says what it is doing through ``log`` (or tqdm bars:
+    ``bars``, see ``progress.Progress``) and computes on NumPy (``numpy_backend``).
     Raises ``MathError`` (a formula that does not parse), ``proofs.ProofFailure`` (a proof
     below its threshold) or ``NotebookError`` (an error output in a notebook).
     """
-    start = time.perf_counter()
-    root = root or repo_root()
+    progress = Progress(log, bars)
+    with numpy_backend():
+        return _build(out, seed, quick, root or repo_root(), cache_dir, notebooks, proofs,
+                      progress)
+
+
+def _fast_layer(root, everything, known, measure, quick, seed, progress):
+    """The fast twins (``fast_twins.Twin``) whose pages this site has; measured if asked."""
+    if not any(p.startswith("minitx/fast/") for p in known):
+        return []
+
+    def anchors_of(path):
+        if path not in known:
+            return set()
+        with open(os.path.join(root, path), encoding="utf-8") as fh:
+            sections = file_sections(path, fh.read())
+        return {s.anchor for s in sections} | {n for s in sections for n in s.names}
+    twins = fast_twins.find_twins(root, [p.path for p in everything], anchors_of)
+    if measure:
+        fast_twins.measure(twins, quick=quick, seed=seed)
+        progress.say(f"fast layer: {len(twins)} twins, each timed with and without it")
+    return twins
+
+
+def _build(out, seed, quick, root, cache_dir, notebooks, proofs, progress):
     os.makedirs(out, exist_ok=True)
     commit = _commit(root)
     pages, appendix = course_pages(root)
     if not notebooks:
         pages = [p for p in pages if p.kind != "notebook"]
-        if pages:
-            pages[-1].next = None
+        for a, b in zip([None] + pages, pages + [None]):
+            if a:
+                a.next = b
+            if b:
+                b.prev = a
     everything = pages + appendix
     known = {p.path for p in everything}
-    log(f"proofs: computing ({'quick' if quick else 'full'} sizes, seed {seed}) …")
+    progress.say(f"proofs: computing ({'quick' if quick else 'full'} sizes, seed {seed}) …")
     all_proofs = proofs_mod.all_proofs(quick=quick, seed=seed) if proofs else {}
-    summaries, formulas = {}, 0
-    for position, page in enumerate(everything, 1):
-        in_course = position <= len(pages)
-        pos = position if in_course else 0
-        if page.kind == "doc":
-            html, renderer = _doc_page(page, root, out, known, seed, commit, pos, len(pages))
-            summaries[page.path] = _first_heading(root, page.path)
-        else:
-            renderer = Renderer(page.path, code_link=code_linker(known))
-            if page.kind == "notebook":
-                summaries[page.path] = _notebook_title(root, page.path)
-                html = _notebook_page(page, root, renderer, cache_dir, quick, seed, commit,
-                                      known, pos, len(pages))
-            else:
-                with open(os.path.join(root, page.path), encoding="utf-8") as fh:
-                    text = fh.read()
-                summaries[page.path] = (module_summary(text) if page.path.endswith(".py")
-                                        else _first_comment(text))
-                html = _source_page(page, root, renderer, all_proofs.get(page.path, ()), known,
-                                    seed, commit, pos, len(pages))
-        formulas += renderer.formulas
-        _write(os.path.join(out, page.url), html)
-    note = (f"{len(everything) + 1} pages, {formulas} formula{'s' * (formulas != 1)} "
-            "rendered to MathML.")
-    _write(os.path.join(out, "index.html"), _index(pages, appendix, summaries, seed, commit,
-                                                   note))
-    _write(os.path.join(out, "style.css"), STYLE + pygments_css())
-    seconds = time.perf_counter() - start
     n_proofs = sum(len(v) for v in all_proofs.values())
-    log(f"site: {len(everything) + 1} pages, {formulas} formulas, {n_proofs} proofs, "
-        f"{seconds:.1f} s -> {os.path.abspath(out)}")
+    progress.say(f"proofs: {n_proofs} computed")
+    twins = _fast_layer(root, everything, known, proofs, quick, seed, progress)
+    notes = _twin_notes(twins, known)
+    executed = {}
+    books = [p for p in pages if p.kind == "notebook"]
+    with progress.stage("notebooks", len(books)) as tick:
+        for page in books:
+            started = time.perf_counter()
+            executed[page.path] = _run_notebook(page, root, cache_dir, quick, seed)
+            tick(f"{page.path} ({time.perf_counter() - started:.1f} s)")
+    summaries, formulas = {}, 0
+    with progress.stage("pages", len(everything) + 1, every=25) as tick:
+        for position, page in enumerate(everything, 1):
+            pos = position if position <= len(pages) else 0
+            if page.kind == "doc":
+                html, renderer = _doc_page(page, root, out, known, seed, commit, pos,
+                                           len(pages))
+                summaries[page.path] = _first_heading(root, page.path)
+            else:
+                renderer = Renderer(page.path, code_link=code_linker(known))
+                if page.kind == "notebook":
+                    summaries[page.path] = _notebook_title(root, page.path)
+                    html = _notebook_page(page, executed[page.path], renderer, seed, commit,
+                                          known, pos, len(pages))
+                else:
+                    with open(os.path.join(root, page.path), encoding="utf-8") as fh:
+                        text = fh.read()
+                    summaries[page.path] = (module_summary(text) if page.path.endswith(".py")
+                                            else _first_comment(text))
+                    html = _source_page(page, root, renderer, all_proofs.get(page.path, ()),
+                                        known, seed, commit, pos, len(pages),
+                                        notes.get(page.path))
+            formulas += renderer.formulas
+            _write(os.path.join(out, page.url), html)
+            tick(page.path)
+        note = (f"{len(everything) + 1} pages, {formulas} formula{'s' * (formulas != 1)} "
+                "rendered to MathML.")
+        extra = {"Appendix: How it was made fast": _twin_table(twins, known)}
+        _write(os.path.join(out, "index.html"), _index(pages, appendix, summaries, seed, commit,
+                                                       note, extra))
+        _write(os.path.join(out, "style.css"), STYLE + pygments_css())
+        tick("index.html")
+    seconds = progress.elapsed()
+    progress.say(f"site: {len(everything) + 1} pages, {formulas} formulas, {n_proofs} proofs, "
+                 f"{len(books)} notebooks, {seconds:.1f} s -> {os.path.abspath(out)}")
     return {"pages": len(everything) + 1, "formulas": formulas, "seconds": seconds,
-            "proofs": n_proofs}
+            "proofs": n_proofs, "twins": len(twins)}
 
 
 def _notebook_title(root, path):

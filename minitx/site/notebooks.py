@@ -148,6 +148,19 @@ def _kernel_env(quick: bool, seed: int) -> dict[str, str]:
     return env
 
 
+def _local_transport(client, cwd) -> None:
+    """Talk to the kernel over Unix sockets in ``cwd`` where the system has them. Over TCP
+    (jupyter_client's default) ipykernel prints three "[IPKernelApp] WARNING | Kernel is
+    running over TCP without encryption" lines per notebook: true of any local kernel, and
+    nothing a reader of the build can act on. A Unix socket is local by construction, so the
+    warning does not apply; elsewhere (Windows) TCP stays."""
+    if os.name != "posix":
+        return
+    km = client.create_kernel_manager()      # the client then uses this manager
+    km.transport = "ipc"
+    km.ip = os.path.join(cwd, "kernel")       # the socket files' prefix
+
+
 def _first_lines(source: str, count: int = 3) -> str:
     lines = source.strip().splitlines()
     shown = "\n    ".join(lines[:count])
@@ -195,6 +208,7 @@ def execute_notebook(path, *, quick: bool, seed: int = 0, cache_dir=None,
         client = nbclient.NotebookClient(
             nb, kernel_name=KERNEL_NAME, timeout=timeout, record_timing=False,
             resources={"metadata": {"path": cwd}}, on_cell_execute=on_cell_execute)
+        _local_transport(client, cwd)
         try:
             client.execute(env=_kernel_env(quick, seed))
         except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:

@@ -1,0 +1,211 @@
+"""The appendix "How it was made fast": each trick of ``minitx/fast/`` beside its reference.
+
+``minitx.configuration.twins()`` lists the fast layer: {reference name: fast function}. For
+each name this module finds
+
+- the **twin**: the fast function's file and section (its module and qualified name);
+- the **reference**: the function of the course that asks ``configuration.twin("name")`` —
+  its one dispatch point, where the plain maths runs when the fast layer is off;
+
+and **measures what the twin buys**, at build time: one small workload that goes through the
+dispatch point is timed with the whole fast layer on, and again with this one twin switched
+off (``configuration.without_twins(name)``, the other twins staying on). The speed-up is the
+ratio of the two fastest-of-a-few times. It measures the machine, not the maths, so the site
+fences it in ``<!--measured-->`` markers: two builds differ only there.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Twin", "find_twins", "measure", "WORKLOADS"]
+
+
+@dataclass
+class Twin:
+    name: str                 # the reference name the twin is registered under
+    fast_path: str            # minitx/fast/….py
+    fast_anchor: str          # its section on that page
+    ref_path: str = ""        # the file whose dispatch point asks for it ("" if none found)
+    ref_anchor: str = ""      # the function holding that dispatch point
+    speedup: float = None     # reference time / twin time, None when not measured
+    times: tuple = ()         # (seconds with the twin, seconds without it)
+
+
+# ---- where each twin and its reference live -------------------------------------------------
+
+def _anchor_for(qualname: str, anchors) -> str:
+    """The deepest section anchor of ``qualname`` the page has (``A.b``, else ``A``)."""
+    parts = qualname.split(".")
+    for k in range(len(parts), 0, -1):
+        name = ".".join(parts[:k])
+        if name in anchors:
+            return name
+    return parts[0]
+
+
+def _enclosing(tree, line):
+    """The qualified name of the innermost def/class around ``line``, or ""."""
+    found = ""
+
+    def visit(node, prefix):
+        nonlocal found
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if child.lineno <= line <= child.end_lineno:
+                    found = prefix + child.name
+                    visit(child, found + ".")
+    visit(tree, "")
+    return found
+
+
+def find_twins(root: str, sources, anchors_of) -> list:
+    """Every registered twin as a ``Twin``, sorted by name. ``sources``: the site's Python
+    files (repository paths); ``anchors_of(path)``: the section anchors of that page."""
+    from minitx import configuration  # noqa: PLC0415 - the library, at build time only
+    import minitx.fast  # noqa: F401,PLC0415 - registers the twins
+
+    asks = {}
+    for path in sources:
+        if not path.endswith(".py") or path.startswith("minitx/fast/"):
+            continue
+        with open(os.path.join(root, path), encoding="utf-8") as fh:
+            text = fh.read()
+        hits = [(m.group(1), text.count("\n", 0, m.start()) + 1)
+                for m in re.finditer(r"configuration\.twin\(\s*[\"'](\w+)[\"']", text)]
+        if hits:
+            tree = ast.parse(text)
+            for name, line in hits:
+                asks.setdefault(name, (path, _enclosing(tree, line)))
+    out = []
+    for name, fn in sorted(configuration.twins().items()):
+        fast_path = fn.__module__.replace(".", "/") + ".py"
+        twin = Twin(name, fast_path, _anchor_for(fn.__qualname__, anchors_of(fast_path)))
+        if name in asks:
+            path, qualname = asks[name]
+            twin.ref_path, twin.ref_anchor = path, _anchor_for(qualname, anchors_of(path))
+        out.append(twin)
+    return out
+
+
+# ---- what each twin buys: one workload through its dispatch point --------------------------
+
+def _tensor(rng, shape, grad=False):
+    import minitx  # noqa: PLC0415
+    return minitx.tensor(rng.standard_normal(shape).astype(np.float32), requires_grad=grad)
+
+
+def _softmax(rng, n):                       # row_max, row_sum: softmax's shift and sum
+    import minitx.functional as F  # noqa: PLC0415
+    x = _tensor(rng, (8, n, n))
+    return lambda: F.softmax(x, axis=-1)
+
+
+def _many_small_ops(rng, n):                # apply, backward: the engine's per-op overhead
+    import minitx.functional as F  # noqa: PLC0415
+    x = _tensor(rng, (16, 32), grad=True)
+
+    def run():
+        y = x
+        for _ in range(n // 4):
+            y = F.tanh(y * 0.5 + 0.1)
+        y.sum().backward()
+    return run
+
+
+def _gelu(rng, n):                          # erf, gelu_backward
+    import minitx.functional as F  # noqa: PLC0415
+    x = _tensor(rng, (n, 256), grad=True)
+
+    def run():
+        F.gelu(x).sum().backward()
+    return run
+
+
+def _layer_norm(rng, n):
+    import minitx.functional as F  # noqa: PLC0415
+    x = _tensor(rng, (n, 256), grad=True)
+    w, b = _tensor(rng, (256,), grad=True), _tensor(rng, (256,), grad=True)
+
+    def run():
+        F.layer_norm(x, (256,), w, b).sum().backward()
+    return run
+
+
+def _sdpa(rng, n):                          # sdpa; map_in_threads through flash
+    import minitx.functional as F  # noqa: PLC0415
+    q, k, v = (_tensor(rng, (1, 4, n, 32), grad=True) for _ in range(3))
+
+    def run():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    return run
+
+
+def _flash(rng, n):
+    import minitx.functional as F  # noqa: PLC0415
+    q, k, v = (_tensor(rng, (1, 4, n, 32)) for _ in range(3))
+    return lambda: F.flash_attention(q, k, v, causal=True)
+
+
+def _embedding_backward(rng, n):            # scatter_add: the embedding's gradient
+    import minitx  # noqa: PLC0415
+    from minitx import nn  # noqa: PLC0415
+    table = nn.Embedding(512, 64)
+    ids = minitx.tensor(rng.integers(0, 512, size=(n * 8,)))
+
+    def run():
+        table(ids).sum().backward()
+    return run
+
+
+def _adam(rng, n):
+    from minitx import nn, optim  # noqa: PLC0415
+    layer = nn.Linear(n, n)
+    opt = optim.Adam(layer.parameters(), lr=1e-3)
+    layer(_tensor(rng, (4, n))).sum().backward()      # a gradient for every parameter
+    return opt.step
+
+
+# name -> workload(rng, size) returning the function to time; sizes (quick, full)
+WORKLOADS = {
+    "row_max": (_softmax, (128, 256)), "row_sum": (_softmax, (128, 256)),
+    "apply": (_many_small_ops, (128, 256)), "backward": (_many_small_ops, (128, 256)),
+    "erf": (_gelu, (512, 1024)), "gelu_backward": (_gelu, (512, 1024)),
+    "layer_norm": (_layer_norm, (512, 1024)), "sdpa": (_sdpa, (256, 512)),
+    "map_in_threads": (_flash, (256, 1024)), "scatter_add": (_embedding_backward, (256, 1024)),
+    "adam": (_adam, (512, 1024)),
+}
+
+
+def _fastest(fn, repeats):
+    fn()                                     # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure(twins, quick=True, seed=0) -> None:
+    """Fill in each twin's ``times`` and ``speedup`` (a twin without a workload stays None).
+    Runs on NumPy, with the fast layer on."""
+    from minitx import configuration  # noqa: PLC0415
+
+    repeats = 5 if quick else 9
+    for twin in twins:
+        if twin.name not in WORKLOADS:
+            continue
+        make, sizes = WORKLOADS[twin.name]
+        fn = make(np.random.default_rng(seed), sizes[0] if quick else sizes[1])
+        with configuration.using_config(fast=True):
+            fast = _fastest(fn, repeats)
+            with configuration.without_twins(twin.name):
+                plain = _fastest(fn, repeats)
+        twin.times = (fast, plain)
+        twin.speedup = plain / fast if fast > 0 else None
