@@ -87,8 +87,8 @@ class SigmoidAttention(AttentionBase):
     the projections'). ``attn_mask`` bool (True = may attend) or float (added to S),
     broadcastable to (B, H, Nq, Nk); ``kv_cache`` a ``KVCache`` (decoding).
 
-    Complexity: {complexity}; a key-tiled form needs no running max or rescaling (module
-    docstring).
+    Complexity: {complexity} (Nq·Nk in place of N² for Nq queries and Nk keys); a
+    key-tiled form needs no running max or rescaling (module docstring).
 
     Exactness: a different score function (tested against its own dense formula,
     ``reference``). kind "score".
@@ -97,7 +97,7 @@ class SigmoidAttention(AttentionBase):
     Analysis, and Best Practices for Sigmoid Self-Attention".
     """
 
-    complexity = "time O(B·H·Nq·Nk·D), memory O(B·H·Nq·Nk)"
+    complexity = "time O(B·H·N²·D), memory O(B·H·N²)"
 
     kind = "score"
     supports_kv_cache = True
