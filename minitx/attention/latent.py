@@ -82,7 +82,7 @@ class LatentCache:
                              f"(B, n, d_R) with the same B, n, got {tuple(latent.shape)} and "
                              f"{tuple(rope_k.shape)}")
         c, kr = (x.data if isinstance(x, Tensor) else x for x in (latent, rope_k))
-        c, kr = self._store.append(c[:, None], kr[:, None])          # (B, 1, Nk, ·)
+        c, kr = self._store.append(c[:, None], kr[:, None])                   # (B, 1, Nk, ·)
         return c.reshape(c.shape[0], c.shape[2], c.shape[3]), \
             kr.reshape(kr.shape[0], kr.shape[2], kr.shape[3])
 
@@ -138,6 +138,8 @@ class MultiHeadLatentAttention(AttentionBase):
     (B, H, N, D + d_R), k = [k^C; k^R] (B, Hkv, Nk, D + d_R), v (B, Hkv, Nk, D) → (B, H, N, D):
     plain softmax attention with scale 1/√(width of q) (any matching widths are accepted).
     ``num_kv_heads`` Hkv < H makes W_UK, W_UV produce Hkv heads shared by groups of queries.
+    Parameters: ``w_dq`` (d'_c × E), ``w_uq`` (H·D × d'_c), ``w_qr`` (H·d_R × d'_c), ``w_dkv``
+    (d_c × E), ``w_uk``, ``w_uv`` (Hkv·D × d_c), ``w_kr`` (d_R × E), ``out_proj`` (E × E).
     The decode cache (``new_cache()``, a ``LatentCache``) holds c_KV and k^R only:
     ``cache_numbers_per_token()`` = d_c + d_R, against 2·H·D for ``mha``.
 
@@ -187,13 +189,13 @@ class MultiHeadLatentAttention(AttentionBase):
         h, hkv, dc, dq, dr = (self.num_heads, self.num_kv_heads, self.kv_rank, self.q_rank,
                               self.rope_dim)
         # the paper's maps (Linear stores W as (out, in)); no bias, as in its equations
-        self.dq_proj = Linear(embed_dim, dq, bias=False)       # W_DQ: x → c_Q
-        self.uq_proj = Linear(dq, h * d, bias=False)           # W_UQ: c_Q → q^C (H heads)
-        self.qr_proj = Linear(dq, h * dr, bias=False)          # W_QR: c_Q → q^R (H heads)
-        self.dkv_proj = Linear(embed_dim, dc, bias=False)      # W_DKV: x → c_KV
-        self.uk_proj = Linear(dc, hkv * d, bias=False)         # W_UK: c_KV → k^C (Hkv heads)
-        self.uv_proj = Linear(dc, hkv * d, bias=False)         # W_UV: c_KV → v (Hkv heads)
-        self.kr_proj = Linear(embed_dim, dr, bias=False)       # W_KR: x → k^R (shared)
+        self.w_dq = Linear(embed_dim, dq, bias=False)     # W_DQ: x → c_Q
+        self.w_uq = Linear(dq, h * d, bias=False)         # W_UQ: c_Q → q^C (H heads)
+        self.w_qr = Linear(dq, h * dr, bias=False)        # W_QR: c_Q → q^R (H heads)
+        self.w_dkv = Linear(embed_dim, dc, bias=False)    # W_DKV: x → c_KV
+        self.w_uk = Linear(dc, hkv * d, bias=False)       # W_UK: c_KV → k^C (Hkv heads)
+        self.w_uv = Linear(dc, hkv * d, bias=False)       # W_UV: c_KV → v (Hkv heads)
+        self.w_kr = Linear(embed_dim, dr, bias=False)     # W_KR: x → k^R (shared)
         self.hook_latent = HookPoint()        # (B, N, d_c) c_KV of this step's tokens
         self.hook_rope_k = HookPoint()        # (B, N, d_R) k^R after RoPE, this step's tokens
         self.hook_attn_scores = HookPoint()   # (B, H, N, Nk) s_h, −inf masked
@@ -223,14 +225,14 @@ class MultiHeadLatentAttention(AttentionBase):
         """c_Q (B, N, d'_c), q^R (B, H, N, d_R), and the latent c_KV (B, Nk, d_c) and rotated
         k^R (B, Nk, d_R) of every key (this step's appended to ``kv_cache`` when given).
         Token i of x sits at position offset + i."""
-        c_q = self.dq_proj(x)                                             # (B, N, d'_c)
-        q_r = split_heads(self.qr_proj(c_q), self.num_heads)              # (B, H, N, d_R)
+        c_q = self.w_dq(x)                                                    # (B, N, d'_c)
+        q_r = split_heads(self.w_qr(c_q), self.num_heads)                     # (B, H, N, d_R)
         q_r = apply_rope(q_r, offset=offset, base=self.base)
         # the latent and the one shared RoPE key: all a token leaves in the cache
-        c_kv = self.hook_latent(self.dkv_proj(x))                         # (B, N, d_c)
-        k_r = self.hook_rope_k(apply_rope(self.kr_proj(x), offset=offset, base=self.base))
+        c_kv = self.hook_latent(self.w_dkv(x))                                # (B, N, d_c)
+        k_r = self.hook_rope_k(apply_rope(self.w_kr(x), offset=offset, base=self.base))
         if kv_cache is not None:
-            c_kv, k_r = kv_cache.append(c_kv, k_r)                        # (B, Nk, d_c|d_R)
+            c_kv, k_r = kv_cache.append(c_kv, k_r)                            # (B, Nk, d_c|d_R)
         return c_q, q_r, c_kv, k_r
 
     def _head_hooks_active(self) -> bool:
@@ -252,16 +254,16 @@ class MultiHeadLatentAttention(AttentionBase):
         c_q, q_r, c_kv, k_r = self._latents(x, offset, kv_cache)
         b, nk = c_kv.shape[0], c_kv.shape[1]
         # up-projections: every head's content query, key and value
-        q_c = split_heads(self.uq_proj(c_q), self.num_heads)              # (B, H, N, D)
-        k_c = split_heads(self.uk_proj(c_kv), self.num_kv_heads)          # (B, Hkv, Nk, D)
-        v = split_heads(self.uv_proj(c_kv), self.num_kv_heads)            # (B, Hkv, Nk, D)
+        q_c = split_heads(self.w_uq(c_q), self.num_heads)                     # (B, H, N, D)
+        k_c = split_heads(self.w_uk(c_kv), self.num_kv_heads)                 # (B, Hkv, Nk, D)
+        v = split_heads(self.w_uv(c_kv), self.num_kv_heads)                   # (B, Hkv, Nk, D)
         # heads of width D + d_R: q = [q^C; q^R], k = [k^C; k^R] with k^R in every key head
         k_r = broadcast_to(expand_dims(k_r, 1), (b, self.num_kv_heads, nk, self.rope_dim))
-        q = concatenate([q_c, q_r], axis=-1)                              # (B, H, N, D + d_R)
-        k = concatenate([k_c, k_r], axis=-1)                              # (B, Hkv, Nk, D+d_R)
+        q = concatenate([q_c, q_r], axis=-1)                                  # (B, H, N, D + d_R)
+        k = concatenate([k_c, k_r], axis=-1)                                  # (B, Hkv, Nk, D+d_R)
         q, k, v = (hooked_heads(h, t) for h, t in
                    ((self.hook_q, q), (self.hook_k, k), (self.hook_v, v)))
-        y = self.attend(q, k, v, attn_mask=attn_mask)                     # (B, H, N, D)
+        y = self.attend(q, k, v, attn_mask=attn_mask)                         # (B, H, N, D)
         return self.out_proj(merge_heads(hooked_heads(self.hook_z, y)))
 
     def attend(self, q, k, v, attn_mask=None):
@@ -278,15 +280,15 @@ class MultiHeadLatentAttention(AttentionBase):
         W_QK (H, d_c, d'_c) = W_UK,hᵀ W_UQ,h and W_OV (H, E, d_c) = W_O,h W_UV,h."""
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         # per-head blocks of the up-projections; W_UK, W_UV repeated over a query group
-        w_uq = reshape(self.uq_proj.weight, (h, d, self.q_rank))             # (H, D, d'_c)
-        w_uk = reshape(self.uk_proj.weight, (1, hkv, d, self.kv_rank))
-        w_uk = reshape(repeat_kv(w_uk, h), (h, d, self.kv_rank))            # (H, D, d_c)
-        w_uv = reshape(self.uv_proj.weight, (1, hkv, d, self.kv_rank))
-        w_uv = reshape(repeat_kv(w_uv, h), (h, d, self.kv_rank))            # (H, D, d_c)
-        w_o = reshape(self.out_proj.weight, (self.embed_dim, h, d))          # (E, H, D)
+        w_uq = reshape(self.w_uq.weight, (h, d, self.q_rank))                 # (H, D, d'_c)
+        w_uk = reshape(self.w_uk.weight, (1, hkv, d, self.kv_rank))
+        w_uk = reshape(repeat_kv(w_uk, h), (h, d, self.kv_rank))              # (H, D, d_c)
+        w_uv = reshape(self.w_uv.weight, (1, hkv, d, self.kv_rank))
+        w_uv = reshape(repeat_kv(w_uv, h), (h, d, self.kv_rank))              # (H, D, d_c)
+        w_o = reshape(self.out_proj.weight, (self.embed_dim, h, d))           # (E, H, D)
         # q^C_h · (W_UK,h c) = (W_UK,hᵀ W_UQ,h c_Q) · c ;  W_O,h (W_UV,h ō_h) = (W_O,h W_UV,h) ō_h
-        w_qk = einsum("hdc,hdq->hcq", w_uk, w_uq)                           # (H, d_c, d'_c)
-        w_ov = einsum("ehd,hdc->hec", w_o, w_uv)                            # (H, E, d_c)
+        w_qk = einsum("hdc,hdq->hcq", w_uk, w_uq)                             # (H, d_c, d'_c)
+        w_ov = einsum("ehd,hdc->hec", w_o, w_uv)                              # (H, E, d_c)
         return w_qk, w_ov
 
     def absorbed_forward(self, x, attn_mask=None, kv_cache=None):
@@ -303,14 +305,14 @@ class MultiHeadLatentAttention(AttentionBase):
         c_q, q_r, c_kv, k_r = self._latents(x, offset, kv_cache)
         w_qk, w_ov = self.absorbed_weights()
         # the query in latent space, q̃_h = W_QK,h c_Q, then [q̃; q^R] against [c; k^R]
-        q_lat = einsum("bnq,hcq->bhnc", c_q, w_qk)                        # (B, H, N, d_c)
-        q = concatenate([q_lat, q_r], axis=-1)                            # (B, H, N, d_c+d_R)
-        k = expand_dims(concatenate([c_kv, k_r], axis=-1), 1)             # (B, 1, Nk, d_c+d_R)
-        v = expand_dims(c_kv, 1)                                          # (B, 1, Nk, d_c)
+        q_lat = einsum("bnq,hcq->bhnc", c_q, w_qk)                            # (B, H, N, d_c)
+        q = concatenate([q_lat, q_r], axis=-1)                                # (B, H, N, d_c+d_R)
+        k = expand_dims(concatenate([c_kv, k_r], axis=-1), 1)                 # (B, 1, Nk, d_c+d_R)
+        v = expand_dims(c_kv, 1)                                              # (B, 1, Nk, d_c)
         # the score is still over √(D + d_R): the same numbers as the naive form's
         o_lat, _ = hookable_attention(self, q, k, v, scale=1.0 / math.sqrt(
             self.head_dim + self.rope_dim), causal=self.causal, mask=attn_mask)  # (B,H,N,d_c)
-        y = einsum("bhnc,hec->bne", o_lat, w_ov)                          # (B, N, E)
+        y = einsum("bhnc,hec->bne", o_lat, w_ov)                              # (B, N, E)
         return y if self.out_proj.bias is None else y + self.out_proj.bias
 
     # ---- the proofs the site shows --------------------------------------------------------
@@ -340,6 +342,5 @@ class MultiHeadLatentAttention(AttentionBase):
                  float(abs(decoded["naive"] - naive).max()), 1e-12),
                 ("decoding through the latent cache (absorbed) − full forward, max |Δ|",
                  float(abs(decoded["absorbed"] - naive).max()), 1e-12),
-                (f"cache numbers per token d_c + d_R = {kv_rank} + {rope_dim} "
-                 f"(≤ 2·H·D = {mha} for mha)", float(layer.cache_numbers_per_token()),
-                 float(mha))]
+                (f"cache numbers per token d_c + d_R = {kv_rank} + {rope_dim} (mha: 2·H·D)",
+                 float(layer.cache_numbers_per_token()), float(mha))]

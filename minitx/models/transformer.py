@@ -65,6 +65,8 @@ def build_self_attention(attention, d_model, nhead, dropout, bias, batch_first, 
     cls = REGISTRY[attention]
     options = dict(options or {})
     options.setdefault("causal", causal_default)
+    if "layer_index" in getattr(cls, "model_options", ()):
+        options.setdefault("layer_index", 0)      # a lone layer is the first; the stacks renumber
     if issubclass(cls, ExactSelfAttention):
         options.setdefault("dropout", dropout)
         options.setdefault("bias", bias)
@@ -99,6 +101,7 @@ class _Block(Module):
             validate.positive_int(val, name, owner=type(self).__name__)
         self.batch_first, self.norm_first = bool(batch_first), bool(norm_first)
         self.attention = attention
+        self.attention_options = dict(attention_options or {})
         self.self_attn = build_self_attention(attention, d_model, nhead, dropout, bias,
                                               batch_first, causal_default, attention_options)
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
@@ -253,8 +256,17 @@ class TransformerDecoderLayer(_Block):
 
 
 def _clones(layer, num_layers, owner):
+    """``num_layers`` deep copies of ``layer``. A self-attention variant that declares
+    "layer_index" in its ``model_options`` gets each copy's 0-based depth (``attn.layer_index
+    = i``; what depends on it, e.g. ``diff``'s λ_init, is derived from that attribute), unless
+    the layer's ``attention_options`` gave ``layer_index``."""
     num_layers = validate.positive_int(num_layers, "num_layers", owner=owner)
-    return ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
+    clones = ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
+    for i, clone in enumerate(clones):
+        attn, given = getattr(clone, "self_attn", None), getattr(clone, "attention_options", {})
+        if "layer_index" in getattr(attn, "model_options", ()) and "layer_index" not in given:
+            attn.layer_index = i
+    return clones
 
 
 class TransformerEncoder(Module):
