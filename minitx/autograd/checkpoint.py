@@ -19,6 +19,8 @@ class _Checkpoint(Function):
 
     @staticmethod
     def forward(ctx, *arrays, fn, n_tensors):
+        # Forward: fn once under no_grad, so none of its intermediate arrays is kept; what
+        # is kept is the inputs and the RNG state that fn's dropout will draw from
         arrays = arrays[:n_tensors]      # the last input is the `_requires` marker
         ctx.fn_ = fn
         ctx.rng_state = backend.rng().bit_generator.state
@@ -29,6 +31,8 @@ class _Checkpoint(Function):
 
     @staticmethod
     def backward(ctx, grad):
+        # Backward: fn again, from the saved inputs and with the same random draws, this
+        # time recording its graph — the activations exist again, for this backward only
         arrays = ctx.saved_tensors
         inputs = [Tensor._wrap(a, need) for a, need in zip(arrays, ctx.needs_input_grad)]
         n = len(inputs)
@@ -38,7 +42,7 @@ class _Checkpoint(Function):
             with enable_grad():
                 out = ctx.fn_(*inputs)
         finally:
-            backend.rng().bit_generator.state = saved_state
+            backend.rng().bit_generator.state = saved_state    # the caller's stream goes on
         grads = [None] * n
         if out.requires_grad:
             # The recomputed graph is private: backprop through it and collect the input grads.

@@ -49,6 +49,8 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
     Returns True, or on failure raises ``GradcheckError`` (or returns False when
     ``raise_exception=False``) naming the input, the worst element, and both values.
     """
+    # The inputs checked: Tensors that require grad, in float64 (float32's 1e-7 precision
+    # would drown a central difference taken with eps = 1e-6)
     inputs = _as_tuple(inputs)
     targets = [i for i, t in enumerate(inputs) if isinstance(t, Tensor) and t.requires_grad]
     if not targets:
@@ -58,6 +60,8 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
             raise TypeError(f"gradcheck input {i} must be float64 (finite differences in lower "
                             f"precision are meaningless), got {inputs[i].dtype}")
 
+    # One fixed random weight r per output element: L = Σ r ⊙ y tests every element of y
+    # (a plain sum would miss a gradient wrong by a permutation or by a zero-sum error)
     outs = _output_tensors(fn(*inputs))
     if not outs:
         raise ValueError("gradcheck: fn returned no floating-point Tensor")
@@ -70,7 +74,7 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
             ys = _output_tensors(fn(*inputs))
         return sum(float((y.data * w).sum()) for y, w in zip(ys, weights))
 
-    # analytic
+    # analytic: one backward of L gives dL/dx for every input at once
     for i in targets:
         inputs[i].grad = None
     loss = None
@@ -78,6 +82,7 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
         if o.requires_grad:
             term = (o * Tensor._wrap(w)).sum()
             loss = term if loss is None else loss + term
+    # an input the outputs do not depend on gets no .grad: its analytic gradient is 0
     analytic = {}
     if loss is not None:
         loss.backward()
@@ -106,6 +111,8 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
             flat[j] = original
             numerical[j] = (plus - minus) / (2 * eps)
         numerical = numerical.reshape(x.shape)
+        # compare elementwise as numpy.allclose does; report the worst element (a NaN or
+        # infinite analytic value counts as the worst)
         a = analytic[i]
         err = numpy.abs(a - numerical) - (atol + rtol * numpy.abs(numerical))
         if err.size and (err.max() > 0 or not numpy.all(numpy.isfinite(a))):
@@ -125,6 +132,7 @@ def _check_directions(inputs, targets, analytic, scalar_loss, gen, eps, atol, rt
                       raise_exception):
     """``gradcheck(fast=True)``: one random unit direction per input (see ``gradcheck``)."""
     for i in targets:
+        # a random unit direction u: the directional derivative ⟨∇L, u⟩ both ways
         x = inputs[i].data
         u = gen.standard_normal(x.shape)
         u /= max(float(numpy.linalg.norm(u)), 1e-300)
@@ -135,6 +143,7 @@ def _check_directions(inputs, targets, analytic, scalar_loss, gen, eps, atol, rt
         minus = scalar_loss()
         inputs[i].data = x                                    # the original array, untouched
         numerical = (plus - minus) / (2 * eps)
+        # ⟨∇L, u⟩ from backward's gradient against the central difference along u
         a = float((analytic[i] * u).sum())
         if not (numpy.isfinite(a) and abs(a - numerical) <= atol + rtol * abs(numerical)):
             msg = (f"gradcheck (fast) failed for input {i} (shape {x.shape}) along a random "

@@ -75,6 +75,8 @@ def transpose_axes(ndim: int, axes: tuple):
         return axes or None
     # two ints: the one call whose meaning depends on who reads it
     a, b = (int(v) for v in axes)
+    # not 2-D: NumPy would refuse two axes anyway; the error names the swap, with the full
+    # permutation that makes it when both axes are in range
     if ndim != 2:
         perm = list(range(ndim))
         if -ndim <= a < ndim and -ndim <= b < ndim:
@@ -86,6 +88,8 @@ def transpose_axes(ndim: int, axes: tuple):
             f"transpose: axes must be a permutation of all the axes of this {ndim}-D tensor "
             f"(NumPy's transpose), got two, ({a}, {b}); to swap two axes, as PyTorch's "
             f"transpose({a}, {b}) does, write {swap}")
+    # 2-D: (0, 1) and (-2, -1) are the identity permutation to NumPy, a swap to PyTorch;
+    # (1, 0) is a swap to both, and an axis out of range is left to transpose's own error
     if -2 <= a < 2 and -2 <= b < 2 and (a % 2, b % 2) == (0, 1):
         raise OptionError(
             f"transpose: axes ({a}, {b}) on a 2-D tensor read two ways: NumPy's permutation "
