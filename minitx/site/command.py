@@ -10,7 +10,7 @@ import importlib
 import importlib.util
 import sys
 
-__all__ = ["DOCS_EXTRA", "missing_tools", "add_parser", "run"]
+__all__ = ["DOCS_EXTRA", "BUILD_TIMES", "missing_tools", "add_parser", "run"]
 
 # import name -> the package that provides it (the [docs] extra in setup.cfg)
 DOCS_EXTRA = {"markdown_it": "markdown-it-py", "mdit_py_plugins": "mdit-py-plugins",
@@ -23,14 +23,27 @@ def missing_tools(names=DOCS_EXTRA) -> list:
     return [pkg for mod, pkg in names.items() if importlib.util.find_spec(mod) is None]
 
 
+# What --help says a build costs. PLACEHOLDER numbers ("N", "M"): measured and filled in by
+# hand on an idle machine.
+BUILD_TIMES = ("How long: a quick build (--quick) takes about N s on a 2-core machine, a full "
+               "build about M min [PLACEHOLDER: to be measured]; most of it is the proofs and "
+               "executing the notebooks. With --cache DIR a rebuild reuses the executed notebooks.")
+
+
 def add_parser(sub):
     p = sub.add_parser("site", help="build the reading site (notes beside code, live proofs, "
-                                    "executed notebooks) into a folder; needs the [docs] extra")
+                                    "executed notebooks) into a folder; needs the [docs] extra",
+                       description="Build the reading site: the course (one page per source "
+                                   "file, notes beside code), live proofs and the executed "
+                                   "notebooks, into a folder of static pages. The build "
+                                   "computes on NumPy whatever MINITX_BACKEND says, and shows "
+                                   "its progress (tqdm bars where tqdm is installed).",
+                       epilog=BUILD_TIMES)
     p.add_argument("--out", default="minitx_out/site",
                    help="output folder (default minitx_out/site); open its index.html")
     p.add_argument("--seed", type=int, default=0, help="seed of the proofs and notebooks")
     p.add_argument("--quick", action="store_true",
-                   help="small proof sizes and quick notebooks (seconds to a minute)")
+                   help="small proof sizes and quick notebooks (times: see below)")
     p.add_argument("--cache", default=None,
                    help="folder to keep executed notebooks in between builds")
     return p
