@@ -77,6 +77,8 @@ class DifferentialAttention(AttentionBase):
     width D = E/H into the two halves: the projections are exactly ``mha``'s (same
     parameters), plus λ_q1, λ_k1, λ_q2, λ_k2 (d,) and the RMSNorm weight (D,), shared by the
     heads. So ``diff`` with H heads is the paper's model with H heads (a Transformer with 2H).
+    With Hkv < H, query head h reads both halves of key/value head h // (H/Hkv) (the paper's
+    code repeats key *half*-heads instead, which pairs a head's two queries with one half).
 
     Options: ``layer_index`` l − 1 (0-based depth, default 0; GPT and the transformer stacks
     fill it in), ``lambda_init`` (None → from ``layer_index``; a number fixes it), ``eps``
