@@ -12,6 +12,7 @@ from hypothesis import given, strategies as st
 import minitx
 from minitx.attention import REGISTRY, KVCache, dense_attention_array
 from minitx.attention.latent import LatentCache, MultiHeadLatentAttention
+from minitx.models import TransformerDecoder, TransformerDecoderLayer, TransformerEncoderLayer
 from minitx.models.gpt import GPT, GPTConfig
 from support import assert_close, qkv, tensor, to_host
 
@@ -275,3 +276,31 @@ def test_identities_hold_and_are_quick():
     assert time.perf_counter() - start < 5.0       # the site calls it once per build
     assert len(rows) == 4 and all(value <= limit for _, value, limit in rows), rows
     assert rows[-1][1] == 16 + 4 and rows[-1][2] == 2 * 32
+
+
+def test_decoder_stack_decodes_through_latent_caches_and_encoder_takes_padding_masks():
+    """The blocks: a decoder stack with one LatentCache per layer decodes like its full causal
+    forward; an encoder layer's key-padding mask reaches the latent attention (a padded key
+    changes nothing)."""
+    minitx.manual_seed(0)
+    options = {"kv_rank": 4, "q_rank": 4, "rope_dim": 2}
+    dec = TransformerDecoder(TransformerDecoderLayer(8, 2, dim_feedforward=16, dropout=0.0,
+                                                     batch_first=True, attention="mla",
+                                                     attention_options=options),
+                             num_layers=2).double().eval()
+    rng = np.random.default_rng(0)
+    tgt, memory = rng.standard_normal((2, 6, 8)), rng.standard_normal((2, 3, 8))
+    full = to_host(dec(tensor(tgt), tensor(memory)))
+    caches = [layer.self_attn.new_cache() for layer in dec.layers]
+    steps = [dec(tensor(tgt[:, t:t + 1]), tensor(memory), kv_caches=caches) for t in range(6)]
+    assert_close(np.concatenate([to_host(s) for s in steps], axis=1), full, **TIGHT)
+    enc = TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True,
+                                  attention="mla", attention_options=options).double().eval()
+    x = rng.standard_normal((1, 5, 8))
+    pad = np.array([[False, False, False, False, True]])       # PyTorch's: True = padding
+    y = to_host(enc(tensor(x), src_key_padding_mask=minitx.tensor(pad)))
+    x2 = x.copy()
+    x2[:, 4] += 5.0                                            # only the padded token changes
+    y2 = to_host(enc(tensor(x2), src_key_padding_mask=minitx.tensor(pad)))
+    assert_close(y2[:, :4], y[:, :4], **TIGHT)
+    assert not np.allclose(to_host(enc(tensor(x2)))[:, :4], y[:, :4])
