@@ -142,11 +142,13 @@ class SinkCache:
         return None if self._v is None else Tensor._wrap(self._v)
 
     def _check(self, k, v):
+        """Refuse badly shaped keys/values; move host arrays to the cache's device (once)."""
         if k.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3]:
             raise ValueError(f"SinkCache.update: k and v must be (B, Hkv, n, D) with the same "
                              f"first three dims, got k {tuple(k.shape)}, v {tuple(v.shape)}")
         if self._k is None:
             return k, v
+        # later keys must live where the first did and match their (B, Hkv, ·, D)
         k, v = to_device_of(k, self._k), to_device_of(v, self._k)
         if device_of(k) != device_of(self._k):
             raise ValueError(f"SinkCache.update: the cache is on the {device_of(self._k)}, "
@@ -228,6 +230,7 @@ class SinkAttention(AttentionBase):
     complexity = ("time O(B·H·N²·D), memory O(B·H·N²); decoding O(B·H·(s + w)·D) per token, "
                   "cache O(B·Hkv·(s + w)·D)")
 
+    # "masked" for an instance with rope=False; the cache never outgrows s + w entries
     kind = "score"
     supports_kv_cache = True
     bounded_cache = True
@@ -235,6 +238,7 @@ class SinkAttention(AttentionBase):
     def __init__(self, embed_dim, num_heads, causal=False, num_sinks: int = 4, window: int = 16,
                  rope: bool = True, base: float = 10000.0, **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
+        # the options, each checked by name
         self.num_sinks = validate.nonnegative_int(num_sinks, "num_sinks", owner="sink")
         self.window = validate.positive_int(window, "window", owner="sink")
         self.rope = validate.boolean(rope, "rope", owner="sink")
@@ -244,6 +248,7 @@ class SinkAttention(AttentionBase):
                                        f"embed_dim/num_heads, got {self.head_dim}")
         if not self.rope:
             self.kind = "masked"              # plain softmax under pattern(n)
+        # the hook points: the mask on these positions, the scores, the softmax map
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.hook_mask = HookPoint()          # (Nq, Nk) bool, True = may attend
         self.hook_attn_scores = HookPoint()   # (B, H, Nq, Nk) S, −inf outside the pattern
@@ -269,6 +274,7 @@ class SinkAttention(AttentionBase):
         to the held sinks and window and to each other, and the cache is updated."""
         if kv_cache is None:
             return super().forward(x, attn_mask)
+        # decoding: only a causal layer with its own rolling cache
         if not isinstance(kv_cache, SinkCache):
             raise validate.OptionError(f"sink: kv_cache must be a SinkCache (layer.new_cache()),"
                                        f" got a {type(kv_cache).__name__}")
@@ -279,6 +285,7 @@ class SinkAttention(AttentionBase):
         if len(x.shape) != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"SinkAttention: x must be (B, N, {self.embed_dim}), got shape "
                              f"{tuple(x.shape)}")
+        # project and hook as AttentionBase.forward does
         q, k, v = self.project(x)
         q, k, v = (hooked_heads(h, t) for h, t in
                    ((self.hook_q, q), (self.hook_k, k), (self.hook_v, v)))
@@ -331,6 +338,7 @@ class SinkAttention(AttentionBase):
         k, v = repeat_kv_array(k, q.shape[1]), repeat_kv_array(v, q.shape[1])
         nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
         i, j = xp.arange(nk - nq, nk)[:, None], xp.arange(nk)[None, :]
+        # RoPE at distance d as a phase: ⟨R_a q, R_b k⟩ = Re Σ_t q_t conj(k_t) e^{i(a − b)θ_t}
         if self.rope:
             dist = sink_distances(i, j, self.num_sinks, self.window)     # (Nq, Nk)
             theta = self.base ** (-2.0 * xp.arange(d // 2) / d)           # (D/2,)
@@ -339,6 +347,7 @@ class SinkAttention(AttentionBase):
             s = xp.einsum("bhit,bhjt,ijt->bhij", qc, kc.conj(), phase).real / math.sqrt(d)
         else:
             s = xp.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(d)
+        # the softmax under the sink pattern
         allowed = sink_rule(i, j, self.num_sinks, self.window, self.causal)
         return softmax_rows_array(s, allowed) @ v
 
@@ -360,6 +369,7 @@ class SinkAttention(AttentionBase):
         # s + w − 1, a plain softmax over the s + w held keys
         q, k, v = (g.standard_normal((1, 2, n, 4)) for _ in range(3))
         out = layer.attend(*(Tensor(a) for a in (q, k, v))).numpy()
+        # the cache of the last query holds positions [0, s) ∪ [n − w, n)
         held_pos = host_xp.r_[0:s, n - w:n]
         kr = apply_rope(k[:, :, held_pos], host_xp.arange(s + w))
         qr = apply_rope(q[:, :, -1:], host_xp.asarray([s + w - 1]))
