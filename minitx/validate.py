@@ -12,17 +12,25 @@ same), so ``except ValueError`` and ``except TypeError`` both catch it. ``bool``
 accepted as a number (``True`` is an int to Python, but ``window=True`` is a bug), and NaN never
 passes a range check. Each function returns the value in its canonical type (``int`` / ``float``).
 
+A keyword a constructor does not take (``PerformerAttention(..., nb_features=8)``) is the same
+kind of mistake: ``catch_unknown_options`` turns Python's bare "unexpected keyword argument"
+into an ``OptionError`` naming the class, the keyword and the closest option (difflib, as the
+attention ``REGISTRY`` does for names). Every ``nn.Module`` subclass gets it
+(``Module.__init_subclass__``), and so does ``GPTConfig``.
+
 This module imports nothing from minitx: any layer may use it.
 """
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
 import math
 import numbers
 
 __all__ = ["OptionError", "integer", "positive_int", "nonnegative_int", "real", "positive_real",
            "nonnegative_real", "probability", "choice", "boolean", "int_tuple", "mask",
-           "dim_alias"]
+           "dim_alias", "unknown_options", "constructor_options", "catch_unknown_options"]
 
 
 class OptionError(ValueError, TypeError):
@@ -196,3 +204,97 @@ def dim_alias(fn=None, *, torch_differs: str = None):
             kwargs[name] = kwargs.pop(torch_name)
         return fn(*args, **kwargs)
     return with_torch_spellings
+
+
+# ---- keywords a constructor does not take ----------------------------------------------------
+# Python says "__init__() got an unexpected keyword argument 'nb_features'" and stops there. The
+# wrapper below says which class refused it, what the closest option is and what the options
+# are. It costs a good call nothing but one function frame: the signature is read only after
+# the constructor has raised a TypeError, to decide whether the keywords were its cause.
+
+_CATCHES = "__minitx_catches_unknown_options__"      # marks a wrapped __init__ (no re-wrap)
+_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def unknown_options(names, options, *, owner=None) -> OptionError:
+    """The error for keywords ``owner`` does not take: each name with its closest options
+    (``difflib.get_close_matches``), then every option. Returned, for the caller to raise::
+
+        >>> raise validate.unknown_options(["nb_features"], ["num_features", "causal"],
+        ...                                owner="PerformerAttention")
+        OptionError: PerformerAttention: unknown option 'nb_features'; did you mean
+        'num_features'? (options: num_features, causal)
+    """
+    options = [str(o) for o in options]
+    parts = []
+    for name in names:
+        close = difflib.get_close_matches(str(name), options, n=3)
+        parts.append(f"{name!r}" + (f"; did you mean {' or '.join(map(repr, close))}?"
+                                    if close else ""))
+    label = "unknown option " if len(parts) == 1 else "unknown options "
+    return OptionError(f"{_who(owner)}{label}{', '.join(parts)} (options: {', '.join(options)})")
+
+
+def constructor_options(cls) -> list:
+    """The keywords ``cls(...)`` takes: its ``__init__``'s named parameters and, while an
+    ``__init__`` passes ``**kwargs`` on, those of the next ``__init__`` up the MRO (a variant
+    handing ``**options`` to its base class)."""
+    names = []
+    for klass in cls.__mro__[:-1]:                            # every class but object
+        init = vars(klass).get("__init__")
+        if init is None:
+            continue
+        params = list(inspect.signature(init).parameters.values())[1:]      # without self
+        names += [p.name for p in params if p.kind in _NAMED and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+def _raise_if_unknown_keywords(init, self, args, kwargs) -> None:
+    """After ``init(self, *args, **kwargs)`` raised a TypeError: raise ``unknown_options`` when
+    keywords ``init`` does not take were the cause; return (the caller re-raises) otherwise."""
+    signature = inspect.signature(init)
+    try:
+        signature.bind(self, *args, **kwargs)
+        return                                  # the arguments fit: the body raised it
+    except TypeError:
+        pass
+    params = signature.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    takes = {p.name for p in params if p.kind in _NAMED}
+    unknown = [k for k in kwargs if k not in takes]
+    if unknown:                                 # (a missing argument is left to Python's words)
+        raise unknown_options(unknown, constructor_options(type(self)),
+                              owner=type(self).__name__) from None
+
+
+def catch_unknown_options(init):
+    """Wrap a constructor (an ``__init__``, or a class: its ``__init__``) so that a keyword it
+    does not take raises ``unknown_options`` naming the class instead of Python's bare
+    "unexpected keyword argument". An ``OptionError`` is a ``TypeError``: ``except TypeError``
+    still catches it.
+
+    Only that case changes: a TypeError raised inside the constructor's body, or for a missing
+    or surplus positional argument, propagates unchanged. The wrapper keeps the signature
+    (``functools.wraps``; ``inspect.signature`` follows ``__wrapped__``); it is a plain
+    function on the class, so pickling and ``copy.deepcopy`` (which never call ``__init__``)
+    are untouched.
+    """
+    if isinstance(init, type):
+        init.__init__ = catch_unknown_options(vars(init)["__init__"])
+        return init
+    if getattr(init, _CATCHES, False):
+        return init
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        try:
+            init(self, *args, **kwargs)
+        except TypeError:
+            if kwargs:
+                _raise_if_unknown_keywords(init, self, args, kwargs)
+            raise
+    setattr(__init__, _CATCHES, True)
+    return __init__

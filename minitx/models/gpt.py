@@ -61,6 +61,7 @@ def sample_next(logits, temperature: float = 1.0, top_k: int = None):
     return xp.minimum((cdf < r).sum(axis=-1), vocab - 1)[:, None]
 
 
+@validate.catch_unknown_options      # GPTConfig(n_heads=4): "... did you mean 'n_head'?"
 @dataclass
 class GPTConfig:
     """Hyper-parameters of ``GPT``.

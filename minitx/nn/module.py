@@ -36,7 +36,7 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, Mapping, NamedTuple
 
-from .. import backend
+from .. import backend, validate
 from ..autograd.tensor import Tensor
 
 __all__ = ["Parameter", "Module", "Sequential", "ModuleList", "ModuleDict", "IncompatibleKeys"]
@@ -96,8 +96,21 @@ class Module:
 
     ``training`` (True after construction) is switched recursively by ``train()``/``eval()``
     and read by layers that behave differently when evaluating (``Dropout``).
+
+    A keyword a constructor does not take is named, with the closest option, for every
+    subclass: ``Linear(3, 2, baias=False)`` raises "Linear: unknown option 'baias'; did you
+    mean 'bias'? (options: in_features, out_features, bias, …)" (an ``OptionError``, hence a
+    ``TypeError``; ``validate.catch_unknown_options``).
     """
 
+    def __init_subclass__(cls, **kwargs):
+        # one rule for every layer, variant and model: each constructor a subclass defines is
+        # wrapped once, here, when the class is created (a good call costs one frame)
+        super().__init_subclass__(**kwargs)
+        if "__init__" in vars(cls):
+            cls.__init__ = validate.catch_unknown_options(vars(cls)["__init__"])
+
+    @validate.catch_unknown_options           # a subclass's **kwargs may end up here
     def __init__(self):
         # object.__setattr__: our own __setattr__ needs these tables to exist already.
         object.__setattr__(self, "_parameters", OrderedDict())
