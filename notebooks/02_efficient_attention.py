@@ -104,7 +104,7 @@ plt.show()
 # Times on a small shared machine are noisy: read the slopes, not the last digit. Peak memory
 # is not noisy — the same passes allocate the same buffers every time:
 
-# %%
+# %% tags=["measured"]
 print(f"{'variant':<10}" + "".join(f"{'N=' + str(n):>10}" for n in SIZES) + f"{'mem p':>8}")
 for name, c in cost.items():
     print(f"{name:<10}" + "".join(f"{m / 2**20:>8.2f}MB" for m in c[:, 1])

@@ -49,12 +49,14 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 
 import minitx
 
-# The notebooks, in reading order, relative to the repository root.
+# The notebooks, in the order of their numbers, relative to the repository root (the course,
+# ``build.COURSE``, places each in the chapter it illustrates).
 NOTEBOOKS = (
     "notebooks/01_attention_by_hand.py",
     "notebooks/02_efficient_attention.py",
     "notebooks/03_char_gpt_heads.py",
     "notebooks/04_pretrained_bert.py",
+    "notebooks/05_attention_and_recurrence.py",
 )
 
 KERNEL_NAME = "python3"          # ipykernel's kernel: jupyter_client runs it with sys.executable
@@ -84,10 +86,11 @@ def notebooks_dir() -> pathlib.Path:
 
 
 def notebook_paths() -> list[pathlib.Path]:
-    """``NOTEBOOKS`` as absolute paths, in reading order."""
+    """``NOTEBOOKS`` that exist, as absolute paths, in order (a notebook still being written
+    is left out until its file is there)."""
     root = repo_root()
     notebooks_dir()                              # a clear error when the folder is missing
-    return [root / name for name in NOTEBOOKS]
+    return [root / name for name in NOTEBOOKS if (root / name).exists()]
 
 
 def notebook_requirements(path) -> list[tuple[str, str]]:

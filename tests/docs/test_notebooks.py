@@ -1,6 +1,10 @@
 """The notebooks in ``notebooks/``: each is a valid jupytext percent source, seeded, titled — and
 runs top to bottom in its quick setting with no error, draws at least one picture, and ends in
-a cell of assertions on what it showed (so a notebook that runs is also right).
+a cell of assertions on what it showed (so a notebook that runs is also right). Each runs the
+three ways a reader runs it: as a script (``python notebooks/01_….py``), as a notebook through
+the site's runner, and (notebook 01) the documented Jupyter way, ``jupytext --to notebook``
+then ``jupyter nbconvert --execute``. Two executions with one seed agree outside the cells
+tagged ``measured``.
 
 Also the execution helper itself (``minitx.site.notebooks``): errors name the notebook, the cell
 and the error; the cache is reused; requirements are reported with how to install them.
@@ -10,6 +14,8 @@ Needs the ``[docs]`` extra (jupytext, nbclient, nbformat, ipykernel); skips, nam
 import ast
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -37,7 +43,16 @@ IDS = [p.stem for p in PATHS]
 def test_notebook_list_matches_folder():
     on_disk = sorted(p.name for p in nbs.notebooks_dir().glob("*.py"))
     assert on_disk == sorted(p.name for p in PATHS)
-    assert [p.name for p in PATHS] == sorted(p.name for p in PATHS), "listed in reading order"
+    assert [p.name for p in PATHS] == sorted(p.name for p in PATHS), "listed in their order"
+
+
+def test_every_notebook_has_its_place_in_the_course():
+    pytest.importorskip("markdown_it", reason='markdown-it-py missing: pip install ".[docs]"')
+    from minitx.site.build import COURSE
+    placed = {path for _, _, files in COURSE for path in files}
+    assert not [p.name for p in PATHS if f"notebooks/{p.name}" not in placed]
+    first = COURSE[0][2][0]
+    assert first == "notebooks/01_attention_by_hand.py", first
 
 
 @pytest.mark.parametrize("path", PATHS, ids=IDS)
@@ -147,3 +162,79 @@ def test_notebook_runs_and_checks_itself(path, notebook_cache):
     asserts = [n for n in ast.walk(ast.parse(last.source)) if isinstance(n, ast.Assert)]
     assert len(asserts) >= 3, "the last code cell should check what the notebook showed"
     assert "all checks passed" in "".join(out.get("text", "") for out in last.outputs)
+
+
+def _script_env(**extra):
+    env = dict(os.environ, MINITX_QUICK="1", MINITX_SEED="0", MINITX_BACKEND="numpy",
+               MPLBACKEND="Agg", PYTHONHASHSEED="0")
+    root = str(nbs.repo_root())
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(
+        os.pathsep) if p])
+    env.update(extra)
+    return env
+
+
+@numpy_pass_only
+@pytest.mark.parametrize("path", PATHS, ids=IDS)
+def test_notebook_runs_as_a_script(path, tmp_path):
+    """``python notebooks/0X_….py``: the percent source is a plain Python script too."""
+    missing = nbs.notebook_requirements_missing(path)
+    if missing:
+        pytest.skip(missing)
+    run = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=_script_env(),
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "all checks passed" in run.stdout, run.stdout[-1000:]
+
+
+@numpy_pass_only
+def test_notebook_01_converts_and_executes_the_documented_jupyter_way(tmp_path):
+    """``jupytext --to notebook`` then ``jupyter nbconvert --to notebook --execute``."""
+    pytest.importorskip("nbconvert", reason='nbconvert missing: pip install -e ".[docs]"')
+    source = PATHS[0]
+    made = tmp_path / "01.ipynb"
+    for command in ([sys.executable, "-m", "jupytext", "--to", "notebook", str(source),
+                     "-o", str(made)],
+                    [sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook",
+                     "--execute", "--ExecutePreprocessor.kernel_name=python3", str(made),
+                     "--output", "01.out.ipynb"]):
+        run = subprocess.run(command, cwd=tmp_path, env=_script_env(), capture_output=True,
+                             text=True, timeout=600)
+        assert run.returncode == 0, (command[2:4], run.stderr[-2000:])
+    nb = nbformat.read(str(tmp_path / "01.out.ipynb"), as_version=4)
+    text = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
+                   for out in cell.outputs)
+    assert "all checks passed" in text
+    assert not [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
+                if out.output_type == "error"]
+
+
+@numpy_pass_only
+def test_the_runner_prints_no_kernel_transport_warning(tmp_path, capfd):
+    """The kernel talks over Unix sockets, so ipykernel's "running over TCP without
+    encryption" warning (three lines per notebook on the build's stderr) does not appear."""
+    path = _write(tmp_path, "quiet.py", "# %%\nprint('hello')\n")
+    nb = nbs.execute_notebook(path, quick=True)
+    assert nb.cells[0].outputs[0].text == "hello\n"
+    err = capfd.readouterr().err
+    if os.name == "posix":
+        assert "without encryption" not in err and "WARNING" not in err, err[-500:]
+
+
+def _unmeasured_outputs(nb):
+    """The outputs of every code cell not tagged ``measured``, as comparable data."""
+    return [(i, cell.outputs) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+            and "measured" not in cell.get("metadata", {}).get("tags", [])]
+
+
+@numpy_pass_only
+def test_two_executions_with_one_seed_agree_outside_the_measured_cells(notebook_cache):
+    """Notebook 02 times and traces memory: those cells carry the tag ``measured`` (the site
+    fences them); everything else, the pictures included, is the same byte for byte."""
+    path = next(p for p in PATHS if p.name.startswith("02_"))
+    first = nbs.execute_notebook(path, quick=True, seed=0, cache_dir=notebook_cache)
+    again = nbs.execute_notebook(path, quick=True, seed=0)           # no cache: run again
+    tagged = [i for i, c in enumerate(again.cells) if "measured" in c.metadata.get("tags", [])]
+    assert len(tagged) >= 2                                           # time, and memory
+    for (i, a), (j, b) in zip(_unmeasured_outputs(first), _unmeasured_outputs(again)):
+        assert (i, a) == (j, b), f"cell {i} differs between two executions with seed 0"
