@@ -186,10 +186,12 @@ def main(argv=None):
     minitx.manual_seed(args.seed)
     t1 = time.perf_counter()
     sample_ids = to_host(model.generate(minitx.tensor(prompt), args.sample_len,
-                                        temperature=0.8, top_k=10, use_cache=True))
+                                        temperature=0.8, top_k=min(10, len(vocab)),
+                                        use_cache=True))
     per_char = (time.perf_counter() - t1) / args.sample_len
     sample = vocab.decode(sample_ids[0])
-    print(f"sample (temperature 0.8, top-k 10, KV cache, {1e3 * per_char:.1f} ms/char):")
+    print(f"sample (temperature 0.8, top-k {min(10, len(vocab))}, KV cache, "
+          f"{1e3 * per_char:.1f} ms/char):")
     print("-" * 60 + "\n" + sample + "\n" + "-" * 60)
 
     # attention maps of every head on the first `block` characters of the sample
