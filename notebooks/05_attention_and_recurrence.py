@@ -16,7 +16,6 @@
 # and counts what each form costs as the sequence length $N$ grows.
 
 # %%
-import math
 import os
 import time
 
