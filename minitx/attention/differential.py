@@ -199,11 +199,13 @@ class DifferentialAttention(AttentionBase):
             (2, 9, e))))
         maps = []
         with no_grad():
+            # unhooked: two fused SDPAs; with hook_pattern set: both maps formed
             fused = to_host(layer(x).data)
             layer.hook_pattern.add_hook(lambda p, hook: maps.append(to_host(p.data)))
             composed = to_host(layer(x).data)
             layer.reset_hooks()
             lam = float(to_host(layer.lambda_value().data)[0])
+            # a prefill of 4 tokens, then one at a time, through a KVCache
             cache = layer.new_cache()
             steps = [layer(x[:, :4], kv_cache=cache)] + \
                 [layer(x[:, t:t + 1], kv_cache=cache) for t in range(4, 9)]

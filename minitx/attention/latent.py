@@ -328,6 +328,7 @@ class MultiHeadLatentAttention(AttentionBase):
         with no_grad():
             naive = to_host(layer(x).data)
             absorbed = to_host(layer.absorbed_forward(x).data)
+            # a prefill of 4 tokens, then one at a time, through the latent cache (both forms)
             decoded = {}
             for form in ("naive", "absorbed"):
                 layer.absorbed, cache = form == "absorbed", layer.new_cache()
