@@ -308,8 +308,9 @@ class NystromAttention(AttentionBase):
         for _ in range(6):
             e = (3 * e ** 3 + e ** 4) / 4
         measured = host_xp.linalg.norm(host_xp.eye(8) - a @ z, 2)
+        # rounding near e = 1 grows ≤ ×3.25 per iteration: 10·m·eps·3.25⁶ ≈ 2e-11
         rows.append(("6 iterations on an 8 × 8 kernel A: ‖I − A Z₆‖₂ − max_σ f⁶(1 − σ²/(‖A‖₁"
-                     "‖A‖∞)), |Δ|", float(abs(measured - e.max())), 1e-12))
+                     "‖A‖∞)), |Δ|", float(abs(measured - e.max())), 2e-11))
         # the error against softmax attention falls as landmarks are added (N = 64)
         errors = dict(cls.landmark_errors(64, (4, 16, 64), seed=seed))
         rows.append(("N = 64 (smooth q, k): relative output error at m = 16 (limit: the "
