@@ -29,10 +29,24 @@ __all__ = ["simple_attention", "dot_product_attention", "additive_scores", "Addi
 
 
 def simple_attention(q, k, v, mask=None):
-    """softmax(q kᵀ / √d + M) v in five lines — the formula, before any engineering.
+    r"""softmax(q kᵀ / √d_k + M) v in five lines — the formula, before any engineering.
 
-    q (…, Nq, d), k (…, Nk, d), v (…, Nk, dv) Tensors; ``mask`` broadcastable to (…, Nq, Nk),
-    True = may attend. Differentiable through its ops. Time and memory O(Nq·Nk).
+    Each query scores every key (a dot product, divided by √d_k so the scores keep unit
+    variance whatever d_k is), softmax turns a row of scores into weights that sum to 1, and
+    the output is the weighted mean of the values (Vaswani et al. 2017):
+
+        Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + M) V
+
+    $$
+    \operatorname{Attention}(Q, K, V) =
+    \operatorname{softmax}\!\left( \frac{Q K^\top}{\sqrt{d_k}} + M \right) V
+    $$
+
+    M is 0 where a query may look and −∞ where it may not (``mask``).
+
+    q (…, Nq, d_k), k (…, Nk, d_k), v (…, Nk, d_v) Tensors; ``mask`` broadcastable to
+    (…, Nq, Nk), True = may attend. Differentiable through its ops. Time and memory
+    O(Nq·Nk).
     """
     scores = matmul(q, swapaxes(k, -1, -2)) * (1.0 / math.sqrt(q.shape[-1]))   # (…, Nq, Nk)
     if mask is not None:

@@ -5,17 +5,15 @@ shift changes nothing mathematically and keeps exp from overflowing). Its Jacobi
 
     J = ∂s/∂x = diag(s) − s sᵀ,      Jᵢⱼ = sᵢ(δᵢⱼ − sⱼ),
 
-so the vector-Jacobian product needed by backward never has to build J:
-
-    dx = Jᵀ g = s ⊙ (g − Σⱼ gⱼ sⱼ)            (J is symmetric).
-
-The same three statements as maths:
-
 $$
 s_i = \frac{e^{x_i - m}}{\sum_j e^{x_j - m}}, \qquad
 J = \frac{\partial s}{\partial x} = \operatorname{diag}(s) - s s^\top, \qquad
 J_{ij} = s_i \left( \delta_{ij} - s_j \right)
 $$
+
+so the vector-Jacobian product needed by backward never has to build J:
+
+    dx = Jᵀ g = s ⊙ (g − Σⱼ gⱼ sⱼ)            (J is symmetric).
 
 $$
 dx = J^\top g = s \odot \Big( g - \sum_j g_j s_j \Big)

@@ -4,12 +4,12 @@ The one formula behind every transformer (Vaswani et al. 2017, "Attention Is All
 
     S = Q Kᵀ · scale + M,     P = softmax(S) (over keys),     O = P V,     scale = 1/√D,
 
-Q (…, Nq, D), K (…, Nk, D), V (…, Nk, Dv); M is the mask: −inf where a query may not look, or
-any additive bias (ALiBi, relative positions, padding). With dropout, O = P̃ V, P̃ = P ⊙ keep/(1−p).
-
 $$
 O = \operatorname{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}} + M \right) V
 $$
+
+Q (…, Nq, D), K (…, Nk, D), V (…, Nk, Dv); M is the mask: −inf where a query may not look, or
+any additive bias (ALiBi, relative positions, padding). With dropout, O = P̃ V, P̃ = P ⊙ keep/(1−p).
 
 **The backward, derived once.** Given dO = ∂L/∂O:
 

@@ -878,7 +878,8 @@ main { max-width: 1500px; margin: 0 auto; padding: 0 1rem 2rem; }
          overflow-wrap: break-word; }
 .code { flex: 1 1 auto; min-width: 0; background: var(--code-bg);
         border-left: 1px solid var(--rule); }
-.code pre { margin: 0; padding: .6rem .9rem; overflow-x: auto; font-size: 13px; line-height: 1.5; }
+.code pre { margin: 0; padding: .6rem .9rem; overflow-x: auto; font-size: 13px; line-height: 1.5;
+            scrollbar-width: thin; scrollbar-color: #9aa6b8 transparent; }
 .prose pre { overflow-x: auto; background: var(--code-bg); padding: .5rem .7rem; font-size: 13px;
              border-radius: 4px; }
 .prose code, .doc code, .notebook code { overflow-wrap: anywhere; }
@@ -889,10 +890,34 @@ a.ref code { color: var(--accent); }
 .prose h1, .prose h2, .prose h3 { font-size: 1.1rem; margin: .4rem 0; }
 .prose p:first-of-type { margin-top: .2rem; }
 .anchor { position: absolute; left: -1rem; top: .6rem; color: #bbb; font-size: 13px; }
-.math { overflow-x: auto; overflow-y: hidden; margin: .6rem 0; }
+.math { overflow-x: auto; overflow-y: hidden; margin: .6rem 0; padding: .1rem 0 .3rem; }
+/* What is wider than its column scrolls inside its own box, and says so: a visible thin
+   scrollbar, and a shadow on the side where more is hidden (covers that scroll with the
+   content hide the shadow at either end). Nothing is clipped. */
+.math, .prose pre, .doc pre, .notebook pre, .nb-md pre, .scroll, .proof, .doc table {
+  scrollbar-width: thin; scrollbar-color: #9aa6b8 transparent;
+  background:
+    linear-gradient(to right, var(--bg, #fff) 30%, rgba(255,255,255,0)) left / 1.5rem 100%
+      no-repeat local,
+    linear-gradient(to left, var(--bg, #fff) 30%, rgba(255,255,255,0)) right / 1.5rem 100%
+      no-repeat local,
+    radial-gradient(farthest-side at 0 50%, rgba(0,0,0,.2), rgba(0,0,0,0)) left / .7rem 100%
+      no-repeat scroll,
+    radial-gradient(farthest-side at 100% 50%, rgba(0,0,0,.2), rgba(0,0,0,0)) right / .7rem
+      100% no-repeat scroll,
+    var(--bg, #fff); }
+.prose pre, .doc pre, .notebook pre, .nb-md pre { --bg: var(--code-bg); }
+.proof { --bg: #f5f9fe; }
+.scroll { overflow-x: auto; max-width: 100%; }
+table.twins { border-collapse: collapse; font-size: 14px; margin: .4rem 0; }
+table.twins td, table.twins th { border: 1px solid var(--rule); padding: .2rem .5rem;
+                                 text-align: left; }
+.twin { margin: .8rem 0; padding: .6rem .8rem; border: 1px solid #d9e7d0; border-radius: 6px;
+        background: #f6fbf3; font-size: 13px; overflow-wrap: anywhere; }
+.twin p { margin: .2rem 0; }
 math { font-size: 1.08em; }
 .proof { margin: .8rem 0; padding: .6rem .8rem; border: 1px solid #cfe0f5; border-radius: 6px;
-         background: #f5f9fe; font-size: 13px; overflow-x: auto; }
+         font-size: 13px; overflow-x: auto; }
 .proof-title { margin: 0 0 .3rem; font-weight: 700; }
 .proof .note { margin: .2rem 0 .4rem; color: var(--muted); }
 .claims { list-style: none; margin: 0; padding: 0; }
@@ -909,8 +934,7 @@ svg.plot { max-width: 100%; height: auto; font: 10px sans-serif; }
 .doc table { border-collapse: collapse; display: block; max-width: 100%; overflow-x: auto;
              font-size: 14px; }
 .doc td, .doc th { border: 1px solid var(--rule); padding: .2rem .5rem; }
-.doc pre, .notebook pre { background: var(--code-bg); padding: .6rem .8rem; overflow-x: auto;
-                          font-size: 13px; }
+.doc pre, .notebook pre { padding: .6rem .8rem; overflow-x: auto; font-size: 13px; }
 .nb-out { border-left: 3px solid #cfe0f5; }
 .banner { background: #fff6e0; border: 1px solid #f0d48a; padding: .5rem .8rem; }
 .outside + .address { color: var(--muted); font-size: .85em; overflow-wrap: anywhere; }

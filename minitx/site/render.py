@@ -79,15 +79,31 @@ def check_mathml(latex: str, mathml: str) -> str | None:
     return None
 
 
+_NESTED_MO = re.compile(r"<mo([^>]*)><mrow>((?:<mo[^>]*>[^<]*</mo>)+)</mrow></mo>")
+
+
+def _flatten_operators(mathml: str) -> str:
+    """latex2mathml writes ``\\mathrel{+=}`` (and ``\\mathbin``, ``\\mathop``) as an ``<mo>``
+    holding an ``<mrow>`` of ``<mo>``s, which MathML does not allow (an operator holds text):
+    Chromium then draws "+" and "=" apart or not at all. One ``<mo>`` with the text joined
+    is what was written."""
+    return _NESTED_MO.sub(lambda m: f"<mo{m.group(1)}>"
+                          + "".join(re.findall(r"<mo[^>]*>([^<]*)</mo>", m.group(2))) + "</mo>",
+                          mathml)
+
+
 def math_html(latex: str, display: bool, page: str) -> str:
     """MathML for ``latex``; raises MathError (naming ``page``) when it does not parse."""
     # latex2mathml reads "aligned" as text: the same rows as a right|left array
     latex = re.sub(r"\\begin\{aligned\}", r"\\begin{array}{rl}", latex)
     latex = re.sub(r"\\end\{aligned\}", r"\\end{array}", latex)
+    # \mathrel{+}= is one operator, "+=", as written: the "=" goes inside the relation
+    latex = re.sub(r"\\mathrel\{([^{}]*)\}\s*=", r"\\mathrel{\1=}", latex)
     try:
         mathml = _latex_to_mathml(latex, display="block" if display else "inline")
     except Exception as exc:  # noqa: BLE001 - any converter failure is a formula error
         raise MathError(page, latex, f"{type(exc).__name__}: {exc}") from exc
+    mathml = _flatten_operators(mathml)
     why = check_mathml(latex, mathml)
     if why:
         raise MathError(page, latex, why)
@@ -178,6 +194,10 @@ def docstring_markdown(doc: str) -> str:
     block, with the line that leads into an aligned block (``c0 -> row g`` above ``c2 -> …``)
     kept in it. A block that is one ``$$ … $$`` formula becomes display maths; the lines
     under a list item continue it. ``double backticks`` are already Markdown code spans.
+
+    A formula is shown once: a laid-out block followed directly (blank lines only) by a
+    ``$$ … $$`` formula is that formula in Unicode, kept in the docstring for ``help()``,
+    and left out here, where the rendered one stands in its place.
     """
     out, prev, in_math = [], "", False
     lines = doc.split("\n")
@@ -203,7 +223,7 @@ def docstring_markdown(doc: str) -> str:
                 out += ["", text.strip(), ""]
             elif _prose_list_continuation(prev) and not _tabular(line):
                 out += lines[i:j]
-            else:
+            elif not _maths_follows(lines, j):   # else its rendered twin stands in for it
                 out += ["", textwrap.indent(text, "    "), ""]
             prev = lines[j - 1]
             i = j
@@ -214,6 +234,15 @@ def docstring_markdown(doc: str) -> str:
         prev = line
         i += 1
     return "\n".join(out)
+
+
+def _maths_follows(lines, j) -> bool:
+    """True when the line after the blank lines from ``j`` opens a ``$$`` display formula:
+    the plain-text formula just above it is its Unicode twin (what ``help()`` reads), and
+    the page shows the formula once, rendered."""
+    while j < len(lines) and not lines[j].strip():
+        j += 1
+    return j < len(lines) and lines[j].strip().startswith("$$")
 
 
 def _tabular(line: str) -> bool:
