@@ -59,6 +59,8 @@ import numpy
 
 from . import _cupy as _cupy_state, cupy_or_none  # the backend module owns the CuPy import
 
+# The planning helpers (names, tile sizes, shared memory, launch plans, validation) are
+# public too, so tests check them without a GPU.
 __all__ = [
     "flash_attention_forward", "flash_attention_backward", "is_available", "supports",
     "decline_reason", "unavailable_reason", "family", "kernel_choice", "chosen_kernel",
@@ -68,11 +70,15 @@ __all__ = [
     "DEFAULT_SMEM_LIMIT", "MAX_GRID_Y", "FP16_MIN_CC", "KERNEL_ENV", "KERNEL_CHOICES",
 ]
 
+# Limits every launch respects: the compiled head dims, the block size, the shared memory a
+# block gets without opting in, and grid.y, which holds one (batch, head) pair per row.
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
 THREADS = 128          # threads per block (all kernels): 4 warps
 DEFAULT_SMEM_LIMIT = 48 * 1024   # per-block dynamic shared memory without the opt-in attribute
 MAX_GRID_Y = 65535     # grid.y holds B * H
 FP16_MIN_CC = 80       # mma.sync m16n8k16 and cp.async need sm_80
+# Each dtype's C type and tiled family (fp16 on tensor cores, fp32 on CUDA cores); the naive
+# family is float32 only.
 _CTYPE = {"float32": "float", "float16": "__half"}
 _FAMILY = {"float32": "simt", "float16": "tc"}          # the tiled family of each dtype
 _FAMILY_DTYPE = {"simt": "float32", "tc": "float16", "naive": "float32"}
@@ -104,6 +110,8 @@ def kernel_source() -> str:
     kdir = os.path.dirname(kernel_path())
     seen = set()
 
+    # Inline each local #include once, as the include guard would, marking where each file
+    # begins and ends so compiler errors can be traced to their file.
     def expand(path):
         out = []
         with open(path, encoding="utf-8") as fh:
@@ -116,6 +124,7 @@ def kernel_source() -> str:
                         out.extend(expand(os.path.join(kdir, m.group(1))))
                         out.append(f"// ---- end {m.group(1)}")
                     continue
+                # '#pragma once' means nothing in one concatenated source, so it is dropped.
                 if line.strip() == "#pragma once":
                     continue
                 out.append(line)
@@ -234,6 +243,8 @@ def smem_bytes(kind: str, dtype, D: int, fam=None) -> int:
     fam = _family_of(dtype, fam)
     if fam == "naive":
         return 0
+    # Bytes = element size × (rows of the tiles held at once) × padded row stride; the
+    # tensor-core tiles are fp16 (2 bytes), double-buffered ("2 stages") in the backward.
     if fam == "tc":
         c = _tc_cfg(D)
         S = c["stride"]
@@ -242,6 +253,8 @@ def smem_bytes(kind: str, dtype, D: int, fam=None) -> int:
         if kind == "bwd_dkdv":   # K, V | 2 stages x (Q, dO) fp16 | 2 stages x (lse, Dvec) fp32
             return 2 * (2 * c["rows"] + 4 * c["dkdv_bq"]) * S + 4 * 4 * c["dkdv_bq"]
         return 2 * (2 * c["rows"] + 4 * c["dq_bn"]) * S   # Q, dO | 2 stages x (K, V)
+    # SIMT tiles are fp32 (4 bytes), plus a score tile (P or dS) whose rows are padded by 4
+    # floats, like the D + 4 stride, to spread rows over shared-memory banks.
     c = _simt_cfg(D)
     S = c["stride"]
     if kind == "fwd":            # Q | K | V | P, fp32
@@ -338,6 +351,7 @@ def validate_inputs(q, k, v, key_mask=None, lengths=None, **extra):
     ``extra`` may hold ``o``/``do`` (B, H, Nq, Dv) and ``lse`` (B, H, Nq) for the backward.
     ``v`` may have its own last dim Dv (<= 128 like D).
     """
+    # Ranks and dtypes: every array 4-D, k and v in q's dtype (float32 or float16).
     for nm, x in (("q", q), ("k", k), ("v", v)):
         if getattr(x, "ndim", None) != 4:
             raise ValueError(f"{nm} must be 4-D (B, H, N, D), got shape "
@@ -348,6 +362,8 @@ def validate_inputs(q, k, v, key_mask=None, lengths=None, **extra):
     for nm, x in (("k", k), ("v", v)):
         if numpy.dtype(x.dtype) != dt:
             raise TypeError(f"{nm} must have q's dtype {dt.name}, got {numpy.dtype(x.dtype).name}")
+    # Shapes: k and v share (B, Hkv, Nk); Hkv divides H (grouped-query heads); D and Dv must
+    # fit a compiled head dim.
     B, H, Nq, D = (int(s) for s in q.shape)
     if tuple(k.shape[:3]) != tuple(v.shape[:3]):
         raise ValueError(f"v must have k's shape (B, Hkv, Nk) = {tuple(k.shape[:3])}, got "
@@ -361,6 +377,7 @@ def validate_inputs(q, k, v, key_mask=None, lengths=None, **extra):
     if Hkv < 1 or H % Hkv:
         raise ValueError(f"k heads must divide q heads {H}, got {Hkv}")
     padded_head_dim(max(D, Dv))
+    # Masks: key_mask (B, Nk) of bools or 0/1, lengths (B,) of integers.
     if key_mask is not None:
         if tuple(key_mask.shape) != (B, Nk):
             raise ValueError(f"key_mask must have shape {(B, Nk)}, got {tuple(key_mask.shape)}")
@@ -373,6 +390,7 @@ def validate_inputs(q, k, v, key_mask=None, lengths=None, **extra):
         if numpy.dtype(lengths.dtype).kind not in "iu":
             raise TypeError(f"lengths must be an integer array, got "
                             f"{numpy.dtype(lengths.dtype).name}")
+    # Backward only: o and dO have the output's shape (B, H, Nq, Dv), lse one value per row.
     for nm in ("o", "do"):
         x = extra.get(nm)
         if x is not None:
@@ -425,11 +443,14 @@ def decline_reason(q, k, v, key_mask=None, lengths=None, kernel=None):
     :func:`unavailable_reason`.
     """
     choice = kernel_choice() if kernel is None else _checked_choice(kernel, "kernel")
+    # The checks of validate_inputs, answered with a sentence instead of an exception:
+    # first, are these 4-D arrays at all.
     for nm, x in (("q", q), ("k", k), ("v", v)):
         if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
             return f"{nm} is a {type(x).__name__}, not an array"
         if x.ndim != 4:
             return f"{nm} is {x.ndim}-D (kernels take (B, H, N, D))"
+    # Read each dtype defensively (an array-like may have none NumPy understands).
     dts = {}
     for nm, x in (("q", q), ("k", k), ("v", v), ("key_mask", key_mask), ("lengths", lengths)):
         if x is None:
@@ -444,6 +465,7 @@ def decline_reason(q, k, v, key_mask=None, lengths=None, kernel=None):
     for nm in ("k", "v"):
         if dts[nm] != dt:
             return f"{nm} dtype {dts[nm].name} differs from q's {dt.name}"
+    # Shapes: k and v share (B, Hkv, Nk), the batch and D match q's, Hkv divides H.
     B, H, Nq, D = (int(n) for n in q.shape)
     Bk, Hkv, Nk, Dk = (int(n) for n in k.shape)
     Dv = int(v.shape[3])
@@ -455,6 +477,7 @@ def decline_reason(q, k, v, key_mask=None, lengths=None, kernel=None):
         return f"k head dim {Dk} differs from q's {D}"
     if Hkv < 1 or H % Hkv:
         return f"{H} query heads are not a multiple of {Hkv} key/value heads"
+    # Head dims within the compiled sizes, and B·H within grid.y.
     if D < 1 or Dv < 1:
         return "head dim 0"
     if D > SUPPORTED_HEAD_DIMS[-1]:
@@ -463,6 +486,7 @@ def decline_reason(q, k, v, key_mask=None, lengths=None, kernel=None):
         return f"value head dim {Dv} > {SUPPORTED_HEAD_DIMS[-1]}"
     if B * H > MAX_GRID_Y:
         return f"B*H = {B * H} exceeds the grid limit {MAX_GRID_Y}"
+    # Masks of the right shape and dtype.
     if key_mask is not None:
         if tuple(getattr(key_mask, "shape", ())) != (B, Nk):
             return (f"key_mask shape {tuple(getattr(key_mask, 'shape', ()))} is not (B, Nk) = "
@@ -474,6 +498,8 @@ def decline_reason(q, k, v, key_mask=None, lengths=None, kernel=None):
             return f"lengths shape {tuple(getattr(lengths, 'shape', ()))} is not (B,) = {(B,)}"
         if dts["lengths"].kind not in "iu":
             return f"lengths dtype {dts['lengths'].name} (integers)"
+    # Last, what the chosen kernel and this GPU can take: naive is float32 only, and float16
+    # needs the tensor cores of sm_80+.
     reason = _choice_reason(dt.name, choice)
     if reason is not None:
         return reason
@@ -521,10 +547,14 @@ def _forward(xp, launch, q, k, v, *, causal=False, scale=None, key_mask=None, le
     sc = resolve_scale(scale, D)
     dt = numpy.dtype(q.dtype)
     fam = chosen_kernel(dt, kernel)
+    # Outputs start as a fully masked result (o = 0, lse = −inf), which is also the answer
+    # when there is nothing to compute.
     o = xp.zeros((B, H, Nq, Dp), dtype=dt)
     lse = xp.full((B, H, Nq), -numpy.inf, dtype=numpy.float32)
     if B * H * Nq == 0:
         return xp.ascontiguousarray(o[..., :Dv]), lse
+    # Pad the head dim to a compiled size and launch one block per tile of query rows and per
+    # (batch, head); lse = log Σⱼ exp(sᵢⱼ) per row is kept for the backward.
     qp, kp, vp = (pad_head_dim(xp, x, Dp) for x in (q, k, v))
     km, ln = _masks(xp, key_mask, lengths)
     plan = plan_launch("fwd", dt, B=B, H=H, Nq=Nq, Nk=Nk, D=Dp, causal=causal, fam=fam)
@@ -552,10 +582,14 @@ def _backward(xp, launch, q, k, v, o, lse, do, *, causal=False, scale=None, key_
     lse32 = xp.ascontiguousarray(lse.astype(numpy.float32))
     km, ln = _masks(xp, key_mask, lengths)
 
+    # Pass 1: Dvec_i = Σ_d dO_id · O_id = rowsum(dO ⊙ O), the term in dS = P ⊙ (dP − Dvec)
+    # (with dP = dO Vᵀ) that would otherwise need a whole row of P.
     dvec = xp.empty((B, H, Nq), dtype=numpy.float32)
     plan = plan_launch("bwd_dot", dt, B=B, H=H, Nq=Nq, Nk=Nk, D=Dp)
     launch(plan, (op, dop, dvec, numpy.int32(B * H * Nq), numpy.int32(Dp)))
 
+    # Pass 2, one block per key tile: dV = Pᵀ dO and dK = scale · dSᵀ Q, with P rebuilt
+    # from q, k and lse; float32 accumulators, one per query head.
     dk32 = xp.empty((B, H, Nk, Dp), dtype=numpy.float32)
     dv32 = xp.empty((B, H, Nk, Dp), dtype=numpy.float32)
     plan = plan_launch("bwd_dkdv", dt, B=B, H=H, Nq=Nq, Nk=Nk, D=Dp, causal=causal, fam=fam)
@@ -564,11 +598,14 @@ def _backward(xp, launch, q, k, v, o, lse, do, *, causal=False, scale=None, key_
               numpy.float32(sc))
     launch(plan, (qp, kp, vp, dop, lse32, dvec, dk32, dv32) + common)
 
+    # Pass 3, one block per query tile: dQ = scale · dS K.
     dq = xp.empty((B, H, Nq, Dp), dtype=dt)
     plan = plan_launch("bwd_dq", dt, B=B, H=H, Nq=Nq, Nk=Nk, D=Dp, causal=causal, fam=fam)
     check_shared_memory(plan.smem, smem_limit, plan.name)
     launch(plan, (qp, kp, vp, dop, lse32, dvec, dq) + common)
 
+    # GQA: the G query heads that share a kv head each add their dK, dV to it; then the
+    # padding is sliced off and the result cast to q's dtype.
     G = H // Hkv
     if G > 1:   # GQA: sum the per-q-head gradients of each kv group (heads hk*G .. hk*G+G-1)
         dk32 = dk32.reshape(B, Hkv, G, Nk, Dp).sum(axis=2)
@@ -597,6 +634,7 @@ def unavailable_reason():
         if err.startswith("ModuleNotFoundError"):
             return "CuPy is not installed"
         return f"CuPy failed to import ({err})" if err else "CuPy is not installed"
+    # Then a usable device, then the NVRTC compiler library (the kernels compile at first use).
     try:
         usable = bool(cp.is_available())
     except (AttributeError, RuntimeError, OSError) as exc:
@@ -650,6 +688,8 @@ def _cupy_launch(dtype_name: str, D: int, causal: bool, fam=None):
     cp = _cupy()
     null = numpy.uint64(0)  # a null device pointer (8 bytes)
 
+    # A block may use more than 48 KB of dynamic shared memory only once the kernel opts in;
+    # an absent mask or lengths array is passed as a null pointer.
     def launch(plan: LaunchPlan, args):
         fn = _module(dtype_name, D, causal, fam).get_function(plan.name)
         if plan.smem > DEFAULT_SMEM_LIMIT:
@@ -661,6 +701,7 @@ def _cupy_launch(dtype_name: str, D: int, causal: bool, fam=None):
     return launch
 
 
+# Refusals at the public boundary: CuPy arrays only, and only arrays decline_reason takes.
 def _require_gpu(q):
     cp = _cupy()
     if cp is None:

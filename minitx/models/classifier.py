@@ -48,6 +48,8 @@ class EncoderClassifier(Module, AttentionMaps, HookedModel):
         if position not in ("sinusoidal", "learned", "none"):
             raise ValueError(f"EncoderClassifier: position must be 'sinusoidal', 'learned' or "
                              f"'none', got {position!r}")
+        # The token table is (vocab_size, E); pad_idx's row starts at zero and never gets a gradient
+        # (PyTorch's padding_idx), so a padding token embeds to the zero vector.
         self.pooling, self.pad_idx, self.d_model = pooling, pad_idx, d_model
         self.max_len = validate.positive_int(max_len, "max_len", owner="EncoderClassifier")
         self.position = position
@@ -58,16 +60,21 @@ class EncoderClassifier(Module, AttentionMaps, HookedModel):
         init.normal_(self.embed.weight, 0.0, 1.0 if position == "sinusoidal" else 0.02)
         if pad_idx is not None:
             self.embed.weight.data[pad_idx] = 0
+        # Learned positions get max_len + 1 rows: with cls pooling the cls token takes one too.
         if position == "learned":
             self.pos = LearnedPositionalEmbedding(max_len + 1, d_model)
         elif position == "sinusoidal":
             self.pos = SinusoidalPositionalEncoding(d_model)
         else:
             self.pos = None
+        # "cls" pooling (BERT): one learned (1, 1, E) vector, prepended to every sequence; attention
+        # lets its final state gather the whole sequence, and that state is classified.
         if pooling == "cls":
             self.cls_token = Parameter(backend.xp().zeros((1, 1, d_model), dtype="float32"))
             init.normal_(self.cls_token, 0.0, 0.02)
         self.drop = Dropout(dropout)
+        # One encoder layer, deep-copied num_layers times; a pre-norm stack (norm_first) ends with
+        # a LayerNorm, since its residual stream is never normalised inside the layers.
         layer = TransformerEncoderLayer(d_model, nhead, dim_feedforward or 4 * d_model,
                                         dropout=dropout, activation=activation,
                                         batch_first=True, norm_first=norm_first,
@@ -83,6 +90,7 @@ class EncoderClassifier(Module, AttentionMaps, HookedModel):
         b, n = tokens.shape
         if self.position == "learned" and n > self.max_len:
             raise ValueError(f"EncoderClassifier: {n} tokens exceed max_len={self.max_len}")
+        # The padding mask (B, N), True = padding: the one given, else tokens == pad_idx.
         pad = key_padding_mask
         if pad is None and self.pad_idx is not None:
             pad = tokens == self.pad_idx
@@ -92,15 +100,19 @@ class EncoderClassifier(Module, AttentionMaps, HookedModel):
                           owner="EncoderClassifier",
                           hint="True = padding; from HuggingFace's attention_mask (1 = token) "
                                "pass attention_mask == 0, from a 0/1 float mask mask > 0")
+        # Embed; with cls pooling prepend the cls vector, never padding, so the mask grows a column.
         x = self.hook_embed(self.embed(tokens))                   # (B, N, E)
         if self.pooling == "cls":
             cls = broadcast_to(self.cls_token, (b, 1, self.d_model))
             x = concatenate([cls, x], axis=1)                     # (B, 1 + N, E)
             if pad is not None:
                 pad = xp.concatenate([xp.zeros((b, 1), dtype=bool), pad], axis=1)
+        # Add positions, then dropout and the encoder stack.
         if self.pos is not None:
             x = self.pos(x)
         h = self.encoder(self.drop(x), src_key_padding_mask=pad)  # (B, N', E)
+        # Pool to one (B, E) vector: the cls state, or the mean over the real tokens,
+        # Σᵢ keepᵢ hᵢ / max(Σᵢ keepᵢ, 1) (a row of padding only pools to 0, not NaN).
         if self.pooling == "cls":
             pooled = getitem(h, (slice(None), 0))                 # (B, E)
         elif pad is None:

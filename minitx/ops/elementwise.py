@@ -37,6 +37,7 @@ class Add(Function):
                 unbroadcast(grad, b.shape) if nb else None)
 
 
+# a − b: as for Add, each input receives the output's gradient, b's with its sign flipped.
 class Sub(Function):
     @staticmethod
     def forward(ctx, a, b):
@@ -50,6 +51,7 @@ class Sub(Function):
                 unbroadcast(-grad, b.shape) if nb else None)
 
 
+# a ⊙ b: the product rule; each factor's gradient is the other factor times the upstream one.
 class Mul(Function):
     @staticmethod
     def forward(ctx, a, b):
@@ -64,6 +66,7 @@ class Mul(Function):
                 unbroadcast(grad * a, b.shape, b.dtype) if nb else None)   # d(ab)/db = a
 
 
+# a / b: the quotient rule, d/da = 1/b and d/db = −a/b², each summed back to its input's shape.
 class Div(Function):
     @staticmethod
     def forward(ctx, a, b):
@@ -79,6 +82,7 @@ class Div(Function):
         return ga, gb
 
 
+# −a: the gradient is negated too.
 class Neg(Function):
     @staticmethod
     def forward(ctx, a):
@@ -89,6 +93,7 @@ class Neg(Function):
         return -grad
 
 
+# aᵖ with a and p both differentiable; the output is saved, since d/dp = aᵖ log a reuses it.
 class Pow(Function):
     @staticmethod
     def forward(ctx, a, p):
@@ -97,6 +102,7 @@ class Pow(Function):
         ctx.save_for_backward(a, p, out)
         return out
 
+    # Only the inputs that need a gradient get one (a Python-number exponent needs none).
     @staticmethod
     def backward(ctx, grad):
         a, p, out = ctx.saved_tensors
@@ -113,6 +119,7 @@ class Pow(Function):
 
 # ---- unary math --------------------------------------------------------------------------
 
+# eˣ is its own derivative, so forward saves its output and backward multiplies by it.
 class Exp(Function):
     @staticmethod
     def forward(ctx, x):
@@ -126,6 +133,7 @@ class Exp(Function):
         return grad * y                       # d exp(x) = exp(x)
 
 
+# log x: the derivative 1/x needs the input, not the output.
 class Log(Function):
     @staticmethod
     def forward(ctx, x):
@@ -138,6 +146,7 @@ class Log(Function):
         return grad / x                       # d log(x) = 1/x
 
 
+# √x: the derivative 1/(2√x) is written with the saved output y = √x.
 class Sqrt(Function):
     @staticmethod
     def forward(ctx, x):
@@ -151,6 +160,7 @@ class Sqrt(Function):
         return grad / (2 * y)                 # d √x = 1/(2√x)
 
 
+# |x|: the derivative is sign(x), taken as 0 at the kink x = 0.
 class Abs(Function):
     @staticmethod
     def forward(ctx, x):
@@ -163,6 +173,7 @@ class Abs(Function):
         return grad * get_array_module(x).sign(x)   # sign(x), 0 at 0 (as PyTorch)
 
 
+# tanh: like exp, the derivative 1 − tanh² is a function of the output alone.
 class Tanh(Function):
     @staticmethod
     def forward(ctx, x):
@@ -176,6 +187,7 @@ class Tanh(Function):
         return grad * (1 - y * y)             # d tanh = 1 − tanh²
 
 
+# σ(x) = 1/(1 + e⁻ˣ); its derivative σ(1 − σ) again needs only the output.
 class Sigmoid(Function):
     @staticmethod
     def forward(ctx, x):
@@ -209,6 +221,7 @@ class Relu(Function):
         return grad * positive.astype(grad.dtype)
 
 
+# Leaky ReLU: slope 1 for x > 0, negative_slope otherwise; the same mask selects both ways.
 class LeakyRelu(Function):
     @staticmethod
     def forward(ctx, x, negative_slope):
@@ -225,6 +238,7 @@ class LeakyRelu(Function):
         return xp.where(positive, grad, grad * ctx.slope), None
 
 
+# ELU: α(eˣ − 1) below zero. Its derivative there, α eˣ, equals the saved branch value + α.
 class Elu(Function):
     @staticmethod
     def forward(ctx, x, alpha):
@@ -241,6 +255,7 @@ class Elu(Function):
         return xp.where(x > 0, grad, grad * (neg + ctx.alpha)), None   # α eˣ for x ≤ 0
 
 
+# softplus log(1 + eˣ), a smooth ReLU; its derivative is the sigmoid σ(x).
 class Softplus(Function):
     @staticmethod
     def forward(ctx, x):
@@ -286,6 +301,8 @@ def erf_float64(x):
     xp = get_array_module(x)
     z = xp.abs(x).astype(xp.float64)
     out = xp.empty_like(z)
+    # Below 3: sum the positive series term by term, each term the last times 2z²/(2n + 1),
+    # until a term no longer changes the total in float64.
     small = z < 3.0
     zs = z[small]
     term = zs.copy()
@@ -298,6 +315,7 @@ def erf_float64(x):
         if not (term > 1e-17 * total).any():
             break
     out[small] = _TWO_OVER_SQRT_PI * xp.exp(-zs * zs) * total
+    # From 3 up: the continued fraction for erfc, evaluated from its deepest level outward.
     zl = z[~small]
     frac = xp.zeros_like(zl)
     for k in range(60, 0, -1):            # continued fraction, innermost level first
@@ -307,6 +325,7 @@ def erf_float64(x):
     return xp.copysign(out, x, out=out)   # erf(−x) = −erf(x) (out=: an array even if 0-d)
 
 
+# erf's derivative is the Gaussian bump 2/√π e^(−x²).
 class Erf(Function):
     @staticmethod
     def forward(ctx, x):
@@ -324,6 +343,8 @@ _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
+# GELU, x·Φ(x). The tanh form approximates Φ with ½(1 + tanh(√(2/π)(x + 0.044715x³)));
+# forward saves what its backward needs: t = tanh(·) for the tanh form, Φ(x) for the exact one.
 class Gelu(Function):
     @staticmethod
     def forward(ctx, x, approximate):
@@ -340,6 +361,8 @@ class Gelu(Function):
         ctx.save_for_backward(x, cdf)
         return x * cdf
 
+    # tanh form: product rule on ½x(1 + t), with dt/dx = (1 − t²)·d(inner)/dx.
+    # Exact form: d[xΦ(x)]/dx = Φ(x) + xφ(x), φ the normal density (a fast twin may compute it).
     @staticmethod
     def backward(ctx, grad):
         x, aux = ctx.saved_tensors
@@ -378,6 +401,8 @@ class _Select(Function):
                 unbroadcast(grad * (1 - share), b.shape, b.dtype) if nb else None, None)
 
 
+# Clip: the gradient is 1 where x lies inside [lo, hi] and 0 where it was clipped; a missing
+# bound clips nothing on that side.
 class Clip(Function):
     @staticmethod
     def forward(ctx, x, lo, hi):
@@ -408,6 +433,7 @@ class Clone(Function):
         return grad
 
 
+# A dtype cast: the gradient is cast back to the input's dtype.
 class AsType(Function):
     @staticmethod
     def forward(ctx, x, dtype):
@@ -419,6 +445,7 @@ class AsType(Function):
         return grad.astype(ctx.dtype), None
 
 
+# A move between host and device: the gradient takes the way back.
 class ToDevice(Function):
     @staticmethod
     def forward(ctx, x, device):

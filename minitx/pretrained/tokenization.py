@@ -81,6 +81,8 @@ class PretrainedTokenizer:
                 tokens.extend(self.tokenize_piece(part))
         return tokens
 
+    # Tokens → ids: a token outside the vocabulary becomes unk_token's id, or is an error when
+    # the tokenizer has no unk_token (GPT-2's byte-level BPE never needs one).
     def convert_tokens_to_ids(self, tokens):
         unk = self.vocab.get(self.unk_token) if self.unk_token is not None else None
         ids = []
@@ -129,6 +131,7 @@ class PretrainedTokenizer:
         if return_tensors not in (None, "np"):
             raise ValueError(f"tokenizer: return_tensors must be 'np' (minitx tokenizers return "
                              f"NumPy arrays), got {return_tensors!r}")
+        # A single string is a batch of one; text_pair, if given, holds one second segment per text.
         texts = [text] if isinstance(text, str) else list(text)
         pairs = None
         if text_pair is not None:
@@ -138,6 +141,7 @@ class PretrainedTokenizer:
                                  f"({len(texts)}), got {len(pairs)}")
         if not texts:
             raise ValueError("tokenizer: got an empty list of texts")
+        # Each text (and its pair) → ids; extra counts the special tokens build_inputs will add.
         limit = self.model_max_length if max_length is None else int(max_length)
         rows, types = [], []
         for k, t in enumerate(texts):
@@ -147,6 +151,8 @@ class PretrainedTokenizer:
                 extra = self.num_special_tokens(b is not None)
             else:
                 extra = 0
+            # Truncate the two segments together (longest first) so the row, special tokens
+            # included, fits the limit; then add the special tokens and the segment ids.
             total = len(a) + len(b or []) + extra
             if total > limit:
                 if not truncation:
@@ -157,6 +163,8 @@ class PretrainedTokenizer:
                 a + (b or []), [0] * len(a) + [1] * len(b or []))
             rows.append(ids)
             types.append(tt)
+        # The batch width: the longest row, max_length, or (no padding) the one length all rows
+        # must already share.
         if padding in (True, "longest"):
             width = max(len(r) for r in rows)
         elif padding == "max_length":
@@ -169,6 +177,8 @@ class PretrainedTokenizer:
         else:
             raise ValueError(f"tokenizer: padding must be True, 'longest', 'max_length' or "
                              f"False, got {padding!r}")
+        # Fill (B, width) arrays with the pad id and copy each row in at its padding side;
+        # attention_mask is 1 over the real tokens, so attention can hide the padding.
         n = len(rows)
         input_ids = np.full((n, width), self.pad_token_id, dtype=np.int64)
         attention_mask = np.zeros((n, width), dtype=np.int64)

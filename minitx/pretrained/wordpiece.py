@@ -124,6 +124,7 @@ class WordPieceTokenizer(PretrainedTokenizer):
                  mask_token="[MASK]", max_input_chars_per_word: int = 100,
                  continuing_subword_prefix: str = "##", model_max_length: int = 512,
                  extra_special_tokens=()):
+        # Every special token the model uses is matched literally in the text and never split.
         specials = [t for t in (pad_token, unk_token, cls_token, sep_token, mask_token)
                     if t is not None] + list(extra_special_tokens)
         super().__init__(vocab, specials, pad_token=pad_token, unk_token=unk_token,
@@ -195,6 +196,8 @@ class WordPieceTokenizer(PretrainedTokenizer):
         cfg = _read_json(folder, "tokenizer_config.json") or {}
         fast = _read_json(folder, "tokenizer.json")
         vocab = None
+        # The vocabulary: tokenizer.json's WordPiece model if there is one, else vocab.txt, where
+        # a token's id is its line number (a repeated line keeps its first id).
         if fast is not None and fast.get("model", {}).get("type") == "WordPiece":
             vocab = dict(fast["model"]["vocab"])
         elif os.path.exists(os.path.join(folder, "vocab.txt")):
@@ -205,6 +208,8 @@ class WordPieceTokenizer(PretrainedTokenizer):
         if vocab is None:
             raise FileNotFoundError(f"{folder}: no WordPiece vocabulary (vocab.txt, or "
                                     "tokenizer.json with a WordPiece model)")
+        # Normaliser settings from tokenizer_config.json, overridden by tokenizer.json's
+        # BertNormalizer and model settings when that file exists.
         opts = dict(do_lower_case=cfg.get("do_lower_case", True),
                     strip_accents=cfg.get("strip_accents"),
                     tokenize_chinese_chars=cfg.get("tokenize_chinese_chars", True))
@@ -220,6 +225,8 @@ class WordPieceTokenizer(PretrainedTokenizer):
             opts["max_input_chars_per_word"] = model.get("max_input_chars_per_word", 100)
             opts["continuing_subword_prefix"] = model.get("continuing_subword_prefix", "##")
             unk = model.get("unk_token", unk)
+        # The length limit is the smaller of the config's and the caller's; configs write "no
+        # limit" as a huge number, capped here to fit an int.
         length = cfg.get("model_max_length", 512)
         if model_max_length is not None:
             length = min(length, model_max_length)
@@ -233,6 +240,8 @@ class WordPieceTokenizer(PretrainedTokenizer):
                    **opts)
 
 
+# HuggingFace's clean_up_tokenization: remove the spaces the join put before punctuation
+# and inside English contractions.
 _CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
             (" 'm", "'m"), (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"),
             (" 're", "'re"))
