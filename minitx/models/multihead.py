@@ -36,6 +36,8 @@ from ..ops.indexing import getitem
 from ..ops.linalg import linear
 from ..ops.shape import expand_dims, squeeze, transpose
 
+# torch_masks_to_sdpa is public: the transformer layers convert their PyTorch-style masks
+# with it too, so every module reads masks by one rule.
 __all__ = ["MultiheadAttention", "torch_masks_to_sdpa", "is_causal_mask"]
 
 
@@ -168,6 +170,8 @@ class MultiheadAttention(Module):
                  vdim: int = None, batch_first: bool = False, num_kv_heads: int = None,
                  device=None, dtype=None):
         super().__init__()
+        # Arguments first: H divides E (D = E/H), Hkv divides H; PyTorch's add_bias_kv and
+        # add_zero_attn are refused, not silently ignored.
         who = "MultiheadAttention"
         embed_dim = validate.positive_int(embed_dim, "embed_dim", owner=who)
         num_heads = validate.positive_int(num_heads, "num_heads", owner=who)
@@ -183,6 +187,7 @@ class MultiheadAttention(Module):
         if num_heads % num_kv_heads:
             raise ValueError(f"MultiheadAttention: num_heads ({num_heads}) must be divisible "
                              f"by num_kv_heads ({num_kv_heads})")
+        # kv = Hkv·D, the width of the key and value projections (E unless GQA/MQA shares heads).
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.kdim = embed_dim if kdim is None else kdim
         self.vdim = embed_dim if vdim is None else vdim
@@ -192,6 +197,8 @@ class MultiheadAttention(Module):
         kv = num_kv_heads * self.head_dim
         self._qkv_same_embed_dim = (self.kdim == embed_dim and self.vdim == embed_dim
                                     and num_kv_heads == num_heads)
+        # PyTorch's layout: one packed in_proj_weight [W_Q; W_K; W_V] (3E, E) when q, k and v all
+        # have width E, else three matrices; the state-dict keys follow from these names.
         if self._qkv_same_embed_dim:
             self.in_proj_weight = _param(3 * embed_dim, embed_dim)
             self.register_parameter("q_proj_weight", None)
@@ -202,6 +209,7 @@ class MultiheadAttention(Module):
             self.k_proj_weight = _param(kv, self.kdim)
             self.v_proj_weight = _param(kv, self.vdim)
             self.register_parameter("in_proj_weight", None)
+        # One packed bias [b_Q; b_K; b_V] (E + 2·kv,) either way; out_proj holds W_O and b_O.
         if bias:
             self.in_proj_bias = _param(embed_dim + 2 * kv)
         else:
@@ -243,12 +251,15 @@ class MultiheadAttention(Module):
             return ws, (None, None, None)
         return ws, tuple(getitem(self.in_proj_bias, slice(a, b)) for a, b in cuts)
 
+    # Shapes, checked before any projection: one rank for all three (3-d batched or 2-d),
+    # then the widths, then key and value lengths and the batch sizes.
     def _check_inputs(self, query, key, value):
         nd = len(query.shape)
         if nd not in (2, 3) or len(key.shape) != nd or len(value.shape) != nd:
             raise ValueError(f"MultiheadAttention: query, key and value must all be 3-d "
                              f"(batched) or 2-d (unbatched), got query {tuple(query.shape)}, "
                              f"key {tuple(key.shape)}, value {tuple(value.shape)}")
+        # Each input's width is its projection's: E for the query, kdim and vdim for the others.
         for name, t, dim in (("query", query, self.embed_dim), ("key", key, self.kdim),
                              ("value", value, self.vdim)):
             if t.shape[-1] != dim:
@@ -268,6 +279,8 @@ class MultiheadAttention(Module):
                 attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False,
                 *, kv_cache=None):
         self._check_inputs(query, key, value)
+        # Work batch-first (N, L, E): give unbatched inputs a batch axis, or swap PyTorch's default
+        # (L, N, E) layout.
         unbatched = len(query.shape) == 2
         if unbatched:                                   # (L, E) -> (1, L, E)
             query, key, value = (expand_dims(t, 0) for t in (query, key, value))
@@ -275,6 +288,8 @@ class MultiheadAttention(Module):
                 key_padding_mask = _raw(key_padding_mask)[None]
         elif not self.batch_first:                      # (L, N, E) -> (N, L, E)
             query, key, value = (transpose(t, (1, 0, 2)) for t in (query, key, value))
+        # Project and split heads: q (N, H, L, D), k and v (N, Hkv, S, D); a KV cache appends
+        # this call's keys and values to the earlier ones.
         n, nq = query.shape[0], query.shape[1]
         (wq, wk, wv), (bq, bk, bv) = self._weights()
         q = hooked_heads(self.hook_q, split_heads(linear(query, wq, bq), self.num_heads))
@@ -290,6 +305,8 @@ class MultiheadAttention(Module):
         causal = bool(is_causal) and attn_mask is None
         mask = torch_masks_to_sdpa(attn_mask, key_padding_mask, False, n, self.num_heads,
                                    nq, k.shape[2], q.dtype, xp, owner=type(self).__name__)
+        # Weights are formed only when asked for (need_weights or recording); otherwise the fused
+        # attention never materialises the (L, S) map.
         want = bool(need_weights) or self.record_weights
         dropout_p = self.dropout if self.training else 0.0
         out, w = hookable_attention(self, q, k, v, scale=1.0 / math.sqrt(self.head_dim),
@@ -297,12 +314,14 @@ class MultiheadAttention(Module):
                                     need_weights=want)
         if self.record_weights:
             self.last_attn_weights = w.detach()
+        # concat(head_1 … head_H) W_Oᵀ + b_O, then back to the caller's layout.
         out = hooked_heads(self.hook_z, out)                             # (N, H, L, D)
         out = self.out_proj(merge_heads(out))                             # (N, L, E)
         if unbatched:
             out = squeeze(out, 0)
         elif not self.batch_first:
             out = transpose(out, (1, 0, 2))
+        # Weights averaged over heads by default, (N, L, S), as PyTorch's.
         if not need_weights:
             return out, None
         if average_attn_weights:

@@ -27,6 +27,8 @@ class MatMul(Function):
             g = xp.expand_dims(g, -1)
         if a.ndim == 1:
             g = xp.expand_dims(g, -2)
+        # On the 2-d views: dA = G Bᵀ and dB = Aᵀ G, summed over the batch axes an operand was
+        # broadcast along, then reshaped back to a 1-d operand's shape.
         ga = gb = None
         if na:                                   # dL/dA = G Bᵀ   (..., n, m) @ (..., m, k)
             ga = unbroadcast(g @ xp.swapaxes(b2, -1, -2), a2.shape, a.dtype).reshape(a.shape)
@@ -40,6 +42,7 @@ class MatMul(Function):
         return ga, gb
 
 
+# y = x Wᵀ + b in PyTorch's layout, weight (out, in): the layer every model calls most.
 class Linear(Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
@@ -56,6 +59,8 @@ class Linear(Function):
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         nx, nw, nb = ctx.needs_input_grad
+        # Every batch axis is folded into rows: dx = G W, dW = Gᵀ x (summed over all rows at once),
+        # db = Σ_rows G.
         g2 = grad.reshape(-1, grad.shape[-1])   # (rows, out)
         gx = (g2 @ weight).reshape(x.shape) if nx else None     # (..., out) @ (out, in)
         gw = (g2.T @ x.reshape(-1, x.shape[-1])).astype(weight.dtype, copy=False) if nw else None
@@ -76,6 +81,8 @@ def _parse_einsum(subscripts, operands):
     terms = lhs.split(",")
     if len(terms) != len(operands):
         raise ValueError(f"einsum subscripts name {len(terms)} operands, got {len(operands)}")
+    # '...' becomes spare capital letters, as many as the most batch axes any operand has; an
+    # operand with fewer takes the rightmost ones (broadcasting aligns axes from the right).
     used = set(c for c in subscripts if c.isalpha())
     spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in used]
     ell_ndim = 0
@@ -83,6 +90,7 @@ def _parse_einsum(subscripts, operands):
         if "..." in t:
             ell_ndim = max(ell_ndim, op.ndim - (len(t) - 3))
     ell = "".join(spare[:ell_ndim])
+    # Each term must name every axis of its operand exactly once (a repeat would be a diagonal).
     fixed = []
     for t, op in zip(terms, operands):
         if "..." in t:
@@ -95,6 +103,8 @@ def _parse_einsum(subscripts, operands):
             raise ValueError(f"einsum with a repeated index inside one operand ({t!r}, a "
                              "diagonal) is not supported")
         fixed.append(t)
+    # Implicit output (no '->'): the '...' axes, then the indices that appear exactly once, in
+    # alphabetical order — numpy.einsum's rule.
     if rhs is None:
         counts = {}
         for t in fixed:
@@ -106,6 +116,8 @@ def _parse_einsum(subscripts, operands):
     return fixed, rhs
 
 
+# The forward is numpy.einsum itself; with three or more operands optimize= picks an order
+# of pairwise contractions instead of one loop over every index.
 class Einsum(Function):
     @staticmethod
     def forward(ctx, *operands, terms, out_term):
@@ -114,6 +126,8 @@ class Einsum(Function):
         ctx.terms, ctx.out_term = terms, out_term
         return xp.einsum(",".join(terms) + "->" + out_term, *operands, optimize=len(operands) > 2)
 
+    # Backward: each operand's gradient is another einsum, of the output gradient with the other
+    # operands; operands that need no gradient are skipped.
     @staticmethod
     def backward(ctx, grad):
         operands = ctx.saved_tensors

@@ -62,6 +62,8 @@ class LayerNorm(Function):
             out = out + bias.astype(work, copy=False)              # + β
         return out.astype(x.dtype, copy=False)
 
+    # Backward: dγ = Σ g ⊙ x̂ and dβ = Σ g over the axes γ is shared across; dx by the formula
+    # in the docstring, whose two means carry the paths through μ and σ².
     @staticmethod
     def backward(ctx, grad):
         xhat, rstd, w = ctx.saved_tensors
@@ -79,6 +81,8 @@ class LayerNorm(Function):
         return gx, gw, gb, None, None
 
 
+# RMSNorm: x̂ = x / rms(x), no centring and no β (one reduction instead of two); forward
+# saves x̂ and 1/rms(x).
 class RMSNorm(Function):
     @staticmethod
     def forward(ctx, x, weight, axes, eps):
@@ -89,6 +93,7 @@ class RMSNorm(Function):
         ctx.axes = axes
         return xhat * weight if weight is not None else xhat
 
+    # dγ = Σ g ⊙ x̂; dx is LayerNorm's without the mean(dx̂) term, since nothing was centred.
     @staticmethod
     def backward(ctx, grad):
         xhat, rinv, weight = ctx.saved_tensors

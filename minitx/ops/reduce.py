@@ -16,6 +16,8 @@ from ._util import normalize_axes, normalize_axis, restore_reduced
 __all__ = ["sum", "mean", "var", "max", "min", "argmax", "argmin", "logsumexp", "cumsum"]
 
 
+# Σ: every element contributed once, so its gradient is the output's, broadcast back over
+# the reduced axes.
 class Sum(Function):
     @staticmethod
     def forward(ctx, x, axis, keepdims):
@@ -32,6 +34,7 @@ class Sum(Function):
         return xp.broadcast_to(grad, ctx.shape).copy()
 
 
+# Mean = Σ / n: each of the n elements of a slice receives 1/n of the slice's gradient.
 class Mean(Function):
     @staticmethod
     def forward(ctx, x, axis, keepdims):
@@ -49,6 +52,7 @@ class Mean(Function):
         return xp.broadcast_to(grad, ctx.shape).copy()                  # see Sum.backward
 
 
+# var = Σ(x − x̄)²/(n − ddof); forward saves x − x̄, all its backward needs.
 class Var(Function):
     @staticmethod
     def forward(ctx, x, axis, keepdims, ddof):
@@ -60,6 +64,8 @@ class Var(Function):
             raise ValueError(f"var: ddof={ddof} needs more than {ddof} elements per reduced "
                              f"slice, got {count} (the denominator n − ddof would be "
                              f"{count - ddof})")
+        # Two passes (the mean, then squared deviations) rather than E[x²] − E[x]², which cancels
+        # catastrophically when the mean is large next to the spread.
         centered = x - x.mean(axis=ctx.axes, keepdims=True)
         ctx.save_for_backward(centered)
         ctx.keepdims, ctx.denominator = keepdims, count - ddof
@@ -85,6 +91,8 @@ class MaxMin(Function):
         if any(x.shape[a] == 0 for a in ctx.axes) or x.size == 0:
             raise ValueError(f"{'max' if use_max else 'min'} over an empty axis is undefined "
                              f"(shape {tuple(x.shape)}, axis {axis})")
+        # Mark the extreme elements (a NaN counts as the extreme of its slice) and save each one's
+        # share of the gradient, 1 / (number of ties).
         out = (xp.max if use_max else xp.min)(x, axis=ctx.axes, keepdims=True)
         hits = (x == out) | (xp.isnan(x) & xp.isnan(out))
         ctx.save_for_backward(hits / hits.sum(axis=ctx.axes, keepdims=True))
@@ -99,6 +107,7 @@ class MaxMin(Function):
         return (grad * share).astype(grad.dtype, copy=False), None, None, None
 
 
+# log Σ exp x, shifted by the max m so no exp overflows: lse = m + log Σ exp(x − m).
 class LogSumExp(Function):
     @staticmethod
     def forward(ctx, x, axis, keepdims):
@@ -115,6 +124,7 @@ class LogSumExp(Function):
         ctx.keepdims = keepdims
         return out if keepdims else xp.squeeze(out, axis=ctx.axes)
 
+    # d lse/dx = exp(x − lse), the softmax of x, computed from the saved output.
     @staticmethod
     def backward(ctx, grad):
         x, out = ctx.saved_tensors
@@ -123,6 +133,7 @@ class LogSumExp(Function):
         return grad * xp.exp(x - out)                    # d lse / dx = softmax(x)
 
 
+# Running sum along one axis; its backward is the running sum taken in reverse.
 class Cumsum(Function):
     @staticmethod
     def forward(ctx, x, axis):

@@ -62,6 +62,7 @@ from .common import activation, device_xp, padding_mask, token_array
 __all__ = ["GPT2Config", "GPT2Block", "GPT2Model", "gpt2_state_from_hf", "gpt2_state_to_hf"]
 
 
+# The model's shape and dropout rates, read from the checkpoint's config.json.
 @dataclass
 class GPT2Config:
     """The ``config.json`` fields GPT-2 needs (HuggingFace's names and defaults)."""
@@ -71,6 +72,7 @@ class GPT2Config:
     n_embd: int = 768
     n_layer: int = 12
     n_head: int = 12
+    # n_inner None means the usual MLP width 4·n_embd; "gelu_new" is GELU's tanh approximation.
     n_inner: int = None
     activation_function: str = "gelu_new"
     resid_pdrop: float = 0.1
@@ -101,6 +103,8 @@ class GPT2Block(Module):
     def __init__(self, c: GPT2Config):
         super().__init__()
         inner = c.n_inner or 4 * c.n_embd
+        # Pre-norm: LN₁ feeds the causal attention, LN₂ the MLP E → inner → E; the residual stream
+        # itself is never normalised inside the block.
         self.ln_1 = LayerNorm(c.n_embd, eps=c.layer_norm_epsilon)
         self.attn = REGISTRY["mha"](c.n_embd, c.n_head, causal=True, bias=True,
                                     dropout=c.attn_pdrop)
@@ -109,6 +113,7 @@ class GPT2Block(Module):
         self.c_proj = Linear(inner, c.n_embd)
         self.drop = Dropout(c.resid_pdrop)
         self.act = activation(c.activation_function, "GPT2Block")
+        # One hook point per named activation of the residual stream and the MLP.
         self.hook_resid_pre = HookPoint()      # hook points as minitx's GPT (TransformerLens's
         self.hook_attn_out = HookPoint()       # names through GPT.hook_renames)
         self.hook_resid_mid = HookPoint()
@@ -161,6 +166,7 @@ class GPT2Model(Module, AttentionMaps, HookedModel):
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, kv_caches=None):
         xp = device_xp(self)
+        # Embed: W_te[t] for token ids, or embeddings given directly (inputs_embeds).
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("GPT2Model: pass exactly one of input_ids and inputs_embeds")
         if input_ids is not None:
@@ -168,6 +174,8 @@ class GPT2Model(Module, AttentionMaps, HookedModel):
             x = self.hook_embed(self.wte(input_ids))                   # (B, T, E)
         else:
             x = inputs_embeds
+        # Positions continue after what the KV caches hold, so decoding one token at a time gives
+        # each token its true position offset … offset + T − 1.
         b, t = x.shape[0], x.shape[1]
         offset = cached_length(kv_caches, len(self.h), owner="GPT2Model")
         if offset + t > self.config.n_positions:
@@ -177,10 +185,13 @@ class GPT2Model(Module, AttentionMaps, HookedModel):
         if self.hook_pos_embed.active:
             pos = self.hook_pos_embed(broadcast_to(pos, x.shape))
         x = self.drop(x + pos)
+        # attention_mask (1 = token) becomes a (B, 1, 1, Nk) "may attend" mask that broadcasts over
+        # heads and queries; each block ANDs it with causality.
         pad = padding_mask(attention_mask, (b, offset + t), xp)        # (B, Nk), True = pad
         allowed = None if pad is None else (~pad)[:, None, None, :]    # (B, 1, 1, Nk)
         for i, block in enumerate(self.h):
             x = block(x, allowed, None if kv_caches is None else kv_caches[i])
+        # Final LayerNorm, then logits = LN_f(h) W_teᵀ: the head reuses the embedding table (tied).
         x = self.ln_f(x)
         w = self.wte.weight if self.lm_head is None else self.lm_head.weight
         return linear(x, w)                                            # (B, T, V)
@@ -200,6 +211,8 @@ class GPT2Model(Module, AttentionMaps, HookedModel):
         if tokens.shape[1] + max_new_tokens > self.config.n_positions:
             raise ValueError(f"GPT2Model.generate: {tokens.shape[1]} + {max_new_tokens} "
                              f"tokens exceed n_positions={self.config.n_positions}")
+        # With caches, step 0 runs the whole prompt and each later step only the newest token; the
+        # logits are the same, the cache only spares recomputing earlier keys and values.
         caches = self.new_caches() if use_cache else None
         with no_grad():
             for step in range(max_new_tokens):
@@ -239,10 +252,13 @@ def gpt2_state_from_hf(tensors: dict, config: GPT2Config, source: str = "checkpo
     for key, value in tensors.items():
         k = key[len("transformer."):] if key.startswith("transformer.") else key
         parts = k.split(".")
+        # Top-level tensors keep their names; lm_head is held back to compare with wte.
         if k in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"):
             state[k] = value
         elif k == "lm_head.weight":
             lm_head = value
+        # Block tensors h.{i}.…: LayerNorms keep their names; c_attn (E, 3E) splits into q, k, v
+        # column blocks, each transposed to Linear's (out, in).
         elif parts[0] == "h" and len(parts) >= 4 and parts[1].isdigit():
             i, inner = parts[1], ".".join(parts[2:])
             pre = f"h.{i}."
@@ -258,6 +274,7 @@ def gpt2_state_from_hf(tensors: dict, config: GPT2Config, source: str = "checkpo
                 bias = np.asarray(value)
                 for j, p in enumerate(("q_proj", "k_proj", "v_proj")):
                     state[f"{pre}attn.{p}.bias"] = bias[j * e:(j + 1) * e]
+            # The other Conv1D layers (attention's c_proj, the MLP's c_fc and c_proj): transposed.
             elif inner.rsplit(".", 1)[0] in _CONV:
                 mod, leaf = inner.rsplit(".", 1)
                 v = np.asarray(value)
@@ -270,6 +287,7 @@ def gpt2_state_from_hf(tensors: dict, config: GPT2Config, source: str = "checkpo
             unknown.append(key)
     if unknown:
         raise ValueError(f"{source}: unexpected GPT-2 checkpoint key(s): {', '.join(unknown)}")
+    # A tied checkpoint may still store lm_head.weight: it must then equal wte.weight.
     if lm_head is not None:
         if config.tie_word_embeddings:
             if "wte.weight" in state and not np.array_equal(np.asarray(lm_head),
@@ -286,11 +304,14 @@ def gpt2_state_to_hf(state: dict, config: GPT2Config) -> dict:
     ``GPT2LMHeadModel``; ``lm_head.weight`` = ``wte.weight`` when tied)."""
     out, qkv = {}, {}
     back = {v: k for k, v in _CONV.items()}
+    # Top-level tensors take the "transformer." prefix (lm_head.weight excepted).
     for key, value in state.items():
         parts = key.split(".")
         if parts[0] != "h":
             out["transformer." + key if key != "lm_head.weight" else key] = value
             continue
+        # Block tensors: q, k, v are collected per block, Linear weights transposed back to
+        # Conv1D's (in, out).
         i, inner, leaf = parts[1], ".".join(parts[2:-1]), parts[-1]
         pre = f"transformer.h.{i}."
         if inner in ("ln_1", "ln_2"):
@@ -303,6 +324,7 @@ def gpt2_state_to_hf(state: dict, config: GPT2Config) -> dict:
             out[f"{pre}{back[inner]}.{leaf}"] = value
         else:
             raise ValueError(f"gpt2_state_to_hf: unexpected minitx key {key!r}")
+    # c_attn: [W_qᵀ | W_kᵀ | W_vᵀ], (E, 3E), and the three biases end to end.
     for i in sorted({i for i, _, _ in qkv}, key=int):
         w = [qkv[(i, p, "weight")] for p in "qkv"]
         out[f"transformer.h.{i}.attn.c_attn.weight"] = np.ascontiguousarray(

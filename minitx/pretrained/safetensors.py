@@ -124,6 +124,8 @@ def read_header(path):
     size = os.path.getsize(path)
     if size < 8:
         _fail(path, f"file of {size} bytes is too short for the 8-byte header length")
+    # The first 8 bytes hold N, the header's length (little-endian uint64): check it against
+    # the limit and the file size before reading N bytes.
     with open(path, "rb") as fh:
         n = int.from_bytes(fh.read(8), "little")
         if n > MAX_HEADER_BYTES:
@@ -133,6 +135,7 @@ def read_header(path):
             _fail(path, f"header length {n} runs past the end of the file ({size} bytes): "
                         "truncated or not safetensors")
         raw = fh.read(n)
+    # The header is a UTF-8 JSON object; "__metadata__" is its one entry that is not a tensor.
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -143,6 +146,8 @@ def read_header(path):
     if not isinstance(metadata, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         _fail(path, "__metadata__ must map strings to strings")
+    # Each tensor entry: exactly the three keys, a known dtype, a shape of non-negative ints
+    # and a pair of integer offsets.
     data_size = size - 8 - n
     entries = {}
     for key, info in header.items():
@@ -157,6 +162,7 @@ def read_header(path):
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or not all(_is_int(o) for o in offsets)):
             _fail(path, f"data_offsets must be two ints [begin, end], got {offsets!r}", key)
+        # Its byte range lies inside the data section and holds exactly prod(shape)·itemsize bytes.
         begin, end = offsets
         if not 0 <= begin <= end:
             _fail(path, f"data_offsets [{begin}, {end}] must satisfy 0 ≤ begin ≤ end", key)
@@ -201,17 +207,22 @@ def load_file(path, dtype=None, copy: bool = False, keys=None):
     target = None if dtype is None else np.dtype(dtype)
     if target is not None and target.kind != "f":
         raise TypeError(f"load_file: dtype must be a floating dtype or None, got {target}")
+    # Validate the whole header before touching a tensor byte; keys picks a subset.
     entries, _, start = read_header(path)
     if keys is not None:
         missing = [k for k in keys if k not in entries]
         if missing:
             raise KeyError(f"{path}: no tensor(s) named {missing}")
         entries = {k: entries[k] for k in keys}
+    # Map the file once: each tensor is a zero-copy view of its byte range, reinterpreted with
+    # its dtype and shape.
     whole = np.asarray(np.memmap(path, dtype=np.uint8, mode="r"))   # pages load on demand
     out = {}
     for key, (dt, shape, begin, end) in entries.items():
         raw = whole[start + begin:start + end]
         arr = raw.view(DTYPES[dt]).reshape(shape)        # a view: no bytes copied yet
+        # Conversions make new arrays: bf16 → float32 by a bit shift, a floating tensor to the
+        # requested dtype, big-endian bytes to the host's order; copy=True copies the rest.
         if dt == "BF16":
             if target is None:
                 _fail(path, "is bfloat16, which NumPy cannot hold; pass dtype='float32' "
@@ -239,6 +250,7 @@ def save_file(tensors, path, metadata=None) -> str:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise TypeError("save_file: metadata must map strings to strings")
         header["__metadata__"] = dict(metadata)
+    # Tensors are packed back to back in name order; offsets count from the data section's start.
     for name in sorted(tensors):
         arr = np.asarray(getattr(tensors[name], "data", tensors[name]))
         if type(arr).__module__.startswith("cupy"):
@@ -251,6 +263,8 @@ def save_file(tensors, path, metadata=None) -> str:
                         "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)
+    # The header, padded with spaces to a multiple of 8 bytes (so the data section starts
+    # 8-byte aligned), then the file: its length, the header, the tensor bytes.
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
     with open(path, "wb") as fh:
