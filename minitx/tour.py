@@ -362,6 +362,54 @@ def _describe_options(layer):
     return ", ".join(parts) if parts else "defaults"
 
 
+# ---- 6. what a decoder keeps ---------------------------------------------------------------
+
+CACHE_VARIANTS = (("mha", {}), ("gqa", {"num_kv_heads": 2}), ("mqa", {}), ("mla", {}),
+                  ("sink", {}), ("retention", {}), ("deltanet", {}), ("ssd", {}))
+
+
+def _cached_numbers(cache) -> int:
+    """How many numbers a decode cache holds now, read off the cache itself."""
+    if hasattr(cache, "latent"):                       # MLA: the latent and the RoPE key
+        parts = (cache.latent, cache.rope_keys)
+    elif hasattr(cache, "state"):                      # a recurrent state
+        parts = (cache.state,)
+    else:                                              # keys and values
+        parts = (cache.keys, cache.values)
+    return sum(int(np.prod(p.shape)) for p in parts if p is not None)
+
+
+def cache_section(embed: int = 64, heads: int = 8, lengths=(32, 96)) -> list:
+    """Decode ``max(lengths)`` tokens through each variant's own cache and count what it holds:
+    keys and values grow by 2·H·D numbers a token; GQA and MQA share key/value heads; MLA keeps
+    one latent and one RoPE key; sinks keep a bounded window; the recurrent forms one state."""
+    d = embed // heads
+    head = f"   {'variant':<10} " + " ".join(f"{'N = ' + str(n):>10}" for n in lengths)
+    lines = [f"6. What a decoder keeps: numbers in each layer's cache after N tokens "
+             f"(E = {embed}, H = {heads}, D = {d};",
+             f"   MHA's keys and values: 2·H·D = {2 * heads * d} numbers a token)", "",
+             head + "   per token", "   " + "-" * (len(head) + 9)]
+    x = minitx.tensor(np.random.default_rng(4).standard_normal((1, max(lengths), embed)))
+    for name, opts in CACHE_VARIANTS:
+        if name not in REGISTRY:
+            continue
+        try:
+            layer = REGISTRY[name](embed, heads, causal=True, **opts).eval()
+            cache, counts, seen = layer.new_cache(), [], 0
+            with minitx.no_grad():
+                for n in lengths:                      # a prefill, then the rest in one step
+                    layer(x[:, seen:n], kv_cache=cache)
+                    seen = n
+                    counts.append(_cached_numbers(cache))
+            grows = counts[-1] - counts[0]
+            per = (f"{grows // (lengths[-1] - lengths[0])}" if grows else "0 (bounded)")
+            lines.append(f"   {name:<10} " + " ".join(f"{c:>10,}" for c in counts)
+                         + f"   {per}")
+        except Exception as exc:  # noqa: BLE001 - the tour reports, never crashes
+            lines.append(f"   {name:<10} {_short(exc)}")
+    return lines
+
+
 # ---- the whole tour -----------------------------------------------------------------------
 
 def run_tour(out=print, n: int = 1024) -> None:
@@ -370,7 +418,7 @@ def run_tour(out=print, n: int = 1024) -> None:
         f"{minitx.get_backend()}; running on: {minitx.backend.describe_device()})")
     out("=" * 78)
     sections = (worked_example, jacobian_section, lambda: variant_table(n=n), scale_section,
-                pattern_section)
+                pattern_section, cache_section)
     for section in sections:
         try:
             lines = section()

@@ -113,7 +113,9 @@ class Transformer(Module, AttentionMaps, HookedModel):
         done = xp.zeros(src_tokens.shape[0], dtype=bool)
         with no_grad():
             memory = self.encode(src_tokens, pad)
-            caches = [KVCache() for _ in self.decoder.layers] if use_cache else None
+            # each layer's own cache: keys and values, or a variant's latent or state
+            caches = [getattr(layer.self_attn, "new_cache", KVCache)()
+                      for layer in self.decoder.layers] if use_cache else None
             for _ in range(max_len - 1):
                 if use_cache:
                     logits = self.decode(ys[:, -1:], memory, pad, kv_caches=caches)

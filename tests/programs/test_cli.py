@@ -69,6 +69,26 @@ def test_tour_sections(tour):
     assert "■" in tour and "·" in tour
 
 
+def _cache_row(tour, name):
+    m = re.search(rf"^\s+{name}\s+([0-9,]+)\s+([0-9,]+)\s+(\d+)", tour, re.M)
+    assert m, f"no cache row for {name}"
+    return [int(g.replace(",", "")) for g in m.groups()]
+
+
+def test_tour_counts_what_each_decode_cache_keeps(tour):
+    # E = 64, H = 8, D = 8, after 32 and 96 tokens: keys and values are 2·H·D = 128 numbers a
+    # token; GQA with 2 key/value heads a quarter of that, MQA an eighth; MLA keeps its latent
+    # d_c = 4·D = 32 and its RoPE key d_R = D/2 = 4 (the paper's ratios, its defaults)
+    assert _cache_row(tour, "mha") == [32 * 128, 96 * 128, 128]
+    assert _cache_row(tour, "gqa") == [32 * 32, 96 * 32, 32]
+    assert _cache_row(tour, "mqa") == [32 * 16, 96 * 16, 16]
+    assert _cache_row(tour, "mla") == [32 * 36, 96 * 36, 36]
+    # sinks: 4 sinks + a window of 16 entries of 128 numbers, whatever the length
+    assert _cache_row(tour, "sink")[:2] == [20 * 128, 20 * 128]
+    for name in ("retention", "deltanet", "ssd"):        # one H × D × D state
+        assert _cache_row(tour, name)[:2] == [8 * 8 * 8, 8 * 8 * 8], name
+
+
 def test_patterns_and_doctor():
     proc = run("patterns", "--n", "12", "--variants", "local,strided")
     assert proc.returncode == 0, proc.stderr
