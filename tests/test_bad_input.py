@@ -59,6 +59,16 @@ VARIANT_OPTIONS = [
     ("mha", "dropout", [1.0, -0.1, math.nan, "0.1"]),
     ("linear", "feature_map", ["softmax"]), ("linear", "eps", [0, -1e-6, math.nan]),
     ("mha", "num_kv_heads", [0, 3, 1.5]), ("mha", "causal", ["yes"]),
+    ("mla", "kv_rank", BAD_POSITIVE[:-1]), ("mla", "q_rank", [0, 1.5]),
+    ("mla", "rope_dim", [0, 3, "4"]), ("mla", "base", [0, -1.0, math.nan]),
+    ("diff", "lambda_init", [math.nan, "0.5"]), ("diff", "layer_index", [-1, 1.5]),
+    ("sigmoid", "context_length", BAD_POSITIVE),
+    ("sink", "num_sinks", BAD_COUNT), ("sink", "window", BAD_POSITIVE),
+    ("nystrom", "num_landmarks", BAD_POSITIVE), ("nystrom", "pinv_iterations", BAD_COUNT),
+    ("nystrom", "conv_kernel", [0, 4, -3, 2.5]),
+    # None is a valid chunk_size (the quadratic form), so BAD_POSITIVE's None is left out
+    ("retention", "chunk_size", BAD_POSITIVE[:-1]), ("ssd", "chunk_size", BAD_POSITIVE[:-1]),
+    ("deltanet", "chunk_size", BAD_POSITIVE[:-1]), ("deltanet", "eps", [0, -1e-6, math.nan]),
 ]
 
 
