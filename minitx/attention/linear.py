@@ -33,6 +33,7 @@ __all__ = ["FEATURE_MAPS", "linear_attention", "linear_attention_step", "LinearA
            "KernelAttentionFunction", "ElementwiseFeatures", "FeatureMapFunction",
            "apply_feature_map"]
 
+# The maps φ: elu + 1 (positive, the paper's), relu (non-negative), identity (signed).
 FEATURE_MAPS = ("elu", "relu", "identity")
 
 
@@ -64,6 +65,8 @@ class ElementwiseFeatures:
             return phi
         return xp.maximum(x, 0) if self.name == "relu" else x.copy()
 
+    # g ⊙ φ'(x), written into g (callers pass a copy): φ' = min(φ, 1) for elu + 1, [φ > 0]
+    # for relu, 1 for identity.
     def vjp(self, x, phi, grad, is_query):
         xp = get_array_module(grad)
         if self.name == "elu":
@@ -114,10 +117,13 @@ class KernelAttentionFunction(Function):
     @staticmethod
     def forward(ctx, q, k, v, *, features, normalize, eps):
         xp = get_array_module(q, k, v)
+        # Keys first: S = φ(K)ᵀ V (m, Dv) and z = Σ_j φ(k_j), then φ(K) is freed; the N × N map
+        # is never formed.
         fk = features.phi(k, False)                                 # (B, H, N, m)
         s = xp.swapaxes(fk, -1, -2) @ v                             # (B, H, m, Dv)
         z = fk.sum(axis=2, keepdims=True)                           # (B, H, 1, m)
         del fk
+        # O = φ(Q) S / (φ(Q)·z + ε), one row per query.
         fq = features.phi(q, True)
         out = fq @ s                                                # (B, H, N, Dv)
         den = None
@@ -134,10 +140,14 @@ class KernelAttentionFunction(Function):
         q, k, v, s, z, den, out = ctx.saved_tensors
         xp = get_array_module(grad)
         features = ctx.features
+        # φ(Q) is rebuilt (cheaper than keeping it); dNum = G / den, dφ(Q) = dNum Sᵀ,
+        # dS = φ(Q)ᵀ dNum.
         fq = features.phi(q, True)
         dnum = grad if den is None else grad / den                  # (B, H, N, Dv)
         dfq = dnum @ xp.swapaxes(s, -1, -2)                         # dφ(Q), (B, H, N, m)
         ds = xp.swapaxes(fq, -1, -2) @ dnum                         # (B, H, m, Dv)
+        # Through the denominator: dDen = −rowsum(G ⊙ O) / den adds dDen zᵀ to dφ(Q), and
+        # dz = φ(Q)ᵀ dDen.
         dz = None
         if den is not None:
             dden = -xp.einsum("...nc,...nc->...n", grad, out)[..., None] / den   # (B, H, N, 1)
@@ -146,6 +156,7 @@ class KernelAttentionFunction(Function):
         del dnum
         dq = features.vjp(q, fq, dfq, True)
         del fq, dfq
+        # Keys: dφ(K) = V dSᵀ + 1 dzᵀ, then φ's VJP; dV = φ(K) dS.
         fk = features.phi(k, False)
         dfk = v @ xp.swapaxes(ds, -1, -2)                           # dφ(K), (B, H, N, m)
         if dz is not None:
@@ -165,12 +176,16 @@ def linear_attention(q, k, v, feature_map: str = "elu", causal: bool = False,
     features = ElementwiseFeatures(feature_map)
     hooked = hooks is not None and (hooks.hook_phi_q.active or hooks.hook_phi_k.active or
                                     hooks.hook_pattern.active)
+    # Bidirectional without hooks: the fused node. Otherwise composed of differentiable ops, so
+    # hooks can see and replace φ(Q), φ(K).
     if not causal and not hooked:
         return KernelAttentionFunction.apply(q, k, v, features=features, normalize=normalize,
                                              eps=eps)
     fq, fk = apply_feature_map(q, features), apply_feature_map(k, features)      # (B, H, N, D)
     if hooks is not None:
         fq, fk = kernel_feature_hooks(hooks, fq, fk, causal, eps, normalize)
+    # Bidirectional: S = φ(K)ᵀ V once for all queries. Causal: prefix sums
+    # S_i = Σ_{j≤i} φ(k_j) v_jᵀ, one (D, Dv) state per position — the RNN, unrolled.
     if not causal:
         s = F.matmul(F.swapaxes(fk, -1, -2), v)                     # (B, H, D, N) @ (B, H, N, Dv)
         num = F.matmul(fq, s)                                       # (B, H, N, D) @ (B, H, D, Dv)
@@ -180,6 +195,7 @@ def linear_attention(q, k, v, feature_map: str = "elu", causal: bool = False,
         s = F.cumsum(outer, axis=2)                                 # S_i, (B, H, N, D, Dv)
         num = F.squeeze(F.matmul(F.expand_dims(fq, -2), s), -2)     # (B, H, N, Dv)
         z = F.cumsum(fk, axis=2)                                    # z_i, (B, H, N, D)
+    # den_i = φ(q_i)·z_i; ε keeps it off zero (relu can give 0).
     if not normalize:
         return num
     den = (fq * z).sum(axis=-1, keepdims=True)                      # (B, H, N, 1)

@@ -40,6 +40,8 @@ __all__ = ["blocked_sparse_attention", "BlockedSparseFunction", "SparseAttention
            "StridedAttention", "FixedAttention"]
 
 
+# A key list may name a position twice (a window overlapping a global token, say); softmax
+# must count each key once.
 def _dedup(index, valid):
     """Mark repeated key positions in a row as invalid, so no key is counted twice.
 
@@ -78,6 +80,8 @@ class BlockedSparseFunction(Function):
         nb = idx.shape[0]
         out = xp.zeros((bsz, h, nb * block, v.shape[-1]), dtype=q.dtype)   # padded rows
         lse = xp.empty((bsz, h, nb * block, 1), dtype=q.dtype)
+        # Per chunk of query blocks: a safe softmax over the gathered scores (shift by the row max;
+        # a row with no key keeps p = 0), then out = P V over the gathered values.
         for t0, t1 in _chunks(nb, bsz * h * block * idx.shape[1]):
             qb, kg, vg, s = _chunk_scores(q, k, v, idx, t0, t1, block, allowed_of, scale)
             m = s.max(axis=-1, keepdims=True)
@@ -91,6 +95,8 @@ class BlockedSparseFunction(Function):
             out[:, :, rows] = (p @ vg).reshape(bsz, h, -1, out.shape[-1])
             lse[:, :, rows] = xp.where(seen, m + xp.log(xp.where(seen, total, 1)),
                                        xp.inf).reshape(bsz, h, -1, 1)
+        # Keep only O and lse = m + log Σ exp(s − m) per row (+inf where no key, so exp(S − lse)
+        # = 0): backward rebuilds P from them instead of storing it.
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = dict(block=block, idx=idx, allowed_of=allowed_of, scale=scale)
         return out[:, :, :n]
@@ -103,6 +109,8 @@ class BlockedSparseFunction(Function):
         xp = get_array_module(grad)
         bsz, h, n, _ = q.shape
         dq, dk, dv = xp.zeros_like(q), xp.zeros_like(k), xp.zeros_like(v)
+        # Per chunk again: P = exp(S − lse), the padding rows' gradient set to 0, and
+        # δ = rowsum(dO ⊙ O).
         for t0, t1 in _chunks(idx.shape[0], bsz * h * block * idx.shape[1]):
             qb, kg, vg, s = _chunk_scores(q, k, v, idx, t0, t1, block, allowed_of, scale)
             cb = t1 - t0
@@ -165,17 +173,23 @@ def blocked_sparse_attention(q, k, v, *, block: int, key_index, rule, global_row
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     nb, c = key_index.shape
     padded = nb * block
+    # Entries outside [0, N) and repeats become invalid; indices are clipped so the gather stays
+    # in range (the invalid ones are masked anyway).
     key_index = xp.asarray(key_index)
     valid = (key_index >= 0) & (key_index < n)
     valid = _dedup(key_index, valid)
     idx = xp.clip(key_index, 0, n - 1)                                      # (nb, c)
 
+    # A chunk's mask: the variant's rule on (query, key) position pairs, AND a valid key, AND a
+    # real query (not padding past N).
     def allowed_of(t0, t1):                          # (cb, b, c) for query blocks [t0, t1)
         i = (xp.arange(t0, t1)[:, None] * block + xp.arange(block)[None, :])[:, :, None]
         j = idx[t0:t1, None, :]
         real = i < n                                 # padding queries (past N) see nothing
         return rule(xp.minimum(i, n - 1), j) & valid[t0:t1, None, :] & real
 
+    # No global rows: the fused, chunked node. Otherwise the composed form below (gather, score,
+    # mask, softmax), then the global rows substituted.
     if global_rows is None or len(global_rows) == 0:
         return BlockedSparseFunction.apply(q, k, v, block=block, idx=idx, allowed_of=allowed_of,
                                            scale=scale)
@@ -387,6 +401,7 @@ class LongformerAttention(SparseAttentionBase):
                  global_tokens=(0,), dilation=1, **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
         validate.integer(window, "window", minimum=0, owner=self.name)
+        # dilation: one int, or one per head (the paper gives heads different dilations).
         per_head = isinstance(dilation, (tuple, list))
         dilations = tuple(dilation) if per_head else (dilation,)
         if per_head and len(dilations) != num_heads:
@@ -396,6 +411,7 @@ class LongformerAttention(SparseAttentionBase):
         self.window, self.dilation = window, (dilations if per_head else dilation)
         self.global_tokens = validate.int_tuple(global_tokens, "global_tokens", owner=self.name)
 
+    # Global tokens: negative indices count from the end; out-of-range ones are dropped.
     def _globals(self, n):
         rows = sorted({t % n for t in self.global_tokens if -n <= t < n})
         mask = host_xp.zeros(n, dtype=bool)
@@ -406,6 +422,7 @@ class LongformerAttention(SparseAttentionBase):
         _, mask = self._globals(n)
         if not isinstance(self.dilation, tuple):
             return lambda i, j: longformer_rule(i, j, self.window, mask, self.dilation, self.causal)
+        # Per-head dilations: the rule gains a leading head axis, giving an (H, N, N) pattern.
         per_head = host_xp.asarray(self.dilation)
 
         def rule(i, j):                       # a leading head axis: (H, ...) masks
@@ -424,6 +441,8 @@ class LongformerAttention(SparseAttentionBase):
         b = min(self.block_size, n)
         dil = max(self.dilation) if isinstance(self.dilation, tuple) else self.dilation
         reach = self.window * dil
+        # Each query block's keys: its window, reaching w·d on each side (the rule drops the
+        # off-stride keys), plus every global key.
         window = _window_index(n, b, reach, 0 if self.causal else reach)
         extra = host_xp.broadcast_to(rows[None, :], (window.shape[0], rows.shape[0]))
         return b, host_xp.concatenate([window, extra], axis=1), rows
@@ -472,6 +491,8 @@ class BigBirdAttention(SparseAttentionBase):
         self.block, self.num_random, self.num_global = block, num_random, num_global
         self._tables = {}
 
+    # R, the random key blocks of each query block, is drawn once per block count and cached:
+    # a pure function of (nb, options).
     def _table(self, n):
         nb = -(-n // self.block)
         if nb not in self._tables:
@@ -483,6 +504,8 @@ class BigBirdAttention(SparseAttentionBase):
         table = self._table(n)
         return lambda i, j: bigbird_rule(i, j, self.block, table, self.num_global, self.causal)
 
+    # Key blocks per query block t: t − 1, t, t + 1, its r random blocks and the g global blocks;
+    # blocks out of range map to negative (invalid) positions. The first g blocks' rows are global.
     def _layout(self, n):
         b = self.block
         nb = -(-n // b)
@@ -535,6 +558,8 @@ class StridedAttention(SparseAttentionBase):
     def _rule(self, n):
         return lambda i, j: strided_rule(i, j, self.stride, self.causal)
 
+    # One query per block: the keys within l − 1 either way, then every l-th position back and
+    # forth (c = 2l − 1 + 2⌈N/l⌉ keys per query).
     def _layout(self, n):
         l = self.stride
         i = host_xp.arange(n)[:, None]
@@ -587,6 +612,8 @@ class FixedAttention(SparseAttentionBase):
     def _rule(self, n):
         return lambda i, j: fixed_rule(i, j, self.stride, self.summary, self.causal)
 
+    # Query block = the pattern's block of l; its keys: its own l positions plus the last c
+    # ("summary") positions of every block.
     def _layout(self, n):
         l, c = self.stride, self.summary
         nb = -(-n // l)

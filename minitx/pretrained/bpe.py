@@ -88,11 +88,14 @@ def _match_end(text: str, i: int) -> int:
         for suffix in _CONTRACTIONS:
             if text.startswith(suffix, i + 1):
                 return i + 1 + len(suffix)
+    # Otherwise a run of one kind (letters, digits, or other symbols), which may start with one
+    # space: the space belongs to the word after it (GPT-2's "Ġworld").
     kind = _kind(c)
     if c == " " and i + 1 < n and _kind(text[i + 1]) != "S":
         return _run(text, i + 1, _kind(text[i + 1]))     # " ?\p{L}+", " ?\p{N}+", " ?[^…]+"
     if kind != "S":
         return _run(text, i, kind)                        # the same without the space
+    # Whitespace: a run of spaces keeps its last one for the next word, unless it ends the text.
     end = _run(text, i, "S")
     if end == n:                                          # \s+(?!\S) at the end of the text
         return end
@@ -116,10 +119,13 @@ def bpe(symbols: list, ranks: dict) -> list:
     byte-symbols; ``ranks``: {(left, right): rank}, lower merges first."""
     word = list(symbols)
     while len(word) > 1:
+        # The adjacent pair with the lowest rank (the earliest merge learned); no pair in the
+        # merge table ends the loop.
         pairs = {(word[k], word[k + 1]) for k in range(len(word) - 1)}
         best = min(pairs, key=lambda p: ranks.get(p, float("inf")))
         if best not in ranks:
             break
+        # Apply that merge wherever it occurs, left to right ("a a a" merges its first pair).
         merged, k = [], 0
         while k < len(word):                              # merge every occurrence, left first
             if k + 1 < len(word) and (word[k], word[k + 1]) == best:
@@ -145,11 +151,14 @@ class ByteLevelBPETokenizer(PretrainedTokenizer):
                  eos_token="<|endoftext|>", bos_token=None, unk_token=None,
                  add_prefix_space: bool = False, model_max_length: int = 1024,
                  ignore_merges: bool = False):
+        # GPT-2 has no pad token: it pads with <|endoftext|>, which the attention mask hides.
         specials = [t for t in special_tokens if t in vocab]
         if pad_token is None and eos_token in vocab:
             pad_token = eos_token                          # GPT-2 has no pad token
         super().__init__(vocab, specials, pad_token=pad_token, unk_token=unk_token,
                          model_max_length=model_max_length)
+        # A merge's rank is its position in merges.txt: lower ranks were learned earlier and
+        # merge first.
         self.ranks = {tuple(m): r for r, m in enumerate(merges)}
         self.eos_token, self.bos_token = eos_token, bos_token
         self.add_prefix_space = bool(add_prefix_space)
@@ -162,6 +171,8 @@ class ByteLevelBPETokenizer(PretrainedTokenizer):
         return self.vocab.get(self.eos_token)
 
     def tokenize_piece(self, text: str) -> list:
+        # Per word: UTF-8 bytes → printable symbols (so no byte is ever unknown), then the BPE
+        # merges; words are cached, since text repeats them.
         if self.add_prefix_space and not text.startswith(" "):
             text = " " + text
         tokens = []
@@ -177,6 +188,8 @@ class ByteLevelBPETokenizer(PretrainedTokenizer):
             tokens.extend(pieces)
         return tokens
 
+    # Decoding inverts the byte map: symbols → bytes → UTF-8 text (a character cut in two by
+    # a token boundary decodes as U+FFFD).
     def decode_tokens(self, tokens) -> str:
         data = bytearray()
         for tok in tokens:
@@ -194,6 +207,8 @@ class ByteLevelBPETokenizer(PretrainedTokenizer):
         cfg.update(_read_json(folder, "special_tokens_map.json") or {})
         fast = _read_json(folder, "tokenizer.json")
         add_prefix_space, ignore_merges = cfg.get("add_prefix_space", False), False
+        # tokenizer.json (HuggingFace's fast format): vocab, merges (as "a b" strings or pairs)
+        # and the pre-tokenizer, which must be GPT-2's ByteLevel.
         if fast is not None and fast.get("model", {}).get("type") == "BPE":
             model = fast["model"]
             vocab = dict(model["vocab"])
@@ -206,6 +221,7 @@ class ByteLevelBPETokenizer(PretrainedTokenizer):
             elif pre:
                 raise ValueError(f"{folder}: tokenizer.json pre_tokenizer {pre.get('type')!r} "
                                  "is not GPT-2's ByteLevel; minitx reads byte-level BPE only")
+        # The older pair of files: vocab.json and merges.txt (after its "#version" line).
         elif os.path.exists(os.path.join(folder, "vocab.json")):
             with open(os.path.join(folder, "vocab.json"), encoding="utf-8") as fh:
                 vocab = json.load(fh)
@@ -215,6 +231,7 @@ class ByteLevelBPETokenizer(PretrainedTokenizer):
         else:
             raise FileNotFoundError(f"{folder}: no BPE vocabulary (tokenizer.json with a BPE "
                                     "model, or vocab.json + merges.txt)")
+        # Special tokens: tokenizer.json's added tokens plus eos, bos and unk from the configs.
         specials = [t["content"] for t in (fast or {}).get("added_tokens", [])]
         eos = _token(cfg.get("eos_token"), "<|endoftext|>")
         specials += [t for t in (eos, _token(cfg.get("bos_token"), None),
