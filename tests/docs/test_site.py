@@ -9,6 +9,8 @@ import glob
 import html
 import os
 import re
+import subprocess
+import sys
 from html.parser import HTMLParser
 
 import pytest
@@ -140,15 +142,24 @@ def test_each_page_gives_back_its_source_file_byte_for_byte(site):
 def test_the_course_runs_in_order_with_previous_and_next(site):
     pages, _ = site_build.course_pages(ROOT)
     order = [p.path for p in pages]
-    # the reading order: engine before softmax before SDPA … before pretrained
-    milestones = ["minitx/autograd/tensor.py", "minitx/ops/activation.py",
+    # the reading order: attention by hand, its five lines, the engine under them, softmax,
+    # SDPA … the variants, flash, the three kernel chapters, pretrained models
+    milestones = ["notebooks/01_attention_by_hand.py", "minitx/attention/classic.py",
+                  "minitx/autograd/function.py", "minitx/autograd/engine.py",
+                  "minitx/autograd/tensor.py", "minitx/ops/activation.py",
                   "minitx/ops/sdpa.py", "minitx/models/multihead.py",
-                  "minitx/nn/positional.py", "minitx/models/gpt.py", "minitx/attention/sparse.py",
+                  "minitx/nn/positional.py", "minitx/models/gpt.py",
+                  "notebooks/03_char_gpt_heads.py", "minitx/attention/sparse.py",
                   "minitx/attention/linformer.py", "minitx/attention/performer.py",
                   "minitx/attention/reformer.py", "minitx/attention/routing.py",
-                  "minitx/attention/synthesizer.py", "minitx/ops/flash.py",
-                  "docs/cuda_kernel.md", "minitx/backend/kernels/flash_attn.cu",
-                  "docs/pretrained.md", "minitx/pretrained/bert.py"]
+                  "minitx/attention/synthesizer.py", "minitx/attention/latent.py",
+                  "minitx/attention/retention.py", "minitx/ops/flash.py",
+                  "notebooks/02_efficient_attention.py",
+                  "minitx/backend/kernels/flash_naive.cuh", "docs/cuda_kernel.md",
+                  "minitx/backend/kernels/flash_simt.cuh", "minitx/backend/kernels/flash_tc.cuh",
+                  "docs/pretrained.md", "minitx/pretrained/bert.py",
+                  "notebooks/04_pretrained_bert.py"]
+    assert order[:2] == milestones[:2], order[:3]
     positions = [order.index(m) for m in milestones]
     assert positions == sorted(positions)
     for a, b in zip(order, order[1:]):
@@ -156,6 +167,113 @@ def test_the_course_runs_in_order_with_previous_and_next(site):
         assert f'rel="next" href="{site_build.page_url(b)}"' in text, (a, b)
         back = _read(os.path.join(site, site_build.page_url(b)))
         assert f'rel="prev" href="{site_build.page_url(a)}"' in back, (b, a)
+
+
+def test_the_engine_chapter_is_the_three_references_and_internals_are_appendices():
+    engine = next(files for title, _, files in site_build.COURSE if title.startswith(
+        "The engine"))
+    assert engine == ["minitx/autograd/function.py", "minitx/autograd/engine.py",
+                      "minitx/autograd/tensor.py"]
+    pages, appendix = site_build.course_pages(ROOT)
+    in_course = {p.path for p in pages}
+    assert not [p for p in in_course if p.startswith("minitx/fast/")]
+    assert not [p for p in in_course if p.startswith("minitx/autograd/") and p not in engine]
+    titles = [title for title, _, _ in site_build.APPENDICES]
+    assert all(title.startswith("Appendix: ") for title in titles)
+    chapter = {p.path: p.chapter for p in appendix}
+    assert chapter["minitx/autograd/versions.py"] == "Appendix: inside the engine"
+    assert chapter["minitx/ops/elementwise.py"] == "Appendix: the ops"
+    assert chapter["minitx/fast/sdpa.py"] == "Appendix: How it was made fast"
+    # the appendices read in their order, after the course, each page once
+    assert [titles.index(p.chapter) for p in appendix] == sorted(
+        titles.index(p.chapter) for p in appendix)
+    assert len({p.path for p in pages + appendix}) == len(pages) + len(appendix)
+
+
+def test_chapters_stay_within_their_line_budgets():
+    over = [(title, lines, budget) for title, lines, budget in site_build.chapter_lines(ROOT)
+            if lines > budget]
+    assert not over, over
+
+
+def test_the_index_lists_every_appendix_under_its_title(site):
+    index = _read(os.path.join(site, "index.html"))
+    for title, _, _ in site_build.APPENDICES:
+        assert f'id="{site_build.appendix_id(title)}"><h2>{html.escape(title)}</h2>' in index, \
+            title
+    assert index.index("Appendix: inside the engine") > index.index("Look inside a model")
+
+
+def test_each_fast_twin_sits_beside_its_reference_with_a_fenced_speed_up(site):
+    from minitx import configuration
+    import minitx.fast  # noqa: F401 - registers the twins
+    names = sorted(configuration.twins())
+    assert names
+    index = _read(os.path.join(site, "index.html"))
+    table = re.search(r'<table class="twins">.*?</table>', index, re.S).group(0)
+    for name in names:
+        fast = configuration.twins()[name]
+        page = _read(os.path.join(site, site_build.page_url(
+            fast.__module__.replace(".", "/") + ".py")))
+        box = re.search(rf'<aside class="twin" id="twin-{name}">.*?</aside>', page, re.S)
+        assert box, name
+        ref = re.search(r'The reference it stands in for: <a href="([^"#]+)#([^"]+)"',
+                        box.group(0))
+        assert ref, (name, box.group(0)[:300])
+        target = _read(os.path.join(site, ref.group(1)))
+        assert f'id="{ref.group(2)}"' in target and f"#twin-{name}" in target, name
+        assert re.search(r"<!--measured--><span class=\"value\"><b>×[0-9.]+</b>",
+                         box.group(0)), name
+        assert f"#twin-{name}" in table
+    # the speed-ups are the only part of the table that two builds may disagree on
+    assert "×" not in MEASURED.sub("", table)
+
+
+def test_help_states_what_a_build_costs(capsys):
+    with pytest.raises(SystemExit):
+        main(["site", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "a quick build (--quick) takes about" in out and "2-core machine" in out
+
+
+def test_the_build_says_what_it_is_doing(tmp_path):
+    root = tmp_path / "repo"
+    (root / "minitx" / "ops").mkdir(parents=True)
+    for name in ("activation.py", "flash.py"):
+        (root / "minitx" / "ops" / name).write_text('"""An op."""\nx = 1\n', encoding="utf-8")
+    lines = []
+    site_build.build_site(str(tmp_path / "out"), root=str(root), quick=True, proofs=False,
+                          log=lines.append, bars=False)
+    text = "\n".join(lines)
+    assert re.search(r"^\[ *[0-9.]+ s\] proofs: ", text, re.M)
+    assert re.search(r"pages 3/3: index.html", text)        # 2 pages + the index
+    assert re.search(r"^\[ *[0-9.]+ s\] site: 3 pages", text, re.M), text
+
+
+def test_the_build_computes_on_numpy_in_a_gpu_users_shell(tmp_path):
+    """``MINITX_BACKEND=cupy`` (here the strict CuPy stand-in, which refuses every host/device
+    mix as a GPU does): the build's proofs still run, on NumPy, and the backend is set back."""
+    script = tmp_path / "build.py"
+    script.write_text(
+        "import minitx.backend as B\n"
+        "from minitx.site import build, proofs\n"
+        "assert B.get_backend() == 'cupy', B.get_backend()\n"
+        "seen = []\n"
+        "def some_proofs(quick, seed):\n"
+        "    seen.append(B.get_backend())\n"
+        "    return {'minitx/ops/activation.py': proofs.op_proofs(proofs.Sizes.make(True), "
+        "seed=seed)[:1]}\n"
+        "build.proofs_mod.all_proofs = some_proofs\n"
+        f"build.build_site({str(tmp_path / 'out')!r}, quick=True, notebooks=False, "
+        "log=lambda *_: None)\n"
+        "assert seen == ['numpy'] and B.get_backend() == 'cupy', (seen, B.get_backend())\n"
+        "print('built on', seen[0])\n", encoding="utf-8")
+    env = dict(os.environ, MINITX_BACKEND="cupy", PYTHONPATH=ROOT)
+    env.pop("MINITX_TEST_BACKEND", None)
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "strict_cupy_run.py"),
+                          str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "built on numpy" in run.stdout
 
 
 def test_pages_link_to_the_modules_they_build_on(site):
