@@ -2,8 +2,12 @@
 
 Checks: no request leaves the site, zero maths errors (MathML ``<merror>``), no console
 errors; at 1280 px notes and code sit side by side, at 390 px (a phone) they stack and the page
-does not scroll sideways (long code lines scroll inside their own box). With
-``MINITX_SITE_SCREENSHOT=path`` it saves a screenshot of the Performer page there.
+does not scroll sideways (long code lines scroll inside their own box); at both widths nothing
+in the notes overflows without a scroll affordance (a scrolling box with a visible scrollbar).
+The course, as the index shows it: its first page is about attention, and no chapter before
+the appendices is over its line budget. Every number in a proof box has a limit or is labelled
+illustrative. With ``MINITX_SITE_SCREENSHOT=path`` it saves a screenshot of the Performer page
+there.
 
 Needs Playwright's Python package and a Chromium (Debian's ``chromium``); without them the
 test skips, naming what is missing.
@@ -35,6 +39,34 @@ if not os.path.exists(CHROMIUM):
                 allow_module_level=True)
 
 from site_support import quick_site  # noqa: E402
+from support import REPO  # noqa: E402
+
+# Elements of the notes (a source page's left column, a doc page, a notebook's Markdown) that
+# are wider than their box must scroll, with a visible scrollbar; nothing may stick out of the
+# column unless a scrolling box around it holds it.
+OVERFLOW = """() => {
+  const bad = [];
+  const scrolls = (cs) => cs.overflowX === 'auto' || cs.overflowX === 'scroll';
+  for (const col of document.querySelectorAll('.prose, article.doc, .nb-md')) {
+    const edge = col.getBoundingClientRect().right;
+    for (const el of col.querySelectorAll('*')) {
+      const cs = getComputedStyle(el);
+      const what = el.tagName.toLowerCase() + (el.className && el.className.baseVal === undefined
+                   ? '.' + el.className : '');
+      if (el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1) {
+        if (!scrolls(cs) && cs.overflowX !== 'visible') bad.push(what + ': clipped');
+        else if (scrolls(cs) && cs.scrollbarWidth === 'none') bad.push(what + ': no scrollbar');
+      }
+      if (el.getBoundingClientRect().right > edge + 1 && cs.position !== 'absolute') {
+        let a = el.parentElement, held = false;
+        while (a && a !== col && !held) { held = scrolls(getComputedStyle(a)); a = a.parentElement; }
+        if (!held) bad.push(what + ': sticks out of the notes by ' +
+                            Math.round(el.getBoundingClientRect().right - edge) + ' px');
+      }
+    }
+  }
+  return bad.slice(0, 5);
+}"""
 
 # the side-by-side check is made on the first section with both notes and code
 PAIR = """() => {
@@ -96,6 +128,9 @@ def test_every_page_reads_well_at_1280_and_390_px_offline(browser, tmp_path_fact
                 pl, pr, pt, _, cl, _, ct, _ = pair
                 if not (pr <= cl + 1 and abs(pt - ct) < 40):
                     problems.append(f"{name}: notes and code not side by side at 1280 px {pair}")
+            spill = tab.evaluate(OVERFLOW)
+            if spill:
+                problems.append(f"{name} @ {width}px: {spill}")
             if width == 390:
                 if pair:
                     _, _, _, pb, _, _, ct, _ = pair
@@ -138,3 +173,59 @@ def test_screenshot_of_a_variant_page(browser, tmp_path_factory, notebook_cache)
     tab.screenshot(path=target)
     ctx.close()
     assert not outside and os.path.getsize(target) > 10_000
+
+
+def _lines(path):
+    with open(os.path.join(str(REPO), path), encoding="utf-8") as fh:
+        return sum(1 for _ in fh)
+
+
+def test_the_course_as_the_index_shows_it(browser, tmp_path_factory, notebook_cache):
+    """The first page is about attention; no chapter before the appendices is over its line
+    budget (the whole files it lists, notes included: 800 for the engine, 1,500 for the
+    rest)."""
+    from minitx.site.build import CHAPTER_BUDGET, ENGINE_BUDGET
+    site = quick_site(tmp_path_factory, notebook_cache)
+    ctx = _context(browser, 1280, [])
+    tab = ctx.new_page()
+    tab.goto("file://" + os.path.join(site, "index.html"))
+    chapters = tab.evaluate("""() => [...document.querySelectorAll('ol.course > li.chapter')]
+        .map(li => [li.querySelector('h2').innerText,
+                    [...li.querySelectorAll('ol > li > a')].map(a => a.innerText)])""")
+    appendices = tab.evaluate("[...document.querySelectorAll('section.appendix h2')]"
+                              ".map(h => h.innerText)")
+    tab.click("ol.course a")                                 # the course's first page
+    first_heading = tab.evaluate("document.querySelector('main h1, main h2').innerText")
+    first_url = tab.url
+    ctx.close()
+    assert chapters and appendices and all(a.startswith("Appendix: ") for a in appendices)
+    title, files = chapters[0]
+    assert "attention" in title.lower() and "attention" in first_heading.lower(), (
+        title, first_heading)
+    assert first_url.endswith("notebooks.01_attention_by_hand.html")
+    over = []
+    for title, files in chapters:
+        budget = ENGINE_BUDGET if "engine" in title.lower() else CHAPTER_BUDGET
+        lines = sum(_lines(f) for f in files)
+        if lines > budget:
+            over.append(f"{title}: {lines} lines > {budget}")
+    assert not over, "\n".join(over)
+
+
+def test_every_proof_number_has_a_limit_or_says_it_is_illustrative(browser, tmp_path_factory,
+                                                                   notebook_cache):
+    site = quick_site(tmp_path_factory, notebook_cache)
+    ctx = _context(browser, 1280, [])
+    tab = ctx.new_page()
+    bare = []
+    for path in sorted(glob.glob(os.path.join(site, "*.html"))):
+        if 'class="claims"' not in open(path, encoding="utf-8").read():
+            continue
+        tab.goto("file://" + path)
+        bare += tab.evaluate("""(page) => [...document.querySelectorAll('.claims li')]
+            .filter(li => !li.querySelector('.limit') && !/illustrative/i.test(li.innerText))
+            .map(li => page + ': ' + li.innerText.replace(/\\s+/g, ' '))""",
+                             os.path.basename(path))
+    ctx.close()
+    assert not bare, f"{len(bare)} proof numbers with no limit and no label:\n" + "\n".join(
+        bare[:20])
