@@ -42,6 +42,8 @@ from ..ops.indexing import masked_fill
 from ..ops.linalg import matmul
 from ..ops.shape import transpose
 
+# The head plumbing (split_heads, merge_heads, repeat_kv, check_heads) is re-exported:
+# every variant file takes it from here.
 __all__ = ["REGISTRY", "register", "AttentionBase", "hooked_heads", "materialized_attention",
            "hookable_attention",
            "kernel_feature_hooks", "split_heads", "merge_heads", "repeat_kv", "repeat_kv_array",
@@ -232,6 +234,7 @@ class AttentionBase(Module):
     head_hooks = True       # False for a variant whose forward has no q/k/v (FNet)
     model_options = ()      # e.g. ("layer_index",): filled in by GPT and the blocks
 
+    # Checks first: H divides E (D = E/H), and causal=True only where the variant supports it.
     def __init__(self, embed_dim: int, num_heads: int, causal: bool = False,
                  num_kv_heads: int = None, bias: bool = True):
         super().__init__()
@@ -241,6 +244,7 @@ class AttentionBase(Module):
         if embed_dim % num_heads:
             raise ValueError(f"{who}: embed_dim ({embed_dim}) must be divisible by num_heads "
                              f"({num_heads})")
+        # Hkv < H shares each key/value head among H/Hkv query heads (MQA when Hkv = 1, else GQA).
         num_kv_heads = num_heads if num_kv_heads is None else \
             validate.positive_int(num_kv_heads, "num_kv_heads", owner=who)
         if num_heads % num_kv_heads:
@@ -248,6 +252,8 @@ class AttentionBase(Module):
                              f"({num_kv_heads})")
         if validate.boolean(causal, "causal", owner=who) and not self.supports_causal:
             raise ValueError(f"{who} ({self.name}) does not support causal=True")
+        # Projections: q and out map E → E, k and v map E → Hkv·D; only those the variant owns are
+        # built.
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
         self.causal = bool(causal)
@@ -286,6 +292,8 @@ class AttentionBase(Module):
             raise ValueError(f"{who} ({self.name}) does not take an attn_mask")
         if kv_cache is not None and not self.supports_kv_cache:
             raise ValueError(f"{who} ({self.name}) does not take a kv_cache")
+        # Project to heads and let hooks see (and replace) q, k, v; a KV cache appends this step's
+        # keys and values to the earlier ones before attend.
         q, k, v = self.project(x)
         q, k, v = (hooked_heads(h, t) for h, t in
                    ((self.hook_q, q), (self.hook_k, k), (self.hook_v, v)))

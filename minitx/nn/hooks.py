@@ -85,6 +85,8 @@ class HookPoint(Module):
     def active(self) -> bool:
         return bool(self.fwd_hooks or self.bwd_hooks)
 
+    # A forward hook fn(x, hook) may return a replacement for x, a backward hook fn(grad, hook)
+    # one for the gradient; returning None keeps the value.
     def add_hook(self, fn, dir: str = "fwd") -> None:
         if not callable(fn):
             raise TypeError(f"HookPoint.add_hook: fn must be callable, got {type(fn).__name__}")
@@ -98,6 +100,8 @@ class HookPoint(Module):
         if dir in ("bwd", "both"):
             self.bwd_hooks = []
 
+    # With no hook set the point is the identity and adds no graph node; a backward hook wraps x
+    # in a node (_GradHook) whose backward runs the hooks on the gradient.
     def forward(self, x):
         if not (self.fwd_hooks or self.bwd_hooks):
             return x                                     # the zero-cost path
@@ -195,6 +199,8 @@ class HookedModel:
         if incl_bwd and metric is None:
             raise ValueError("run_with_cache: incl_bwd=True needs metric, a function from the "
                              "logits to a scalar Tensor")
+        # Caching is a forward hook at every chosen point that stores x (and, with incl_bwd, a
+        # backward hook that stores the gradient arriving there).
         cache = ActivationCache()
 
         def keep(x, hook):
@@ -205,6 +211,8 @@ class HookedModel:
 
         fwd = [(n, keep) for n in names]
         bwd = [(n, keep_grad) for n in names] if incl_bwd else []
+        # The hooks are set for this run only; with incl_bwd the metric's backward fills the
+        # "_grad" entries.
         with self.hooks(fwd, bwd):
             logits = _logits_of(self(*args, **kwargs))
             if incl_bwd:
@@ -218,6 +226,8 @@ class HookedModel:
             logits = logits.detach()
         return logits, cache
 
+    # names_filter: None (every hook point), a name, a list of names (each must exist) or a
+    # predicate on names.
     def _filtered_names(self, names_filter):
         names = self.hook_names()
         if names_filter is None:

@@ -103,10 +103,13 @@ def flash_attention_arrays(q, k, v, *, causal=False, scale=None, key_mask=None, 
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     bsz, h, nq, _ = q.shape
     hkv, nk, dv = k.shape[1], k.shape[2], v.shape[-1]
+    # Bottom-right causal alignment: key j is visible to query i iff j ≤ i + (Nk − Nq).
     offset = nk - nq
     out = xp.empty((bsz, h, nq, dv), dtype=q.dtype)
     lse = xp.empty((bsz, h, nq), dtype=q.dtype)
 
+    # One block of queries of one head group: the online softmax over key tiles (the module
+    # docstring's recurrence); keys past the causal edge are never visited.
     def rows(bs, hs, hq, q0, q1):
         qi = q[bs, hq, q0:q1] * scale                                   # (1, G, bq, D)
         shape = qi.shape[:3] + (1,)
@@ -120,6 +123,8 @@ def flash_attention_arrays(q, k, v, *, causal=False, scale=None, key_mask=None, 
             mask = _tile_mask(xp, q0, q1, k0, k1, offset, causal, key_mask, bs)
             if mask is not None:
                 xp.copyto(s, -xp.inf, where=~mask)
+            # Raise the running max to m', rescale the old sums by exp(m − m'), add this tile's
+            # P = exp(S − m') to l and P V_j to acc.
             m_new = xp.maximum(m, row_max(s))
             m_safe = xp.where(xp.isfinite(m_new), m_new, 0)   # all −inf so far: shift by 0
             s -= m_safe
@@ -130,6 +135,7 @@ def flash_attention_arrays(q, k, v, *, causal=False, scale=None, key_mask=None, 
             acc *= alpha
             acc += grouped_values(p, v[bs, hs, k0:k1])        # + P V_j
             m = m_new
+        # O = acc / l and lse = m + log l; a row that saw no key (l = 0) gets 0 and −inf, not NaN.
         seen = l > 0
         out[bs, hq, q0:q1] = acc / xp.where(seen, l, 1)
         lse[bs, hq, q0:q1] = xp.where(seen, m + xp.log(xp.where(seen, l, 1)), -xp.inf)[..., 0]
@@ -165,6 +171,9 @@ def flash_backward_arrays(q, k, v, o, lse, do, *, causal=False, scale=None, key_
             kend = _key_end(q1, nk, offset, causal)
             for k0 in range(0, kend, block_k):
                 k1 = min(k0 + block_k, kend)
+                # Rebuild the tile's P = exp(S − lse) (masked entries −inf → 0), then
+                # the five equations of attention_backward; a key tile's dK, dV add up
+                # over every query block.
                 kj, vj = k[bs, hs, k0:k1], v[bs, hs, k0:k1]
                 s = grouped_scores(qs, kj)                               # (1, G, bq, bk)
                 mask = _tile_mask(xp, q0, q1, k0, k1, offset, causal, key_mask, bs)
@@ -194,6 +203,7 @@ class FlashAttentionFunction(Function):
                            block_k=block_k)
         return o
 
+    # Backward recomputes P tile by tile from the saved lse, with the gradient in q's dtype.
     @staticmethod
     def backward(ctx, grad):
         q, k, v, o, lse = ctx.saved_tensors
@@ -225,6 +235,8 @@ def flash_attention(q, k, v, causal: bool = False, scale: float = None, key_mask
                              f"{tuple(getattr(km, 'shape', ()))}")
         key_mask = to_device_of(km, q.data)
     scale = check_scale(fn, scale, d)
+    # On a GPU with float32/float16 data the CUDA kernel takes the call; otherwise the CPU
+    # tiles run, half precision widened to float32 so the running sums keep their accuracy.
     if dispatch.choose_kernel(fn, q.data, k.data, v.data, key_mask=key_mask):
         return dispatch.FlashKernelFunction.apply(q, k, v, causal=causal, scale=scale,
                                                   key_mask=key_mask)

@@ -21,6 +21,8 @@ from . import reduce as R
 __all__ = ["cross_entropy", "mse_loss"]
 
 
+# Cross-entropy as one node on (R, C) rows: log-softmax, the smoothed negative
+# log-likelihood, then the reduction.
 class CrossEntropy(Function):
     @staticmethod
     def forward(ctx, logits, target, ignore_index, label_smoothing, reduction):
@@ -28,8 +30,12 @@ class CrossEntropy(Function):
         c = logits.shape[-1]
         z = logits.reshape(-1, c)                                   # (R, C)
         t = target.reshape(-1)                                      # (R,)
+        # Rows whose target is ignore_index count nowhere; their target becomes 0 only so the
+        # gather below stays in range.
         valid = t != ignore_index
         safe_t = xp.where(valid, t, 0)
+        # log p = z − m − log Σ exp(z − m) with the row max m (no overflow), then
+        # loss_r = (1 − ε)(−log p_t) + ε(−mean_c log p_c).
         m = z.max(axis=-1, keepdims=True)
         logp = z - m - xp.log(xp.exp(z - m).sum(axis=-1, keepdims=True))   # log softmax
         nll = -xp.take_along_axis(logp, safe_t[:, None], axis=-1)[:, 0]
@@ -39,6 +45,7 @@ class CrossEntropy(Function):
         count = int(valid.sum())
         ctx.save_for_backward(logp, safe_t, valid)
         ctx.meta = (eps, reduction, count, logits.shape, target.shape)
+        # "mean" divides by the rows kept (NaN when none are, as PyTorch).
         if reduction == "none":
             return per_row.reshape(target.shape).astype(logits.dtype, copy=False)
         total = per_row.sum()
@@ -80,6 +87,7 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    # target: integer classes, logits' shape without the class axis.
     t = target.data if isinstance(target, Tensor) else target
     xp = get_array_module(t)
     t = xp.asarray(t)
@@ -88,6 +96,7 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
     if tuple(t.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"target shape {tuple(t.shape)} must equal logits shape without its "
                          f"class axis, {tuple(logits.shape[:-1])}")
+    # Every kept class must lie in [0, C): a negative index would otherwise wrap around silently.
     c = logits.shape[-1]
     kept = t[t != ignore_index]
     if kept.size and (int(kept.min()) < 0 or int(kept.max()) >= c):
