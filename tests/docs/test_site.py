@@ -683,3 +683,34 @@ def test_a_notebook_that_fails_fails_the_build(tmp_path, notebook_cache):
         site_build.build_site(str(tmp_path / "out"), root=str(root), quick=True, proofs=False,
                               cache_dir=str(notebook_cache), log=lambda *_: None)
     assert "01_broken" in str(info.value) and "arithmetic" in str(info.value)
+
+
+# ---- a formula once, as written -----------------------------------------------------------
+
+def test_mathrel_plus_equals_renders_as_the_one_operator_written():
+    out = Renderer("p")(r"$$\frac{\partial L}{\partial x} \mathrel{+}= g$$")
+    assert "<mo>&#x0002B;&#x0003D;</mo>" in out             # one operator: "+="
+    assert "<mo><mrow>" not in out                           # no operator inside an operator
+
+
+def test_a_unicode_formula_right_above_its_rendered_twin_is_left_to_help():
+    from minitx.site.render import docstring_markdown
+    doc = ("Its Jacobian is\n\n    J = diag(s) − s sᵀ\n\n$$\nJ = \\operatorname{diag}(s) - s "
+           "s^\\top\n$$\n\nso backward never builds it:\n\n    dx = s ⊙ (g − Σ g s)\n\nEnd.")
+    r = Renderer("p")
+    out = r(docstring_markdown(doc))
+    assert "J = diag(s)" not in out and r.formulas == 1      # the twin: rendered only
+    assert "<pre><code>dx = s ⊙ (g − Σ g s)" in out          # no formula below: it stays
+
+
+def test_the_first_code_page_shows_attention_rendered_and_once(site):
+    def notes(path, anchor):
+        text = _read(os.path.join(site, site_build.page_url(path)))
+        sec = re.search(rf'<section class="sec" id="{re.escape(anchor)}">.*?</section>', text,
+                        re.S).group(0)
+        return re.sub(r'data-src="[^"]*"', "", sec.split('<div class="code"')[0])
+    first = notes("minitx/attention/classic.py", "simple_attention")
+    assert "<msqrt>" in first and "<mfrac>" in first and "softmax" in first
+    assert "softmax(Q Kᵀ / √d_k + M) V" not in first          # the Unicode twin: help() only
+    sdpa = notes("minitx/ops/sdpa.py", "module")
+    assert "S = Q Kᵀ · scale + M" not in sdpa and "<msqrt>" in sdpa
