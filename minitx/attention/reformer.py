@@ -73,6 +73,7 @@ def lsh_attention(q, v, rotations, chunk: int, causal: bool = False, chunk_hook=
     """
     xp = get_array_module(q.data)
     bsz, h, n, d = q.shape
+    # Pad N up to nc chunks of c; the keys are the unit-length queries (shared QK).
     c = min(chunk, n)
     nc = -(-n // c)
     padded = nc * c
@@ -82,6 +83,8 @@ def lsh_attention(q, v, rotations, chunk: int, causal: bool = False, chunk_hook=
 
     outs, lses, chunks = [], [], []
     for r in range(rotations.shape[0]):
+        # Step 1: bucket every position and sort stably by (bucket, position); padding slots go
+        # last, with positions past N and bucket −1, so no real query matches them.
         bucket = lsh_hash(q.data, rotations[r])                     # (B, H, N)
         order = xp.argsort(bucket * n + xp.arange(n), axis=-1, kind="stable")   # (B, H, N)
         pad = xp.zeros((bsz, h, padded - n), dtype=order.dtype)
@@ -91,6 +94,8 @@ def lsh_attention(q, v, rotations, chunk: int, causal: bool = False, chunk_hook=
         bkt = xp.where(real, xp.take_along_axis(
             bucket, xp.minimum(sorted_pos, n - 1), axis=-1), -1)    # (B, H, P)
 
+        # Step 2: gather q, keys and values in sorted order and cut them into chunks of c; a
+        # chunk's keys are its own and the previous chunk's (2c).
         sq = F.reshape(_gather_rows(q, sorted_pos), (bsz, h, nc, c, d))
         sk = F.reshape(_gather_rows(keys, sorted_pos), (bsz, h, nc, c, d))
         sv = F.reshape(_gather_rows(v, sorted_pos), (bsz, h, nc, c, v.shape[-1]))
@@ -107,6 +112,7 @@ def lsh_attention(q, v, rotations, chunk: int, causal: bool = False, chunk_hook=
             kpos, kbkt, krank = pos_c, bkt_c, rank
         # (B, H, nc, c, D) @ (B, H, nc, D, c') -> (B, H, nc, c, c')
         s = F.matmul(sq, F.swapaxes(sk, -1, -2)) * scale
+        # Allowed: same bucket and a real key; causal adds j ≤ i and at most c sorted steps back.
         qpos, qbkt = pos_c[..., :, None], bkt_c[..., :, None]
         allowed = (kbkt[..., None, :] == qbkt) & (kpos[..., None, :] < n)
         if causal:
@@ -114,6 +120,7 @@ def lsh_attention(q, v, rotations, chunk: int, causal: bool = False, chunk_hook=
             back = qrank - krank[:, None, :]                        # sorted steps back
             allowed = allowed & (kpos[..., None, :] <= qpos) & (back >= 0) & (back <= c)
         allowed = allowed | (qpos >= n)         # padding rows (dropped later): keep finite
+        # Step 3: a position scores itself −10⁵: attended only when nothing else is allowed.
         is_self = kpos[..., None, :] == qpos
         s = F.masked_fill(s, is_self & allowed, SELF_SCORE)
         s = F.masked_fill(s, ~allowed, -math.inf)
@@ -130,6 +137,8 @@ def lsh_attention(q, v, rotations, chunk: int, causal: bool = False, chunk_hook=
         lses.append(lse)
     if chunks:
         chunk_hook(F.stack(chunks, axis=2))                 # read-only: (B, H, R, nc, c, c')
+    # Several rounds: weight each round's output by the softmax over rounds of its lse, i.e.
+    # by its share of the total probability mass.
     if len(outs) == 1:
         return outs[0]
     weights = F.softmax(F.stack(lses, axis=-1), axis=-1)                    # (B, H, N, rounds)
@@ -182,6 +191,7 @@ class ReformerAttention(AttentionBase):
         self.hook_buckets = HookPoint()     # (B, H, rounds, N) int bucket of each position
         self.hook_sort_order = HookPoint()  # (B, H, rounds, N) positions sorted by bucket
         self.hook_chunk_pattern = HookPoint()   # (B, H, rounds, ⌈N/c⌉, c, c or 2c) per-chunk
+        # n_buckets even (argmax over [xR; −xR] gives twice R's columns as buckets), or 1.
         n_buckets = validate.positive_int(n_buckets, "n_buckets", owner="reformer")
         if n_buckets > 1 and n_buckets % 2:
             raise validate.OptionError(f"reformer: n_buckets must be 1 or a positive even int, "
@@ -191,6 +201,7 @@ class ReformerAttention(AttentionBase):
         self.chunk_size = validate.positive_int(chunk_size, "chunk_size", owner="reformer")
         self.register_buffer("rotations", Tensor(self._draw()))
 
+    # R: one random Gaussian (D, n_buckets/2) matrix per round, a buffer (not learned).
     def _draw(self):
         shape = (self.n_hashes, self.head_dim, self.n_buckets // 2 if self.n_buckets > 1 else 0)
         return active_xp().asarray(rng().standard_normal(shape))

@@ -24,6 +24,8 @@ from .transformer import (BLOCK_HOOK_RENAMES, TransformerDecoder, TransformerDec
 __all__ = ["Transformer"]
 
 
+# The whole model: two embeddings, the encoder and decoder stacks and the generator head,
+# batch-first throughout.
 class Transformer(Module, AttentionMaps, HookedModel):
     """The encoder–decoder of "Attention Is All You Need" for sequence-to-sequence tasks.
 
@@ -46,6 +48,8 @@ class Transformer(Module, AttentionMaps, HookedModel):
                  norm_first: bool = False, pad_idx: int = None, attention: str = None,
                  attention_options: dict = None):
         super().__init__()
+        # Embeddings are scaled by √d_model and start at N(0, 1/d), so E·√d matches the O(1)
+        # entries of the sinusoidal code; the pad rows start at zero.
         self.d_model, self.pad_idx = d_model, pad_idx
         self.src_embed = Embedding(src_vocab_size, d_model, padding_idx=pad_idx)
         self.tgt_embed = Embedding(tgt_vocab_size, d_model, padding_idx=pad_idx)
@@ -53,6 +57,8 @@ class Transformer(Module, AttentionMaps, HookedModel):
             init.normal_(emb.weight, 0.0, d_model ** -0.5)
             if pad_idx is not None:
                 emb.weight.data[pad_idx] = 0
+        # Both stacks share the layer options and end with a LayerNorm (as PyTorch's
+        # nn.Transformer); the generator maps E to target-vocabulary logits.
         self.pos = SinusoidalPositionalEncoding(d_model, dropout=dropout)
         common = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
                       batch_first=True, norm_first=norm_first)
@@ -65,6 +71,7 @@ class Transformer(Module, AttentionMaps, HookedModel):
             norm=LayerNorm(d_model))
         self.generator = Linear(d_model, tgt_vocab_size)
 
+    # Padding masks: the one given, else tokens == pad_idx (True = pad, PyTorch's polarity).
     def _padding(self, tokens, mask):
         if mask is not None or self.pad_idx is None:
             return mask
@@ -116,6 +123,8 @@ class Transformer(Module, AttentionMaps, HookedModel):
             # each layer's own cache: keys and values, or a variant's latent or state
             caches = [getattr(layer.self_attn, "new_cache", KVCache)()
                       for layer in self.decoder.layers] if use_cache else None
+            # Each step appends the argmax token; with caches only the newest token is fed (earlier
+            # keys and values are read from the caches). Stop once every row has produced eos.
             for _ in range(max_len - 1):
                 if use_cache:
                     logits = self.decode(ys[:, -1:], memory, pad, kv_caches=caches)

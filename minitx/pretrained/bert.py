@@ -69,6 +69,8 @@ class BertConfig:
     num_hidden_layers: int = 12
     num_attention_heads: int = 12
     intermediate_size: int = 3072
+    # "gelu" is the exact GELU; BERT's LayerNorm epsilon 1e-12 is far below the usual 1e-5 and
+    # must be copied for outputs to match.
     hidden_act: str = "gelu"
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
@@ -118,6 +120,8 @@ class BertEmbeddings(Module):
         if n > self.position_embeddings.num_embeddings:
             raise ValueError(f"BertModel: {n} tokens exceed max_position_embeddings="
                              f"{self.position_embeddings.num_embeddings}")
+        # h₀ = W_word[t] + W_pos[p] + W_type[s] with positions p = 0 … N − 1 and segment ids s
+        # (default 0), then LayerNorm and dropout.
         positions = xp.arange(n)                                       # (N,)
         if token_type_ids is None:
             token_type_ids = xp.zeros((b, n), dtype=np.int64)
@@ -167,6 +171,8 @@ class BertModel(Module, AttentionMaps, HookedModel):
         super().__init__()
         c = self.config = config
         self.embeddings = BertEmbeddings(c)
+        # BERT is post-norm (norm_first=False): x = LN(x + sublayer(x)); the stack deep-copies this
+        # layer; attention-probability dropout has its own rate.
         layer = TransformerEncoderLayer(
             c.hidden_size, c.num_attention_heads, c.intermediate_size,
             dropout=c.hidden_dropout_prob, activation=activation(c.hidden_act, "BertModel"),
@@ -178,6 +184,8 @@ class BertModel(Module, AttentionMaps, HookedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None,
                 inputs_embeds=None):
         xp = device_xp(self)
+        # Inputs: token ids (moved to the model's device once) or embeddings given directly
+        # (inputs_embeds), and optional segment ids of the same (B, N).
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("BertModel: pass exactly one of input_ids and inputs_embeds")
         if input_ids is not None:
@@ -190,6 +198,8 @@ class BertModel(Module, AttentionMaps, HookedModel):
             if tuple(token_type_ids.shape) != tuple(shape):
                 raise ValueError(f"token_type_ids must have shape {tuple(shape)}, got "
                                  f"{tuple(token_type_ids.shape)}")
+        # attention_mask (1 = token) becomes PyTorch's key padding mask (True = pad): padding keys
+        # get probability 0.
         pad = padding_mask(attention_mask, shape, xp)                  # (B, N), True = pad
         h = self.embeddings(input_ids, token_type_ids, inputs_embeds)  # (B, N, E)
         return self.encoder(h, src_key_padding_mask=pad)               # (B, N, E)
@@ -225,6 +235,7 @@ _LAYER_KEYS = {
     "output.dense": "linear2",
     "output.LayerNorm": "norm2",
 }
+# Embeddings and pooler keep their names, except LayerNorm → norm.
 _EMBEDDING_KEYS = {
     "embeddings.word_embeddings.weight": "embeddings.word_embeddings.weight",
     "embeddings.position_embeddings.weight": "embeddings.position_embeddings.weight",
@@ -258,11 +269,14 @@ def bert_state_from_hf(tensors: dict, source: str = "checkpoint") -> dict:
         k = _clean_key(key)
         if k is not None:
             hf[k] = value
+    # Embedding and pooler keys map one to one.
     state, qkv, unknown = {}, {}, []
     for key, value in hf.items():
         if key in _EMBEDDING_KEYS:
             state[_EMBEDDING_KEYS[key]] = value
             continue
+        # Layer keys encoder.layer.{i}.<inner>.<leaf>: dense and LayerNorm through _LAYER_KEYS;
+        # query, key and value are collected to be packed below; anything else is an error.
         parts = key.split(".")
         if len(parts) >= 5 and parts[:2] == ["encoder", "layer"] and parts[2].isdigit():
             i, inner, leaf = parts[2], ".".join(parts[3:-1]), parts[-1]
@@ -275,6 +289,7 @@ def bert_state_from_hf(tensors: dict, source: str = "checkpoint") -> dict:
         unknown.append(key)
     if unknown:
         raise ValueError(f"{source}: unexpected BERT checkpoint key(s): {', '.join(unknown)}")
+    # Each layer needs all three of query, key and value, for the weight and the bias.
     for i in sorted({i for i, _, _ in qkv}, key=int):
         for leaf, name in (("weight", "in_proj_weight"), ("bias", "in_proj_bias")):
             parts = [qkv.get((i, p, leaf)) for p in _QKV]
@@ -299,6 +314,8 @@ def bert_state_to_hf(state: dict) -> dict:
         if key in to_hf:
             out[to_hf[key]] = value
             continue
+        # Layer keys: dense and LayerNorm names mapped back; the packed in-projection split into
+        # three equal row blocks (query, key, value).
         parts = key.split(".")                    # encoder.layers.{i}.<inner>.<leaf>
         i, inner, leaf = parts[2], ".".join(parts[3:-1]), parts[-1]
         prefix = f"encoder.layer.{i}."
