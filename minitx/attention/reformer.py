@@ -137,8 +137,8 @@ def lsh_attention(q, v, rotations, chunk: int, causal: bool = False, chunk_hook=
         lses.append(lse)
     if chunks:
         chunk_hook(F.stack(chunks, axis=2))                 # read-only: (B, H, R, nc, c, c')
-    # Several rounds: weight each round's output by the softmax over rounds of its lse, i.e.
-    # by its share of the total probability mass.
+    # Several rounds: weight each round's output by the softmax over rounds of its lse,
+    # exp(lse_r) / Σ_r' exp(lse_r'): its share of the rounds' total unnormalised mass.
     if len(outs) == 1:
         return outs[0]
     weights = F.softmax(F.stack(lses, axis=-1), axis=-1)                    # (B, H, N, rounds)
