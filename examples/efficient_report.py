@@ -1,4 +1,4 @@
-"""Efficient attention, measured: cost versus N, approximation quality, and decoding with MHA/GQA/MQA.
+"""Efficient attention, measured: cost versus N, approximation quality, and what decoding keeps.
 
     python examples/efficient_report.py
     python examples/efficient_report.py --quick
@@ -7,16 +7,18 @@ Three tables:
 
 1. forward time and traced peak memory versus sequence length N (B = 1) for exact, masked
    and approximate variants (plots when matplotlib is installed);
-2. approximation quality of the *approximate* variants (Performer, Linformer, Reformer,
-   Routing) at growing budgets: ‖A − A*‖_F / ‖A*‖_F and ‖O − O*‖_F / ‖O*‖_F, where A is the
+2. approximation quality of the *approximate* variants (Performer, Linformer, Nyström,
+   Reformer, Routing) at growing budgets: ‖A − A*‖_F / ‖A*‖_F and ‖O − O*‖_F / ‖O*‖_F, where A is the
    attention matrix a variant implies, read off by attending with V = I (A·I = A). This is
    ``minitx.metrics`` — the measurement of benchmarks/approx_quality.py, same regime (q, k
    entries N(0, 0.5²); Reformer against its shared-QK reference; Linformer with pooling
    projections on smooth keys/values), so at N = 128 the two print the same numbers. Masked
    (sparse) variants are not approximations: one line shows they are exact under their own
    pattern, and how far that pattern is from full attention;
-3. decoding: KV-cache bytes and time per generated token for MHA, GQA and MQA (same query
-   heads; fewer key/value heads shrink the cache by H / Hkv).
+3. decoding: the bytes each layer's cache holds after a prompt, and the time per generated
+   token, through each variant's own cache: MHA, GQA and MQA (fewer key/value heads shrink the
+   cache by H / Hkv), multi-head latent attention (one latent and one RoPE key a token),
+   attention sinks (a bounded window) and the recurrent forms (one state, whatever the length).
 
 Ends with ``RESULT {json}``.
 """
@@ -30,10 +32,10 @@ import time
 import minitx  # before NumPy: it shortens OpenBLAS's idle spinning (minitx/fast/host.py)
 import numpy as np
 
-from minitx.attention import REGISTRY, split_heads
+from minitx.attention import REGISTRY
 from minitx.cli import add_common_args, bench_rows, bench_table, result_line, setup_run
 from minitx.metrics import masked_distances, quality_table
-from minitx.tour import fmt_bytes
+from minitx.tour import cached_numbers, fmt_bytes
 from minitx.viz import line_plot
 
 COST_VARIANTS = "mha,flash,local,bigbird,linformer,performer,linear,reformer"
@@ -81,36 +83,33 @@ def masked_table(n, d=16, std=0.5):
     return rows
 
 
+DECODE_VARIANTS = ("mha", "gqa", "mqa", "mla", "sink", "retention", "deltanet", "ssd")
+
+
 def decoding_table(context, embed, heads, reps=32, seed=0):
-    """Per variant: Hkv, cache bytes at ``context`` tokens, ms per generated token."""
+    """Per variant: key/value heads, the bytes its cache holds after ``context`` tokens (read
+    off the cache: keys and values, a latent, a window, a state), and ms per generated token.
+
+    Each layer decodes through its own ``new_cache()`` as GPT does: one forward over the prompt,
+    then one token at a time."""
     rows = []
     gen = np.random.default_rng(seed)
-    d = embed // heads
-    xp = minitx.backend.xp()
-    for name, hkv in (("mha", heads), ("gqa", max(1, heads // 4)), ("mqa", 1)):
-        kw = {} if name == "mha" else {"num_kv_heads": hkv}
-        layer = REGISTRY[name](embed, heads, **kw)
-        layer.eval()
-        hkv = layer.num_kv_heads
-        kc = xp.asarray(gen.standard_normal((1, hkv, context + reps, d)), dtype="float32")
-        vc = xp.asarray(gen.standard_normal((1, hkv, context + reps, d)), dtype="float32")
-        x = minitx.tensor(gen.standard_normal((1, 1, embed)), dtype="float32")
-        times = []
+    prompt = minitx.tensor(gen.standard_normal((1, context, embed)), dtype="float32")
+    steps = minitx.tensor(gen.standard_normal((1, reps, embed)), dtype="float32")
+    for name in DECODE_VARIANTS:
+        kw = {"num_kv_heads": max(1, heads // 4)} if name == "gqa" else {}
+        layer = REGISTRY[name](embed, heads, causal=True, **kw).eval()
+        cache, times = layer.new_cache(), []
         with minitx.no_grad():
-            for step in range(reps):
+            layer(prompt, kv_cache=cache)                     # the prompt, at once
+            held = cached_numbers(cache) * 4                  # float32 bytes, one layer
+            for step in range(reps):                          # then one token at a time
                 t0 = time.perf_counter()
-                qn = split_heads(layer.q_proj(x), heads)
-                kn = split_heads(layer.k_proj(x), hkv).data
-                vn = split_heads(layer.v_proj(x), hkv).data
-                t = context + step
-                kc[:, :, t:t + 1] = kn                       # append to the cache
-                vc[:, :, t:t + 1] = vn
-                o = layer.attend(qn, minitx.tensor(kc[:, :, :t + 1]),
-                                 minitx.tensor(vc[:, :, :t + 1]))
-                layer.out_proj(o.transpose(0, 2, 1, 3).reshape(1, 1, embed))
+                layer(steps[:, step:step + 1], kv_cache=cache)
                 times.append(time.perf_counter() - t0)
-        cache_bytes = 2 * hkv * context * d * 4          # K and V, float32, one layer
-        rows.append({"variant": name, "kv_heads": hkv, "cache_bytes": cache_bytes,
+        keeps_kv = type(cache).__name__ == "KVCache"          # keys and values, by head
+        rows.append({"variant": name, "kv_heads": layer.num_kv_heads if keeps_kv else None,
+                     "cache_bytes": held,
                      "ms_per_token": 1e3 * float(np.median(times))})
     return rows
 
@@ -162,13 +161,15 @@ def main(argv=None):
         print(f"    {r['variant']:<8} {r['option']:<22} vs own-mask attention "
               f"{r['own_pattern_error']:.1e}, vs full {r['full_error']:.3f}")
 
-    print(f"\n3. decoding one token with a {args.decode_context}-token KV cache "
-          f"(E = {args.decode_embed}, H = {args.decode_heads}, one layer, float32)")
+    print(f"\n3. decoding one token after a {args.decode_context}-token prompt, through each "
+          "variant's own cache\n"
+          f"   (E = {args.decode_embed}, H = {args.decode_heads}, one layer, float32)")
     dec = decoding_table(args.decode_context, args.decode_embed, args.decode_heads)
     base = dec[0]["cache_bytes"]
-    print(f"  {'variant':<8} {'KV heads':>8} {'cache':>12} {'vs MHA':>7} {'ms/token':>9}")
+    print(f"  {'variant':<10} {'KV heads':>8} {'cache':>12} {'vs MHA':>7} {'ms/token':>9}")
     for r in dec:
-        print(f"  {r['variant']:<8} {r['kv_heads']:>8} {fmt_bytes(r['cache_bytes']):>12} "
+        heads = "-" if r["kv_heads"] is None else r["kv_heads"]
+        print(f"  {r['variant']:<10} {heads:>8} {fmt_bytes(r['cache_bytes']):>12} "
               f"{r['cache_bytes'] / base:>7.2f} {r['ms_per_token']:>9.3f}")
     result_line({"cost": [{k: r[k] for k in ("variant", "n", "time_s", "peak_bytes")}
                           for r in rows],

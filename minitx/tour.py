@@ -368,7 +368,7 @@ CACHE_VARIANTS = (("mha", {}), ("gqa", {"num_kv_heads": 2}), ("mqa", {}), ("mla"
                   ("sink", {}), ("retention", {}), ("deltanet", {}), ("ssd", {}))
 
 
-def _cached_numbers(cache) -> int:
+def cached_numbers(cache) -> int:
     """How many numbers a decode cache holds now, read off the cache itself."""
     if hasattr(cache, "latent"):                       # MLA: the latent and the RoPE key
         parts = (cache.latent, cache.rope_keys)
@@ -400,7 +400,7 @@ def cache_section(embed: int = 64, heads: int = 8, lengths=(32, 96)) -> list:
                 for n in lengths:                      # a prefill, then the rest in one step
                     layer(x[:, seen:n], kv_cache=cache)
                     seen = n
-                    counts.append(_cached_numbers(cache))
+                    counts.append(cached_numbers(cache))
             grows = counts[-1] - counts[0]
             per = (f"{grows // (lengths[-1] - lengths[0])}" if grows else "0 (bounded)")
             lines.append(f"   {name:<10} " + " ".join(f"{c:>10,}" for c in counts)
