@@ -33,6 +33,8 @@ from ..nn import init
 from ..nn.hooks import HookPoint
 from ..nn.layers import RMSNorm
 from ..nn.module import Parameter
+# Each of the two maps is ordinary softmax attention, so the scores and the attention op are
+# reused from ``ops``; only the weighted difference P₁ − λP₂ is new here.
 from ..ops.activation import softmax
 from ..ops.linalg import matmul
 from ..ops.sdpa import attention_scores, scaled_dot_product_attention
@@ -103,6 +105,8 @@ class DifferentialAttention(AttentionBase):
                  layer_index: int = 0, lambda_init: float = None, eps: float = 1e-5):
         super().__init__(embed_dim, num_heads, causal=causal, num_kv_heads=num_kv_heads,
                          bias=bias)
+        # Each head splits into two query/key halves of width d = D/2, so D must be even; λ_init
+        # follows the depth unless a number is given.
         who = "diff"
         if self.head_dim % 2:
             raise validate.OptionError(f"{who}: the head dim embed_dim/num_heads must be even "

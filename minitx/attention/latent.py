@@ -49,6 +49,8 @@ from ..ops.linalg import einsum
 from ..ops.shape import broadcast_to, concatenate, expand_dims, reshape
 from .base import (AttentionBase, check_heads, hookable_attention, hooked_heads, merge_heads,
                    register, repeat_kv, split_heads)
+# MLA's cache keeps its latents in a KVCache's buffers (see LatentCache), and its decoupled
+# key part is rotated with the same RoPE as the ``rope`` variant.
 from .kv_cache import KVCache
 from .positions import apply_rope
 
@@ -174,6 +176,8 @@ class MultiHeadLatentAttention(AttentionBase):
                  base: float = 10000.0, absorbed: bool = False):
         super().__init__(embed_dim, num_heads, causal=causal, num_kv_heads=num_kv_heads,
                          bias=bias)
+        # Ranks default to the paper's ratios (d_c = 4·D, d'_c = 3·d_c); RoPE rotates pairs of
+        # coordinates, so d_R must be even.
         who, d = "mla", self.head_dim
         self.kv_rank = validate.positive_int(4 * d if kv_rank is None else kv_rank, "kv_rank",
                                              owner=who)
@@ -336,6 +340,7 @@ class MultiHeadLatentAttention(AttentionBase):
                     [layer(x[:, t:t + 1], kv_cache=cache) for t in range(4, 9)]
                 decoded[form] = host_xp.concatenate([to_host(s.data) for s in steps], axis=1)
             layer.absorbed = False
+        # What ``mha`` caches per token, to compare: keys and values, H heads of D = E/H each.
         mha = 2 * h * (e // h)
         return [("absorbed form − naive form, max |Δ| (float64)",
                  float(abs(absorbed - naive).max()), 1e-12),

@@ -44,6 +44,8 @@ from ..nn.hooks import HookPoint
 from ..nn.module import Parameter
 from ..ops.indexing import getitem
 from ..ops.linalg import einsum
+# The variants below subclass the exact layer and change only the scores (a bias, or rotated
+# q and k); the softmax, the weighted sum of values and the heads are inherited.
 from .base import causal_pattern, hooked_heads, register, repeat_kv_array, softmax_rows_array
 from .exact import ExactSelfAttention
 
@@ -112,6 +114,8 @@ class RelativePositionAttention(ExactSelfAttention):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
         self.max_relative_position = validate.nonnegative_int(
             max_relative_position, "max_relative_position", owner="relative")
+        # One learned D-vector per clipped distance −k..k (2k + 1 rows), for keys and for values,
+        # shared by all heads; small random init so positions differ from the first step.
         r = 2 * max_relative_position + 1
         self.rel_k = Parameter(active_xp().zeros((r, self.head_dim), dtype="float32"))
         self.rel_v = Parameter(active_xp().zeros((r, self.head_dim), dtype="float32"))
@@ -260,6 +264,8 @@ class RoPEAttention(ExactSelfAttention):
         self.hook_rot_q = HookPoint()        # (B, Nq, H, D)   R_m q at query positions m
         self.hook_rot_k = HookPoint()        # (B, Nk, Hkv, D) R_n k at key positions n
 
+    # Rotate each query at its bottom-right aligned position m and each key at n = 0..Nk−1:
+    # ⟨R_m q, R_n k⟩ then depends only on n − m.
     def transform_qk(self, q, k):
         nq, nk = q.shape[2], k.shape[2]
         xp = get_array_module(q.data)

@@ -35,6 +35,8 @@ __all__ = ["SYNTHESES", "SynthesizerAttention"]
 SYNTHESES = ("dense", "random", "factorized", "mixture")
 
 
+# Gaussian tables drawn from the library's seeded generator, then moved to the active array
+# module: the same initial weights on CPU and GPU.
 def _normal(shape, std):
     return active_xp().asarray(rng().standard_normal(shape) * std).astype("float32")
 
@@ -96,24 +98,31 @@ class SynthesizerAttention(AttentionBase):
         self.hook_attn_scores = HookPoint()
         self.hook_pattern = HookPoint()
         self.synthesis = synthesis
+        # Then the tables each synthesis needs, per head (h heads, head dim d, L = max_len).
         self.max_len = validate.positive_int(max_len, "max_len", owner="synthesizer")
         self.rank = validate.positive_int(rank, "rank", owner="synthesizer")
         self.trainable = validate.boolean(trainable, "trainable", owner="synthesizer")
         h, d = num_heads, self.head_dim
+        # dense: a two-layer MLP per head maps a query (D) to a row of L logits; std 1/√d keeps the
+        # logits O(1) at the start.
         if synthesis in ("dense", "mixture"):
             self.w1 = Parameter(_normal((h, d, d), 1 / math.sqrt(d)))
             self.b1 = Parameter(active_xp().zeros((h, 1, d), dtype="float32"))
             self.w2 = Parameter(_normal((h, d, max_len), 1 / math.sqrt(d)))
             self.b2 = Parameter(active_xp().zeros((h, 1, max_len), dtype="float32"))
+        # random: one (L, L) table of logits per head, shared by every input; a buffer (no gradient)
+        # when not trainable.
         if synthesis == "random":
             table = _normal((h, max_len, max_len), 1.0)
             if trainable:
                 self.R = Parameter(table)
             else:
                 self.register_buffer("R", Tensor(table))
+        # factorized: the (L, L) table as R₁ R₂ᵀ of rank k, 2·L·k numbers per head instead of L².
         if synthesis == "factorized":
             self.R1 = Parameter(_normal((h, max_len, rank), rank ** -0.5))
             self.R2 = Parameter(_normal((h, max_len, rank), rank ** -0.5))
+        # mixture: two mixing logits a, zero so that α = softmax(a) = (½, ½) at the start.
         if synthesis == "mixture":
             self.mix = Parameter(active_xp().zeros(2, dtype="float32"))
 
@@ -166,6 +175,7 @@ class SynthesizerAttention(AttentionBase):
         v = repeat_kv_array(v, q.shape[1])
         n = q.shape[2]
         par = {name: p.data.astype(q.dtype) for name, p in self.named_parameters(recurse=False)}
+        # Raw arrays of q's dtype; each branch writes S with einsum, as in the docstring's formula.
         if self.synthesis in ("dense", "mixture"):
             hidden = xp.maximum(xp.einsum("bhid,hde->bhie", q, par["w1"]) + par["b1"], 0)
             s = (xp.einsum("bhie,hel->bhil", hidden, par["w2"]) + par["b2"])[..., :n]
@@ -178,5 +188,6 @@ class SynthesizerAttention(AttentionBase):
             s = table.astype(q.dtype)[None, :, :n, :n]
         else:
             s = xp.einsum("hik,hjk->hij", par["R1"][:, :n], par["R2"][:, :n])[None]
+        # Causal keeps j ≤ i (lower triangle); then a row softmax and the weighted sum of values.
         allowed = xp.tri(n, dtype=bool) if self.causal else None
         return softmax_rows_array(s, allowed) @ v
