@@ -72,6 +72,7 @@ from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of
 from . import dispatch
 from ._util import unbroadcast
+# The differentiable ops the composed form (scores → softmax → dropout → P V) is built from.
 from .activation import softmax, softmax_array
 from .dropout import dropout, dropout_mask
 from .elementwise import astype
@@ -79,6 +80,8 @@ from .indexing import masked_fill
 from .linalg import matmul
 from .shape import broadcast_to, reshape
 
+# The grouped_* helpers, mask_scores and attention_backward are public: the tiled flash,
+# the sparse kernel and the fast twin reuse them instead of restating the maths.
 __all__ = ["scaled_dot_product_attention", "attention_weights", "attention_scores",
            "why_not_flash", "split_heads", "merge_heads", "repeat_kv", "check_heads",
            "mask_scores", "attention_forward", "attention_backward", "grouped_scores",
@@ -123,6 +126,7 @@ def check_heads(q, k, v, name: str = "attend"):
     for arg, t in (("query", q), ("key", k), ("value", v)):
         if len(t.shape) != 4:
             raise ValueError(f"{name}: {arg} must be 4-d (B, H, N, D), got shape {_shape(t)}")
+    # Batch sizes equal, D shared by q and k, k and v of one head count and length, Hkv | H.
     b, h, nq, d = q.shape
     bk, hk, nk, dk = k.shape
     bv, hv, nv, _ = v.shape
@@ -275,6 +279,8 @@ class AttentionScoresFunction(Function):
         ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
         return s
 
+    # Backward: a masked score was the constant −inf, so it passes no gradient; then
+    # equations (4) and (5).
     @staticmethod
     def backward(ctx, grad):
         qs, k, visible = ctx.saved_tensors
@@ -306,6 +312,8 @@ def _check_qkv(fn, query, key, value, enable_gqa):
         if len(t.shape) < 2:
             raise ValueError(f"{fn}: {arg} must have at least 2 dims (…, N, D), got shape "
                              f"{_shape(t)}")
+    # Shapes fit together: one rank for all three, q and k share D, k and v share all but
+    # the last dim, equal batch dims.
     nd = len(query.shape)
     if len(key.shape) != nd or len(value.shape) != nd:
         raise ValueError(f"{fn}: query, key and value must have the same number of dims, got "
@@ -319,6 +327,7 @@ def _check_qkv(fn, query, key, value, enable_gqa):
     if query.shape[:-3] != key.shape[:-3]:
         raise ValueError(f"{fn}: batch dims differ: query {_shape(query)[:-3]}, key "
                          f"{_shape(key)[:-3]}")
+    # Heads: equal counts, or (enable_gqa) Hkv dividing H; the leading dims fold into one B.
     h = query.shape[-3] if nd >= 3 else 1
     hkv = key.shape[-3] if nd >= 3 else 1
     if h != hkv and not (enable_gqa and h % hkv == 0):
@@ -340,11 +349,15 @@ def _mask_to_4d(fn, mask, lead, h, nq, nk):
     data = mask.data if is_t else mask
     target = tuple(lead) + (h, nq, nk)
     shape = tuple(data.shape)
+    # Each mask dim is 1 or the target's (broadcasting, right-aligned); then leading 1s pad the
+    # shape to the target's rank.
     if len(shape) > len(target) or any(m not in (1, t) for m, t in
                                        zip(shape[::-1], target[::-1])):
         raise ValueError(f"{fn}: attn_mask of shape {shape} does not broadcast to "
                          f"(…batch, H, Nq, Nk) = {target}")
     shape = (1,) * (len(target) - len(shape)) + shape
+    # No batch dims to keep: one leading 1. Otherwise the batch dims are broadcast, then folded
+    # into B.
     if all(n == 1 for n in shape[:-3]):
         new = (1,) + shape[-3:]
         return reshape(mask, new) if is_t else data.reshape(new)
@@ -366,6 +379,8 @@ def _prepare(fn, query, key, value, attn_mask, scale, enable_gqa):
     q4 = reshape(query, (b, h, nq, d))
     k4 = reshape(key, (b, hkv, nk, d))
     v4 = reshape(value, (b, hkv, nk, dv))
+    # A bool mask becomes `allowed` (True = may attend), a float mask the additive `bias`; both
+    # are brought to 4-d and onto the data's device. An int mask is refused as ambiguous.
     allowed = bias = None
     if attn_mask is not None:
         mdata = attn_mask.data if isinstance(attn_mask, Tensor) else attn_mask
@@ -380,6 +395,8 @@ def _prepare(fn, query, key, value, attn_mask, scale, enable_gqa):
             raise TypeError(f"{fn}: attn_mask must be bool (True = may attend) or float "
                             f"(added to the scores), got dtype {mdata.dtype} (an int 1/0 "
                             "mask is ambiguous: use mask.astype(bool))")
+        # A self-attention mask hiding every query's own key is almost surely of the other
+        # polarity: warn.
         warn_if_polarity_inverted(allowed if bias is None else bias, nq, nk)
     return q4, k4, v4, allowed, bias, check_scale(fn, scale, d), lead, (b, h, nq, dv)
 
@@ -498,6 +515,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         fn, query, key, value, attn_mask, scale, enable_gqa)
     dropout_p = validate.probability(dropout_p, "dropout_p", owner=fn)
     is_causal = validate.boolean(is_causal, "is_causal", owner=fn)
+    # The CUDA kernel takes causal and key-padding masks only (bool, (B|1, 1, 1, Nk)); any
+    # other mask, dropout or a request for the weights runs the array code.
     nd, nk = len(query.shape), k4.shape[2]
     key_mask = _key_mask(allowed, b, nk)
     general = bias is not None or (allowed is not None and key_mask is None)
@@ -507,6 +526,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         o = dispatch.FlashKernelFunction.apply(q4, k4, v4, causal=is_causal, scale=scale,
                                                key_mask=key_mask)
         return _unflatten(o, lead, nd)
+    # Array code: half precision widened to float32. With weights: the composed form
+    # (scores → softmax → dropout → P V), so the weights are themselves differentiable.
     dtype = q4.dtype
     q4, k4, v4, bias = _widen_half(q4, k4, v4, bias)
     if return_weights:
@@ -519,6 +540,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         if o.dtype != dtype:
             o, w = astype(o, dtype), astype(w, dtype)
         return _unflatten(o, lead, nd), _unflatten(w, lead, nd)
+    # Otherwise the fused node (or its fast twin): P saved, backward by the five equations.
     fused = configuration.twin("sdpa") or SDPAFunction          # the fast layer's, or the reference
     o = fused.apply(q4, k4, v4, bias, allowed=allowed, causal=is_causal, scale=scale,
                     dropout_p=dropout_p)
