@@ -113,6 +113,7 @@ class KVCache:
             if device_of(k) != device_of(self._k):
                 raise ValueError(f"KVCache.append: the cache is on the {device_of(self._k)}, "
                                  f"the new keys on the {device_of(k)}")
+        # Shapes: k and v agree in (B, Hkv, n), and B, Hkv and the head dims match what is cached.
         if k.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3]:
             raise ValueError(f"KVCache.append: k and v must be (B, Hkv, n, D) with the same "
                              f"first three dims, got k {tuple(k.shape)}, v {tuple(v.shape)}")
@@ -122,6 +123,8 @@ class KVCache:
             raise ValueError(f"KVCache.append: expected k of shape (B, Hkv, n, D) = "
                              f"{self._k.shape[:2] + ('n', self._k.shape[3])}, got "
                              f"{tuple(k.shape)}")
+        # Grow when full (capacity doubles: O(1) amortised copies per token), write the n new
+        # tokens after the cached ones; offset marks where this append began.
         n = k.shape[2]
         needed = self.length + n
         if self.max_len is not None and needed > self.max_len:
@@ -156,6 +159,8 @@ class PagedKVCache:
             validate.positive_int(val, name, owner="PagedKVCache")
         value_dim = head_dim if value_dim is None else \
             validate.positive_int(value_dim, "value_dim", owner="PagedKVCache")
+        # The pool: num_pages pages of page_size token slots, keys and values apart; every page
+        # starts free and no sequence has a block table yet.
         xp = xp or active_xp()
         self.num_pages, self.page_size = num_pages, page_size
         self.num_kv_heads, self.head_dim, self.value_dim = num_kv_heads, head_dim, value_dim
@@ -178,6 +183,8 @@ class PagedKVCache:
         self.free_pages.extend(self.block_tables.pop(seq))
         del self.lengths[seq]
 
+    # Enough pages for new_length tokens, ⌈new_length / page_size⌉ in all, taken from the free
+    # list; running out is an error that names the fix.
     def _reserve(self, seq, new_length):
         table = self.block_tables.setdefault(seq, [])
         self.lengths.setdefault(seq, 0)
@@ -249,6 +256,8 @@ class PagedCacheView:
     def __len__(self) -> int:
         return self.length
 
+    # Each batch row appends to its own sequence; the rows stack back into (B, Hkv, L, D), which
+    # needs every sequence at the same length.
     def append(self, k, v):
         k, v = _raw(k), _raw(v)
         if k.ndim != 4 or k.shape[0] != len(self.seq_ids):

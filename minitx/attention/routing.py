@@ -64,12 +64,16 @@ def routing_attention(q, k, v, q_cluster, k_cluster, num_clusters: int, window: 
     sorted_code = k_code[order]
     q_group = (group * num_clusters + q_cluster).reshape(g, n)                       # (G, N)
     q_code = q_group * n + pos
+    # Each query finds its place r among the sorted keys by binary search on its own code; its
+    # candidates are the w slots before r (causal) or w before and w after.
     if causal:          # the keys at positions ≤ i of my cluster end just before `r`
         r = xp.searchsorted(sorted_code, q_code.reshape(-1), side="right").reshape(g, n)
         offsets = xp.arange(-window, 0)
     else:               # w keys before and w after my place in the cluster
         r = xp.searchsorted(sorted_code, q_code.reshape(-1), side="left").reshape(g, n)
         offsets = xp.arange(-window, window)
+    # Candidate slots outside the array, or holding a key of another head or cluster, are
+    # masked; causal also masks keys at later positions.
     rank = r[..., None] + offsets                                                    # (G, N, c)
     inside = (rank >= 0) & (rank < g * n)
     rank = xp.clip(rank, 0, g * n - 1)
@@ -78,6 +82,8 @@ def routing_attention(q, k, v, q_cluster, k_cluster, num_clusters: int, window: 
     if causal:
         allowed = allowed & (key_flat % n <= pos[None, :, None])
 
+    # Gather each query's c candidate keys and values and attend over them: scores
+    # (G, N, 1, c), never N × N.
     kf = F.reshape(k, (g * n, d))
     vf = F.reshape(v, (g * n, v.shape[-1]))
     kg = F.getitem(kf, key_flat)                                     # (G, N, c, D)
@@ -137,6 +143,8 @@ class RoutingAttention(AttentionBase):
         self.window = validate.positive_int(window, "window", owner="routing")
         self.decay = validate.probability(decay, "decay", owner="routing")
         self.update_centroids = bool(update_centroids)
+        # Centroids: a buffer of random unit vectors per head, (H, C, D), moved by online k-means
+        # (_update), never by gradients.
         init = rng().standard_normal((num_heads, num_clusters, self.head_dim))
         self.register_buffer("centroids", Tensor(_unit(active_xp().asarray(init))))
 

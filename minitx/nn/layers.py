@@ -19,6 +19,8 @@ __all__ = ["Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout", "Identity",
            "GELU", "SiLU", "Tanh", "Sigmoid"]
 
 
+# Parameters are floating point (the default float dtype unless one is given): gradient
+# descent needs a continuous dtype.
 def _float_dtype(dtype, layer: str):
     dt = backend.default_float() if dtype is None else backend.as_dtype(dtype)
     if dt.kind != "f":
@@ -63,12 +65,16 @@ class Linear(Module):
         self.reset_parameters()
         self._factory(device)
 
+    # kaiming_uniform_(a=√5) has bound √(2/(1 + 5))·√(3/in) = 1/√in: PyTorch's default
+    # U(−1/√in, 1/√in), the bias drawn from the same range.
     def reset_parameters(self) -> None:
         init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:
             bound = 1.0 / math.sqrt(self.in_features)
             init.uniform_(self.bias, -bound, bound)
 
+    # Integer input is refused: token ids belong in an Embedding, and a silent cast would hide
+    # the mistake.
     def forward(self, x: Tensor) -> Tensor:
         dtype = getattr(x, "dtype", None)
         if dtype is not None and getattr(dtype, "kind", "f") not in "fc":
@@ -106,6 +112,8 @@ class Embedding(Module):
         self.reset_parameters()
         self._factory(device)
 
+    # N(0, 1) rows (PyTorch's default); the padding row at zero, and F.embedding gives it no
+    # gradient.
     def reset_parameters(self) -> None:
         init.normal_(self.weight)
         if self.padding_idx is not None:
@@ -148,6 +156,7 @@ class LayerNorm(Module):
         self.elementwise_affine = validate.boolean(elementwise_affine, "elementwise_affine",
                                                    owner="LayerNorm")
         dt = _float_dtype(dtype, "LayerNorm")
+        # γ starts at ones and β at zeros, so a fresh layer only normalises.
         if elementwise_affine:
             self.weight = Parameter(backend.xp().ones(self.normalized_shape, dtype=dt))
             if bias:
@@ -161,6 +170,7 @@ class LayerNorm(Module):
         self.hook_normalized = HookPoint()     # (x − μ) / √(σ² + eps), before weight and bias
         self._factory(device)
 
+    # No hook set: the fused op, one node with its own backward (ops/norm.py).
     def forward(self, x: Tensor) -> Tensor:
         if not (self.hook_scale.active or self.hook_normalized.active):
             return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -203,6 +213,7 @@ class RMSNorm(Module):
             self.register_parameter("weight", None)
         self._factory(device)
 
+    # One fused op: x / √(mean(x²) + eps) ⊙ γ, with its own backward (ops/norm.py).
     def forward(self, x: Tensor) -> Tensor:
         return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
