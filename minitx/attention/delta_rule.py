@@ -221,6 +221,8 @@ class DeltaNet(RecurrentAttention):
     def attend(self, q, k, v):
         """q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D)."""
         check_heads(q, k, v, self.name)
+        # Causal: each query reads the state just after its own token (the chunked recurrence).
+        # Non-causal: every token is written first, then each query reads the final S: o = q̂ S.
         if self.causal:
             out, state = self.extend(q, k, v, None)
         elif self.hook_pattern.active:                   # one chunk, so the pattern is whole
@@ -234,6 +236,7 @@ class DeltaNet(RecurrentAttention):
             _, state = run_in_chunks(self._chunk, qn, kn, repeat_kv(v, h), beta, None,
                                      self.chunk_size)
             out = F.matmul(qn, state)                                   # (B, H, N, Dv)
+        # ``hook_state`` sees the state after the last token (read-only: no cache is kept here).
         self.show_state(state)
         return out
 
@@ -243,11 +246,15 @@ class DeltaNet(RecurrentAttention):
         xp = get_array_module(q)
         h = q.shape[1]
         k, v = repeat_kv_array(k, h), repeat_kv_array(v, h)
+        # β_t = σ(w·k_t + b) ∈ (0, 1) and unit q̂, k̂: then I − β k̂ᵀk̂ has eigenvalues in [0, 1],
+        # so each write S ← (I − β k̂ᵀk̂) S + β k̂ᵀv cannot blow S up.
         w = self.beta_weight.data.astype(q.dtype)
         beta = 1 / (1 + xp.exp(-(xp.einsum("bhnd,hd->bhn", k, w)
                                  + self.beta_bias.data.astype(q.dtype)[:, None])))
         qn = q / xp.sqrt((q * q).sum(-1, keepdims=True) + self.eps)
         kn = k / xp.sqrt((k * k).sum(-1, keepdims=True) + self.eps)
+        # The delta rule: read what S stores under k̂_t, move it towards v_t by a step β_t,
+        # then read with q̂_t; S (B, H, Dk, Dv) starts at zero.
         s = xp.zeros(q.shape[:2] + (k.shape[-1], v.shape[-1]), dtype=q.dtype)
         out = xp.zeros(q.shape[:3] + (v.shape[-1],), dtype=q.dtype)
         for t in range(q.shape[2]):

@@ -223,6 +223,8 @@ class RecurrentAttention(AttentionBase):
         continue the ones the state has seen (a prefill, or one token at a time)."""
         if kv_cache is None:
             return super().forward(x, attn_mask=attn_mask)
+        # Decoding with a state: only causal layers (a state summarises the past, never the future),
+        # no attn_mask (the decay already weights the past), and x must be (B, n, E).
         who = type(self).__name__
         if not isinstance(kv_cache, RecurrentState):
             raise TypeError(f"{who} ({self.name}): kv_cache must be a RecurrentState (from "
@@ -235,6 +237,8 @@ class RecurrentAttention(AttentionBase):
         if len(x.shape) != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"{who}: x must be (B, N, {self.embed_dim}), got shape "
                              f"{tuple(x.shape)}")
+        # Heads as in the parallel form; the recurrence continues from the cached state, and the new
+        # state is stored outside the graph (the cache holds values, not history to backpropagate).
         q, k, v = self.project(x)
         q, k, v = (hooked_heads(h, t) for h, t in
                    ((self.hook_q, q), (self.hook_k, k), (self.hook_v, v)))
@@ -361,6 +365,8 @@ class Retention(RecurrentAttention):
         rng = host_xp.random.default_rng(seed)
         q, k, v = (Tensor(active_xp().asarray(rng.standard_normal((1, 3, 13, 4))))
                    for _ in range(3))
+        # One layer, three evaluations of it: parallel, chunkwise (C = 4: the recurrence across
+        # chunks, the parallel form inside each) and token by token through the recurrence.
         layer = cls(12, 3, causal=True)
         with no_grad():
             parallel = layer.attend(q, k, v).numpy()
