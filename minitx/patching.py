@@ -73,6 +73,7 @@ def _cells(hook: str, by: str, shape) -> list:
     if hook not in axes:
         raise ValueError(f"hook {hook!r} has no {by} axis; by={by!r} takes one of "
                          f"{sorted(axes)}")
+    # One cell per index along the hook's head or position axis: that slice alone is patched.
     axis = axes[hook]
     cells = []
     for i in range(shape[axis]):
@@ -82,6 +83,7 @@ def _cells(hook: str, by: str, shape) -> list:
     return cells
 
 
+# The metric must reduce the logits to one number (a logit difference, say).
 def _metric_value(metric, logits) -> float:
     value = metric(logits)
     if not isinstance(value, Tensor) or value.size != 1:
@@ -126,6 +128,8 @@ def attribution_patching(model, clean, corrupted, metric, hook: str = "z", by: s
     logits, cache = model.run_with_cache(corrupted, names_filter=names, incl_bwd=True,
                                          metric=metric, **kwargs)
     base = _metric_value(metric, logits)
+    # First order: metric(a_clean) ≈ metric(a_corr) + (a_clean − a_corr)·∂metric/∂a, the
+    # products summed over each cell's slice; one backward pass serves every cell.
     rows = []
     for name in names:
         delta = backend.to_host(clean_cache[name].data - cache[name].data)   # a_clean − a_corr

@@ -18,6 +18,8 @@ from ..backend import get_array_module, xp as active_xp
 from ..nn.hooks import HookPoint
 from ..nn.layers import Linear
 from ..nn.module import Parameter
+# The ops a variant composes when it needs more than the fused attention (masks, dropout,
+# the additive score's matmul).
 from ..ops.sdpa import merge_masks
 from ..ops.dropout import dropout
 from ..ops.indexing import masked_fill
@@ -114,12 +116,16 @@ class ExactSelfAttention(AttentionBase):
         """q (B, H, Nq, D), k/v (B, Hkv, Nk, D) → (B, H, Nq, D)."""
         check_heads(q, k, v, f"{self.name}.attend")
         nq, nk = q.shape[2], k.shape[2]
+        # The position hooks: rotate q and k (RoPE), add a score bias (ALiBi, relative positions);
+        # a float attn_mask and a float bias simply add up.
         q, k = self.transform_qk(q, k)
         bias = self.score_bias(q, k)
         if attn_mask is not None and bias is not None and not _is_bool(attn_mask):
             mask = attn_mask + bias                               # two float biases add up
         else:
             mask = merge_masks(attn_mask, bias)
+        # Weights are formed only when recorded or when a value term needs them; otherwise the
+        # fused attention never materialises them.
         need = self.record_weights or self.needs_weights
         dropout_p = self.dropout if self.training else 0.0
         out, w = hookable_attention(self, q, k, v, scale=self.scale, causal=self.causal,
@@ -300,6 +306,8 @@ class AdditiveSelfAttention(ExactSelfAttention):
         k, v = repeat_kv(k, h), repeat_kv(v, h)
         scores = additive_scores(q, k, self.W_q.weight, self.W_k.weight,
                                  reshape(self.w.weight, (-1,)))     # (B, H, Nq, Nk)
+        # Masks: causal and bool masks combine into `allowed`, a float mask adds to the scores;
+        # the score hook sees −inf where masked.
         xp = get_array_module(q.data)
         allowed = causal_pattern(nq, nk, xp) if self.causal else None
         if attn_mask is not None:
@@ -312,6 +320,7 @@ class AdditiveSelfAttention(ExactSelfAttention):
             if allowed is not None:
                 scores = masked_fill(scores, ~xp.broadcast_to(allowed, scores.shape), -math.inf)
             scores = self.hook_attn_scores(scores)
+        # Softmax over the allowed keys (a row with none gives zeros), dropout in training, P V.
         w = self.hook_pattern(_masked_softmax(scores, allowed))  # (B, H, Nq, Nk)
         if self.training and self.dropout > 0:
             w = dropout(w, self.dropout)

@@ -37,6 +37,8 @@ from .base import AttentionBase, check_heads, register, repeat_kv, repeat_kv_arr
 __all__ = ["fourier_mix", "FNetMixing", "aft", "AFTAttention"]
 
 
+# Re(FFT2) is a fixed linear map with symmetric DFT matrices, so its backward is the same
+# transform applied to the gradient.
 class _FourierMix(Function):
     @staticmethod
     def forward(ctx, x, axes):
@@ -145,6 +147,8 @@ def aft(q, k, v, w=None, causal: bool = False):
     """
     xp = get_array_module(k.data)
     n = k.shape[2]
+    # Bidirectional: one shift per feature (max of k) and one per row (max of w), then the
+    # O(N² + N·D) product form exp(w) @ (exp(k) ⊙ v).
     if not causal:
         ek = F.exp(k - Tensor._wrap(k.data.max(axis=2, keepdims=True)))    # per-feature shift
         if w is None:                                                        # AFT-simple
@@ -154,6 +158,8 @@ def aft(q, k, v, w=None, causal: bool = False):
             num = F.matmul(ew, ek * v)                                   # (N, N) @ (B, H, N, D)
             den = F.matmul(ew, ek)
         return F.sigmoid(q) * (num / den)
+    # Causal: explicit (t, t', D) exponents k_t' + w_tt', the future masked to −∞, each row
+    # shifted by its own visible max.
     bias = Tensor._wrap(xp.zeros((n, n), dtype=k.dtype)) if w is None else w
     logits = F.expand_dims(k, 2) + F.reshape(bias, (n, n, 1))            # (B, H, t, t', D)
     future = ~xp.tri(n, dtype=bool)[:, :, None]                          # t' > t, (N, N, 1)
@@ -211,6 +217,7 @@ class AFTAttention(AttentionBase):
         if variant == "full":
             self.w = Parameter(active_xp().zeros((max_len, max_len), dtype="float32"))
 
+    # w is sliced to the sequence's (N, N) corner; a sequence longer than max_len has no bias.
     def _bias(self, n):
         if self.variant == "simple":
             return None

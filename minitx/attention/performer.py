@@ -118,6 +118,8 @@ class FavorFeatures:
         phi *= 1.0 / math.sqrt(self.w.shape[0])
         return phi
 
+    # dL = dφ ⊙ φ (φ = exp(L − c)/√m), then through L = W x' − ‖x'‖²/2:
+    # dx' = dL W − rowsum(dL) x', and dx = dx'·scale.
     def vjp(self, x, phi, grad, is_query):
         grad *= phi                                                 # dL, in dφ's memory
         dx = grad @ self.w                                          # (B, H, N, D)
@@ -141,6 +143,7 @@ def performer_attention(q, k, v, w, causal: bool = False, eps: float = 1e-12, ho
     if not causal and not hooked:
         return KernelAttentionFunction.apply(q, k, v, features=FavorFeatures(w, scale),
                                              normalize=True, eps=eps)
+    # Composed form: φ(Q), φ(K) as differentiable nodes that the hooks may see and replace.
     features = FavorFeatures(w, scale)
     phi_q = apply_feature_map(q, features, True)                    # (B, H, N, m)
     phi_k = apply_feature_map(k, features, False)                   # (B, H, N, m)

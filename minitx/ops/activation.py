@@ -88,6 +88,8 @@ class LogSoftmax(Function):
             ctx.save_for_backward(x)
             ctx.axis = axis
             return x.copy()
+        # log softmax = (x − m) − log Σ exp(x − m) with m the row max (0 for an all −inf row,
+        # avoiding −inf − (−inf) = NaN).
         m = x.max(axis=axis, keepdims=True)
         m = xp.where(xp.isfinite(m), m, 0)
         shifted = x - m
