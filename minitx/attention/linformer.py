@@ -86,6 +86,8 @@ class LinformerAttention(AttentionBase):
         self.max_len = validate.positive_int(max_len, "max_len", owner="linformer")
         self.share_kv = validate.boolean(share_kv, "share_kv", owner="linformer")
         validate.choice(init, "init", ("gaussian", "pool"), owner="linformer")
+        # E, F (k, max_len) project the N keys and values onto k rows (their first N columns are
+        # used); share_kv uses E for both, halving the parameters.
         self.E = Parameter(linformer_projection(proj_dim, max_len, init))
         self.F = None if share_kv else Parameter(linformer_projection(proj_dim, max_len, init))
         self.hook_k_projected = HookPoint()   # (B, H, k, D) E·K: the k keys attended to

@@ -116,6 +116,8 @@ def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float 
     if mass < 1e-3:
         raise ValueError(f"trunc_normal_: [a, b] = [{a}, {b}] holds probability {mass:.2e} of "
                          f"N({mean}, {std}²); rejection sampling would not finish")
+    # Redraw only the entries outside [a, b] until none is left; each round keeps a fraction
+    # `mass` of them, so few rounds are needed.
     gen = backend.rng()
     values = gen.normal(mean, std, size=tensor.shape)
     outside = (values < a) | (values > b)

@@ -72,6 +72,8 @@ class _ReversibleFunction(Function):
         xp = get_array_module(x1)
         return xp.concatenate([y1.data, y2.data], axis=-1)
 
+    # Backward walks the blocks in reverse, rebuilding each input from its output,
+    # x2 = y2 − G(y1), x1 = y1 − F(x2), with a graph, to get the gradients through G and F.
     @staticmethod
     def backward(ctx, grad):
         y1, y2 = ctx.saved_tensors

@@ -35,6 +35,8 @@ import numpy as np
 from .. import backend
 from .. import functional as F
 from ..autograd.tensor import Tensor
+# Each family brings a config, a model, its tokenizer and the two key mappings
+# (HuggingFace ↔ minitx).
 from .bert import BertConfig, BertModel, bert_state_from_hf, bert_state_to_hf
 from .bpe import ByteLevelBPETokenizer
 from .gpt2 import GPT2Config, GPT2Model, gpt2_state_from_hf, gpt2_state_to_hf
@@ -54,6 +56,7 @@ FAMILIES = {
 }
 
 
+# config.json decides everything: model_type picks the family, its fields the shapes.
 def _read_config(folder):
     path = os.path.join(folder, "config.json")
     if not os.path.isdir(folder):
@@ -80,11 +83,14 @@ def load_weights(folder, dtype="float32") -> dict:
             files = sorted(set(json.load(fh)["weight_map"].values()))
     else:
         files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+    # No safetensors: refuse the pickle files if that is what is there, rather than a bare
+    # "not found".
     if not files:
         pickles = sorted(f for f in os.listdir(folder) if f.lower().endswith(PICKLE_SUFFIXES))
         if pickles:
             refuse_pickle(os.path.join(folder, pickles[0]))
         raise FileNotFoundError(f"{folder}: no *.safetensors weights found")
+    # Merge the shards; a key in two shards means a corrupt checkpoint, not one to overwrite.
     tensors = {}
     for name in files:
         path = os.path.join(folder, name)
@@ -110,9 +116,13 @@ def load(folder, dtype=None, tokenizer: bool = True):
     if kind not in FAMILIES:
         raise ValueError(f"{os.path.join(folder, 'config.json')}: model_type {kind!r} is not "
                          f"supported; minitx.pretrained loads: {', '.join(sorted(FAMILIES))}")
+    # Checkpoints may hold bf16/f16, but the model computes in float32 or float64: the weights
+    # are widened exactly on load.
     target = np.dtype("float32" if dtype is None else dtype)
     if target not in (np.float32, np.float64):
         raise TypeError(f"load: dtype must be float32 or float64, got {target}")
+    # Weights → the family's key mapping → a model in eval mode; the tokenizer's length limit
+    # is the model's position table.
     model_cls, tok_cls, positions_key = FAMILIES[kind]
     tensors = load_weights(folder, dtype=target)
     model = model_cls.from_hf(config, tensors, source=folder, dtype=target)

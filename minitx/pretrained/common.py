@@ -70,6 +70,8 @@ def padding_mask(attention_mask, shape, xp):
     if tuple(m.shape) != tuple(shape):
         raise ValueError(f"attention_mask must have shape {tuple(shape)} (batch, tokens), got "
                          f"{tuple(m.shape)}")
+    # A numeric mask must be HuggingFace's 0/1 keep mask; an additive bias (0/−inf) is refused,
+    # not misread.
     if m.dtype != bool:
         if m.dtype.kind not in "iuf":
             raise TypeError(f"attention_mask must be 0/1 ints, bools or 0/1 floats, got dtype "
@@ -78,6 +80,7 @@ def padding_mask(attention_mask, shape, xp):
             raise ValueError("attention_mask must hold only 0 (padding) and 1 (token), "
                              "HuggingFace's convention; it is not an additive bias")
         m = m != 0
+    # A mask keeping every token is no mask: None lets attention take its unmasked path.
     if bool(m.all()):
         return None
     return ~m
