@@ -72,6 +72,7 @@ from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of
 from . import dispatch
 from ._util import unbroadcast
+
 # The differentiable ops the composed form (scores → softmax → dropout → P V) is built from.
 from .activation import softmax, softmax_array
 from .dropout import dropout, dropout_mask
