@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 
 from .. import backend, validate
+# Any registered attention variant can fill the blocks; the KV caches (plain or paged) make
+# generation feed one new token a step.
 from ..attention import (REGISTRY, ExactSelfAttention, KVCache, PagedKVCache,
                          cached_length)
 from ..autograd.grad_mode import no_grad
@@ -23,6 +25,7 @@ from ..nn.layers import Dropout, Embedding, LayerNorm, Linear
 from ..nn.hooks import HookedModel, HookPoint
 from ..nn.module import Module, ModuleList
 from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+# With tied weights the LM head is a plain linear map by wteᵀ, trained by cross-entropy.
 from ..ops.linalg import linear
 from ..ops.loss import cross_entropy
 from ..ops.shape import broadcast_to, reshape
@@ -31,6 +34,8 @@ from .transformer import get_activation
 
 __all__ = ["GPTConfig", "GPT", "GPTBlock", "sample_next"]
 
+# How positions enter: added to the embeddings (learned, sinusoidal), inside attention (rope,
+# alibi, relative: each selects that attention variant), or not at all (none).
 _POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
 
 
@@ -50,6 +55,8 @@ def sample_next(logits, temperature: float = 1.0, top_k: int = None):
     xp = backend.get_array_module(logits)
     if temperature == 0 or top_k == 1:
         return logits.argmax(axis=-1)[:, None]
+    # Sampling by the inverse CDF: shift by the max so exp never overflows, cut to the top k,
+    # then take the first token whose cumulative probability reaches a uniform r.
     z = logits.astype("float64")
     z = (z - z.max(axis=-1, keepdims=True)) / temperature               # ≤ 0, max at 0
     if top_k is not None:
@@ -93,6 +100,8 @@ class GPTBlock(Module):
         super().__init__()
         c = config
         cls = REGISTRY[attention]
+        # The variant's options: the config's, plus what only the model knows (depth, context
+        # length) for variants that ask for it in ``model_options``.
         options = dict(c.attention_options)
         known = {"layer_index": index, "context_length": c.block_size}
         for name in getattr(cls, "model_options", ()):
@@ -101,6 +110,7 @@ class GPTBlock(Module):
             options.setdefault("dropout", c.dropout)
         if c.num_kv_heads is not None:
             options["num_kv_heads"] = c.num_kv_heads
+        # GPT-2's module names (ln_1, attn, ln_2, c_fc, c_proj); the MLP widens E → 4E → E.
         self.ln_1 = LayerNorm(c.n_embd, bias=c.bias)
         self.attn = cls(c.n_embd, c.n_head, causal=True, bias=c.bias, **options)
         self.ln_2 = LayerNorm(c.n_embd, bias=c.bias)
@@ -154,6 +164,8 @@ class GPT(Module, AttentionMaps, HookedModel):
         if c.position not in _POSITIONS:
             raise ValueError(f"GPTConfig.position must be one of {_POSITIONS}, got "
                              f"{c.position!r}")
+        # rope, alibi and relative are positions *inside* attention: they choose the attention
+        # variant, so another variant alongside them is refused.
         name = c.attention
         if c.position in ("rope", "alibi", "relative"):
             if c.attention not in ("mha", c.position):
@@ -164,6 +176,8 @@ class GPT(Module, AttentionMaps, HookedModel):
         if name not in REGISTRY:
             raise ValueError(f"GPTConfig.attention must be one of {sorted(REGISTRY)}, "
                              f"got {name!r}")
+        # Embeddings: tokens always; positions are added here only when learned (GPT-2's wpe) or
+        # sinusoidal, the other schemes live in the attention.
         self.config = c
         self.wte = Embedding(c.vocab_size, c.n_embd)
         if c.position == "learned":
@@ -175,12 +189,18 @@ class GPT(Module, AttentionMaps, HookedModel):
         self.hook_embed = HookPoint()            # (B, T, E) wte[idx]
         if c.position == "learned":              # hook_names() lists only what fires
             self.hook_pos_embed = HookPoint()    # (B, T, E) wpe[positions]
+        # n_layer blocks, each told its depth; the final LayerNorm; a separate head only when
+        # untied (tied: logits = LN_f(h) wteᵀ reuses the embedding matrix).
         self.drop = Dropout(c.dropout)
         self.h = ModuleList([GPTBlock(c, name, i) for i in range(c.n_layer)])
         self.ln_f = LayerNorm(c.n_embd, bias=c.bias)
         self.lm_head = None if c.tie_weights else Linear(c.n_embd, c.vocab_size, bias=False)
         self._init_weights()
 
+    # GPT-2's initialisation: N(0, 0.02²) for weight matrices, zero biases, and the residual
+    # output projections scaled by 1/√(2·n_layer) (two residual additions per block), so the
+    # residual stream's variance does not grow with depth. Norms, positions and relative-position
+    # tables keep their own init.
     def _init_weights(self):
         for name, p in self.named_parameters():
             if name.startswith("ln") or ".ln_" in name or name.startswith("wpe"):
@@ -204,10 +224,13 @@ class GPT(Module, AttentionMaps, HookedModel):
     def forward(self, idx, targets=None, kv_caches=None):
         tokens = token_ids(idx)
         b, t = tokens.shape
+        # With caches, these T tokens follow the ``offset`` cached ones: their positions start
+        # there, and learned positions exist only up to block_size.
         offset = cached_length(kv_caches, len(self.h), owner="GPT")
         if self.config.position == "learned" and offset + t > self.config.block_size:
             raise ValueError(f"GPT: sequence of {offset + t} tokens exceeds block_size="
                              f"{self.config.block_size}")
+        # h₀ = wte[idx] + positions (learned added here, sinusoidal by its layer, the others none).
         x = self.hook_embed(self.wte(tokens))                      # (B, T, E)
         if self.config.position == "learned":
             pos = self.wpe.positions(t, offset)                    # (T, E)
@@ -217,11 +240,13 @@ class GPT(Module, AttentionMaps, HookedModel):
         elif self.wpe is not None:
             x = self.wpe(x, offset=offset)
         x = self.drop(x)
+        # The blocks (each with its own cache), then logits = LN_f(h_L) wᵀ, w = wte when tied.
         for i, block in enumerate(self.h):
             x = block(x, None if kv_caches is None else kv_caches[i])
         x = self.ln_f(x)
         w = self.wte.weight if self.lm_head is None else self.lm_head.weight
         logits = linear(x, w)                                      # (B, T, E) @ (E, V)
+        # Loss: mean cross-entropy over all B·T positions (targets of −100 are ignored).
         if targets is None:
             return logits, None
         tgt = token_ids(targets, "targets")
@@ -256,6 +281,8 @@ class GPT(Module, AttentionMaps, HookedModel):
         # a bounded cache (the variant's ``bounded_cache``) is used at every length
         bounded = self.config.position != "learned" and all(
             getattr(b.attn, "bounded_cache", False) for b in self.h)
+        # Each step: with a usable cache, the first pass prefills the whole prompt and later passes
+        # feed only the newest token; otherwise a full forward over the last block_size tokens.
         caches = None
         with no_grad():
             for step in range(max_new_tokens):
@@ -269,11 +296,14 @@ class GPT(Module, AttentionMaps, HookedModel):
                         logits, _ = self(tokens[:, -1:], kv_caches=caches)
                 else:
                     logits, _ = self(tokens[:, -bs:])
+                # Sample from the last position's logits and append: (B, T) → (B, T + 1).
                 nxt = sample_next(logits.data[:, -1, :], temperature, top_k)
                 tokens = xp.concatenate([tokens, nxt.astype(tokens.dtype)], axis=1)
         return Tensor(tokens)
 
     def _paged_caches(self, batch, page_size: int = 16):
+        # A pool with room for every sequence's block_size tokens (plus one page of slack), each
+        # batch row viewing its own pages through a KVCache-like adapter.
         c = self.config
         hkv = self.h[0].attn.num_kv_heads
         pages = batch * (-(-c.block_size // page_size) + 1)

@@ -53,12 +53,15 @@ def get_activation(activation):
 def build_self_attention(attention, d_model, nhead, dropout, bias, batch_first, causal_default,
                          options):
     """The self-attention module of a block: PyTorch's MHA, or ``REGISTRY[attention]``."""
+    # No variant named: PyTorch's MultiheadAttention, with its packed in_proj keys.
     if attention is None:
         if options:
             raise ValueError(f"attention_options {sorted(options)} need attention=<a REGISTRY "
                              "name>")
         return MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
                                   batch_first=batch_first)
+    # A registered variant: the block's defaults fill what the caller left out (causal in a
+    # decoder; the exact variants also take the block's dropout and bias).
     if attention not in REGISTRY:
         raise ValueError(f"attention must be None or one of {sorted(REGISTRY)}, got "
                          f"{attention!r}")
@@ -102,6 +105,8 @@ class _Block(Module):
         self.batch_first, self.norm_first = bool(batch_first), bool(norm_first)
         self.attention = attention
         self.attention_options = dict(attention_options or {})
+        # The sublayers, named as PyTorch names them so its state dicts load: attention, the FF's
+        # two linears E → F → E, one LayerNorm per residual branch, one dropout per branch.
         self.self_attn = build_self_attention(attention, d_model, nhead, dropout, bias,
                                               batch_first, causal_default, attention_options)
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
@@ -112,6 +117,8 @@ class _Block(Module):
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
         self.activation = get_activation(activation)
+        # Hook points on the residual stream and around the MLP's activation (identities until a
+        # hook is attached).
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
@@ -133,6 +140,9 @@ class _Block(Module):
             y = sa(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                    need_weights=False, is_causal=is_causal, kv_cache=kv_cache)[0]
             return self.hook_attn_out(self.dropout1(y))
+        # A registered variant takes (N, S, E) and one sdpa mask (bool True = may attend, or float
+        # added): PyTorch's masks (True = masked out) are converted, for S new queries against
+        # nk = cached + S keys; is_causal adds a causal mask only if the variant is not causal yet.
         xb = x if self.batch_first else transpose(x, (1, 0, 2))      # (N, S, E)
         n, s = xb.shape[0], xb.shape[1]
         nk = s + (len(kv_cache) if kv_cache is not None else 0)
@@ -141,6 +151,7 @@ class _Block(Module):
         if attn_mask is not None or key_padding_mask is not None or causal:
             mask = torch_masks_to_sdpa(attn_mask, key_padding_mask, causal, n, sa.num_heads,
                                        s, nk, xb.dtype, owner=type(self).__name__)
+        # A mask or a cache goes only to a variant that accepts it: refusing beats ignoring a mask.
         if mask is not None or kv_cache is not None:
             if not getattr(sa, "supports_attn_mask", False):
                 raise ValueError(f"{type(self).__name__}: attention={self.attention!r} does not "
@@ -184,6 +195,8 @@ class TransformerEncoderLayer(_Block):
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
         self._check(src, "src")
         x = self.hook_resid_pre(src)
+        # Pre-norm: x + SA(LN₁(x)), then x + FF(LN₂(x)): only each branch's input is normalised.
+        # Post-norm (the paper): LN₁(x + SA(x)), then LN₂(x + FF(x)).
         if self.norm_first:
             x = self.hook_resid_mid(x + self._sa_block(self.norm1(x), src_mask,
                                                        src_key_padding_mask, is_causal))
@@ -214,6 +227,8 @@ class TransformerDecoderLayer(_Block):
         super().__init__()
         self._init_common(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
                           batch_first, norm_first, bias, attention, attention_options, True)
+        # What the decoder adds: cross-attention (queries from x, keys and values from the
+        # encoder's output ``memory``), with its own norm and dropout.
         self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
                                                  batch_first=batch_first)
         self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
@@ -228,6 +243,8 @@ class TransformerDecoderLayer(_Block):
                                 need_weights=False)[0]
         return self.hook_cross_attn_out(self.dropout2(y))
 
+    # The decoder's FF branch takes the third dropout (the second is cross-attention's), as in
+    # PyTorch.
     def _ff_block(self, x):
         return self.hook_mlp_out(self.dropout3(self._mlp(x)))
 
@@ -237,6 +254,8 @@ class TransformerDecoderLayer(_Block):
         self._check(tgt, "tgt")
         self._check(memory, "memory")
         x = self.hook_resid_pre(tgt)
+        # Pre-norm: each of the three branches (self-attention, over the cached positions too;
+        # cross-attention to memory; feed-forward) reads LN(x) and is added to x.
         if self.norm_first:
             x = self.hook_resid_mid(x + self._sa_block(self.norm1(x), tgt_mask,
                                                        tgt_key_padding_mask, tgt_is_causal,
@@ -245,6 +264,7 @@ class TransformerDecoderLayer(_Block):
                                                          memory_key_padding_mask,
                                                          memory_is_causal))
             x = self.hook_resid_post(x + self._ff_block(self.norm3(x)))
+        # Post-norm (the paper): each sum x + branch(x) is normalised, by LN₁, LN₂, LN₃ in turn.
         else:
             x = self.norm1(self.hook_resid_mid(
                 x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal, kv_cache)))
@@ -313,6 +333,8 @@ class TransformerDecoder(Module):
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal: bool = False,
                 memory_is_causal: bool = False, *, kv_caches=None):
+        # One cache per layer (a shorter list is refused here, not as an IndexError in layer i);
+        # every layer reads the same memory.
         cached_length(kv_caches, len(self.layers), owner="TransformerDecoder")
         x = tgt
         for i, layer in enumerate(self.layers):
