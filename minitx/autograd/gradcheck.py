@@ -122,6 +122,7 @@ def gradcheck(fn, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rtol: float 
             msg = (f"gradcheck failed for input {i} (shape {x.shape}) at element {worst}: "
                    f"analytic {float(a[worst])!r} vs numerical {float(numerical[worst])!r} "
                    f"(atol={atol}, rtol={rtol}, eps={eps})")
+            # torch.autograd.gradcheck's contract: raise, or return False when asked not to
             if raise_exception:
                 raise GradcheckError(msg)
             return False

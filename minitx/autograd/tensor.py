@@ -64,7 +64,9 @@ class Tensor(ArrayMethods, InPlaceMethods, PyTorchSpellings):
         t._ctx = None
         return t
 
-    # ---- properties: the array's, and whether it is a leaf of the graph -----------------
+    # ---- properties ----------------------------------------------------------------------
+    # the array's own shape, rank and dtype (the ops keep them in step: y = f(x) has the
+    # shape and dtype NumPy gives, and every .grad has its tensor's)
     @property
     def shape(self):
         return self.data.shape
@@ -177,6 +179,7 @@ class Tensor(ArrayMethods, InPlaceMethods, PyTorchSpellings):
     def __ne__(self, other):
         return self._compare(other, lambda a, b: a != b)
 
+    # the orderings, elementwise and broadcast as NumPy's
     def __lt__(self, other):
         return self._compare(other, lambda a, b: a < b)
 
@@ -241,6 +244,7 @@ class Tensor(ArrayMethods, InPlaceMethods, PyTorchSpellings):
     def sqrt(self):
         return _F.sqrt(self)
 
+    # activations (the rest — gelu, softmax, … — are F's functions, or spellings' methods)
     def tanh(self):
         return _F.tanh(self)
 
@@ -250,6 +254,7 @@ class Tensor(ArrayMethods, InPlaceMethods, PyTorchSpellings):
     def relu(self):
         return _F.relu(self)
 
+    # value where mask is True (PyTorch's polarity): how scores get their −inf
     def masked_fill(self, mask, value):
         return _F.masked_fill(self, mask, value)
 
