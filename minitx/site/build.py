@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 from mdit_py_plugins.anchors import anchors_plugin
 
+from minitx import backend
+
 from . import fast_twins
 from . import proofs as proofs_mod
 from .progress import Progress
@@ -715,8 +717,6 @@ def numpy_backend():
     against NumPy references and its notebooks run on NumPy (``notebooks._kernel_env``), so a
     site built in a GPU user's shell (``MINITX_BACKEND=cupy``) shows the same pages. The
     backend is set back when the build ends."""
-    from minitx import backend  # noqa: PLC0415 - the library, at build time
-
     before = backend.get_backend()
     if before != "numpy":
         backend.set_backend("numpy")

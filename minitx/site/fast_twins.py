@@ -23,6 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import minitx
+import minitx.fast  # noqa: F401 - registers the twins
+import minitx.functional as F
+from minitx import configuration, nn, optim
+
 __all__ = ["Twin", "find_twins", "measure", "WORKLOADS"]
 
 
@@ -67,9 +72,6 @@ def _enclosing(tree, line):
 def find_twins(root: str, sources, anchors_of) -> list:
     """Every registered twin as a ``Twin``, sorted by name. ``sources``: the site's Python
     files (repository paths); ``anchors_of(path)``: the section anchors of that page."""
-    from minitx import configuration  # noqa: PLC0415 - the library, at build time only
-    import minitx.fast  # noqa: F401,PLC0415 - registers the twins
-
     asks = {}
     for path in sources:
         if not path.endswith(".py") or path.startswith("minitx/fast/"):
@@ -96,18 +98,15 @@ def find_twins(root: str, sources, anchors_of) -> list:
 # ---- what each twin buys: one workload through its dispatch point --------------------------
 
 def _tensor(rng, shape, grad=False):
-    import minitx  # noqa: PLC0415
     return minitx.tensor(rng.standard_normal(shape).astype(np.float32), requires_grad=grad)
 
 
 def _softmax(rng, n):                       # row_max, row_sum: softmax's shift and sum
-    import minitx.functional as F  # noqa: PLC0415
     x = _tensor(rng, (8, n, n))
     return lambda: F.softmax(x, axis=-1)
 
 
 def _many_small_ops(rng, n):                # apply, backward: the engine's per-op overhead
-    import minitx.functional as F  # noqa: PLC0415
     x = _tensor(rng, (16, 32), grad=True)
 
     def run():
@@ -119,7 +118,6 @@ def _many_small_ops(rng, n):                # apply, backward: the engine's per-
 
 
 def _gelu(rng, n):                          # erf, gelu_backward
-    import minitx.functional as F  # noqa: PLC0415
     x = _tensor(rng, (n, 256), grad=True)
 
     def run():
@@ -128,7 +126,6 @@ def _gelu(rng, n):                          # erf, gelu_backward
 
 
 def _layer_norm(rng, n):
-    import minitx.functional as F  # noqa: PLC0415
     x = _tensor(rng, (n, 256), grad=True)
     w, b = _tensor(rng, (256,), grad=True), _tensor(rng, (256,), grad=True)
 
@@ -138,7 +135,6 @@ def _layer_norm(rng, n):
 
 
 def _sdpa(rng, n):                          # sdpa; map_in_threads through flash
-    import minitx.functional as F  # noqa: PLC0415
     q, k, v = (_tensor(rng, (1, 4, n, 32), grad=True) for _ in range(3))
 
     def run():
@@ -147,14 +143,11 @@ def _sdpa(rng, n):                          # sdpa; map_in_threads through flash
 
 
 def _flash(rng, n):
-    import minitx.functional as F  # noqa: PLC0415
     q, k, v = (_tensor(rng, (1, 4, n, 32)) for _ in range(3))
     return lambda: F.flash_attention(q, k, v, causal=True)
 
 
 def _embedding_backward(rng, n):            # scatter_add: the embedding's gradient
-    import minitx  # noqa: PLC0415
-    from minitx import nn  # noqa: PLC0415
     table = nn.Embedding(512, 64)
     ids = minitx.tensor(rng.integers(0, 512, size=(n * 8,)))
 
@@ -164,7 +157,6 @@ def _embedding_backward(rng, n):            # scatter_add: the embedding's gradi
 
 
 def _adam(rng, n):
-    from minitx import nn, optim  # noqa: PLC0415
     layer = nn.Linear(n, n)
     opt = optim.Adam(layer.parameters(), lr=1e-3)
     layer(_tensor(rng, (4, n))).sum().backward()      # a gradient for every parameter
@@ -195,8 +187,6 @@ def _fastest(fn, repeats):
 def measure(twins, quick=True, seed=0) -> None:
     """Fill in each twin's ``times`` and ``speedup`` (a twin without a workload stays None).
     Runs on NumPy, with the fast layer on."""
-    from minitx import configuration  # noqa: PLC0415
-
     repeats = 5 if quick else 9
     for twin in twins:
         if twin.name not in WORKLOADS:
