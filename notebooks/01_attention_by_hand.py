@@ -118,6 +118,8 @@ dims = (4, 16, 64, 256) if QUICK else (4, 16, 64, 256, 1024)
 samples = 4000 if QUICK else 20000
 n_keys, n_queries = 16, 200
 table = []
+# For each d_k: Var(q·k) over many random pairs, and for rows of 16 keys the softmax's
+# largest weight and the Frobenius norm of its Jacobian, unscaled and scaled by 1/√d_k.
 for d in dims:
     q = rng.standard_normal((samples, d))
     k = rng.standard_normal((samples, d))
@@ -126,6 +128,7 @@ for d in dims:
     ks = rng.standard_normal((n_queries, n_keys, d))
     raw = (qs * ks).sum(-1)                          # (queries, keys)
     row = {"d_k": d, "var_raw": dots.var(), "var_scaled": (dots / math.sqrt(d)).var()}
+    # ‖J‖_F near 0 means almost no gradient reaches the scores: the softmax has saturated.
     for label, sc in (("raw", raw), ("scaled", raw / math.sqrt(d))):
         t = minitx.tensor(sc, dtype="float64")
         w = to_host(F.softmax(t, axis=-1))
@@ -142,14 +145,17 @@ for r in table:
 # %%
 d_axis = [r["d_k"] for r in table]
 fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+# Left: score variance against d_k (dotted: the line d_k itself).
 axes[0].loglog(d_axis, [r["var_raw"] for r in table], "o-", label="$q\\cdot k$")
 axes[0].loglog(d_axis, [r["var_scaled"] for r in table], "s-", label="$q\\cdot k/\\sqrt{d_k}$")
 axes[0].loglog(d_axis, d_axis, "k:", label="$d_k$")
 axes[0].set(xlabel="$d_k$", ylabel="variance", title="score variance")
+# Middle: the mean largest weight (dotted: 1/16, uniform attention over the 16 keys).
 axes[1].semilogx(d_axis, [r["maxw_raw"] for r in table], "o-", label="unscaled")
 axes[1].semilogx(d_axis, [r["maxw_scaled"] for r in table], "s-", label="scaled")
 axes[1].axhline(1 / n_keys, color="k", ls=":", label="uniform")
 axes[1].set(xlabel="$d_k$", ylabel="mean max weight", title="softmax saturation")
+# Right: the Jacobian's size, how much gradient gets through the softmax.
 axes[2].loglog(d_axis, [r["J_raw"] for r in table], "o-", label="unscaled")
 axes[2].loglog(d_axis, [r["J_scaled"] for r in table], "s-", label="scaled")
 axes[2].set(xlabel="$d_k$", ylabel="median $\\|J\\|_F$", title="gradient through softmax")

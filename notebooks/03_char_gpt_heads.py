@@ -27,11 +27,14 @@ from minitx import nn, optim
 from minitx.backend import to_host
 from minitx.data import CharVocab, lm_batch, stdlib_corpus
 
+# MINITX_QUICK=1 shrinks the run (the tests use it); MINITX_SEED seeds both minitx's
+# generator (initial weights) and NumPy's (which draws the batches), so a run repeats.
 QUICK = os.environ.get("MINITX_QUICK", "0") == "1"
 SEED = int(os.environ.get("MINITX_SEED", "0"))
 minitx.manual_seed(SEED)
 rng = np.random.default_rng(SEED)
 
+# Sizes: 2 layers × 4 heads, 64-wide embeddings, 64-character windows, batches of 16.
 STEPS = 500 if QUICK else 1500
 CHARS = 100_000 if QUICK else 400_000
 BLOCK, BATCH, LAYERS, HEADS, D_MODEL, LR = 64, 16, 2, 4, 64, 3e-3
@@ -84,11 +87,15 @@ def held_out_loss(batches=4):
     return total / batches
 
 
+# AdamW (decoupled weight decay), warm-up then cosine decay to LR/10. Held-out windows come
+# from their own generator, so evaluating never changes the training batches.
 opt = optim.AdamW(model.parameters(), lr=LR, weight_decay=0.1, betas=(0.9, 0.99))
 schedule = optim.WarmupCosine(opt, warmup_steps=STEPS // 20, total_steps=STEPS, min_lr=LR / 10)
 eval_rng = np.random.default_rng(SEED + 1)
 losses, checkpoints = [], []
 started = time.perf_counter()
+# One step: next-character cross-entropy on a random batch, backward through every layer,
+# clip the gradient norm to 1, update, advance the schedule; held-out loss 5 times in all.
 for step in range(STEPS):
     x, y = lm_batch(train, BATCH, BLOCK, rng)                # (B, T) ids and targets
     _, loss = model(minitx.tensor(x), minitx.tensor(y))

