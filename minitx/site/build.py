@@ -894,7 +894,8 @@ a.ref code { color: var(--accent); }
 /* What is wider than its column scrolls inside its own box, and says so: a visible thin
    scrollbar, and a shadow on the side where more is hidden (covers that scroll with the
    content hide the shadow at either end). Nothing is clipped. */
-.math, .prose pre, .doc pre, .notebook pre, .nb-md pre, .scroll, .proof, .doc table {
+.math, .prose pre, .doc pre, .notebook pre, .nb-md pre, .scroll, .proof, .doc table,
+.notebook table, .prose table {
   scrollbar-width: thin; scrollbar-color: #9aa6b8 transparent;
   background:
     linear-gradient(to right, var(--bg, #fff) 30%, rgba(255,255,255,0)) left / 1.5rem 100%
@@ -931,9 +932,10 @@ math { font-size: 1.08em; }
 svg.plot { max-width: 100%; height: auto; font: 10px sans-serif; }
 .doc, .notebook, .intro, .course, .appendix { max-width: 920px; }
 .doc img, .notebook img { max-width: 100%; height: auto; }
-.doc table { border-collapse: collapse; display: block; max-width: 100%; overflow-x: auto;
-             font-size: 14px; }
-.doc td, .doc th { border: 1px solid var(--rule); padding: .2rem .5rem; }
+.doc table, .notebook table, .prose table { border-collapse: collapse; display: block;
+             max-width: 100%; overflow-x: auto; font-size: 14px; }
+.doc td, .doc th, .notebook td, .notebook th, .prose td, .prose th {
+  border: 1px solid var(--rule); padding: .2rem .5rem; }
 .doc pre, .notebook pre { padding: .6rem .8rem; overflow-x: auto; font-size: 13px; }
 .nb-out { border-left: 3px solid #cfe0f5; }
 .banner { background: #fff6e0; border: 1px solid #f0d48a; padding: .5rem .8rem; }
