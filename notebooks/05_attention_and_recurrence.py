@@ -24,6 +24,7 @@ import numpy as np
 
 import minitx
 import minitx.functional as F
+
 # The registered layers, and the functions they are built from (the chunk, the recurrence,
 # the scan), so that each form can be called on its own.
 from minitx.attention import REGISTRY, linear_attention

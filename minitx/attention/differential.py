@@ -33,6 +33,7 @@ from ..nn import init
 from ..nn.hooks import HookPoint
 from ..nn.layers import RMSNorm
 from ..nn.module import Parameter
+
 # Each of the two maps is ordinary softmax attention, so the scores and the attention op are
 # reused from ``ops``; only the weighted difference P₁ − λP₂ is new here.
 from ..ops.activation import softmax

@@ -49,6 +49,7 @@ from ..ops.linalg import einsum
 from ..ops.shape import broadcast_to, concatenate, expand_dims, reshape
 from .base import (AttentionBase, check_heads, hookable_attention, hooked_heads, merge_heads,
                    register, repeat_kv, split_heads)
+
 # MLA's cache keeps its latents in a KVCache's buffers (see LatentCache), and its decoupled
 # key part is rotated with the same RoPE as the ``rope`` variant.
 from .kv_cache import KVCache

@@ -44,6 +44,7 @@ from ..nn.hooks import HookPoint
 from ..nn.module import Parameter
 from ..ops.indexing import getitem
 from ..ops.linalg import einsum
+
 # The variants below subclass the exact layer and change only the scores (a bias, or rotated
 # q and k); the softmax, the weighted sum of values and the heads are inherited.
 from .base import causal_pattern, hooked_heads, register, repeat_kv_array, softmax_rows_array

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import backend, validate
+
 # Any registered attention variant can fill the blocks; the KV caches (plain or paged) make
 # generation feed one new token a step.
 from ..attention import (REGISTRY, ExactSelfAttention, KVCache, PagedKVCache,
@@ -25,6 +26,7 @@ from ..nn.layers import Dropout, Embedding, LayerNorm, Linear
 from ..nn.hooks import HookedModel, HookPoint
 from ..nn.module import Module, ModuleList
 from ..nn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+
 # With tied weights the LM head is a plain linear map by wteᵀ, trained by cross-entropy.
 from ..ops.linalg import linear
 from ..ops.loss import cross_entropy
