@@ -89,6 +89,7 @@ def dot_product_attention(query, key, value, weight=None, mask=None):
     if key.shape[-2] != value.shape[-2]:
         raise ValueError(f"dot_product_attention: key and value must have the same length, "
                          f"got key {tuple(key.shape)} and value {tuple(value.shape)}")
+    # the scores, unscaled (Luong's), then the same softmax and weighted mean as above
     scores = matmul(qw, swapaxes(key, -1, -2))                  # (…, Nq, Dk) @ (…, Dk, Nk)
     weights = _masked_softmax(scores, mask)                     # (…, Nq, Nk)
     return matmul(weights, value), weights                      # (…, Nq, Nk) @ (…, Nk, Dv)
@@ -121,6 +122,7 @@ class AdditiveAttention(Module):
         super().__init__()
         key_dim = query_dim if key_dim is None else key_dim
         hidden_dim = query_dim if hidden_dim is None else hidden_dim
+        # W_q, W_k project into the hidden space A; v reads one score out of tanh(…)
         for name, val in (("query_dim", query_dim), ("key_dim", key_dim),
                           ("hidden_dim", hidden_dim)):
             validate.positive_int(val, name, owner="AdditiveAttention")
@@ -129,6 +131,7 @@ class AdditiveAttention(Module):
         self.v = Linear(hidden_dim, 1, bias=False)
 
     def forward(self, query, key, value, mask=None):
+        # the MLP scores, then softmax over keys and the weighted mean of the values
         if key.shape[-2] != value.shape[-2]:
             raise ValueError(f"AdditiveAttention: key and value must have the same length, "
                              f"got key {tuple(key.shape)} and value {tuple(value.shape)}")
@@ -158,6 +161,7 @@ class SelfAttention(Module):
         self.last_attn_weights = None
 
     def forward(self, x, mask=None):
+        # project x three ways, then the fused op (ops/sdpa.py) does softmax(Q Kᵀ/√E + M) V
         if len(x.shape) != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"{type(self).__name__}: x must be (B, N, {self.embed_dim}), got "
                              f"shape {tuple(x.shape)}")
