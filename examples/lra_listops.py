@@ -40,7 +40,11 @@ from minitx.data import LISTOPS_TOKENS, listops_dataset
 from minitx.viz import line_plot
 from minitx.backend import to_host
 
-DEFAULT_VARIANTS = "mha,local,linear,performer,linformer,bigbird,reformer"
+# the efficient transformers, then the attention of current models that reads both ways
+# (retention, the delta rule and SSD are causal by nature: pass them with --variants to try
+# minitx's bidirectional extensions of them)
+DEFAULT_VARIANTS = ("mha,local,linear,performer,linformer,bigbird,reformer,nystrom,mla,diff,"
+                    "sigmoid")
 
 
 def variant_options(name, seq_len):
@@ -53,6 +57,9 @@ def variant_options(name, seq_len):
         "reformer": {"n_buckets": 4, "chunk_size": 32},
         "synthesizer": {"max_len": seq_len},
         "routing": {"window": 32},
+        "nystrom": {"num_landmarks": 16},
+        "sigmoid": {"context_length": seq_len},
+        "sink": {"window": 64},
     }.get(name, {})
 
 

@@ -82,7 +82,8 @@ def test_char_gpt(tmp_path):
 
 def test_lra_listops(tmp_path):
     r, out, _ = run_example("lra_listops", tmp_path)
-    wanted = {"mha", "local", "linear", "performer", "linformer", "bigbird", "reformer"}
+    wanted = {"mha", "local", "linear", "performer", "linformer", "bigbird", "reformer", "nystrom",
+              "mla", "diff", "sigmoid"}
     assert wanted <= set(r["variants"])
     for name in wanted:
         v = r["variants"][name]
