@@ -116,7 +116,7 @@ COURSE = [
       "notebooks/02_efficient_attention.py"]),
     ("The CUDA kernel: naive",
      "The online softmax on a GPU, one thread per query row: the kernel to read first.",
-     ["minitx/backend/kernels/flash_naive.cuh", "docs/cuda_kernel.md"]),
+     ["docs/gpu.md", "minitx/backend/kernels/flash_naive.cuh", "docs/cuda_kernel.md"]),
     ("The CUDA kernel: tiled",
      "Tiles in shared memory and registers, the CUDA-core kernels for float32.",
      ["minitx/backend/kernels/flash_common.cuh", "minitx/backend/kernels/flash_simt.cuh",
@@ -159,6 +159,10 @@ APPENDICES = [
      "the speed-up this build measured. Switch them off with MINITX_FAST=0: the course's "
      "references then run alone.",
      ["minitx/fast/*.py", "minitx/configuration.py"]),
+    ("Appendix: the project",
+     "How minitx is built and proven: the layers and every file, the tests and their oracles, "
+     "the benchmarks against PyTorch.",
+     ["docs/*.md"]),
     ("Appendix: the utilities", "Everything else: backends, data, pictures, the programs.",
      ["minitx/**"]),
 ]
@@ -176,8 +180,11 @@ def page_url(path: str) -> str:
 
 
 def _appendix_files(root: str, course: set) -> list:
-    """Every source file of the package that the course does not list, sorted."""
-    found = []
+    """Every source file of the package, and every page of docs/, that the course does not
+    list, sorted."""
+    docs = os.path.join(root, "docs")
+    found = [f"docs/{name}" for name in sorted(os.listdir(docs) if os.path.isdir(docs) else ())
+             if name.endswith(".md") and f"docs/{name}" not in course]
     for folder, dirs, files in os.walk(os.path.join(root, "minitx")):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
         for name in sorted(files):
@@ -267,7 +274,7 @@ def course_pages(root: str):
     order = {title: n for n, (title, _, _) in enumerate(APPENDICES)}
     files = _appendix_files(root, listed)
     files.sort(key=lambda p: (order[appendix_of(p)], p))
-    appendix = [Page(p, p, chapter=appendix_of(p)) for p in files]
+    appendix = [Page(p, p, chapter=appendix_of(p), kind=_kind(p)) for p in files]
     for a, b in zip(appendix, appendix[1:]):     # the appendices read in their own order
         a.next, b.prev = b, a
     return pages, appendix
