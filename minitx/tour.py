@@ -428,6 +428,9 @@ def run_tour(out=print, n: int = 1024) -> None:
         for line in lines:
             out(line)
     out("")
-    out(f"Tour done in {time.perf_counter() - t0:.1f} s. Next: `python -m minitx bench`, "
-        "`python -m minitx train seq2seq`,")
-    out("`python -m minitx patterns`, `python -m minitx doctor`.")
+    out(f"Tour done in {time.perf_counter() - t0:.1f} s.")
+    out("Next: the course, a reading site that starts at attention and walks the code with notes "
+        "and")
+    out("live proofs: `python -m pip install \".[docs]\" && python -m minitx site --out site`, "
+        "then open")
+    out("site/index.html. Also: `python -m minitx bench`, `python -m minitx train char_gpt`.")

@@ -69,6 +69,11 @@ def test_tour_sections(tour):
     assert "■" in tour and "·" in tour
 
 
+def test_the_tour_ends_pointing_at_the_course(tour):
+    ending = " ".join(tour.split("Tour done in", 1)[1].split())
+    assert "Next: the course" in ending and "python -m minitx site --out site" in ending
+
+
 def _cache_row(tour, name):
     m = re.search(rf"^\s+{name}\s+([0-9,]+)\s+([0-9,]+)\s+(\d+)", tour, re.M)
     assert m, f"no cache row for {name}"
