@@ -30,7 +30,6 @@ the state transposed, (Dk, Dv), as retention does, so that o_t = q_t S_t with ro
 """
 from __future__ import annotations
 
-import numpy as np
 
 from .. import functional as F
 from .. import validate
@@ -280,5 +279,5 @@ class DeltaNet(RecurrentAttention):
             for c in (4, 13):
                 out = to_host(run_in_chunks(delta_chunk, qn, kn, v, beta, None, c)[0].data)
                 rows.append((f"chunkwise UT form (C = {c}) − recurrence, max |Δ|",
-                             float(np.abs(out - recurrent).max()), 1e-12))
+                             float(host_xp.abs(out - recurrent).max()), 1e-12))
         return rows

@@ -23,7 +23,6 @@ cached forward) serve retention, the delta rule and SSD.
 """
 from __future__ import annotations
 
-import numpy as np
 
 from .. import functional as F
 from .. import validate
@@ -70,7 +69,7 @@ def decay_mask(log_decay, causal: bool = True):
     # causal: −inf above the diagonal, so exp gives 0 there; otherwise seg_ts + seg_st (one of
     # the two is 0 off the diagonal, both on it) gives the symmetric mask
     if causal:
-        return F.exp(F.masked_fill(seg, ~xp.tri(n, n, 0, dtype=bool), -np.inf))
+        return F.exp(F.masked_fill(seg, ~xp.tri(n, n, 0, dtype=bool), -host_xp.inf))
     return F.exp(seg + F.swapaxes(seg, -1, -2))
 
 
@@ -312,7 +311,7 @@ class Retention(RecurrentAttention):
         """(1, H, n) Tensor of log γ_h (retention's constant per-token decay), in ``like``'s
         array module and dtype."""
         xp = get_array_module(like.data)
-        logs = xp.asarray(np.log(self.gammas), dtype=like.dtype)                  # (H,)
+        logs = xp.asarray(host_xp.log(self.gammas), dtype=like.dtype)                  # (H,)
         return Tensor(xp.broadcast_to(logs[None, :, None], (1, self.num_heads, n)).copy())
 
     def decay_matrix(self, n: int):
@@ -376,8 +375,8 @@ class Retention(RecurrentAttention):
                                            layer.log_decay(13, q))[0].numpy()
         ref = to_host(layer.reference(q.data, k.data, v.data))
         return [("parallel (QKᵀ/√D ⊙ D)V − recurrent S_n = γS_{n−1} + k_nᵀv_n/√D, max |Δ|",
-                 float(np.abs(parallel - recurrent).max()), 1e-12),
+                 float(host_xp.abs(parallel - recurrent).max()), 1e-12),
                 ("chunkwise (C = 4) − parallel, max |Δ|",
-                 float(np.abs(chunkwise - parallel).max()), 1e-12),
+                 float(host_xp.abs(chunkwise - parallel).max()), 1e-12),
                 ("parallel − dense γ^(n−m) powers, max |Δ|",
-                 float(np.abs(parallel - ref).max()), 1e-12)]
+                 float(host_xp.abs(parallel - ref).max()), 1e-12)]

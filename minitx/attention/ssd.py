@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 
 from .. import functional as F
 from ..autograd.grad_mode import no_grad
@@ -113,12 +112,13 @@ class StateSpaceDuality(RecurrentAttention):
         g = rng()
         # Mamba-2's initialisation: Δ = softplus(dt_bias) log-uniform in [1e-3, 1e-1] (bias =
         # softplus⁻¹(Δ) = Δ + log(1 − e^{−Δ})), A uniform in [1, 16]; w small
-        dt = np.exp(g.uniform(math.log(1e-3), math.log(1e-1), h))
-        self.dt_bias = Parameter(active_xp().asarray(dt + np.log(-np.expm1(-dt)))
+        dt = host_xp.exp(g.uniform(math.log(1e-3), math.log(1e-1), h))
+        self.dt_bias = Parameter(active_xp().asarray(dt + host_xp.log(-host_xp.expm1(-dt)))
                                  .astype("float32"))
         self.dt_weight = Parameter(
             active_xp().asarray(g.standard_normal((h, d)) * 0.02).astype("float32"))
-        self.A_log = Parameter(active_xp().asarray(np.log(g.uniform(1, 16, h))).astype("float32"))
+        a_log = host_xp.log(g.uniform(1, 16, h))
+        self.A_log = Parameter(active_xp().asarray(a_log).astype("float32"))
         self.hook_dt = HookPoint()          # (B, H, N) Δ
         self.hook_decay = HookPoint()       # (B, H, N, N) L
         self.hook_pattern = HookPoint()     # (B, H, N, N) L ⊙ C B̄ᵀ
@@ -189,7 +189,7 @@ class StateSpaceDuality(RecurrentAttention):
         g = host_xp.random.default_rng(seed)
         c, b, x = (Tensor(active_xp().asarray(g.standard_normal((1, 2, 13, 4))))
                    for _ in range(3))
-        log_a = Tensor(active_xp().asarray(np.log(g.uniform(0.5, 1.0, (1, 2, 13)))))
+        log_a = Tensor(active_xp().asarray(host_xp.log(g.uniform(0.5, 1.0, (1, 2, 13)))))
         # The same recurrence evaluated three ways: the quadratic masked form, the linear scan, and
         # chunks of 4 (the scan across chunks, the quadratic form inside each).
         with no_grad():
@@ -200,13 +200,14 @@ class StateSpaceDuality(RecurrentAttention):
         # The mask by hand: L_ts = a_{s+1}···a_t = exp(A_t − A_s) from prefix sums A of log a,
         # kept for s ≤ t (the lower triangle).
         a_host = to_host(log_a.data)[0]                                  # (H, T)
-        prod = np.exp(np.cumsum(a_host, -1)[:, :, None] - np.cumsum(a_host, -1)[:, None, :])
-        by_hand = np.tril(prod) * (to_host(c.data)[0] @ to_host(b.data)[0].swapaxes(-1, -2))
+        cum = host_xp.cumsum(a_host, -1)
+        prod = host_xp.exp(cum[:, :, None] - cum[:, None, :])
+        by_hand = host_xp.tril(prod) * (to_host(c.data)[0] @ to_host(b.data)[0].swapaxes(-1, -2))
         q_, s_, ch_ = (to_host(t.data) for t in (quadratic, scan, chunked))
         scan_claim = ("masked attention (L ⊙ CBᵀ)X − linear scan h_t = a_t h_{t−1} + B_tᵀx_t, "
                       "max |Δ|")
-        return [(scan_claim, float(np.abs(q_ - s_).max()), 1e-12),
-                ("chunked (Q = 4) − masked attention, max |Δ|", float(np.abs(ch_ - q_).max()),
+        return [(scan_claim, float(host_xp.abs(q_ - s_).max()), 1e-12),
+                ("chunked (Q = 4) − masked attention, max |Δ|", float(host_xp.abs(ch_ - q_).max()),
                  1e-12),
                 ("M = L ⊙ CBᵀ − products a_{s+1}···a_t by prefix sums, max |Δ|",
-                 float(np.abs(m[0] - by_hand).max()), 1e-12)]
+                 float(host_xp.abs(m[0] - by_hand).max()), 1e-12)]
