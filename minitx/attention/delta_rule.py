@@ -123,7 +123,7 @@ def delta_rule_recurrent(q, k, v, beta):
     point."""
     xp = get_array_module(q.data)
     b, h, n, _ = q.shape
-    s = Tensor(xp.zeros((b, h, k.shape[-1], v.shape[-1]), dtype=q.dtype))
+    s = Tensor._wrap(xp.zeros((b, h, k.shape[-1], v.shape[-1]), dtype=q.dtype))
     bt = F.expand_dims(F.expand_dims(beta, -1), -1)                     # (B, H, N, 1, 1)
     outs = []
     for t in range(n):

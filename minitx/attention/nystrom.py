@@ -252,7 +252,7 @@ class NystromAttention(AttentionBase):
         pattern = F.matmul(F.matmul(kf, z), kb)                  # (B, H, Nq, Nk)
         if self.conv_kernel is not None:
             xp = get_array_module(kf.data)
-            eye = F.reshape(Tensor(xp.eye(nk, dtype=kf.dtype)), (1, 1, nk, nk))
+            eye = F.reshape(Tensor._wrap(xp.eye(nk, dtype=kf.dtype)), (1, 1, nk, nk))
             pattern = pattern + depthwise_sequence_conv(eye, self.conv_weight.astype(kf.dtype))
         self.hook_pattern(pattern)
 

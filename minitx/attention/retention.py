@@ -140,7 +140,7 @@ def decayed_recurrence(q, k, v, log_decay):
     xp = get_array_module(q.data)
     b, h, n, _ = q.shape
     a = F.expand_dims(F.exp(log_decay), -1)                            # (B|1, H, N, 1)
-    s = Tensor(xp.zeros((b, h, k.shape[-1], v.shape[-1]), dtype=q.dtype))
+    s = Tensor._wrap(xp.zeros((b, h, k.shape[-1], v.shape[-1]), dtype=q.dtype))
     outs = []
     for t in range(n):
         kt, vt = k[:, :, t:t + 1], v[:, :, t:t + 1]                    # (B, H, 1, D)
@@ -175,7 +175,7 @@ class RecurrentState:
 
     def tensor(self):
         """The state as a Tensor (no gradient), or None before the first token."""
-        return None if self.state is None else Tensor(self.state)
+        return None if self.state is None else Tensor._wrap(self.state)
 
     def update(self, state, num_tokens: int) -> None:
         """Keep ``state`` (a Tensor or raw array (B, H, Dk, Dv)) after ``num_tokens`` more."""
@@ -312,7 +312,7 @@ class Retention(RecurrentAttention):
         array module and dtype."""
         xp = get_array_module(like.data)
         logs = xp.asarray(host_xp.log(self.gammas), dtype=like.dtype)                  # (H,)
-        return Tensor(xp.broadcast_to(logs[None, :, None], (1, self.num_heads, n)).copy())
+        return Tensor._wrap(xp.broadcast_to(logs[None, :, None], (1, self.num_heads, n)).copy())
 
     def decay_matrix(self, n: int):
         """D (H, n, n), a host array: γ_h^{n−m} on and below the diagonal, 0 above (γ^{|n−m|}

@@ -324,7 +324,7 @@ class SinkAttention(AttentionBase):
         # the pattern on these positions, moved once to the data's device
         allowed = sink_rule(qpos[:, None], kpos[None, :], self.num_sinks, self.window,
                             self.causal)
-        allowed = self.hook_mask(Tensor(to_device_of(allowed, q.data))).data   # (Nq, Nk)
+        allowed = self.hook_mask(Tensor._wrap(to_device_of(allowed, q.data))).data   # (Nq, Nk)
         scores = masked_fill(self._scores(q, k, qpos, kpos), ~allowed, -math.inf)
         scores = self.hook_attn_scores(scores)                          # (B, H, Nq, Nk)
         pattern = self.hook_pattern(softmax(scores, axis=-1))           # a row: sums to 1
