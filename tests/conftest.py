@@ -90,3 +90,19 @@ def notebook_cache(tmp_path_factory):
     """One folder per test session where executed notebooks are kept (keyed by their source and
     settings), so the notebook tests and the site build execute each notebook once."""
     return tmp_path_factory.mktemp("executed-notebooks")
+
+
+def pytest_collection_finish(session):
+    """With ``--dist loadgroup`` every test marked ``xdist_group`` must carry its group in its
+    node id (pytest-xdist's scheduler reads it there), or the site and notebook tests scatter
+    over the workers and each builds the site again. pytest 9 no longer lets pytest-xdist 3.8
+    change node ids, hence the pin in the test extra; this says so loudly if it happens again."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [item.nodeid for item in session.items
+            if any(True for _ in item.iter_markers("xdist_group")) and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist's loadgroup did not group {len(lost)} tests (e.g. {lost[0]}): "
+            f"pytest {pytest.__version__} with this pytest-xdist does not keep the group in "
+            "the node id; install the versions the [test] extra pins")
