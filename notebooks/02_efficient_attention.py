@@ -12,7 +12,6 @@
 # 2. for the approximations, the error against exact attention as their budget grows.
 
 # %%
-import math
 import os
 import time
 import tracemalloc

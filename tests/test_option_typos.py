@@ -86,9 +86,9 @@ def test_a_variant_passing_options_to_its_base_suggests_the_bases_options_too(na
     assert "embed_dim" in message and "causal" in message
 
 
-def test_the_briefs_example_performer_nb_features():
-    message = assert_suggests(lambda: REGISTRY["performer"](16, 2, nb_features=8),
-                              "PerformerAttention", "nb_features", "num_features")
+def test_performer_nb_features_suggests_num_features():
+    assert_suggests(lambda: REGISTRY["performer"](16, 2, nb_features=8),
+                    "PerformerAttention", "nb_features", "num_features")
     assert REGISTRY["performer"](16, 2, num_features=8).num_features == 8   # the right one works
 
 

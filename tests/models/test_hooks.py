@@ -154,7 +154,6 @@ def test_multihead_attention_pattern_matches_its_returned_weights():
     out0, w0 = mha(x, x, x, is_causal=True, average_attn_weights=False)
     with mha.hooks([("hook_pattern", lambda t, hook: None)]):
         out1, w1 = mha(x, x, x, is_causal=True, average_attn_weights=False)
-    _, cache = None, {}
     assert_close(w1, w0, rtol=1e-12, atol=1e-15)
     assert_close(out1, out0, rtol=1e-12, atol=1e-15)
     assert mha.hook_pattern.fwd_hooks == []
