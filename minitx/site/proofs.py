@@ -35,6 +35,7 @@ import numpy as np
 import minitx
 import minitx.functional as F
 from minitx.attention import REGISTRY, causal_pattern, dense_attention_array
+from minitx.autograd.gradcheck import GradcheckError
 from minitx.backend import to_device
 from minitx.metrics import APPROX_BUDGETS, approx_distances
 from minitx.tour import _init_options
@@ -136,7 +137,7 @@ def _gradient(proof, fn, arrays, limit=1e-6):
     try:
         minitx.gradcheck(fn, tuple(minitx.tensor(a, dtype="float64", requires_grad=True)
                                    for a in arrays), eps=1e-6, atol=1e-5, rtol=1e-3)
-    except Exception as exc:
+    except GradcheckError as exc:        # a wrong gradient; any other error is a bug: it rises
         raise ProofFailure(f"proof {proof.name!r}: float64 gradcheck failed: {exc}") from exc
     shapes = " · ".join("×".join(map(str, a.shape)) for a in arrays)
     proof.check(f"float64 gradcheck passes; max |analytic − numerical| gradient, inputs "
