@@ -6,6 +6,7 @@ number; plots are log–log with readable units.
 """
 import re
 
+import numpy as np
 import pytest
 
 pytest.importorskip("markdown_it", reason='pip install ".[docs]"')
@@ -90,3 +91,20 @@ def test_plots_are_log_log_with_bytes_in_binary_units():
     assert ">1024<" in svg                       # the last tick is written whole
     assert "3145728" not in svg                  # no raw byte counts
     assert "1.5 ms" in svg_plot({"t": [(64, 1.5e-3), (128, 3e-3)]}, "N", "s", unit="s")
+
+
+def test_a_failed_gradcheck_fails_the_build_and_other_errors_rise_as_themselves(monkeypatch):
+    import minitx
+    from minitx.autograd.gradcheck import GradcheckError
+
+    def wrong(*args, **kwargs):
+        raise GradcheckError("input 0, element 3: analytic 1.0, numerical 2.0")
+    monkeypatch.setattr(minitx, "gradcheck", wrong)
+    with pytest.raises(proofs.ProofFailure, match="gradcheck failed: input 0"):
+        proofs._gradient(proofs.Proof("x", "X"), lambda t: t * 2, [np.ones(3)])
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug, not a wrong gradient")
+    monkeypatch.setattr(minitx, "gradcheck", broken)
+    with pytest.raises(KeyError):
+        proofs._gradient(proofs.Proof("x", "X"), lambda t: t * 2, [np.ones(3)])
