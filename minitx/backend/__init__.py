@@ -16,6 +16,7 @@ made on the host and moved to the device, so a seed gives the same numbers on bo
 """
 from __future__ import annotations
 
+import math
 import os
 
 import numpy
@@ -219,13 +220,63 @@ def scatter_add(target, index, values) -> None:
 
 def add_at(target, index, values) -> None:
     """``target[index] += values``, each repeated index adding once more (in place): NumPy's
-    ``numpy.add.at``, CuPy's ``cupyx.scatter_add``. (``target[index] += values`` itself would
-    add only once per distinct index.)"""
+    ``numpy.add.at`` on the host, ``add_at_in_order`` on a device. (``target[index] += values``
+    itself would add only once per distinct index.)"""
     if get_array_module(target) is numpy:
         numpy.add.at(target, index, values)
     else:
-        import cupyx  # noqa: PLC0415 - CuPy is only touched in this module
-        cupyx.scatter_add(target, index, values)
+        add_at_in_order(target, index, values)
+
+
+def add_at_in_order(target, index, values) -> None:
+    """``add_at`` without atomic additions, so that a device computes the same bits every run.
+
+    CuPy's ``cupyx.scatter_add`` adds with atomics, in whatever order the threads arrive: an
+    embedding's gradient then changes in its last bit from run to run, and a resumed training
+    run drifts from the uninterrupted one. Here the values are sorted by the place they add to
+    (a stable sort), and each run of equal places is summed by a segmented scan: log₂(m)
+    rounds of ``v[i] += v[i − s]`` where i − s is still in i's run (s = 1, 2, 4, …). The last
+    value of each run then holds the run's sum, added to its place once. The grouping of each
+    sum depends only on the index, never on timing.
+
+    An index of integer arrays, integers and slices picks whole rows of the axes it does not
+    cover (an embedding's backward: rows of the table), and the rows are what is sorted; any
+    other index (a boolean mask, ``None``, ``...``) is sorted element by element.
+    """
+    xp = get_array_module(target)
+    items = index if isinstance(index, tuple) else (index,)
+    if target.size == 0 or any(getattr(i, "size", 1) == 0 for i in items):
+        return                                                    # nothing adds anywhere
+    rows_of = all(isinstance(i, (int, slice)) or getattr(i, "dtype", None) is not None
+                  and i.dtype.kind in "iu" for i in items)
+    lead = target.shape[:len(items)] if rows_of else target.shape    # the axes indexed
+    if rows_of:                    # NumPy's add.at refuses an index out of range; CuPy wraps
+        for axis, (i, n) in enumerate(zip(items, lead)):
+            if getattr(i, "ndim", 0) and not (-n <= int(i.min()) and int(i.max()) < n):
+                bad = int(i.min()) if int(i.min()) < -n else int(i.max())
+                raise IndexError(f"index {bad} is out of bounds for axis {axis} with size {n}")
+    place = xp.arange(math.prod(lead)).reshape(lead)[index]        # each row's flat place
+    if place.size == 0:
+        return
+    rest = target.shape[len(lead):]
+    v = xp.broadcast_to(values, place.shape + rest).reshape(place.size, -1)
+    place = place.reshape(-1)
+    m = place.size
+    order = xp.argsort(place, kind="stable")
+    place, v = place[order], v[order]
+    i = xp.arange(m)
+    head = xp.ones(m, dtype=bool)                                 # i begins a run
+    head[1:] = place[1:] != place[:-1]
+    start = xp.flatnonzero(head)[xp.cumsum(head) - 1]             # where i's run begins
+    shifted = xp.zeros_like(v)
+    s = 1
+    while s < m:
+        shifted[s:] = v[:-s]
+        v += xp.where((i - s >= start)[:, None], shifted, 0)
+        s *= 2
+    last = xp.ones(m, dtype=bool)                                 # i ends a run
+    last[:-1] = head[1:]
+    target[xp.unravel_index(place[last], lead)] += v[last].reshape((-1,) + rest)
 
 
 from .npz import CheckpointError, read_npz  # noqa: E402  (host file I/O, re-exported)

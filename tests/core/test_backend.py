@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import minitx
 from minitx import backend
@@ -103,6 +104,57 @@ def test_scatter_add_refuses_an_index_out_of_range_and_changes_nothing(fast):
         with minitx.using_config(fast=fast), pytest.raises(IndexError):
             backend.scatter_add(target, np.array(index), np.ones((2, 2)))
         assert not target.any()
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 9), width=st.integers(1, 4), n=st.integers(1, 40),
+       kind=st.sampled_from(["rows", "inner rows", "elements", "mask"]),
+       seed=st.integers(0, 2 ** 16))
+def test_add_at_in_order_sums_what_numpy_add_at_sums(rows, width, n, kind, seed):
+    """The device's scatter-add (a sort and a segmented scan, no atomics) against
+    ``numpy.add.at`` on the host: the same sums, grouped differently (a tree instead of left to
+    right), so within a few roundings of the largest partial sum."""
+    r = np.random.default_rng(seed)
+    xp = backend.xp()
+    target = r.standard_normal((2, rows, width))
+    if kind == "rows":              # an embedding's backward: rows, negative indices too
+        target = target[0]
+        index = r.integers(-rows, rows, n)
+    elif kind == "inner rows":      # a sparse pattern's backward: rows of an inner axis
+        index = (slice(None), r.integers(0, rows, (n, 2)))
+    elif kind == "elements":        # TakeAlongAxis's backward: a full fancy index
+        index = (np.arange(2)[:, None, None], np.arange(rows)[:, None], r.integers(0, width, n))
+    else:                           # a boolean mask: element by element
+        index = r.random(target.shape) < 0.5
+    values = r.standard_normal(target[index].shape)
+    want = target.copy()
+    np.add.at(want, index, values)
+    on_device = (lambda i: xp.asarray(i) if isinstance(i, np.ndarray) else i)   # noqa: E731
+    device_index = tuple(map(on_device, index)) if isinstance(index, tuple) else on_device(index)
+    got = xp.asarray(target)
+    backend.add_at_in_order(got, device_index, xp.asarray(values))
+    bound = 8 * np.finfo(np.float64).eps * (np.abs(target).max() + np.abs(values).sum())
+    np.testing.assert_allclose(backend.to_device(got, "cpu"), want, rtol=0, atol=bound)
+
+
+def test_add_at_in_order_is_exact_where_every_sum_is():
+    """Small integers add exactly in any grouping: here the result is numpy.add.at's, bit for
+    bit, repeats and negative indices included."""
+    xp = backend.xp()
+    target = xp.zeros((4, 2))
+    backend.add_at_in_order(target, xp.asarray([3, 0, -1, 3, 1, 3]),
+                            xp.asarray([[1.0, 2], [3, 4], [5, 6], [7, 8], [9, 10], [11, 12]]))
+    np.testing.assert_array_equal(backend.to_device(target, "cpu"),
+                                  [[3, 4], [9, 10], [0, 0], [24, 28]])
+
+
+def test_add_at_in_order_refuses_an_index_out_of_range_and_changes_nothing():
+    xp = backend.xp()
+    for index in ([0, 3], [0, -4]):
+        target = xp.zeros((3, 2))
+        with pytest.raises(IndexError, match="out of bounds for axis 0 with size 3"):
+            backend.add_at_in_order(target, xp.asarray(index), xp.ones((2, 2)))
+        assert not bool(target.any())
 
 
 # ---- GPU (skipped without CuPy and a device) ----------------------------------------------
