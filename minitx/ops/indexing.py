@@ -51,6 +51,12 @@ class TakeAlongAxis(Function):
     @staticmethod
     def forward(ctx, x, indices, axis):
         xp = get_array_module(x)
+        n = x.shape[axis]
+        if indices.size:          # NumPy refuses an index out of range; CuPy would wrap it
+            low, high = int(indices.min()), int(indices.max())
+            if low < -n or high >= n:
+                raise IndexError(f"index {low if low < -n else high} is out of bounds for "
+                                 f"axis {axis} with size {n}")
         ctx.save_for_backward(indices)
         ctx.axis, ctx.shape = axis, x.shape
         return xp.take_along_axis(x, indices, axis=axis)
