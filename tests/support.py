@@ -27,6 +27,7 @@ tolerances are exactly ``np.testing``'s (default ``rtol=1e-7, atol=0`` for ``ass
 from __future__ import annotations
 
 import pathlib
+import tracemalloc
 
 import numpy as np
 
@@ -98,3 +99,34 @@ def assert_close(actual, desired, **tolerances):
 def assert_equal(actual, desired, **options):
     """``np.testing.assert_array_equal`` on ``to_host`` of both sides."""
     np.testing.assert_array_equal(to_host(actual), to_host(desired), **options)
+
+
+def _device_pool():
+    """CuPy's memory pool where the active backend is CuPy (the strict stand-in's holds host
+    arrays, which tracemalloc sees, and reports 0), else None."""
+    xp = minitx.backend.xp()
+    return xp.get_default_memory_pool() if xp is not np else None
+
+
+def peak_bytes(fn) -> int:
+    """The most bytes ``fn`` held at once: the host's, by tracemalloc, plus the device's. CuPy's
+    pool keeps every block it has allocated until told to free them; emptied first, the bytes
+    it holds afterwards are the most ``fn`` needed at once (rounded up to its block sizes)."""
+    pool = _device_pool()
+    if pool is not None:
+        pool.free_all_blocks()
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    try:
+        fn()
+        host = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return host + (pool.total_bytes() if pool is not None else 0)
+
+
+def held_bytes() -> int:
+    """Bytes held now: the host's as tracemalloc counts them (0 when it is not tracing) plus
+    the arrays alive on the active device."""
+    pool = _device_pool()
+    return tracemalloc.get_traced_memory()[0] + (pool.used_bytes() if pool is not None else 0)

@@ -21,7 +21,7 @@ import minitx.functional as F
 import minitx.nn as nn
 from minitx import optim
 from minitx.attention import REGISTRY
-from support import qkv, tensor, to_host
+from support import held_bytes, qkv, tensor, to_host
 
 BAD_POSITIVE = [0, -1, 2.5, True, "4", None]           # for an option that must be an int >= 1
 BAD_COUNT = [-1, 1.5, True, "2"]                        # for an option that must be an int >= 0
@@ -494,13 +494,14 @@ def test_a_nan_input_does_not_poison_the_routing_centroids():
 def test_after_backward_a_long_chain_holds_no_arrays():
     x = minitx.tensor(np.ones(1000), requires_grad=True)       # 8 KB per intermediate
     tracemalloc.start()
+    before = held_bytes()                                       # device arrays other tests left
     y = x
     for _ in range(5000):                                       # 40 MB if every node kept its
         y = y * 1.0                                             # input alive
     y = y.sum()
-    built = tracemalloc.get_traced_memory()[0]
+    built = held_bytes() - before                               # host and device
     y.backward()
-    held = tracemalloc.get_traced_memory()[0]                   # y is still referenced
+    held = held_bytes() - before                                # y is still referenced
     tracemalloc.stop()
     assert built > 20e6, built                                  # the chain really was there
     assert held < 1e6, held                                     # and is gone after backward

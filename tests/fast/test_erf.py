@@ -96,12 +96,14 @@ def test_pieces_equal_the_whole_array_bit_for_bit(whole, chunk, n):
 
 
 def test_device_arrays_are_never_cut_into_pieces():
-    """Only host arrays go in pieces (the cache they are sized for is the CPU's); on the
-    active backend the result is the host's, bit for bit."""
+    """Only host arrays go in pieces (the cache they are sized for is the CPU's): on the
+    active backend, with pieces smaller than the array, the result is the whole array's
+    evaluation there, bit for bit. (A GPU's exp may differ from the host's in the last bit, so
+    the comparison stays on one device.)"""
     x = np.random.default_rng(9).normal(0, 2, 300).astype(np.float32)
     dev = tensor(x, dtype=None).data
     np.testing.assert_array_equal(to_host(fast_erf.erf(dev, whole=64, chunk=16)),
-                                  fast_erf.erf_float32(x))
+                                  to_host(fast_erf.erf_float32(dev)))
 
 
 def _lawson(A, f, w, iterations=300):
@@ -205,4 +207,8 @@ def test_gelu_backward_switch(monkeypatch):
             F.gelu(t).sum().backward()
             grads[fast] = to_host(t.grad)
         assert calls == ([] if not fast else ["gelu_backward"])
-    assert np.all(np.abs(grads[True] - grads[False]) <= 1e-7)   # Φ from each form's erf
+    # Φ = (1 + erf)/2 from each form's erf: the two erfs are within 1.4e-7 (the module's
+    # measured bound), so the Φs within 0.7e-7; each form then rounds its float32 result once
+    # more (up to one ulp of the gradient between them).
+    bound = 0.7e-7 + np.spacing(np.abs(grads[False]))
+    assert np.all(np.abs(grads[True] - grads[False]) <= bound)

@@ -1,5 +1,4 @@
 """FlashAttention (tiled, online softmax, recomputing backward): exactness, masks, memory."""
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -8,7 +7,7 @@ import minitx
 import minitx.functional as F
 from minitx.attention import REGISTRY, causal_pattern, dense_attention_array
 from minitx.ops.flash import flash_attention, flash_attention_arrays
-from support import assert_close, assert_equal, qkv, tensor
+from support import assert_close, assert_equal, peak_bytes, qkv, tensor
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -102,15 +101,6 @@ def test_layer_is_exact_and_grouped():
         REGISTRY["flash"](16, 4, block_q=0)
     with pytest.raises(ValueError, match="key_mask"):
         flash_attention(*[tensor(x) for x in (q, k, v)], key_mask=np.ones((2, 5), bool))
-
-
-def peak_bytes(fn):
-    tracemalloc.start()
-    tracemalloc.reset_peak()
-    fn()
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    return peak
 
 
 def test_memory_is_linear_in_n():

@@ -226,6 +226,11 @@ U16 = 2.0 ** -11
 # 5x below U16, so the fp16 terms dominate and an O(1) bug (a wrong mask, a lost rescale) is
 # still thousands of times larger than the bound.
 C32 = 1e-4
+# fp16's absolute rounding error below its smallest normal number (2^-14), where its spacing is
+# the fixed 2^-24: |fl16(x) - x| <= U16 |x| + ETA16 (Higham's model with gradual underflow). A
+# probability or a gradient element can be that small (a GPU run met dK = 3.2e-6 off by 1.9e-8,
+# under U16 |dK| = 1.6e-9 but under ETA16); an O(1) bug stays ~1e7 times larger.
+ETA16 = 2.0 ** -25
 
 
 def error_bounds(q, k, v, o_in, do, dtype, causal=False, scale=None, key_mask=None,
@@ -239,7 +244,8 @@ def error_bounds(q, k, v, o_in, do, dtype, causal=False, scale=None, key_mask=No
 
     float16 (tensor-core kernels: fp16 operands, exact products, fp32 accumulation), derived
     from where the kernels round to fp16 (first order in U16; inputs are already fp16 values
-    and the reference is float64 on exactly those values):
+    and the reference is float64 on exactly those values). Each rounding below also carries
+    fp16's absolute error ETA16 in its subnormal range (left out of the formulas for brevity):
 
     * forward: P = exp(S - m) is rounded to fp16 before P @ V (the row sum l stays fp32), then
       O is rounded to fp16:  |dO_i| <= (U16 + C32) (P |V|)_i + U16 |O_i|;
@@ -284,16 +290,19 @@ def error_bounds(q, k, v, o_in, do, dtype, causal=False, scale=None, key_mask=No
     G = Hq // Hkv
     scale = 1.0 / np.sqrt(D) if scale is None else scale
     ke, ve = np.abs(_expand(k, Hq)), np.abs(_expand(v, Hq))
-    tol_o = (U16 + C32) * (P @ ve) + U16 * np.abs(o_ref)
-    pdo = np.swapaxes(P, -1, -2) @ np.abs(do)                                # (B, H, Nk, Dv)
-    tol_dv = (U16 + C32) * pdo.reshape(B, Hkv, G, Nk, -1).sum(2) + U16 * np.abs(dv_ref)
+    seen = (P > 0).astype(np.float64)          # where an fp16 P or dS is rounded (0 stays 0)
+    tol_o = (U16 + C32) * (P @ ve) + ETA16 * (seen @ ve) + U16 * np.abs(o_ref) + ETA16
+    pdo = (U16 + C32) * (np.swapaxes(P, -1, -2) @ np.abs(do)) \
+        + ETA16 * (np.swapaxes(seen, -1, -2) @ np.abs(do))                   # (B, H, Nk, Dv)
+    tol_dv = pdo.reshape(B, Hkv, G, Nk, -1).sum(2) + U16 * np.abs(dv_ref) + ETA16
     dP = do @ np.swapaxes(_expand(v, Hq), -1, -2)
     dvec = (do * o_in).sum(-1, keepdims=True)
     dS = P * (dP - dvec)
-    E = U16 * np.abs(dS) + C32 * P * (np.abs(do) @ np.swapaxes(ve, -1, -2) + np.abs(dvec))
-    tol_dq = scale * (E @ ke) + U16 * np.abs(dq_ref)
+    E = U16 * np.abs(dS) + ETA16 * seen \
+        + C32 * P * (np.abs(do) @ np.swapaxes(ve, -1, -2) + np.abs(dvec))
+    tol_dq = scale * (E @ ke) + U16 * np.abs(dq_ref) + ETA16
     tol_dk = (scale * (np.swapaxes(E, -1, -2) @ np.abs(q))).reshape(B, Hkv, G, Nk, D).sum(2)
-    tol_dk = tol_dk + U16 * np.abs(dk_ref)
+    tol_dk = tol_dk + U16 * np.abs(dk_ref) + ETA16
     return {"o": 1.05 * tol_o, "dq": 1.05 * tol_dq, "dk": 1.05 * tol_dk, "dv": 1.05 * tol_dv}
 
 

@@ -19,6 +19,7 @@ def _run(*args):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("MINITX_BACKEND", None)           # the script runs in a plain interpreter
     env.pop("MINITX_TEST_BACKEND", None)
+    env["CUDA_VISIBLE_DEVICES"] = ""          # no GPU even on a GPU machine: parse, then stop
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
                           timeout=120, env=env)
 
@@ -84,9 +85,11 @@ def test_the_check_covers_what_the_gpu_issue_lists():
 def test_goal_rows_run_first_and_goal_lines_compute_throughput_ratios():
     g = _script()
     import types
-    args = types.SimpleNamespace(n=[1024, 4096, 16384], d=[64], causal=False)
+    args = types.SimpleNamespace(n=[1024, 4096, 16384], d=[64, 128], causal=False)
     configs = g._configs(args, g.KERNEL_FAMILIES)
-    assert {c[0] for c in configs[:4]} == {g.GOAL_N}
+    goals = [c for c in configs if c[0] == g.GOAL_N and c[2][0] in ("tc", "simt")]
+    assert len(goals) == 8 and configs[:8] == goals          # 2 families × 2 D × causal or not
+    assert configs[8][0] == g.GOAL_N and configs[8][2][0] == "naive"
     row = dict(label="fwd+bwd", fam="tc", D=64, N=g.GOAL_N, causal=False, flops=1e12,
                mine=0.010, torch=0.002, backend="flash")
     lines = g.goal_lines([row, dict(row, fam="simt", torch=0.020, backend="efficient")])
