@@ -18,6 +18,7 @@ import math
 import numpy
 
 from .. import configuration
+from ..backend import get_array_module
 
 __all__ = ["row_max", "row_sum"]
 
@@ -37,15 +38,14 @@ def row_max(x):
 
 def row_sum(x):
     """Twin of ``ops._util.row_sum`` (``x.sum(axis=-1, keepdims=True)``), for a C-contiguous
-    float32/float64 NumPy array as the matrix-vector product X·1: the same sum of each row,
-    added in BLAS's order instead of NumPy's (equal within float rounding of a length-k sum).
-    Other arrays take the reference (a device's sum is one kernel already, and cuBLAS's order
-    would change the bits for nothing)."""
-    if x.__class__ is not numpy.ndarray or x.dtype.kind != "f" or x.dtype.itemsize < 4 \
-            or not x.flags.c_contiguous or x.ndim == 0:
+    float32/float64 array as the matrix-vector product X·1: the same sum of each row, added in
+    BLAS's order instead of NumPy's (equal within float rounding of a length-k sum). Other
+    arrays take the reference."""
+    if x.dtype.kind != "f" or x.dtype.itemsize < 4 or not x.flags.c_contiguous or x.ndim == 0:
         return x.sum(axis=-1, keepdims=True)
     rows, k = math.prod(x.shape[:-1]), x.shape[-1]
-    return (x.reshape(rows, k) @ numpy.ones(k, dtype=x.dtype)).reshape(x.shape[:-1] + (1,))
+    xp = get_array_module(x)
+    return (x.reshape(rows, k) @ xp.ones(k, dtype=x.dtype)).reshape(x.shape[:-1] + (1,))
 
 
 configuration.register_twin("row_max", row_max)
