@@ -229,15 +229,16 @@ def add_at(target, index, values) -> None:
 
 
 def add_at_in_order(target, index, values) -> None:
-    """``add_at`` without atomic additions, so that a device computes the same bits every run.
+    """``add_at`` without atomic additions: the bits of ``numpy.add.at``, on any device.
 
     CuPy's ``cupyx.scatter_add`` adds with atomics, in whatever order the threads arrive: an
     embedding's gradient then changes in its last bit from run to run, and a resumed training
-    run drifts from the uninterrupted one. Here the values are sorted by the place they add to
-    (a stable sort), and each run of equal places is summed by a segmented scan: log₂(m)
-    rounds of ``v[i] += v[i − s]`` where i − s is still in i's run (s = 1, 2, 4, …). The last
-    value of each run then holds the run's sum, added to its place once. The grouping of each
-    sum depends only on the index, never on timing.
+    run drifts from the uninterrupted one. ``numpy.add.at`` adds the values to each place one
+    after another, in the index's order. Here the same additions happen in the same order, in
+    rounds: a stable sort by place numbers each value within its place (0 for the first value
+    that adds to it, 1 for the second, …), and round r adds every place's value number r at
+    once. No place occurs twice in a round, so ``target[places] += values`` is exact there; as
+    many rounds as the most values any one place receives.
 
     An index of integer arrays, integers and slices picks whole rows of the axes it does not
     cover (an embedding's backward: rows of the table), and the rows are what is sorted; any
@@ -259,24 +260,20 @@ def add_at_in_order(target, index, values) -> None:
     if place.size == 0:
         return
     rest = target.shape[len(lead):]
-    v = xp.broadcast_to(values, place.shape + rest).reshape(place.size, -1)
+    v = xp.broadcast_to(values, place.shape + rest).reshape(place.size, *rest)
     place = place.reshape(-1)
-    m = place.size
-    order = xp.argsort(place, kind="stable")
-    place, v = place[order], v[order]
-    i = xp.arange(m)
-    head = xp.ones(m, dtype=bool)                                 # i begins a run
-    head[1:] = place[1:] != place[:-1]
-    start = xp.flatnonzero(head)[xp.cumsum(head) - 1]             # where i's run begins
-    shifted = xp.zeros_like(v)
-    s = 1
-    while s < m:
-        shifted[s:] = v[:-s]
-        v += xp.where((i - s >= start)[:, None], shifted, 0)
-        s *= 2
-    last = xp.ones(m, dtype=bool)                                 # i ends a run
-    last[:-1] = head[1:]
-    target[xp.unravel_index(place[last], lead)] += v[last].reshape((-1,) + rest)
+    by_place = xp.argsort(place, kind="stable")                   # each place's values in order
+    place = place[by_place]
+    first = xp.ones(place.size, dtype=bool)                       # a place's first value
+    first[1:] = place[1:] != place[:-1]
+    starts = xp.flatnonzero(first)
+    number = xp.arange(place.size) - starts[xp.cumsum(first) - 1]    # 0, 1, … within a place
+    by_round = xp.argsort(number, kind="stable")                  # round 0's values, round 1's…
+    place, v = place[by_round], v[by_place[by_round]]
+    low = 0
+    for size in xp.bincount(number).tolist():                     # the rounds' sizes, on the host
+        target[xp.unravel_index(place[low:low + size], lead)] += v[low:low + size]
+        low += size
 
 
 from .npz import CheckpointError, read_npz  # noqa: E402  (host file I/O, re-exported)
