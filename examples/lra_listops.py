@@ -77,7 +77,8 @@ def parse_args(argv=None):
                    help="warm-up as a fraction of the steps")
     p.add_argument("--train-size", type=int, default=3000)
     p.add_argument("--test-size", type=int, default=300)
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps per variant (default 600; 80 with --quick)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--d-model", type=int, default=32)
     p.add_argument("--heads", type=int, default=2)
@@ -85,8 +86,10 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     args = p.parse_args(argv)
     if args.quick:
-        args.min_len, args.max_len, args.steps = 10, 40, 80
+        args.min_len, args.max_len = 10, 40
         args.train_size, args.test_size, args.batch_size = 400, 200, 16
+    if args.steps is None:                      # --quick --steps N keeps the N given
+        args.steps = 80 if args.quick else 600
     return args
 
 

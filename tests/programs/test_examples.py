@@ -100,6 +100,20 @@ def test_lra_listops(tmp_path):
     _files_exist(r)
 
 
+def test_lra_listops_quick_keeps_a_step_count_given_with_it():
+    """--quick shortens what the user left at its default, not what they chose (the GPU run
+    passes --quick --steps 30)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "lra_listops_args", os.path.join(REPO, "examples", "lra_listops.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.parse_args([]).steps == 600
+    assert mod.parse_args(["--quick"]).steps == 80
+    assert mod.parse_args(["--quick", "--steps", "30"]).steps == 30
+    assert mod.parse_args(["--steps", "7"]).steps == 7
+
+
 def test_efficient_report(tmp_path):
     r, out, _ = run_example("efficient_report", tmp_path)
     dec = {d["variant"]: d for d in r["decoding"]}
