@@ -1,6 +1,6 @@
 """Causal attention far from square: Nq << Nk and Nq >> Nk, both spanning many tiles.
 
-An H100 run that reported "the kernel is wrong for causal attention with Nq = 5, Nk = 300" compared
+A GPU run that reported an earlier kernel "wrong for causal attention with Nq = 5, Nk = 300" compared
 the kernel's output with ``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)``.
 PyTorch's ``is_causal`` is *top-left* aligned (``torch.tril(ones(Nq, Nk))``; documented as
 equivalent to ``torch.nn.attention.bias.causal_upper_left``), while minitx is *bottom-right*
@@ -8,14 +8,14 @@ aligned (query i sees key j iff j <= i + Nk - Nq, ``causal_lower_right``). The t
 when Nq == Nk, which is why every square causal configuration of that run passed and the one
 Nq != Nk causal configuration "failed" with O(1) errors. The emulated kernel, run on exactly
 that shape, matches the float64 bottom-right reference to fp32 rounding; the test
-``test_h100_magnitudes_are_the_alignment_difference`` shows that the reported magnitudes (2.5 in
+``test_the_reported_magnitudes_are_the_alignment_difference`` shows that the reported magnitudes (2.5 in
 O, 1.4 dQ, 1.3 dK, 2.9 dV) are those of top-left vs bottom-right.
 
 What stays pinned here, for every kernel family (fp32 CUDA-core and fp16 tensor-core):
 hypothesis draws (Nq, Nk) pairs from both regimes: the short side 1..24, the long side
 130..300, i.e. 3..10 key or query tiles (tiles are 32..64 rows), forward and backward against the float64 reference.
 Examples are few and derandomized (each one is an emulated forward + backward in a child
-process: 6 + 4 + 3 + 3 drawn pairs, and the evidence shape (5, 300) and its transpose as explicit
+process: 6 + 4 + 3 + 3 drawn pairs, and the reported shape (5, 300) and its transpose as explicit
 examples for both dtypes).
 """
 import warnings
@@ -108,9 +108,9 @@ def test_reference_alignment_is_lower_right():
         assert np.array_equal(ours, ul) == (Nq == Nk)
 
 
-def test_h100_magnitudes_are_the_alignment_difference():
+def test_the_reported_magnitudes_are_the_alignment_difference():
     """Top-left (PyTorch is_causal) against bottom-right (minitx) at Nq = 5, Nk = 300 gives
-    O(1) differences of the size the H100 run reported (2.5 O, 1.4 dQ, 1.3 dK, 2.9 dV), while the
+    O(1) differences of the size that run reported (2.5 O, 1.4 dQ, 1.3 dK, 2.9 dV), while the
     kernel itself (tests above, same shape) is within fp32 rounding of the bottom-right one."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
