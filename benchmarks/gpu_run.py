@@ -4,6 +4,8 @@
     python3 benchmarks/gpu_run.py OUT_DIR              # on the GPU machine, from anywhere
     python benchmarks/gpu_run.py --dry-run OUT_DIR      # rehearsal here, on the CPU
     python3 benchmarks/gpu_run.py --steps 4,6 OUT_DIR   # some steps only (a rerun after a fix)
+    python3 benchmarks/gpu_run.py --steps 2 --rerun-from OLD_OUT NEW_OUT   # only the tests that
+                                                        # failed or were left out in OLD_OUT
 
 The working tree may arrive un-installed: every step runs with ``PYTHONPATH`` set to this
 repository. ``$PYTHON`` names the interpreter (default ``python3``; with ``--dry-run`` the one
@@ -231,6 +233,7 @@ class Result:
 class Run:
     def __init__(self, args):
         self.dry = args.dry_run
+        self.rerun = getattr(args, "rerun_from", None)      # node ids, or None: the whole suite
         self.out = os.path.abspath(args.out_dir)
         self.work = tempfile.mkdtemp(prefix="gpu_run-")
         self.python = os.environ.get("PYTHON") or (sys.executable if self.dry else "python3")
@@ -371,13 +374,18 @@ def step_suite(run, step, deadline):
     env["PYTHONPATH"] += os.pathsep + HERE                     # `-p gpu_run`
     deselected = os.path.join(run.work, "deselected.txt")
     env[DESELECTED_ENV] = deselected
+    if run.rerun:
+        paths = run.rerun
+        res.notes.append(f"rerun of {len(run.rerun)} tests or files that failed, errored or "
+                         "were left out before")
     if run.dry:
-        paths = [p for n in DRY_RUN_SUITE for p in _find_tests(n)]
+        if not run.rerun:
+            paths = [p for n in DRY_RUN_SUITE for p in _find_tests(n)]
+            res.notes.append(f"dry run: {', '.join(DRY_RUN_SUITE)} only")
         env["MINITX_TEST_BACKEND"] = "strict-cupy"
-        res.notes.append(f"dry run: {', '.join(DRY_RUN_SUITE)} only, on the strict CuPy "
-                         "stand-in")
+        res.notes.append("on the strict CuPy stand-in")
     else:
-        paths = ["tests"]
+        paths = run.rerun or ["tests"]
         env["MINITX_BACKEND"] = "cupy"
         # new tests stop starting when the running ones (each within its timeout) and the
         # JUnit XML still fit in the step's time
@@ -1014,6 +1022,30 @@ def probe_flash_emulated(work):
     return 0 if ok and rows else 1
 
 
+def rerun_ids(out_dir):
+    """The pytest node ids a suite rerun needs: every test that failed, errored or was left out
+    by the budget in ``out_dir``'s suite-junit.xml.gz (a file that failed to collect is named
+    by itself), except in files CPU-only by design. JUnit names a test by dotted module and
+    class (``classname``) and name."""
+    with gzip.open(os.path.join(out_dir, "suite-junit.xml.gz")) as fh:
+        root = ET.parse(fh).getroot()
+    ids = []
+    for tc in root.iter("testcase"):
+        kinds = {c.tag: c for c in tc if c.tag in ("failure", "error", "skipped")}
+        left = "skipped" in kinds and BUDGET_SKIP in (kinds["skipped"].get("message") or "")
+        if not ("failure" in kinds or "error" in kinds or left):
+            continue
+        dotted = (tc.get("classname") or tc.get("name") or "").split(".")
+        for cut in range(len(dotted), 0, -1):           # the longest prefix that is a file
+            path = "/".join(dotted[:cut]) + ".py"
+            if os.path.isfile(os.path.join(ROOT, path)):
+                rest = dotted[cut:] + ([tc.get("name")] if tc.get("classname") else [])
+                if os.path.basename(path) not in CPU_ONLY_BY_DESIGN:   # not run there now
+                    ids.append("::".join([path] + rest))
+                break
+    return list(dict.fromkeys(ids))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -1022,6 +1054,9 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true",
                     help="each step at its smallest on the strict CuPy stand-in, on the CPU")
     ap.add_argument("--steps", default=None, help="only these steps, e.g. 4,6")
+    ap.add_argument("--rerun-from", metavar="EARLIER_OUT_DIR", default=None,
+                    help="step 2 runs only what failed, errored or was left out by the budget "
+                         "in that run's suite-junit.xml.gz")
     ap.add_argument("--probe", nargs="+", help=argparse.SUPPRESS)   # a step's helper
     ap.add_argument("--need-gpu", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -1038,6 +1073,13 @@ def main(argv=None):
         ap.error("OUT_DIR is required")
     if args.steps and not re.fullmatch(r"[1-6](,[1-6])*", args.steps):
         ap.error(f"--steps takes step numbers 1-6 separated by commas, got {args.steps!r}")
+    if args.rerun_from:
+        try:
+            args.rerun_from = rerun_ids(args.rerun_from)
+        except (OSError, ET.ParseError) as exc:
+            ap.error(f"--rerun-from needs an earlier OUT_DIR with suite-junit.xml.gz: {exc}")
+        if not args.rerun_from:
+            ap.error("--rerun-from: that run's suite had nothing failed, errored or left out")
     return run_steps(args)
 
 

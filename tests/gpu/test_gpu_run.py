@@ -157,3 +157,44 @@ def test_every_cpu_only_file_named_exists():
     missing = [name for name in g.CPU_ONLY_BY_DESIGN if not g._find_tests(name)]
     assert not missing, f"CPU_ONLY_BY_DESIGN names files that are gone: {missing}"
     assert all(g._find_tests(name) for name in g.DRY_RUN_SUITE)
+
+
+def test_a_rerun_takes_what_failed_errored_or_was_left_out(tmp_path):
+    """``--rerun-from``: the node ids of an earlier run's JUnit XML that did not pass, in pytest's
+    spelling (file path, class, name with its parameters); passed and skipped tests stay out,
+    and so do files now CPU-only by design."""
+    g = _gpu_run()
+    cases = [
+        '<testcase classname="tests.fast.test_core" name="test_bits[a-1]"><failure message="x"/>'
+        '</testcase>',
+        '<testcase classname="tests.core.test_backend" name="test_ok"/>',
+        '<testcase classname="tests.attention.test_registry_contract" name="test_gradcheck[mla]">'
+        f'<skipped message="{g.BUDGET_SKIP}"/></testcase>',
+        '<testcase classname="tests.nn.test_nn" name="test_skip"><skipped message="no GPU"/>'
+        '</testcase>',
+        '<testcase classname="tests.fast.test_erf" name="test_e"><error message="boom"/></testcase>',
+        '<testcase classname="" name="tests.docs.test_course_notes"><error message="import"/>'
+        '</testcase>',
+    ]
+    xml = '<testsuites><testsuite name="pytest">' + "".join(cases) + "</testsuite></testsuites>"
+    with gzip.open(tmp_path / "suite-junit.xml.gz", "wt", encoding="utf-8") as fh:
+        fh.write(xml)
+    assert g.rerun_ids(str(tmp_path)) == [
+        "tests/fast/test_core.py::test_bits[a-1]",
+        "tests/attention/test_registry_contract.py::test_gradcheck[mla]",
+        "tests/fast/test_erf.py::test_e"]            # test_course_notes.py: CPU-only by design
+    p = _run(tmp_path / "out", "--steps", "2", "--rerun-from", str(tmp_path / "nowhere"))
+    assert p.returncode == 2 and "--rerun-from needs an earlier OUT_DIR" in p.stderr
+
+
+def test_a_dry_rerun_runs_those_tests_on_the_stand_in(tmp_path):
+    xml = ('<testsuites><testsuite><testcase classname="tests.ops.test_softmax" '
+           'name="test_jacobian_times_g_equals_backward[shape1--1]"><failure message="x"/>'
+           '</testcase></testsuite></testsuites>')
+    with gzip.open(tmp_path / "suite-junit.xml.gz", "wt", encoding="utf-8") as fh:
+        fh.write(xml)
+    out = tmp_path / "out"
+    p = _run(out, "--steps", "2", "--rerun-from", str(tmp_path), timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    summary = (out / "summary.md").read_text(encoding="utf-8")
+    assert "rerun of 1 tests" in summary and "1 passed" in summary, summary
