@@ -39,6 +39,9 @@ What it reproduces, each behaviour read from CuPy's source (github.com/cupy/cupy
   object"; there is no ``__index__`` (``range(x)`` fails); ``bool``/``int``/``float`` of a
   one-element array read it back (``.get()``).
 - ``cupyx.scatter_add(target, …)`` needs a device ``target`` (a host one has no ``_scatter_op``).
+- An integer *array* index out of range wraps around (``x[idx]``, ``x[idx] = v``,
+  ``take_along_axis``) where NumPy raises IndexError ("Differences between CuPy and NumPy");
+  a plain integer out of range still raises.
 - What works: ``.get()``, ``cupy.asnumpy``, ``cupy.asarray`` / ``cupy.array`` (host → device),
   ``*_like`` of a host prototype, ``get_array_module``, ``cupy.random``, ``cupy.linalg``,
   ``cupy.fft``, ``cuda.Device``, ``cuda.runtime``, ``is_available()`` (True).
@@ -220,6 +223,32 @@ def _index(index):
     if isinstance(index, ndarray):
         return index._a
     return index
+
+
+def _wrapped(shape, index):
+    """``index`` (unwrapped by ``_index``) with every integer *array* taken modulo its axis's
+    length: CuPy wraps an integer array index that is out of range where NumPy raises
+    IndexError ("CuPy handles out-of-bounds indices differently by default from NumPy",
+    CuPy's "Differences between CuPy and NumPy"), so code that relies on NumPy's error to
+    catch a bad index fails here as it would on a GPU. Integers stay checked (CuPy checks them
+    too)."""
+    items = list(index) if isinstance(index, tuple) else [index]
+    items = [_np.asarray(s) if isinstance(s, list) else s for s in items]
+    def width(s):                                 # the axes an item consumes
+        if s is None or s is Ellipsis:
+            return 0
+        return s.ndim if isinstance(s, _np.ndarray) and s.dtype == bool else 1
+    axis, out = 0, []
+    for s in items:
+        if s is Ellipsis:
+            axis += len(shape) - sum(width(t) for t in items)
+        elif isinstance(s, _np.ndarray) and s.dtype.kind in "iu" and s.ndim and s.size \
+                and axis < len(shape) and shape[axis] \
+                and not -shape[axis] <= s.min() <= s.max() < shape[axis]:
+            s = s.astype(_np.int64) % shape[axis]
+        out.append(s)
+        axis += width(s)
+    return tuple(out) if isinstance(index, tuple) else out[0]
 
 
 def _binary(ufunc_name, reflected=False):
@@ -441,17 +470,18 @@ class ndarray:
 
     # -- indexing ----------------------------------------------------------------------------
     def __getitem__(self, index):
-        return _wrap(self._a[_index(index)])
+        return _wrap(self._a[_wrapped(self._a.shape, _index(index))])
 
     def __setitem__(self, index, value):
+        where = _wrapped(self._a.shape, _index(index))
         if isinstance(value, ndarray):
-            self._a[_index(index)] = value._a
+            self._a[where] = value._a
             return
         if not _is_advanced(index):                 # _scatter_op 'update' → fill(value)
             host = _np.asarray(value)
             if host.shape != ():
                 raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
-        self._a[_index(index)] = value
+        self._a[where] = value
 
     # -- everything else NumPy's ndarray has (methods), strictly -----------------------------
     def __getattr__(self, name):
@@ -653,6 +683,20 @@ def make_modules():
     cp.RawModule = cp.RawKernel = cp.ElementwiseKernel = cp.ReductionKernel = _no_nvrtc
     pool = _MemoryPool()
     cp.get_default_memory_pool = lambda: pool
+
+    def take_along_axis(a, indices, axis):
+        """CuPy's: a full fancy index, so an index out of range wraps (``_wrapped``)."""
+        if not isinstance(a, ndarray):
+            raise unsupported(a)
+        if indices.dtype.kind not in "iu":
+            raise IndexError("`indices` must be an integer array")
+        if a.ndim != indices.ndim:
+            raise ValueError("`indices` and `a` must have the same number of dimensions")
+        axis = axis % a.ndim
+        fancy = [indices if i == axis else cp.arange(n).reshape(
+            (1,) * i + (n,) + (1,) * (a.ndim - i - 1)) for i, n in enumerate(a.shape)]
+        return a[tuple(fancy)]
+    cp.take_along_axis = take_along_axis
 
     cpx = types.ModuleType("cupyx")
 

@@ -1,8 +1,8 @@
 """The strict CuPy stand-in (``tests/strict_cupy.py``) refuses what CuPy refuses.
 
 These tests use the stand-in directly (they do not need it installed as ``cupy``), so they run
-in both CI passes. Each refusal is the one a real GPU run showed (``h100-cupy-suite.txt``) or
-the one CuPy's source raises; each permitted transfer is the explicit one CuPy offers.
+in both CI passes. Each refusal is the one a real GPU run showed or the one CuPy's source
+raises; each permitted transfer is the explicit one CuPy offers.
 """
 import copy
 import pickle
@@ -160,6 +160,21 @@ def test_host_index_arrays_and_scatter_add_on_the_device(x):
     cpx.scatter_add(t, cp.asarray([0, 0, 3]), cp.asarray([1.0, 2.0, 5.0]))
     np.add.at(t, cp.asarray([1]), cp.asarray([4.0]))     # dispatches to cupy.add.at
     np.testing.assert_array_equal(t.get(), [3.0, 4.0, 0.0, 5.0])
+
+
+def test_an_index_array_out_of_range_wraps_as_on_cupy(x):
+    """CuPy wraps an integer array index out of range where NumPy raises (CuPy's "Differences
+    between CuPy and NumPy"): so does the stand-in, so a check that relies on NumPy's error
+    fails here as it would on a GPU. A plain integer out of range still raises."""
+    np.testing.assert_array_equal(x[np.array([2, -3])].get(), x.get()[[0, 1]])
+    np.testing.assert_array_equal(x[:, cp.asarray([3, 4])].get(), x.get()[:, [0, 1]])
+    np.testing.assert_array_equal(
+        cp.take_along_axis(x, cp.asarray([[5], [-4]]), axis=1).get(), [[2.0], [5.0]])
+    y = x.copy()
+    y[cp.asarray([2])] = 7.0                         # row 2 of 2 rows: row 0
+    np.testing.assert_array_equal(y.get()[0], [7, 7, 7])
+    with pytest.raises(IndexError):
+        x[5]
 
 
 def test_copies_and_pickles_stay_device_arrays(x):
