@@ -238,7 +238,7 @@ def add_at_in_order(target, index, values) -> None:
     rounds: a stable sort by place numbers each value within its place (0 for the first value
     that adds to it, 1 for the second, …), and round r adds every place's value number r at
     once. No place occurs twice in a round, so ``target[places] += values`` is exact there; as
-    many rounds as the most values any one place receives.
+    many rounds as the most values any one place receives, one launch each.
 
     An index of integer arrays, integers and slices picks whole rows of the axes it does not
     cover (an embedding's backward: rows of the table), and the rows are what is sorted; any
@@ -269,11 +269,25 @@ def add_at_in_order(target, index, values) -> None:
     starts = xp.flatnonzero(first)
     number = xp.arange(place.size) - starts[xp.cumsum(first) - 1]    # 0, 1, … within a place
     by_round = xp.argsort(number, kind="stable")                  # round 0's values, round 1's…
-    place, v = place[by_round], v[by_place[by_round]]
+    where = xp.unravel_index(place[by_round], lead)               # in rounds, once
+    v = v[by_place[by_round]]
+    add_once = _add_distinct(xp)
     low = 0
     for size in xp.bincount(number).tolist():                     # the rounds' sizes, on the host
-        target[xp.unravel_index(place[low:low + size], lead)] += v[low:low + size]
+        add_once(target, tuple(w[low:low + size] for w in where), v[low:low + size])
         low += size
+
+
+def _add_distinct(xp):
+    """``target[index] += values`` for an index whose places are all distinct: on a device one
+    ``cupyx.scatter_add`` launch (no two threads meet, so its atomic additions are exactly the
+    plain ones) instead of a gather, an add and a scatter."""
+    if xp is numpy:
+        def add(target, index, values):
+            target[index] += values
+        return add
+    import cupyx  # noqa: PLC0415 - CuPy is only touched in this module
+    return cupyx.scatter_add
 
 
 from .npz import CheckpointError, read_npz  # noqa: E402  (host file I/O, re-exported)
