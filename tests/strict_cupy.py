@@ -39,6 +39,8 @@ What it reproduces, each behaviour read from CuPy's source (github.com/cupy/cupy
   object"; there is no ``__index__`` (``range(x)`` fails); ``bool``/``int``/``float`` of a
   one-element array read it back (``.get()``).
 - ``cupyx.scatter_add(target, …)`` needs a device ``target`` (a host one has no ``_scatter_op``).
+- Every wait for the device is counted (``SYNCS``, ``counting_syncs()``): a copy to the host,
+  a Python value read from an array, a boolean mask's selection, ``nonzero``/``unique``.
 - An integer *array* index out of range wraps around (``x[idx]``, ``x[idx] = v``,
   ``take_along_axis``) where NumPy raises IndexError ("Differences between CuPy and NumPy");
   a plain integer out of range still raises.
@@ -54,12 +56,36 @@ NumPy, so e.g. float16 matmul precision differs), the real GPU run is the final 
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import sys
 import types
 import warnings
 
 import numpy as _np
+
+# Every place where CuPy makes the host wait for the device (a copy to the host, a Python value
+# read from an array, an output whose size depends on the data), counted by kind: a GPU pays
+# a round trip for each, so a loop that asks the device a question per step is slow there.
+SYNCS = collections.Counter()
+_SYNCING = {"nonzero": "nonzero", "flatnonzero": "nonzero", "argwhere": "nonzero",
+            "unique": "unique"}
+
+
+def _sync(kind):
+    SYNCS[kind] += 1
+
+
+@contextlib.contextmanager
+def counting_syncs():
+    """``with counting_syncs() as n:`` … ``n`` is a Counter of the waits inside the block."""
+    before = SYNCS.copy()
+    seen = collections.Counter()
+    try:
+        yield seen
+    finally:
+        seen.update(SYNCS - before)
 
 __all__ = ["make_modules", "install", "ndarray", "IMPLICIT", "unsupported"]
 
@@ -201,6 +227,12 @@ class MemoryPointer:
 
     def __repr__(self):
         return f"<MemoryPointer 0x{self.ptr:x} device=0>"
+
+
+def _has_mask(index) -> bool:
+    """Does ``index`` hold a boolean array (whose number of True entries sizes the result)?"""
+    items = index if isinstance(index, tuple) else (index,)
+    return any(getattr(s, "dtype", None) == bool and getattr(s, "ndim", 0) for s in items)
 
 
 def _is_advanced(index) -> bool:
@@ -408,18 +440,22 @@ class ndarray:
     # -- explicit transfers and Python conversions -----------------------------------------
     def get(self, stream=None, order="C", out=None, blocking=True):
         """Device → host copy (the explicit transfer)."""
+        _sync("to host")
         if out is not None:
             out[...] = self._a
             return out
         return _np.array(self._a, order=order, copy=True)
 
     def item(self):
+        _sync("to host")
         return self._a.item()
 
     def tolist(self):
+        _sync("to host")
         return self._a.tolist()
 
     def __bool__(self):
+        _sync("to host")
         if self._a.size == 0:
             warnings.warn("The truth value of an empty array is ambiguous. Returning False",
                           DeprecationWarning)
@@ -470,6 +506,8 @@ class ndarray:
 
     # -- indexing ----------------------------------------------------------------------------
     def __getitem__(self, index):
+        if _has_mask(index):                        # the output's size is the mask's count
+            _sync("boolean index")
         return _wrap(self._a[_wrapped(self._a.shape, _index(index))])
 
     def __setitem__(self, index, value):
@@ -545,6 +583,14 @@ _MISSING = {"asmatrix", "matrix", "save", "savez", "savez_compressed", "load", "
             "lib", "ma", "char", "rec", "polynomial", "distutils", "f2py", "typing"}
 
 
+def _counted(fn, kind):
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        _sync(kind)
+        return fn(*args, **kwargs)
+    return call
+
+
 class _StrictModule(types.ModuleType):
     """A module whose functions are NumPy's, made strict; types and constants pass through."""
 
@@ -564,6 +610,8 @@ class _StrictModule(types.ModuleType):
             value = _lenient(attr)
         else:
             value = _strict(attr)
+        if name in _SYNCING:
+            value = _counted(value, _SYNCING[name])
         setattr(self, name, value)                 # cache
         return value
 
