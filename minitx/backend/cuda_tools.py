@@ -32,9 +32,12 @@ SM_LIMITS = {
 
 def min_blocks(name: str) -> int:
     """The minimum-blocks-per-SM of an instantiation's __launch_bounds__(128, N) (mirrors the
-    kernel sources: flash_tc.cuh, flash_simt.cuh, flash_naive.cuh, flash_common.cuh)."""
+    kernel sources: flash_tc.cuh, flash_tf32.cuh, flash_simt.cuh, flash_naive.cuh,
+    flash_common.cuh)."""
     if name.startswith("flash_bwd_dot<"):
         return 4
+    if "_tf32<" in name:
+        return 2
     if "_simt<" in name or "_naive<" in name:
         return 3
     D = int(re.search(r"<(\d+),", name).group(1))

@@ -22,12 +22,15 @@ Three kernel families. The tiled ones are chosen by dtype (:func:`family`):
 * float32 -> ``simt``: register-tiled CUDA-core kernels (``cp.async`` on sm_80+, plain 16-byte
   copies below; they run on any GPU CuPy supports);
 
-and ``naive`` (``kernels/flash_naive.cuh``, the one to read first: one thread per row, the
-online softmax, everything read from global memory), float32 only, runs instead when
-``MINITX_FLASH_KERNEL=naive``. :func:`kernel_choice` reads that variable (``tiled``, the
-default, or ``naive``) at every call; :func:`chosen_kernel` says which family runs a dtype;
-every launch is logged at DEBUG level on the ``minitx.flash_cuda`` logger with the kernel's name.
-A float16 call under ``naive`` is declined with the reason (it is not silently computed in fp32).
+and two float32-only families chosen by ``MINITX_FLASH_KERNEL``: ``naive``
+(``kernels/flash_naive.cuh``, the one to read first: one thread per row, the online softmax,
+everything read from global memory), and ``tf32`` (``kernels/flash_tf32.cuh``: float32 on the
+tensor cores with the 3xTF32 split, each operand written as two tf32 numbers and each product
+taken as three ``mma.sync`` m16n8k8, fp32 accuracy; sm_80+). :func:`kernel_choice` reads that
+variable (``tiled``, the default, ``naive`` or ``tf32``) at every call; :func:`chosen_kernel`
+says which family runs a dtype; every launch is logged at DEBUG level on the
+``minitx.flash_cuda`` logger with the kernel's name. A float16 call under ``naive`` or ``tf32``
+is declined with the reason (it is not silently computed another way).
 The forward and the backward each read the choice when they run; every family writes the same
 ``o`` and ``lse``, so any backward is exact for any forward's outputs.
 
@@ -76,14 +79,16 @@ SUPPORTED_HEAD_DIMS = (32, 64, 128)
 THREADS = 128          # threads per block (all kernels): 4 warps
 DEFAULT_SMEM_LIMIT = 48 * 1024   # per-block dynamic shared memory without the opt-in attribute
 MAX_GRID_Y = 65535     # grid.y holds B * H
-FP16_MIN_CC = 80       # mma.sync m16n8k16 and cp.async need sm_80
+FP16_MIN_CC = 80       # mma.sync m16n8k16 / m16n8k8.tf32 and cp.async need sm_80
 # Each dtype's C type and tiled family (fp16 on tensor cores, fp32 on CUDA cores); the naive
 # family is float32 only.
 _CTYPE = {"float32": "float", "float16": "__half"}
 _FAMILY = {"float32": "simt", "float16": "tc"}          # the tiled family of each dtype
-_FAMILY_DTYPE = {"simt": "float32", "tc": "float16", "naive": "float32"}
+_FAMILY_DTYPE = {"simt": "float32", "tc": "float16", "naive": "float32", "tf32": "float32"}
 KERNEL_ENV = "MINITX_FLASH_KERNEL"
-KERNEL_CHOICES = ("tiled", "naive")   # tiled: tc for float16, simt for float32
+# tiled: tc for float16, simt for float32; naive and tf32: float32 only, that family
+KERNEL_CHOICES = ("tiled", "naive", "tf32")
+_TENSOR_CORE_FAMILIES = ("tc", "tf32")   # need sm_80+
 log = logging.getLogger("minitx.flash_cuda")
 _KINDS = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_dot")
 _KIND_INDEX = {"fwd": 0, "bwd_dkdv": 1, "bwd_dq": 2}   # the `kind` of *_smem_bytes<D>(kind)
@@ -178,29 +183,36 @@ def kernel_choice() -> str:
 
 def _choice_reason(dtype_name: str, choice: str):
     """Why the chosen kernel cannot take ``dtype_name`` (None when it can)."""
-    if choice == "naive" and dtype_name != "float32":
-        return f"{KERNEL_ENV}=naive takes float32 only (got {dtype_name})"
+    if choice in ("naive", "tf32") and dtype_name != "float32":
+        return f"{KERNEL_ENV}={choice} takes float32 only (got {dtype_name})"
     return None
 
 
 def chosen_kernel(dtype, choice=None) -> str:
-    """The family that runs arrays of ``dtype``: ``"naive"``, ``"simt"`` or ``"tc"``.
+    """The family that runs arrays of ``dtype``: ``"naive"``, ``"simt"``, ``"tc"`` or ``"tf32"``.
 
-    ``choice`` is ``"tiled"`` or ``"naive"``; None reads :func:`kernel_choice`. Tests and
-    dispatchers ask it so that the kernel a call will use is observable, not inferred. Raises
-    ``ValueError`` when the choice cannot take the dtype (naive and float16)."""
+    ``choice`` is ``"tiled"``, ``"naive"`` or ``"tf32"``; None reads :func:`kernel_choice`. Tests
+    and dispatchers ask it so that the kernel a call will use is observable, not inferred. Raises
+    ``ValueError`` when the choice cannot take the dtype (naive or tf32 and float16)."""
     name = _dtype_name(dtype)
     choice = kernel_choice() if choice is None else _checked_choice(choice, "kernel")
     reason = _choice_reason(name, choice)
     if reason is not None:
         raise ValueError(reason)
-    return "naive" if choice == "naive" else _FAMILY[name]
+    return _FAMILY[name] if choice == "tiled" else choice
 
 
-# Tile shapes; mirror TcCfg<D> (flash_tc.cuh) and SimtCfg<D> (flash_simt.cuh).
+# Tile shapes; mirror TcCfg<D> (flash_tc.cuh), Tf32Cfg<D> (flash_tf32.cuh) and SimtCfg<D>
+# (flash_simt.cuh).
 def _tc_cfg(D):
     return dict(rows=64, stride=D + 8, fwd_bn=64, dq_bn=32 if D == 128 else 64,
                 dkdv_bq=32 if D == 128 else 64)
+
+
+def _tf32_cfg(D):
+    streamed = 16 if D == 128 else 32   # dQ's key tiles and dK/dV's query tiles
+    return dict(rows=64, stride=D + 4, fwd_bn=32 if D == 128 else 64, dq_bn=streamed,
+                dkdv_bq=streamed)
 
 
 def _simt_cfg(D):
@@ -227,15 +239,15 @@ def tile_rows(kind: str, dtype, D: int, fam=None) -> int:
     fam = _family_of(dtype, fam)
     if fam == "naive":
         return THREADS
-    if fam == "tc":
-        return _tc_cfg(D)["rows"]
+    if fam in _TENSOR_CORE_FAMILIES:
+        return 64   # TcCfg / Tf32Cfg kRows: 4 warps x 16 rows
     c = _simt_cfg(D)
     return {"fwd": c["fwd_bm"], "bwd_dq": c["dq_bm"], "bwd_dkdv": c["dkdv_bk"]}[kind]
 
 
 def smem_bytes(kind: str, dtype, D: int, fam=None) -> int:
-    """Dynamic shared memory of one block; mirrors ``tc_smem_bytes<D>`` / ``simt_smem_bytes<D>``
-    (the naive kernels use none)."""
+    """Dynamic shared memory of one block; mirrors ``tc_smem_bytes<D>``, ``tf32_smem_bytes<D>``
+    and ``simt_smem_bytes<D>`` (the naive kernels use none)."""
     if kind == "bwd_dot":
         return 0
     if kind not in _KIND_INDEX:
@@ -253,6 +265,14 @@ def smem_bytes(kind: str, dtype, D: int, fam=None) -> int:
         if kind == "bwd_dkdv":   # K, V | 2 stages x (Q, dO) fp16 | 2 stages x (lse, Dvec) fp32
             return 2 * (2 * c["rows"] + 4 * c["dkdv_bq"]) * S + 4 * 4 * c["dkdv_bq"]
         return 2 * (2 * c["rows"] + 4 * c["dq_bn"]) * S   # Q, dO | 2 stages x (K, V)
+    if fam == "tf32":   # the tc layout with fp32 (4-byte) tiles and rows D + 4 floats apart
+        c = _tf32_cfg(D)
+        S = c["stride"]
+        if kind == "fwd":        # Q | K | V
+            return 4 * (c["rows"] + 2 * c["fwd_bn"]) * S
+        if kind == "bwd_dkdv":   # K, V | 2 stages x (Q, dO) | 2 stages x (lse, Dvec)
+            return 4 * (2 * c["rows"] + 4 * c["dkdv_bq"]) * S + 4 * 4 * c["dkdv_bq"]
+        return 4 * (2 * c["rows"] + 4 * c["dq_bn"]) * S   # Q, dO | 2 stages x (K, V)
     # SIMT tiles are fp32 (4 bytes), plus a score tile (P or dS) whose rows are padded by 4
     # floats, like the D + 4 stride, to spread rows over shared-memory banks.
     c = _simt_cfg(D)
@@ -280,7 +300,7 @@ def kernel_name(kind: str, dtype, D: int = 64, causal: bool = False, fam=None) -
     return f"flash_{kind}_{fam}<{int(D)}, {'true' if causal else 'false'}>"
 
 
-_NAME = re.compile(r"flash_(fwd|bwd_dkdv|bwd_dq)_(tc|simt|naive)<(\d+), (true|false)>$")
+_NAME = re.compile(r"flash_(fwd|bwd_dkdv|bwd_dq)_(tc|simt|naive|tf32)<(\d+), (true|false)>$")
 
 
 def smem_bytes_of(name: str) -> int:
@@ -295,13 +315,16 @@ def smem_bytes_of(name: str) -> int:
 
 
 def all_kernel_names(dtypes=("float32", "float16"), head_dims=SUPPORTED_HEAD_DIMS,
-                     kinds=_KINDS, naive=True) -> list:
-    """Every instantiation: the tiled family of each dtype, then (``naive``, float32 in
-    ``dtypes``) the naive kernels; ``flash_bwd_dot<T>`` once per dtype."""
+                     kinds=_KINDS, naive=True, tf32=True) -> list:
+    """Every instantiation: the tiled family of each dtype, then (float32 in ``dtypes``) the
+    naive kernels (``naive``) and the 3xTF32 ones (``tf32``); ``flash_bwd_dot<T>`` once per
+    dtype."""
     names = []
     fams = [(dt, None) for dt in dtypes]
     if naive and "float32" in dtypes:
         fams.append(("float32", "naive"))
+    if tf32 and "float32" in dtypes:
+        fams.append(("float32", "tf32"))
     for dt, fam in fams:
         for kind in kinds:
             if kind == "bwd_dot":
@@ -411,8 +434,9 @@ def compiled_head_dim(q, v) -> int:
     return padded_head_dim(max(int(q.shape[-1]), int(v.shape[-1])))
 
 
-def _fp16_device_reason(q):
-    """Why a float16 CuPy array cannot run here (a GPU older than sm_80), else None.
+def _tensor_core_reason(q, fam):
+    """Why the tensor-core family ``fam`` cannot run ``q`` here (a GPU older than sm_80), else
+    None.
 
     Only asked for CuPy arrays; without CuPy or a device there is nothing to check here
     (:func:`unavailable_reason` says why the kernels cannot run at all)."""
@@ -426,6 +450,9 @@ def _fp16_device_reason(q):
     except (AttributeError, RuntimeError, ValueError):   # no device / a CuPy stand-in
         return None
     if cc < FP16_MIN_CC:
+        if fam == "tf32":
+            return (f"{KERNEL_ENV}=tf32 needs tensor cores with tf32 (mma.sync m16n8k8, "
+                    f"cp.async: sm_80+); this GPU is sm_{cc}")
         return (f"float16 needs the tensor-core kernels (mma.sync m16n8k16, cp.async: sm_80+); "
                 f"this GPU is sm_{cc}")
     return None
@@ -438,8 +465,8 @@ def decline_reason(q, k, v, key_mask=None, lengths=None, kernel=None):
     odd arrays): 4-D shapes that fit together, float32/float16, head dims <= 128, B*H within the
     grid limit, mask/lengths shapes and dtypes; the kernel choice (``kernel``, or
     :func:`kernel_choice` when None: naive takes float32 only; an invalid
-    ``MINITX_FLASH_KERNEL`` raises ``ValueError``); for float16 CuPy arrays on the tensor-core
-    kernels also a GPU of sm_80 or newer. Whether a GPU is usable at all is
+    ``MINITX_FLASH_KERNEL`` raises ``ValueError``); for CuPy arrays on a tensor-core family
+    (float16, or float32 under ``tf32``) also a GPU of sm_80 or newer. Whether a GPU is usable at all is
     :func:`unavailable_reason`.
     """
     choice = kernel_choice() if kernel is None else _checked_choice(kernel, "kernel")
@@ -498,13 +525,14 @@ def decline_reason(q, k, v, key_mask=None, lengths=None, kernel=None):
             return f"lengths shape {tuple(getattr(lengths, 'shape', ()))} is not (B,) = {(B,)}"
         if dts["lengths"].kind not in "iu":
             return f"lengths dtype {dts['lengths'].name} (integers)"
-    # Last, what the chosen kernel and this GPU can take: naive is float32 only, and float16
-    # needs the tensor cores of sm_80+.
+    # Last, what the chosen kernel and this GPU can take: naive and tf32 are float32 only, and
+    # the tensor-core families (float16, tf32) need sm_80+.
     reason = _choice_reason(dt.name, choice)
     if reason is not None:
         return reason
-    if dt.name == "float16":
-        return _fp16_device_reason(q)
+    fam = _FAMILY[dt.name] if choice == "tiled" else choice
+    if fam in _TENSOR_CORE_FAMILIES:
+        return _tensor_core_reason(q, fam)
     return None
 
 
@@ -539,7 +567,7 @@ def _masks(xp, key_mask, lengths):
 def _forward(xp, launch, q, k, v, *, causal=False, scale=None, key_mask=None, lengths=None,
              smem_limit=DEFAULT_SMEM_LIMIT, kernel="tiled"):
     """Run the forward with ``launch(plan, args)``; ``xp`` is numpy (emulation) or cupy.
-    ``kernel`` is the choice ("tiled" or "naive"), explicit here: the public functions resolve
+    ``kernel`` is the choice ("tiled", "naive" or "tf32"), explicit here: the public functions resolve
     ``MINITX_FLASH_KERNEL`` before they call this."""
     B, H, Hkv, Nq, Nk, D = validate_inputs(q, k, v, key_mask, lengths)
     Dv = int(v.shape[-1])
@@ -734,8 +762,8 @@ def _resolve(q, v, kernel, causal, what):
 
 def flash_attention_forward(q, k, v, *, causal=False, scale=None, key_mask=None, lengths=None,
                             kernel=None):
-    """Flash-attention forward on CuPy arrays; returns ``(o, lse)``. ``kernel``: "tiled" or
-    "naive"; None reads ``MINITX_FLASH_KERNEL`` (:func:`kernel_choice`)."""
+    """Flash-attention forward on CuPy arrays; returns ``(o, lse)``. ``kernel``: "tiled",
+    "naive" or "tf32"; None reads ``MINITX_FLASH_KERNEL`` (:func:`kernel_choice`)."""
     cp = _require_gpu(q)
     validate_inputs(q, k, v, key_mask, lengths)
     _refuse_declined(q, k, v, key_mask, lengths, kernel)

@@ -17,9 +17,15 @@
 //   flash_simt.cuh  fp32 on CUDA cores (register tiles, 128-bit shared loads, cp.async on sm_80+)
 //                   flash_fwd_simt<D, CAUSAL>, flash_bwd_dq_simt<D, CAUSAL>,
 //                   flash_bwd_dkdv_simt<D, CAUSAL>
+// and, chosen with MINITX_FLASH_KERNEL=tf32, fp32 on tensor cores:
+//   flash_tf32.cuh  fp32 as 3xTF32 (mma.sync m16n8k8: each operand split into two tf32 parts,
+//                   three products; sm_80+), the fp16 kernels' loop with fp32 tiles
+//                   flash_fwd_tf32<D, CAUSAL>, flash_bwd_dq_tf32<D, CAUSAL>,
+//                   flash_bwd_dkdv_tf32<D, CAUSAL>
 // and flash_bwd_dot<T> (T = float | __half, flash_common.cuh), the backward's pre-pass.
 // D = 32 | 64 | 128 (the launcher zero pads other head dims), CAUSAL = bottom-right aligned.
 #include "flash_common.cuh"
 #include "flash_naive.cuh"
 #include "flash_simt.cuh"
 #include "flash_tc.cuh"
+#include "flash_tf32.cuh"

@@ -8,7 +8,7 @@
 //     both worlds:
 //         cp_async_16 / cp_async_commit / cp_async_wait<N>   (sm_80+; plain copies below sm_80)
 //         ldmatrix_x4 / ldmatrix_x4_trans                   (sm_75+)
-//         mma_16816                                          (sm_80+)
+//         mma_16816 (fp16), mma_1688 and to_tf32 (tf32)      (sm_80+)
 //   * flash_bwd_dot<T>, the tiny pre-pass of every backward: Dvec = rowsum(dO * O).
 //
 // Layout conventions (all tensors contiguous, row major):
@@ -174,6 +174,37 @@ __device__ __forceinline__ void mma_16816(float acc[4], const unsigned a[4], con
         : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #endif
+}
+
+// tf32(x): x rounded to tf32 (10 mantissa bits, to nearest, ties away from zero), in a 32-bit
+// register whose low 13 bits are zero; the operand format of mma_1688.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+#ifdef MINITX_EMULATION
+    return emu::cvt_rna_tf32(x);
+#else
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+#endif
+}
+
+// acc (16x8 fp32 C/D fragment) += A (16x8 tf32 fragment, 4 regs) * B (8x8 tf32, 2 regs).
+__device__ __forceinline__ void mma_1688(float acc[4], const unsigned a[4], const unsigned b[2]) {
+#ifdef MINITX_EMULATION
+    emu::mma_m16n8k8_f32_tf32(acc, a, b, acc);
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+template <int NT>
+__device__ __forceinline__ void zero(float (&acc)[NT][4]) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 }
 
 }  // namespace minitx_flash

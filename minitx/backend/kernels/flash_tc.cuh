@@ -138,12 +138,6 @@ __device__ __forceinline__ void acc_to_a_frags(unsigned (&a)[NT / 2][4], const f
     }
 }
 
-template <int NT>
-__device__ __forceinline__ void zero(float (&acc)[NT][4]) {
-#pragma unroll
-    for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-}
-
 // Store a warp's 16 x D fp32 accumulator, times `mul`, as fp16 rows r0 + g and r0 + 8 + g of a
 // (n_rows, D) matrix (rows >= n_rows are skipped): two halves (4 bytes) per store.
 template <int DT>

@@ -1,7 +1,8 @@
 """Session-wide builds for tests/gpu/cuda, compiled once and in parallel (2 workers: CI has 2 cores).
 
 Builds: the full emulation library (ctypes), a ThreadSanitizer executable, the deliberately
-broken emulation library, and the nvcc/ptxas compile of every instantiation for sm_80 and sm_90.
+broken emulation library, one whose 3xTF32 kernels lost the split's small products, and the
+nvcc/ptxas compile of every instantiation for sm_80 and sm_90.
 Only the builds that the collected tests need are started; they all start together (at the first
 request of any of them) on a shared ThreadPoolExecutor(2), so g++ and nvcc overlap.
 """
@@ -21,9 +22,10 @@ _FIXTURE_BUILDS = {
     "emu_lib": ("emu",),
     "tsan_exe": ("tsan",),
     "broken_lib": ("broken",),
+    "single_tf32_lib": ("single_tf32",),
     "ptxas_report": ("nvcc_sm_80", "nvcc_sm_90"),
 }
-_ORDER = ("emu", "nvcc_sm_80", "nvcc_sm_90", "tsan", "broken")
+_ORDER = ("emu", "nvcc_sm_80", "nvcc_sm_90", "tsan", "broken", "single_tf32")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -57,6 +59,12 @@ class _Builds:
                 fh.write(H.broken_source(src))
             return H.build_shared(os.path.join(self.root, "libminitx_emu_broken.so"), small=True,
                                   kernel_file=path)
+        if name == "single_tf32":
+            path = os.path.join(self.root, "flash_attn_single_tf32.cu")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(H.single_tf32_source(flash_cuda.kernel_source()))
+            return H.build_shared(os.path.join(self.root, "libminitx_emu_single_tf32.so"),
+                                  small=True, kernel_file=path)
         if name.startswith("nvcc_"):
             arch = name[len("nvcc_"):]
             wd = os.path.join(self.root, name)
@@ -102,6 +110,11 @@ def tsan_exe(cuda_builds):
 @pytest.fixture(scope="session")
 def broken_lib(cuda_builds):
     return cuda_builds.get("broken")
+
+
+@pytest.fixture(scope="session")
+def single_tf32_lib(cuda_builds):
+    return cuda_builds.get("single_tf32")
 
 
 @pytest.fixture(scope="session")

@@ -64,6 +64,22 @@ def build_tsan_exe(out_path, kernel_file=None):
     return out_path
 
 
+# The 3xTF32 split's two small products; without them each product is one tf32 multiply (a
+# relative error of ~2^-11 per operand), which the fp32 bounds must reject.
+TF32_SMALL_TERMS = """    mma_1688(acc, a_small, b_big);
+    mma_1688(acc, a_big, b_small);
+"""
+
+
+def single_tf32_source(src: str) -> str:
+    """The kernels (``flash_cuda.kernel_source()``) with the 3xTF32 kernels reduced to one tf32
+    product per multiply (plain TF32): the harness self-test that the fp32 bounds see the split."""
+    n = src.count(TF32_SMALL_TERMS)
+    if n != 1:
+        raise AssertionError(f"expected the split's small products exactly once, found {n}")
+    return src.replace(TF32_SMALL_TERMS, "    /* small products removed by the harness self-test */\n")
+
+
 def broken_source(src: str) -> str:
     """The kernels (``flash_cuda.kernel_source()``, every file inlined) without the fp16
     forward's barrier after its K tile lands, and with the naive forward not rescaling its
@@ -231,10 +247,44 @@ C32 = 1e-4
 # probability or a gradient element can be that small (a GPU run met dK = 3.2e-6 off by 1.9e-8,
 # under U16 |dK| = 1.6e-9 but under ETA16); an O(1) bug stays ~1e7 times larger.
 ETA16 = 2.0 ** -25
+# Relative error of one 3xTF32 product a b ~ a_small b_big + a_big b_small + a_big b_big: each
+# operand's two tf32 parts miss it by at most 2^-22 |x| (the small part is rounded to 11
+# significant bits of a residual <= 2^-11 |x|), and the dropped a_small b_small is <= 2^-22 |a b|:
+# |error| <= 3 * 2^-22 |a b| to first order, 12 times fp32's rounding of a product (2^-24).
+U_3XTF32 = 3 * 2.0 ** -22
+
+
+def _tf32_terms(q, k, v, o_in, do, P, scale):
+    """First-order error bounds (o, dq, dk, dv) of the 3xTF32 products alone (see error_bounds);
+    every matmul A B of the kernels errs by at most U_3XTF32 (|A| |B|) elementwise."""
+    u = U_3XTF32
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    ke, ve = _expand(k, Hq), _expand(v, Hq)
+    aq, ak, av, ado = np.abs(q), np.abs(ke), np.abs(ve), np.abs(do)
+    # forward: S = scale Q K^T errs by E; P = softmax(S) then by P (E + P E) (the softmax's
+    # derivative dP = P (dS - rowsum(P dS)), with |.| on each part); O = P V by that times |V|
+    # plus the product's own error
+    E = u * scale * (aq @ np.swapaxes(ak, -1, -2))
+    eP = P * (E + (P * E).sum(-1, keepdims=True))
+    tol_o = eP @ av + u * (P @ av)
+    # backward (o and lse given): P = exp(S - lse) errs by P E; dP = dO V^T by u |dO| |V|^T;
+    # dS = P (dP - Dvec) by P E |dP - Dvec| + P u |dO| |V|^T; dV = P^T dO, dQ = scale dS K and
+    # dK = scale dS^T Q by their operands' errors plus their own products' errors
+    dP = do @ np.swapaxes(ve, -1, -2)
+    dvec = (do * o_in).sum(-1, keepdims=True)
+    dS = P * (dP - dvec)
+    edS = P * E * np.abs(dP - dvec) + P * u * (ado @ np.swapaxes(av, -1, -2))
+    tol_dv = (np.swapaxes(P * E, -1, -2) @ ado + u * (np.swapaxes(P, -1, -2) @ ado))
+    tol_dq = scale * (edS @ ak + u * (np.abs(dS) @ ak))
+    tol_dk = scale * (np.swapaxes(edS, -1, -2) @ aq + u * (np.swapaxes(np.abs(dS), -1, -2) @ aq))
+    group = lambda x: x.reshape(B, Hkv, G, Nk, x.shape[-1]).sum(2)  # noqa: E731 - GQA sums
+    return {"o": tol_o, "dq": tol_dq, "dk": group(tol_dk), "dv": group(tol_dv)}
 
 
 def error_bounds(q, k, v, o_in, do, dtype, causal=False, scale=None, key_mask=None,
-                 lengths=None):
+                 lengths=None, family=None):
     """Per-element error bounds for (o, dq, dk, dv) of the kernels, as a dict of arrays.
 
     float32: ``1e-5 * max(|ref|, 1)`` (norm-relative; fp32 accumulation, a few ulps times the
@@ -256,6 +306,12 @@ def error_bounds(q, k, v, o_in, do, dtype, causal=False, scale=None, key_mask=No
       |ddK| <= scale (E^T |Q|) + U16 |dK|.
 
     Every bound is multiplied by 1.05 for second-order terms.
+
+    float32 with ``family="tf32"`` (the 3xTF32 tensor-core kernels): the float32 bound plus 1.05
+    times the first-order effect of each product's U_3XTF32 relative error, propagated through
+    the softmax (``_tf32_terms``). Scores far from 0 (a large ``scale`` times |q| |k|) make a
+    3xTF32 error there ~12 times an fp32 one, which the norm-relative float32 bound alone does
+    not follow.
     """
     dtype = np.dtype(dtype).name
     o_ref, _, P = ref_forward(q, k, v, causal, scale, key_mask, lengths)
@@ -283,6 +339,9 @@ def error_bounds(q, k, v, o_in, do, dtype, causal=False, scale=None, key_mask=No
                               .reshape(B, Hkv, Hq // Hkv, Nk, D).sum(2))
         out["dq"] = np.maximum(out["dq"], 1e-5 * rss_dq)
         out["dk"] = np.maximum(out["dk"], 1e-5 * rss_dk)
+        if family == "tf32":
+            extra = _tf32_terms(q64, k64, v64, o64, do64, P, sc)
+            out = {name: out[name] + 1.05 * extra[name] for name in out}
         return out
     q, k, v, o_in, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, o_in, do))
     B, Hq, Nq, D = q.shape
@@ -329,3 +388,60 @@ def check_lse(got, ref):
     if fin.any():
         err = np.abs(got[fin] - ref[fin]).max()
         assert err <= 1e-5 * max(np.abs(ref[fin]).max(), 1.0), f"lse: max error {err:.3e}"
+
+
+# ------------------------------------------------------------------ float32 families end to end
+def float32_inputs(B, Hq, Hkv, Nq, Nk, D, Dv, masking, seed):
+    """q, k, v, do (standard normal float32) and the masks of one case: ``masking`` is None,
+    "lengths", "mask", "both" or "empty_batch" (a key mask that keeps nothing in batch 0)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, Hq, Nq, D)).astype(np.float32)
+    k = rng.standard_normal((B, Hkv, Nk, D)).astype(np.float32)
+    v = rng.standard_normal((B, Hkv, Nk, Dv)).astype(np.float32)
+    do = rng.standard_normal((B, Hq, Nq, Dv)).astype(np.float32)
+    lengths = key_mask = None
+    if masking in ("lengths", "both"):
+        lengths = rng.integers(0, Nk + 1, size=B).astype(np.int32)
+    if masking in ("mask", "both", "empty_batch"):
+        key_mask = rng.random((B, Nk)) < 0.7
+    if masking == "empty_batch":
+        key_mask[0] = False                    # batch 0: every row fully masked
+    return q, k, v, do, lengths, key_mask
+
+
+def check_float32_kernel(lib, kernel, B, Hq, Hkv, Nq, Nk, D, Dv, causal, masking, scale, seed,
+                         timeout=180.0):
+    """Run the ``kernel`` choice ("tiled", "naive" or "tf32") forward and backward on float32
+    inputs in the emulation library ``lib`` and check every output against the float64
+    reference within the fp32 bounds of :func:`error_bounds`; rows that see no key must give
+    exact zeros (o, dq) and lse = -inf, keys no row sees exact zeros in dk and dv. Returns the
+    largest error / bound ratio over o, dq, dk, dv (below 1 when the check passes)."""
+    q, k, v, do, lengths, key_mask = float32_inputs(B, Hq, Hkv, Nq, Nk, D, Dv, masking, seed)
+    kw = dict(causal=causal, scale=scale, lengths=lengths, key_mask=key_mask)
+    o_ref, lse_ref, _ = ref_forward(q, k, v, **kw)
+    # The backward gets the reference o and lse, so forward and backward errors are measured
+    # independently (test_cuda_integration chains the kernels' own o and lse).
+    o_in, lse_in = o_ref.astype(np.float32), lse_ref.astype(np.float32)
+
+    def work(launch, _lib):
+        o, lse = emu_forward(launch, q, k, v, kernel=kernel, **kw)
+        grads = emu_backward(launch, q, k, v, o_in, lse_in, do, kernel=kernel, **kw)
+        return (o, lse) + tuple(grads)
+
+    o, lse, dq, dk, dv = run_isolated(lib, work, timeout=timeout)
+    bounds = error_bounds(q, k, v, o_in, do, np.float32, family=kernel, **kw)
+    refs = (o_ref,) + tuple(ref_backward(q, k, v, o_in, do, **kw))
+    worst = 0.0
+    for name, got, ref in zip(("o", "dq", "dk", "dv"), (o, dq, dk, dv), refs):
+        assert got.dtype == np.float32, (name, got.dtype)
+        check_close(name, got, ref, bounds[name])
+        worst = max(worst, float((np.abs(got - ref) / bounds[name]).max(initial=0.0)))
+    check_lse(lse, lse_ref)
+
+    keep = keep_mask(B, Nq, Nk, causal, key_mask, lengths)[:, 0]         # (B, Nq, Nk)
+    empty_rows, unseen_keys = ~keep.any(-1), ~keep.any(-2)               # (B, Nq), (B, Nk)
+    rows = lambda x, sel: np.swapaxes(x, 1, 2)[sel]  # noqa: E731 - (B, H, N, ..)[(B, N) mask]
+    assert np.all(rows(o, empty_rows) == 0) and np.all(rows(dq, empty_rows) == 0)
+    assert np.all(rows(lse[..., None], empty_rows) == -np.inf)
+    assert np.all(rows(dk, unseen_keys) == 0) and np.all(rows(dv, unseen_keys) == 0)
+    return worst

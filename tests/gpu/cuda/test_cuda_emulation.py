@@ -125,16 +125,20 @@ def test_fully_masked_rows_are_zero_not_nan(emu_lib, dtype):
 
 
 def test_shared_memory_arithmetic_matches_kernel(emu_lib):
+    """The launcher's shared-memory sizes are the kernels' constexpr ones (driver family ids:
+    0 simt, 1 tc, 3 tf32)."""
+    families = ((0, "float32", "simt"), (1, "float16", "tc"), (3, "float32", "tf32"))
+
     def work(launch, lib):
-        return {(fam, kind, D): lib.emu_smem_bytes(f, i, D)
-                for f, fam in enumerate(("float32", "float16"))
+        return {(dt, fam, kind, D): lib.emu_smem_bytes(f, i, D)
+                for f, dt, fam in families
                 for i, kind in enumerate(("fwd", "bwd_dkdv", "bwd_dq"))
                 for D in fc.SUPPORTED_HEAD_DIMS}
 
     got = H.run_isolated(emu_lib, work, timeout=60)
-    assert len(got) == 18
-    for (dt, kind, D), nbytes in got.items():
-        assert nbytes == fc.smem_bytes(kind, dt, D), (dt, kind, D)
+    assert len(got) == 27
+    for (dt, fam, kind, D), nbytes in got.items():
+        assert nbytes == fc.smem_bytes(kind, dt, D, fam), (dt, fam, kind, D)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

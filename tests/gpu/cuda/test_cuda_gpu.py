@@ -3,8 +3,10 @@
 Run where CuPy and an NVIDIA GPU are present (``MINITX_BACKEND=cupy python -m pytest
 tests/gpu/cuda/test_cuda_gpu.py``): the same cases and error bounds as the emulation tests, but
 through ``flash_cuda``'s NVRTC-compiled kernels on the device — ragged shapes, causal with
-Nq ≪ Nk and Nq ≫ Nk, grouped heads, key masks, float32 and float16, and for float32 both the
-tiled and the naive kernels (``kernel="naive"``, what ``MINITX_FLASH_KERNEL=naive`` selects).
+Nq ≪ Nk and Nq ≫ Nk, grouped heads, key masks, float32 and float16, and for float32 every
+family: the tiled CUDA-core kernels, the naive ones and the 3xTF32 tensor-core ones
+(``kernel="naive"`` / ``"tf32"``, what ``MINITX_FLASH_KERNEL`` selects), the last within the
+bound that adds the split's product error (``error_bounds(..., family="tf32")``).
 """
 import numpy as np
 import pytest
@@ -23,15 +25,19 @@ pytestmark = pytest.mark.skipif(
 @given(nq=st.integers(1, 300), nk=st.integers(1, 300), causal=st.booleans(),
        dtype=st.sampled_from(["float32", "float16"]), d=st.sampled_from([24, 64, 128]),
        groups=st.sampled_from([(2, 2), (4, 1), (4, 2)]), masked=st.booleans(),
-       seed=st.integers(0, 1000), naive=st.booleans())
+       seed=st.integers(0, 1000), fp32_kernel=st.sampled_from(["tiled", "naive", "tf32"]))
 @example(nq=5, nk=300, causal=True, dtype="float32", d=64, groups=(2, 2), masked=False,
-         seed=0, naive=False)
+         seed=0, fp32_kernel="tiled")
 @example(nq=300, nk=5, causal=True, dtype="float16", d=64, groups=(2, 2), masked=False,
-         seed=0, naive=False)
+         seed=0, fp32_kernel="tiled")
 @example(nq=5, nk=300, causal=True, dtype="float32", d=128, groups=(4, 1), masked=True,
-         seed=0, naive=True)
+         seed=0, fp32_kernel="naive")
+@example(nq=200, nk=300, causal=True, dtype="float32", d=128, groups=(4, 1), masked=True,
+         seed=0, fp32_kernel="tf32")
+@example(nq=300, nk=70, causal=False, dtype="float32", d=24, groups=(4, 2), masked=False,
+         seed=1, fp32_kernel="tf32")
 def test_kernels_match_the_float64_reference_on_the_gpu(nq, nk, causal, dtype, d, groups,
-                                                        masked, seed, naive):
+                                                        masked, seed, fp32_kernel):
     cp = backend.cupy_or_none()
     rng = np.random.default_rng(seed)
     hq, hkv = groups
@@ -45,12 +51,12 @@ def test_kernels_match_the_float64_reference_on_the_gpu(nq, nk, causal, dtype, d
     o_in, lse_in = o_ref.astype(dtype), lse_ref.astype(np.float32)
     dev = [cp.asarray(a) for a in (q, k, v)]
     km = None if key_mask is None else cp.asarray(key_mask)
-    kernel = "naive" if naive and dtype == "float32" else "tiled"   # naive is fp32 only
+    kernel = fp32_kernel if dtype == "float32" else "tiled"   # naive and tf32 are fp32 only
     o, lse = fc.flash_attention_forward(*dev, causal=causal, key_mask=km, kernel=kernel)
     grads = fc.flash_attention_backward(*dev, cp.asarray(o_in), cp.asarray(lse_in),
                                         cp.asarray(do), causal=causal, key_mask=km,
                                         kernel=kernel)
-    bounds = H.error_bounds(q, k, v, o_in, do, dtype, **kw)
+    bounds = H.error_bounds(q, k, v, o_in, do, dtype, family=kernel, **kw)
     H.check_close("o", cp.asnumpy(o), o_ref, bounds["o"])
     H.check_lse(cp.asnumpy(lse), lse_ref)
     for name, got, ref in zip(("dq", "dk", "dv"), grads, H.ref_backward(q, k, v, o_in, do, **kw)):

@@ -459,7 +459,7 @@ def test_public_functions_with_value_dim_larger_than_query_dim(emu):
                                                      "flash_bwd_dot<float>"]
 
 
-# ------------------------------------------------------------------ MINITX_FLASH_KERNEL=naive
+# ------------------------------------------------------------------ MINITX_FLASH_KERNEL=naive / tf32
 # (B, H, Hkv, Nq, Nk, D, Dv, causal, masking, entry)
 NAIVE_CASES = [
     (2, 4, 2, 70, 70, 32, 32, True, "mask", "flash"),       # GQA; batch 1 fully masked
@@ -468,11 +468,12 @@ NAIVE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("kernel", ["naive", "tf32"])
 @pytest.mark.parametrize("case", NAIVE_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_naive_kernel_through_the_autograd_path(emu, case):
-    """MINITX_FLASH_KERNEL=naive: the autograd node runs the naive forward, then the naive
+def test_fp32_kernel_choice_through_the_autograd_path(emu, case, kernel):
+    """MINITX_FLASH_KERNEL=naive or tf32: the autograd node runs that family's forward, then its
     backward on that forward's own o and lse; values and gradients equal the NumPy path, and
-    the launcher's log names the naive kernels."""
+    the launcher's log names the family's kernels."""
     B, Hh, Hkv, Nq, Nk, D, Dv, causal, masking, entry = case
     q, k, v, do = _qkv(B, Hh, Hkv, Nq, Nk, D, Dv, seed=4)
     key_mask = None
@@ -486,17 +487,17 @@ def test_naive_kernel_through_the_autograd_path(emu, case):
             return F.flash_attention(qt, kt, vt, causal=causal, key_mask=key_mask)
         return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True)
 
-    out, grads = _compare(fn, (q, k, v), do, emu, kernel="naive")
+    out, grads = _compare(fn, (q, k, v), do, emu, kernel=kernel)
     Dp = fc.compiled_head_dim(q, v)
     c = "true" if causal else "false"
     fwd, bwd = emu.calls
-    assert fwd["launched"] == [f"flash_fwd_naive<{Dp}, {c}>"]
-    assert bwd["launched"] == ["flash_bwd_dot<float>", f"flash_bwd_dkdv_naive<{Dp}, {c}>",
-                               f"flash_bwd_dq_naive<{Dp}, {c}>"]
+    assert fwd["launched"] == [f"flash_fwd_{kernel}<{Dp}, {c}>"]
+    assert bwd["launched"] == ["flash_bwd_dot<float>", f"flash_bwd_dkdv_{kernel}<{Dp}, {c}>",
+                               f"flash_bwd_dq_{kernel}<{Dp}, {c}>"]
     assert emu.logged == [
-        f"forward: naive (MINITX_FLASH_KERNEL=naive): flash_fwd_naive<{Dp}, {c}>",
-        f"backward: naive (MINITX_FLASH_KERNEL=naive): flash_bwd_dot<float>, "
-        f"flash_bwd_dkdv_naive<{Dp}, {c}>, flash_bwd_dq_naive<{Dp}, {c}>"]
+        f"forward: {kernel} (MINITX_FLASH_KERNEL={kernel}): flash_fwd_{kernel}<{Dp}, {c}>",
+        f"backward: {kernel} (MINITX_FLASH_KERNEL={kernel}): flash_bwd_dot<float>, "
+        f"flash_bwd_dkdv_{kernel}<{Dp}, {c}>, flash_bwd_dq_{kernel}<{Dp}, {c}>"]
     if masking == "mask":                          # fully masked rows: zeros, never NaN
         assert np.all(out[1] == 0) and all(np.all(g[1] == 0) for g in grads)
     if Nq > Nk:
@@ -532,7 +533,7 @@ def test_an_unknown_kernel_choice_is_an_error_on_every_path(emu, monkeypatch):
     """A mistyped MINITX_FLASH_KERNEL raises (naming the variable, the values and the given
     one) on the GPU path and on the CPU path alike, and under MINITX_FLASH=off: never silent."""
     q, k, v, _ = _qkv(1, 2, 2, 9, 9, 32)
-    msg = r"MINITX_FLASH_KERNEL must be one of \('tiled', 'naive'\), got 'Naiev'"
+    msg = r"MINITX_FLASH_KERNEL must be one of \('tiled', 'naive', 'tf32'\), got 'Naiev'"
     with gpu_path(emu, kernel="Naiev"):
         ts = [minitx.tensor(x) for x in (q, k, v)]
         with pytest.raises(ValueError, match=msg):

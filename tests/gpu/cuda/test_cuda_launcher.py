@@ -96,8 +96,10 @@ def test_launch_plans():
 
 def test_kernel_names_and_families():
     names = fc.all_kernel_names()
-    assert len(names) == len(set(names)) == 56        # 38 tiled + 18 naive
-    assert len(fc.all_kernel_names(naive=False)) == 38
+    assert len(names) == len(set(names)) == 74        # 38 tiled + 18 naive + 18 tf32
+    assert len(fc.all_kernel_names(naive=False, tf32=False)) == 38
+    assert len(fc.all_kernel_names(naive=False)) == 56
+    assert "flash_bwd_dkdv_tf32<128, true>" in names
     assert "flash_bwd_dq_tc<128, true>" in names and "flash_fwd_simt<32, false>" in names
     assert "flash_bwd_dot<__half>" in names and "flash_bwd_dot<float>" in names
     assert fc.family(np.float16) == "tc" and fc.family(np.float32) == "simt"
@@ -108,12 +110,13 @@ def test_kernel_names_and_families():
 def test_kernel_source_inlines_every_header_once():
     src = fc.kernel_source()
     assert '#include "' not in src.replace('#include "cuda_emu.h"', "")   # self-contained for NVRTC
-    for name in ("flash_common.cuh", "flash_naive.cuh", "flash_simt.cuh", "flash_tc.cuh"):
+    for name in ("flash_common.cuh", "flash_naive.cuh", "flash_simt.cuh", "flash_tc.cuh",
+                 "flash_tf32.cuh"):
         assert src.count(f"// ---- begin {name}") == 1
     files = [f for f in fc.kernel_files() if f.endswith(".cuh")]
-    assert len(files) == 4
+    assert len(files) == 5
     for kind in ("fwd", "bwd_dkdv", "bwd_dq"):
-        for fam in ("tc", "simt", "naive"):
+        for fam in ("tc", "simt", "naive", "tf32"):
             assert f"flash_{kind}_{fam}(" in src
     # the naive kernels come first: the file a reader opens first is the one NVRTC sees first
     assert src.index("// ---- begin flash_naive.cuh") < src.index("// ---- begin flash_simt.cuh")
@@ -186,8 +189,12 @@ def test_float16_is_declined_on_gpus_older_than_sm80(monkeypatch):
         "float16 needs the tensor-core kernels (mma.sync m16n8k16, cp.async: sm_80+); this GPU is sm_75")
     q32, k32 = arr((1, 2, 5, 64), np.float32), arr((1, 2, 7, 64), np.float32)
     assert fc.decline_reason(q32, k32, k32) is None
+    assert fc.decline_reason(q32, k32, k32, kernel="tf32") == (
+        "MINITX_FLASH_KERNEL=tf32 needs tensor cores with tf32 (mma.sync m16n8k8, cp.async: "
+        "sm_80+); this GPU is sm_75")
     Device.compute_capability = "90"
     assert fc.decline_reason(q16, k16, k16) is None
+    assert fc.decline_reason(q32, k32, k32, kernel="tf32") is None
 
 
 def test_unavailable_reason_without_cupy(monkeypatch):
@@ -285,7 +292,7 @@ def test_kernel_choice_reads_the_environment_at_each_call(monkeypatch):
     monkeypatch.delenv("MINITX_FLASH_KERNEL", raising=False)
     assert fc.kernel_choice() == "tiled"
     for value, expected in (("", "tiled"), ("  ", "tiled"), ("naive", "naive"),
-                            (" Naive ", "naive"), ("tiled", "tiled")):
+                            (" Naive ", "naive"), ("tiled", "tiled"), ("TF32", "tf32")):
         monkeypatch.setenv("MINITX_FLASH_KERNEL", value)
         assert fc.kernel_choice() == expected, value
 
@@ -294,7 +301,7 @@ def test_kernel_choice_reads_the_environment_at_each_call(monkeypatch):
 def test_an_unknown_kernel_choice_names_the_variable_the_choices_and_the_value(monkeypatch,
                                                                                value):
     monkeypatch.setenv("MINITX_FLASH_KERNEL", value)
-    msg = f"MINITX_FLASH_KERNEL must be one of ('tiled', 'naive'), got {value!r}"
+    msg = f"MINITX_FLASH_KERNEL must be one of ('tiled', 'naive', 'tf32'), got {value!r}"
     for call in (fc.kernel_choice, lambda: fc.chosen_kernel(np.float32),
                  lambda: fc.decline_reason(*_qkv())):
         with pytest.raises(ValueError) as info:
@@ -314,8 +321,34 @@ def test_chosen_kernel(monkeypatch):
     monkeypatch.setenv("MINITX_FLASH_KERNEL", "naive")
     assert fc.chosen_kernel(np.float32) == "naive"
     assert fc.chosen_kernel(np.float32, "tiled") == "simt"       # an explicit choice wins
+    assert fc.chosen_kernel(np.float32, "tf32") == "tf32"
+    with pytest.raises(ValueError, match=r"MINITX_FLASH_KERNEL=tf32 takes float32 only \(got "
+                                         r"float16\)"):
+        fc.chosen_kernel(np.float16, "tf32")
     with pytest.raises(TypeError, match="float32 or float16"):
         fc.chosen_kernel(np.float64)
+
+
+def test_tf32_launch_plans_names_and_shared_memory():
+    """The 3xTF32 family: 64 rows per block like the fp16 kernels, fp32 tiles with rows D + 4
+    floats apart (Tf32Cfg<D>: forward key tiles of 64, 32 at D = 128; dQ's key tiles and dK/dV's
+    query tiles of 32, 16 at D = 128, double buffered)."""
+    p = fc.plan_launch("fwd", np.float32, B=2, H=3, Nq=130, Nk=5, D=64, causal=True, fam="tf32")
+    assert (p.name, p.grid, p.smem) == ("flash_fwd_tf32<64, true>", (3, 6, 1),
+                                        4 * (64 + 2 * 64) * 68)
+    p = fc.plan_launch("bwd_dkdv", np.float32, B=1, H=2, Nq=5, Nk=129, D=128, fam="tf32")
+    assert (p.name, p.grid, p.smem) == ("flash_bwd_dkdv_tf32<128, false>", (3, 2, 1),
+                                        4 * (128 + 4 * 16) * 132 + 4 * 4 * 16)
+    p = fc.plan_launch("bwd_dq", np.float32, B=1, H=1, Nq=64, Nk=500, D=32, fam="tf32")
+    assert (p.name, p.grid, p.smem) == ("flash_bwd_dq_tf32<32, false>", (1, 1, 1),
+                                        4 * (128 + 4 * 32) * 36)
+    assert fc.smem_bytes("fwd", np.float32, 128, "tf32") == 4 * (64 + 2 * 32) * 132
+    assert fc.smem_bytes_of("flash_bwd_dq_tf32<64, true>") == 4 * (128 + 4 * 32) * 68
+    for D in fc.SUPPORTED_HEAD_DIMS:   # every block fits an A100's opt-in limit
+        for kind in ("fwd", "bwd_dkdv", "bwd_dq"):
+            fc.check_shared_memory(fc.smem_bytes(kind, np.float32, D, "tf32"), 163 * 1024)
+    with pytest.raises(TypeError, match="the tf32 kernels take float32, got float16"):
+        fc.kernel_name("fwd", np.float16, 64, False, "tf32")
 
 
 def test_naive_declines_float16_with_the_reason(monkeypatch):

@@ -19,52 +19,6 @@ import cuda_emu_harness as H
 TIMEOUT = 180.0
 
 
-def _inputs(B, Hq, Hkv, Nq, Nk, D, Dv, masking, seed):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((B, Hq, Nq, D)).astype(np.float32)
-    k = rng.standard_normal((B, Hkv, Nk, D)).astype(np.float32)
-    v = rng.standard_normal((B, Hkv, Nk, Dv)).astype(np.float32)
-    do = rng.standard_normal((B, Hq, Nq, Dv)).astype(np.float32)
-    lengths = key_mask = None
-    if masking in ("lengths", "both"):
-        lengths = rng.integers(0, Nk + 1, size=B).astype(np.int32)
-    if masking in ("mask", "both", "empty_batch"):
-        key_mask = rng.random((B, Nk)) < 0.7
-    if masking == "empty_batch":
-        key_mask[0] = False                    # batch 0: every row fully masked
-    return q, k, v, do, lengths, key_mask
-
-
-def _check(emu_lib, B, Hq, Hkv, Nq, Nk, D, Dv, causal, masking, scale, seed):
-    q, k, v, do, lengths, key_mask = _inputs(B, Hq, Hkv, Nq, Nk, D, Dv, masking, seed)
-    kw = dict(causal=causal, scale=scale, lengths=lengths, key_mask=key_mask)
-    o_ref, lse_ref, _ = H.ref_forward(q, k, v, **kw)
-    # The backward gets the reference o and lse, so forward and backward errors are measured
-    # independently (test_cuda_integration chains the kernels' own o and lse).
-    o_in, lse_in = o_ref.astype(np.float32), lse_ref.astype(np.float32)
-
-    def work(launch, lib):
-        o, lse = H.emu_forward(launch, q, k, v, kernel="naive", **kw)
-        grads = H.emu_backward(launch, q, k, v, o_in, lse_in, do, kernel="naive", **kw)
-        return (o, lse) + tuple(grads)
-
-    o, lse, dq, dk, dv = H.run_isolated(emu_lib, work, timeout=TIMEOUT)
-    bounds = H.error_bounds(q, k, v, o_in, do, np.float32, **kw)
-    H.check_close("o", o, o_ref, bounds["o"])
-    H.check_lse(lse, lse_ref)
-    for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv),
-                              H.ref_backward(q, k, v, o_in, do, **kw)):
-        assert got.dtype == np.float32
-        H.check_close(name, got, ref, bounds[name])
-
-    keep = H.keep_mask(B, Nq, Nk, causal, key_mask, lengths)[:, 0]       # (B, Nq, Nk)
-    empty_rows, unseen_keys = ~keep.any(-1), ~keep.any(-2)               # (B, Nq), (B, Nk)
-    rows = lambda x, sel: np.swapaxes(x, 1, 2)[sel]  # noqa: E731 - (B, H, N, ..)[(B, N) mask]
-    assert np.all(rows(o, empty_rows) == 0) and np.all(rows(dq, empty_rows) == 0)
-    assert np.all(rows(lse[..., None], empty_rows) == -np.inf)
-    assert np.all(rows(dk, unseen_keys) == 0) and np.all(rows(dv, unseen_keys) == 0)
-
-
 HEAD_DIMS = st.sampled_from([1, 8, 32, 40, 64, 100, 128])   # 32/64/128 compiled, others padded
 
 
@@ -85,7 +39,7 @@ HEAD_DIMS = st.sampled_from([1, 8, 32, 40, 64, 100, 128])   # 32/64/128 compiled
 def test_naive_matches_the_float64_reference(emu_lib, Nq, Nk, D, Dv, heads, causal, masking,
                                              scale, seed):
     Hq, Hkv = heads
-    _check(emu_lib, 2, Hq, Hkv, Nq, Nk, D, D if Dv is None else Dv, causal, masking, scale, seed)
+    H.check_float32_kernel(emu_lib, "naive", 2, Hq, Hkv, Nq, Nk, D, D if Dv is None else Dv, causal, masking, scale, seed)
 
 
 def test_fully_masked_everything_is_zero_not_nan(emu_lib):
@@ -108,7 +62,7 @@ def test_fully_masked_everything_is_zero_not_nan(emu_lib):
 
 def test_naive_is_deterministic_across_schedules(emu_lib):
     """Every output element has one writer (no atomics): bitwise equal under any schedule."""
-    q, k, v, do, lengths, _ = _inputs(1, 4, 2, 140, 150, 32, 32, "lengths", seed=5)
+    q, k, v, do, lengths, _ = H.float32_inputs(1, 4, 2, 140, 150, 32, 32, "lengths", seed=5)
     kw = dict(causal=True, lengths=lengths, kernel="naive")
 
     def work(launch, lib):
@@ -124,7 +78,7 @@ def test_naive_is_deterministic_across_schedules(emu_lib):
 def test_naive_and_tiled_launch_their_own_kernels(emu_lib):
     """kernel="naive" launches the *_naive instantiations (plus the shared Dvec pre-pass), and
     the default launches the tiled CUDA-core ones, on the same arrays."""
-    q, k, v, do, _, _ = _inputs(1, 2, 1, 20, 40, 48, 48, None, seed=7)
+    q, k, v, do, _, _ = H.float32_inputs(1, 2, 1, 20, 40, 48, 48, None, seed=7)
 
     def work(launch, lib):
         seen = {}

@@ -86,7 +86,7 @@ def _check_module(fam, D, causal, arch):
 
 @pytest.mark.slow
 def test_every_module_compiles_with_nvrtc_for_sm80():
-    for fam in ("tc", "simt", "naive"):
+    for fam in ("tc", "simt", "naive", "tf32"):
         for D in fc.SUPPORTED_HEAD_DIMS:
             for causal in (False, True):
                 _check_module(fam, D, causal, "sm_80")
@@ -94,7 +94,7 @@ def test_every_module_compiles_with_nvrtc_for_sm80():
 
 def test_largest_modules_compile_with_nvrtc_for_sm90():
     """(sm_90 resources for every instantiation are the nvcc/ptxas test's job.)"""
-    for fam in ("tc", "simt", "naive"):
+    for fam in ("tc", "simt", "naive", "tf32"):
         _check_module(fam, 128, True, "sm_90")
 
 

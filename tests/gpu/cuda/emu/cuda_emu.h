@@ -18,6 +18,8 @@
 //     #ifdef MINITX_EMULATION and the inline asm otherwise):
 //       emu::mma_m16n8k16_f32_f16  mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
 //       emu::ldmatrix_x4<TRANS>    ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16
+//       emu::mma_m16n8k8_f32_tf32  mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32
+//       emu::cvt_rna_tf32          cvt.rna.tf32.f32
 //     both laid out exactly as the PTX ISA documents the fragments (see the functions), and
 //       emu::cp_async_16 / cp_async_commit / cp_async_wait<N>
 //                                 cp.async.cg.shared.global (16 B, src-size zero fill),
@@ -287,6 +289,58 @@ inline void mma_m16n8k16_f32_f16(float d[4], const unsigned a[4], const unsigned
         const int r = mma_c_row(lane, i), col = mma_c_col(lane, i);
         float acc = c[i];
         for (int kk = 0; kk < 16; ++kk) acc = std::fma(A[r][kk], B[kk][col], acc);  // exact products
+        out[i] = acc;
+    }
+    for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
+
+// cvt.rna.tf32.f32: x rounded to 10 mantissa bits, to nearest with ties away from zero (add
+// half of the 13 dropped bits' weight to the magnitude, then cut them); NaN and +-inf pass
+// through. The result is an fp32 bit pattern whose low 13 bits are zero.
+inline unsigned cvt_rna_tf32(float x) {
+    unsigned bits;
+    std::memcpy(&bits, &x, 4);
+    if ((bits & 0x7f800000u) == 0x7f800000u) return bits;   // inf / NaN
+    return (bits + 0x1000u) & 0xffffe000u;
+}
+
+// A .tf32 operand register as the tensor core reads it: the top 19 bits (sign, exponent, 10
+// mantissa bits); the low 13 bits are ignored, so an operand that skipped cvt.rna.tf32 is
+// truncated here and a kernel that forgot its split shows ~1e-3 errors.
+inline float tf32_operand(unsigned reg) {
+    reg &= 0xffffe000u;
+    float f;
+    std::memcpy(&f, &reg, 4);
+    return f;
+}
+
+// Fragment layouts of the PTX ISA for mma.m16n8k8 with .tf32 (one element per register):
+//   A (16x8, a0..a3):  row = groupID (+ 8 for a1, a3);  col = threadID_in_group (+ 4 for a2, a3)
+//   B (8x8, b0, b1):   row = threadID_in_group (+ 4 for b1);  col = groupID
+//   C, D (16x8 .f32):  as for m16n8k16 (mma_c_row / mma_c_col)
+inline int mma_tf32_a_row(int lane, int i) { return (lane >> 2) + (i & 1 ? 8 : 0); }
+inline int mma_tf32_a_col(int lane, int i) { return (lane & 3) + (i >= 2 ? 4 : 0); }
+inline int mma_tf32_b_row(int lane, int i) { return (lane & 3) + (i ? 4 : 0); }
+
+// d = A * B + c for one 16x8x8 tf32 tile; d may alias c. Products of two tf32 numbers are exact
+// in fp32 (11 x 11 significant bits), and the sum is an fma chain.
+inline void mma_m16n8k8_f32_tf32(float d[4], const unsigned a[4], const unsigned b[2],
+                                 const float c[4]) {
+    std::uint64_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+    auto all = rendezvous(mine, 6);
+    float A[16][8], B[8][8];
+    for (int lane = 0; lane < 32; ++lane) {
+        for (int i = 0; i < 4; ++i)
+            A[mma_tf32_a_row(lane, i)][mma_tf32_a_col(lane, i)] = tf32_operand(unsigned(all[lane][i]));
+        for (int i = 0; i < 2; ++i)
+            B[mma_tf32_b_row(lane, i)][lane >> 2] = tf32_operand(unsigned(all[lane][4 + i]));
+    }
+    const int lane = int(tl_lane);
+    float out[4];
+    for (int i = 0; i < 4; ++i) {
+        const int r = mma_c_row(lane, i), col = mma_c_col(lane, i);
+        float acc = c[i];
+        for (int kk = 0; kk < 8; ++kk) acc = std::fma(A[r][kk], B[kk][col], acc);
         out[i] = acc;
     }
     for (int i = 0; i < 4; ++i) d[i] = out[i];

@@ -1,7 +1,9 @@
 // Emulation driver: compiles minitx/backend/kernels/flash_attn.cu for the CPU (cuda_emu.h) and
 // exposes extern "C" launchers for ctypes, one per kernel family and kind
-// (flash_fwd_simt_launch, flash_fwd_tc_launch, flash_fwd_naive_launch, ..., flash_bwd_dot_launch),
-// plus tests of the emulation itself (emu_mma_m16n8k16, emu_ldmatrix_x4, emu_cp_async_probe).
+// (flash_fwd_simt_launch, flash_fwd_tc_launch, flash_fwd_naive_launch, flash_fwd_tf32_launch,
+// ..., flash_bwd_dot_launch),
+// plus tests of the emulation itself (emu_mma_m16n8k16, emu_mma_m16n8k8_tf32, emu_to_tf32,
+// emu_ldmatrix_x4, emu_cp_async_probe).
 // Build (see tests/gpu/cuda/conftest.py):
 //   g++ -std=c++20 -O1 -pthread -shared -fPIC -DMINITX_EMULATION -I<emu> -I<kernels> driver.cpp
 // -DEMU_SMALL instantiates only D=32 (for the ThreadSanitizer / broken-kernel builds);
@@ -48,11 +50,13 @@ template <int FAM> struct FamT;
 template <> struct FamT<0> { using T = float; };    // simt
 template <> struct FamT<1> { using T = __half; };   // tc
 template <> struct FamT<2> { using T = float; };    // naive
+template <> struct FamT<3> { using T = float; };    // tf32 (fp32 on tensor cores, 3xTF32)
 }  // namespace
 
 #define FAM_simt 0
 #define FAM_tc 1
 #define FAM_naive 2
+#define FAM_tf32 3
 
 extern "C" {
 
@@ -60,12 +64,13 @@ int emu_set_yield_permille(int p) { emu::set_yield_permille(p); return 0; }
 int emu_set_seed(unsigned long long s) { emu::set_seed(s); return 0; }
 long long emu_arena_bytes() { return (long long)kArenaBytes; }
 
-// family: 0 simt, 1 tc; kind: 0 fwd, 1 dkdv, 2 dq -> bytes of dynamic shared memory
+// family: 0 simt, 1 tc, 3 tf32; kind: 0 fwd, 1 dkdv, 2 dq -> bytes of dynamic shared memory
 // (constexpr functions of the kernel headers)
 int emu_smem_bytes(int family, int kind, int D) {
     using namespace minitx_flash;
 #define SMEM_CASE(DD)                                                            \
-    if (D == DD) return family == 0 ? simt_smem_bytes<DD>(kind) : tc_smem_bytes<DD>(kind);
+    if (D == DD) return family == 0 ? simt_smem_bytes<DD>(kind)                  \
+                      : family == 3 ? tf32_smem_bytes<DD>(kind) : tc_smem_bytes<DD>(kind);
     SMEM_CASE(32) SMEM_CASE(64) SMEM_CASE(128)
 #undef SMEM_CASE
     return -1;
@@ -91,6 +96,7 @@ int emu_smem_bytes(int family, int kind, int D) {
 DEFINE_FWD(simt)
 DEFINE_FWD(tc)
 DEFINE_FWD(naive)
+DEFINE_FWD(tf32)
 
 #define DEFINE_DKDV(FAM)                                                                     \
     int flash_bwd_dkdv_##FAM##_launch(const char* name, unsigned gx, unsigned gy,             \
@@ -115,6 +121,7 @@ DEFINE_FWD(naive)
 DEFINE_DKDV(simt)
 DEFINE_DKDV(tc)
 DEFINE_DKDV(naive)
+DEFINE_DKDV(tf32)
 
 #define DEFINE_DQ(FAM)                                                                       \
     int flash_bwd_dq_##FAM##_launch(const char* name, unsigned gx, unsigned gy, unsigned gz,  \
@@ -138,6 +145,7 @@ DEFINE_DKDV(naive)
 DEFINE_DQ(simt)
 DEFINE_DQ(tc)
 DEFINE_DQ(naive)
+DEFINE_DQ(tf32)
 
 int flash_bwd_dot_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                          unsigned by, unsigned bz, size_t smem, const void* o, const void* dout,
@@ -163,6 +171,21 @@ int emu_mma_m16n8k16(const unsigned* a, const unsigned* b, const float* c, float
         minitx_flash::mma_16816(acc, a + 4 * l, b + 2 * l);
         for (int i = 0; i < 4; ++i) d[4 * l + i] = acc[i];
     });
+}
+
+// One warp executes one mma.m16n8k8 with .tf32 operands: a[lane][4], b[lane][2] (fp32 bit
+// patterns, used as given: no cvt), c[lane][4] -> d[lane][4]; and cvt.rna.tf32.f32 of n floats.
+int emu_mma_m16n8k8_tf32(const unsigned* a, const unsigned* b, const float* c, float* d) {
+    return emu::launch(dim3(1), dim3(32), 0, [&] {
+        const int l = int(threadIdx.x);
+        float acc[4] = {c[4 * l], c[4 * l + 1], c[4 * l + 2], c[4 * l + 3]};
+        minitx_flash::mma_1688(acc, a + 4 * l, b + 2 * l);
+        for (int i = 0; i < 4; ++i) d[4 * l + i] = acc[i];
+    });
+}
+int emu_to_tf32(const float* x, unsigned* out, int n) {
+    for (int i = 0; i < n; ++i) out[i] = minitx_flash::to_tf32(x[i]);
+    return 0;
 }
 
 // One warp executes ldmatrix.x4 (trans = 0/1) on a shared-memory image `smem_in` (halves) with
@@ -205,7 +228,7 @@ int emu_cp_async_probe(const unsigned* src, unsigned* out) {
 }  // extern "C"
 
 #ifdef EMU_MAIN
-// Small forward + backward of every family (simt fp32, tc fp16, naive fp32; D=32, causal with
+// Small forward + backward of every family (simt fp32, tc fp16, naive fp32, tf32 fp32; D=32, causal with
 // Nq < Nk, lengths, GQA, several key tiles) for the ThreadSanitizer run. Prints "EMU_MAIN OK"
 // when every launch succeeded and every output is finite.
 #include <cmath>
@@ -232,27 +255,28 @@ static int run_family(const char* fam) {
                                                : minitx_flash::TcCfg<32>::kRows;
     auto smem = [&](int kind) {
         return std::size_t(naive ? 0 : FAM == 0 ? minitx_flash::simt_smem_bytes<32>(kind)
-                                                : minitx_flash::tc_smem_bytes<32>(kind));
+                                 : FAM == 3 ? minitx_flash::tf32_smem_bytes<32>(kind)
+                                            : minitx_flash::tc_smem_bytes<32>(kind));
     };
     char name[128];
     int rc = 0;
     std::snprintf(name, sizeof name, "flash_fwd_%s<32, true>", fam);
-    rc |= (FAM == 0 ? flash_fwd_simt_launch
-           : FAM == 1 ? flash_fwd_tc_launch : flash_fwd_naive_launch)(
+    rc |= (FAM == 0 ? flash_fwd_simt_launch : FAM == 1 ? flash_fwd_tc_launch
+           : FAM == 3 ? flash_fwd_tf32_launch : flash_fwd_naive_launch)(
         name, (Nq + rows_fwd - 1) / rows_fwd, B * H, 1, 128, 1, 1, smem(0), q.data(), k.data(),
         v.data(), o.data(), lse.data(), lengths, nullptr, H, Hkv, Nq, Nk, scale);
     rc |= flash_bwd_dot_launch(FAM == 1 ? "flash_bwd_dot<__half>" : "flash_bwd_dot<float>",
                                (B * H * Nq + 3) / 4, 1, 1, 128, 1, 1, 0, o.data(), dout.data(),
                                dvec.data(), B * H * Nq, D);
     std::snprintf(name, sizeof name, "flash_bwd_dkdv_%s<32, true>", fam);
-    rc |= (FAM == 0 ? flash_bwd_dkdv_simt_launch
-           : FAM == 1 ? flash_bwd_dkdv_tc_launch : flash_bwd_dkdv_naive_launch)(
+    rc |= (FAM == 0 ? flash_bwd_dkdv_simt_launch : FAM == 1 ? flash_bwd_dkdv_tc_launch
+           : FAM == 3 ? flash_bwd_dkdv_tf32_launch : flash_bwd_dkdv_naive_launch)(
         name, (Nk + rows_kv - 1) / rows_kv, B * H, 1, 128, 1, 1, smem(1), q.data(), k.data(),
         v.data(), dout.data(), lse.data(), dvec.data(), dk.data(), dv.data(), lengths, nullptr, H,
         Hkv, Nq, Nk, scale);
     std::snprintf(name, sizeof name, "flash_bwd_dq_%s<32, true>", fam);
-    rc |= (FAM == 0 ? flash_bwd_dq_simt_launch
-           : FAM == 1 ? flash_bwd_dq_tc_launch : flash_bwd_dq_naive_launch)(
+    rc |= (FAM == 0 ? flash_bwd_dq_simt_launch : FAM == 1 ? flash_bwd_dq_tc_launch
+           : FAM == 3 ? flash_bwd_dq_tf32_launch : flash_bwd_dq_naive_launch)(
         name, (Nq + rows_dq - 1) / rows_dq, B * H, 1, 128, 1, 1, smem(2), q.data(), k.data(),
         v.data(), dout.data(), lse.data(), dvec.data(), dq.data(), lengths, nullptr, H, Hkv, Nq,
         Nk, scale);
@@ -270,6 +294,7 @@ int main() {
     int rc = run_family<0>("simt");
     if (rc == 0) rc = run_family<1>("tc");
     if (rc == 0) rc = run_family<2>("naive");
+    if (rc == 0) rc = run_family<3>("tf32");
     if (rc == 0) std::printf("EMU_MAIN OK\n");
     return rc;
 }
