@@ -5,8 +5,8 @@ One command on a GPU machine does all three:
     python benchmarks/gpu_flash.py --check
 
 1. build: compiles every kernel instantiation of every family in ``KERNEL_FAMILIES`` with NVRTC
-   (the fp16 tensor-core kernels *_tc and the fp32 CUDA-core kernels *_simt, D = 32/64/128,
-   causal or not) and prints the compile time; ``--jobs`` processes compile the modules at once
+   (the fp16 tensor-core kernels *_tc, the fp32 CUDA-core kernels *_simt, the naive kernels
+   *_naive and the fp32 3xTF32 tensor-core kernels *_tf32, D = 32/64/128, causal or not) and prints the compile time; ``--jobs`` processes compile the modules at once
    first, into CuPy's kernel cache, so the build itself then mostly loads them;
 2. check (``--check``): runs each kernel family against a float64 PyTorch reference on the GPU
    (ragged N, Nq != Nk causal with bottom-right alignment, GQA/MQA, D = 32/48/64/80/128 and
@@ -21,8 +21,9 @@ One command on a GPU machine does all three:
    kernel, so fp32 uses its memory-efficient backend), and the ratios kernel/PyTorch and
    kernel/dense in throughput (> 1: the kernel is faster). N = 4096 runs first, and the run ends
    with one ``GOAL`` line per target: fp16 forward+backward at N = 4096, D = 64 and 128, as a
-   percentage of PyTorch's flash SDPA throughput (goal >= 40 %), and fp32 the same as a multiple
-   of PyTorch's fp32 memory-efficient SDPA (goal >= 1.0x).
+   percentage of PyTorch's flash SDPA throughput (goal >= 40 %), and fp32 (both the 3xTF32 and
+   the CUDA-core family) the same as a multiple of PyTorch's fp32 memory-efficient SDPA (goal
+   >= 1.0x).
 
 FLOPs follow the FlashAttention papers: forward 4 B H N^2 D (halved when causal), forward +
 backward 3.5x that. Batch: B = max(1, 16384 // N), H = 16 (16K tokens per batch: N = 4096 ->
@@ -60,18 +61,25 @@ KERNEL_FAMILIES = [
     ("tc", "float16", {}),        # fp16 on the tensor cores (mma.sync, ldmatrix, cp.async)
     ("simt", "float32", {}),      # fp32 register-tiled, CUDA cores
     ("naive", "float32", {"MINITX_FLASH_KERNEL": "naive"}),   # one thread per row: read first
+    ("tf32", "float32", {"MINITX_FLASH_KERNEL": "tf32"}),     # fp32 on the tensor cores, 3xTF32
 ]
 TILED = ("tc", "simt")            # the families the launcher picks by dtype alone
 KINDS = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_dot")
 
 GOAL_N = 4096
 # (family, D, what the ratio is, goal); each is printed for causal False and True
+# (the fp32 goal is measured for both fp32 families that could meet it: the CUDA-core kernels
+# the launcher picks by default and the 3xTF32 tensor-core ones; the goals' order is the order
+# in which the benchmark measures them)
 GOALS = [
     ("tc", 64, "pct", 0.40),
     ("tc", 128, "pct", 0.40),
+    ("tf32", 64, "times", 1.0),
+    ("tf32", 128, "times", 1.0),
     ("simt", 64, "times", 1.0),
     ("simt", 128, "times", 1.0),
 ]
+GOAL_FAMILIES = ("tc", "tf32", "simt")
 
 
 # ------------------------------------------------------------------ helpers
@@ -414,9 +422,9 @@ def check(xp, flash_cuda, tm, device="cuda", cases=None, families=None):
 
 # ------------------------------------------------------------------ 3. benchmark
 def _configs(args, families):
-    """Benchmark configurations: the goals' first (N = GOAL_N, the tensor-core and CUDA-core
-    families), so that they are measured before a budget runs out; then the naive kernel at
-    GOAL_N; then the other N in increasing order."""
+    """Benchmark configurations: the goals' first (N = GOAL_N, the families of ``GOAL_FAMILIES``
+    in that order), so that they are measured before a budget runs out; then the naive kernel
+    at GOAL_N; then the other N in increasing order."""
     ns = sorted(args.n, key=lambda n: (n != GOAL_N, n))
     out = []
     for N in ns:
@@ -424,7 +432,8 @@ def _configs(args, families):
             for fam in families:
                 for causal in ([True] if args.causal else [False, True]):
                     out.append((N, D, fam, causal))
-    return sorted(out, key=lambda c: (c[0] != GOAL_N, c[2][0] not in ("tc", "simt")))
+    rank = {fam: i for i, fam in enumerate(GOAL_FAMILIES)}
+    return sorted(out, key=lambda c: (c[0] != GOAL_N, rank.get(c[2][0], len(rank))))
 
 
 def _one_config(timing, flash_cuda, tm, args, N, D, family, causal):
@@ -522,7 +531,8 @@ def benchmark(timing, flash_cuda, tm, args, families=None, deadline=None):
 
 def goal_lines(rows):
     """One ``GOAL`` line per target (``GOALS``), from the rows at N = GOAL_N, forward+backward."""
-    names = {"tc": "fp16 tensor-core kernel", "simt": "fp32 CUDA-core kernel"}
+    names = {"tc": "fp16 tensor-core kernel", "simt": "fp32 CUDA-core kernel",
+             "tf32": "fp32 3xTF32 tensor-core kernel"}
     lines = []
     for fam, D, kind, target in GOALS:
         for causal in (False, True):

@@ -79,7 +79,8 @@ def test_the_check_covers_what_the_gpu_issue_lists():
     assert any(c[3] == 1 < c[2] for c in cases)                       # MQA
     assert {"mask", "mask_empty", "lengths", "zero_length"} <= {c[9] for c in cases}
     assert any(c[4] > c[5] and c[8] for c in cases)                   # rows with no key
-    assert [f[0] for f in g.KERNEL_FAMILIES][:2] == ["tc", "simt"]    # every family
+    assert [f[0] for f in g.KERNEL_FAMILIES] == ["tc", "simt", "naive", "tf32"]   # every family
+    assert dict((f[0], f[2]) for f in g.KERNEL_FAMILIES)["tf32"] == {"MINITX_FLASH_KERNEL": "tf32"}
 
 
 def test_goal_rows_run_first_and_goal_lines_compute_throughput_ratios():
@@ -87,15 +88,17 @@ def test_goal_rows_run_first_and_goal_lines_compute_throughput_ratios():
     import types
     args = types.SimpleNamespace(n=[1024, 4096, 16384], d=[64, 128], causal=False)
     configs = g._configs(args, g.KERNEL_FAMILIES)
-    goals = [c for c in configs if c[0] == g.GOAL_N and c[2][0] in ("tc", "simt")]
-    assert len(goals) == 8 and configs[:8] == goals          # 2 families × 2 D × causal or not
-    assert configs[8][0] == g.GOAL_N and configs[8][2][0] == "naive"
+    goals = [c for c in configs if c[0] == g.GOAL_N and c[2][0] in ("tc", "tf32", "simt")]
+    assert len(goals) == 12 and configs[:12] == goals        # 3 families × 2 D × causal or not
+    assert [c[2][0] for c in goals[::4]] == ["tc", "tf32", "simt"]   # in the goals' order
+    assert configs[12][0] == g.GOAL_N and configs[12][2][0] == "naive"
     row = dict(label="fwd+bwd", fam="tc", D=64, N=g.GOAL_N, causal=False, flops=1e12,
                mine=0.010, torch=0.002, backend="flash")
     lines = g.goal_lines([row, dict(row, fam="simt", torch=0.020, backend="efficient")])
     tc = [ln for ln in lines if "fp16" in ln and "D=64 non-causal" in ln][0]
     assert "100.0 TF/s = 20.0% of PyTorch flash SDPA 500.0 TF/s" in tc and "not met" in tc
-    simt = [ln for ln in lines if "fp32" in ln and "D=64 non-causal" in ln][0]
+    simt = [ln for ln in lines if "fp32 CUDA-core" in ln and "D=64 non-causal" in ln][0]
     assert "= 2.00x PyTorch efficient SDPA" in simt and "(goal >= 1.0x: met)" in simt
     assert all(ln.startswith("GOAL ") for ln in lines)
-    assert sum("not measured" in ln for ln in lines) == len(lines) - 2
+    assert len(lines) == 12 and sum("not measured" in ln for ln in lines) == len(lines) - 2
+    assert any(ln.startswith("GOAL fp32 3xTF32 tensor-core kernel fwd+bwd") for ln in lines)
