@@ -748,9 +748,9 @@ STEPS = [
     Step(1, "versions", 10, step_versions, None),
     Step(2, "suite", 135, step_suite, "suite.log"),
     Step(3, "programs", 55, step_programs, "programs.log"),
-    Step(4, "flash kernels", 65, step_flash, "flash.log"),
+    Step(4, "flash kernels", 60, step_flash, "flash.log"),
     Step(5, "engine", 12, step_engine, "engine.log"),
-    Step(6, "sanitizers", 18, step_sanitizers, "sanitizer.log"),
+    Step(6, "sanitizers", 13, step_sanitizers, "sanitizer.log"),
 ]
 assert sum(s.budget for s in STEPS) <= TOTAL_S - 15     # room for the grace periods and summary
 
