@@ -265,7 +265,8 @@ def smem_bytes(kind: str, dtype, D: int, fam=None) -> int:
         if kind == "bwd_dkdv":   # K, V | 2 stages x (Q, dO) fp16 | 2 stages x (lse, Dvec) fp32
             return 2 * (2 * c["rows"] + 4 * c["dkdv_bq"]) * S + 4 * 4 * c["dkdv_bq"]
         return 2 * (2 * c["rows"] + 4 * c["dq_bn"]) * S   # Q, dO | 2 stages x (K, V)
-    if fam == "tf32":   # the tc layout with fp32 (4-byte) tiles and rows D + 4 floats apart
+    # The 3xTF32 tiles: the tc layout with fp32 (4-byte) elements, rows D + 4 floats apart.
+    if fam == "tf32":
         c = _tf32_cfg(D)
         S = c["stride"]
         if kind == "fwd":        # Q | K | V
@@ -325,6 +326,8 @@ def all_kernel_names(dtypes=("float32", "float16"), head_dims=SUPPORTED_HEAD_DIM
         fams.append(("float32", "naive"))
     if tf32 and "float32" in dtypes:
         fams.append(("float32", "tf32"))
+    # Each family: its three kernels for every head dim, causal or not; the Dvec pre-pass once
+    # per dtype (it belongs to no family).
     for dt, fam in fams:
         for kind in kinds:
             if kind == "bwd_dot":
@@ -449,6 +452,7 @@ def _tensor_core_reason(q, fam):
         cc = int(cp.cuda.Device().compute_capability)
     except (AttributeError, RuntimeError, ValueError):   # no device / a CuPy stand-in
         return None
+    # Both tensor-core families need sm_80 (mma.sync m16n8k16 and m16n8k8.tf32, cp.async).
     if cc < FP16_MIN_CC:
         if fam == "tf32":
             return (f"{KERNEL_ENV}=tf32 needs tensor cores with tf32 (mma.sync m16n8k8, "
@@ -466,8 +470,8 @@ def decline_reason(q, k, v, key_mask=None, lengths=None, kernel=None):
     grid limit, mask/lengths shapes and dtypes; the kernel choice (``kernel``, or
     :func:`kernel_choice` when None: naive takes float32 only; an invalid
     ``MINITX_FLASH_KERNEL`` raises ``ValueError``); for CuPy arrays on a tensor-core family
-    (float16, or float32 under ``tf32``) also a GPU of sm_80 or newer. Whether a GPU is usable at all is
-    :func:`unavailable_reason`.
+    (float16, or float32 under ``tf32``) also a GPU of sm_80 or newer. Whether a GPU is usable
+    at all is :func:`unavailable_reason`.
     """
     choice = kernel_choice() if kernel is None else _checked_choice(kernel, "kernel")
     # The checks of validate_inputs, answered with a sentence instead of an exception:
@@ -567,8 +571,8 @@ def _masks(xp, key_mask, lengths):
 def _forward(xp, launch, q, k, v, *, causal=False, scale=None, key_mask=None, lengths=None,
              smem_limit=DEFAULT_SMEM_LIMIT, kernel="tiled"):
     """Run the forward with ``launch(plan, args)``; ``xp`` is numpy (emulation) or cupy.
-    ``kernel`` is the choice ("tiled", "naive" or "tf32"), explicit here: the public functions resolve
-    ``MINITX_FLASH_KERNEL`` before they call this."""
+    ``kernel`` is the choice ("tiled", "naive" or "tf32"), explicit here: the public functions
+    resolve ``MINITX_FLASH_KERNEL`` before they call this."""
     B, H, Hkv, Nq, Nk, D = validate_inputs(q, k, v, key_mask, lengths)
     Dv = int(v.shape[-1])
     Dp = compiled_head_dim(q, v)
