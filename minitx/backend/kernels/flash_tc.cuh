@@ -155,6 +155,175 @@ __device__ __forceinline__ void store_rows_f16(__half* dst, int r0, int n_rows, 
     }
 }
 
+// ------------------------------------------------------------------------------ on C fragments
+// A warp's 16 rows x 8NT columns of scores live in mma C fragments s[NT][4]: element e of tile
+// nt is in row hh = e / 2 of the thread's two rows (g and g + 8) and column 8 nt + 2t + (e & 1).
+// The steps below work element by element on that layout; the fp16 kernels here and the 3xTF32
+// kernels (flash_tf32.cuh) share them, and differ only in their GEMMs.
+
+// Forward: scores to log2 units (exp(x) = exp2(x log2 e)), -inf where the row may not see the
+// key (checked only when the tile `need`s it: tiles on the causal diagonal, at the length cut,
+// or under a key mask).
+template <bool CAUSAL, int NT>
+__device__ __forceinline__ void scale_and_mask(float (&s)[NT][4], float sl2, bool need, int b,
+                                               const int (&row)[2], int k0, int kv_len, int Nq,
+                                               int Nk, const unsigned char* kmask) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float x = s[nt][e] * sl2;
+            if (need && !kept<CAUSAL>(b, row[e / 2], k0 + nt * 8 + 2 * t + (e & 1), kv_len, Nq,
+                                      Nk, kmask))
+                x = neg_inf();
+            s[nt][e] = x;
+        }
+}
+
+// Forward: one step of the online softmax, row by row (hh): m_new = max(m, rowmax),
+// alpha = 2^(m - m_new), P = 2^(S - m_new) (in place of S), l = alpha l + rowsum(P) (this
+// thread's columns only: the quad's sum is taken once, in finish_rows), O = alpha O.
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2],
+                                               float (&oacc)[DT][4]) {
+    float alpha[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        float mx = m[hh];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hh], s[nt][2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the quad holds the row
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float base = mx == neg_inf() ? 0.0f : mx;   // no key yet: every P is 2^-inf = 0
+        alpha[hh] = exp2f(m[hh] - base);
+        m[hh] = mx;
+        float rs = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 2 * hh; e < 2 * hh + 2; ++e) {
+                s[nt][e] = exp2f(s[nt][e] - base);
+                rs += s[nt][e];
+            }
+        l[hh] = l[hh] * alpha[hh] + rs;
+    }
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+        oacc[dt][0] *= alpha[0]; oacc[dt][1] *= alpha[0];
+        oacc[dt][2] *= alpha[1]; oacc[dt][3] *= alpha[1];
+    }
+}
+
+// Forward, after the last tile: l summed over the quad, lse = m ln 2 + ln l written for the
+// thread's rows below Nq (lse_bh: this (batch, head)'s row of lse); returns 1 / l, and 0 with
+// lse = -inf for a row that kept no key.
+__device__ __forceinline__ void finish_rows(float (&l)[2], const float (&m)[2], const int (&row)[2],
+                                            int Nq, float* lse_bh, float (&inv)[2]) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
+        l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
+        inv[hh] = l[hh] > 0.0f ? 1.0f / l[hh] : 0.0f;
+        if (t == 0 && row[hh] < Nq)
+            lse_bh[row[hh]] = l[hh] > 0.0f ? m[hh] * kLn2 + logf(l[hh]) : neg_inf();
+    }
+}
+
+// dQ: the lse (log2 units; +inf for a row past Nq or one that kept no key, so its P is 0) and
+// Dvec of the thread's two rows.
+__device__ __forceinline__ void load_row_stats(const float* lse_bh, const float* dvec_bh,
+                                               const int (&row)[2], int Nq, float (&lse2)[2],
+                                               float (&dv_row)[2]) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const bool in = row[hh] < Nq;
+        const float x = in ? lse_bh[row[hh]] : neg_inf();
+        lse2[hh] = x == neg_inf() ? pos_inf() : x * kLog2e;
+        dv_row[hh] = in ? dvec_bh[row[hh]] : 0.0f;
+    }
+}
+
+// dQ: P = 2^(S log2e scale - lse log2e) (0 where masked), then dS = P (dP - Dvec), in dp.
+template <bool CAUSAL, int NT>
+__device__ __forceinline__ void ds_of_rows(const float (&s)[NT][4], float (&dp)[NT][4], float sl2,
+                                           const float (&lse2)[2], const float (&dv_row)[2],
+                                           bool need, int b, const int (&row)[2], int k0,
+                                           int kv_len, int Nq, int Nk,
+                                           const unsigned char* kmask) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int hh = e / 2;
+            float p = exp2f(s[nt][e] * sl2 - lse2[hh]);
+            if (need && !kept<CAUSAL>(b, row[hh], k0 + nt * 8 + 2 * t + (e & 1), kv_len, Nq, Nk,
+                                      kmask))
+                p = 0.0f;
+            dp[nt][e] = p * (dp[nt][e] - dv_row[hh]);
+        }
+}
+
+// dK/dV, transposed (rows are keys, columns queries q0 + c): P^T in s and dS^T = P^T (dP^T -
+// Dvec) in dp, with each query's lse (log2 units) and Dvec read from shared memory (Ls, Dvs).
+template <bool CAUSAL, int NT>
+__device__ __forceinline__ void ds_of_cols(float (&s)[NT][4], float (&dp)[NT][4], float sl2,
+                                           const float* Ls, const float* Dvs, bool need, int b,
+                                           int q0, const int (&krow)[2], int kv_len, int Nq,
+                                           int Nk, const unsigned char* kmask) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int c = nt * 8 + 2 * t + (e & 1);   // query column within the tile
+            float p = exp2f(s[nt][e] * sl2 - Ls[c]);
+            if (need && !kept<CAUSAL>(b, q0 + c, krow[e / 2], kv_len, Nq, Nk, kmask)) p = 0.0f;
+            s[nt][e] = p;                             // P^T
+            dp[nt][e] = p * (dp[nt][e] - Dvs[c]);      // dS^T
+        }
+}
+
+// dK/dV: one query tile's lse (log2 units; +inf past Nq or for rows that kept no key, so P = 0)
+// and Dvec into shared memory L[0 .. BQ) and L[BQ .. 2 BQ) (plain stores: visible after the
+// next barrier).
+template <int BQ>
+__device__ __forceinline__ void stage_query_rows(float* L, int qt, int Nq, const float* lse_bh,
+                                                 const float* dvec_bh) {
+    for (int e = threadIdx.x; e < BQ; e += kThreads) {
+        const int i = qt * BQ + e;
+        const float x = i < Nq ? lse_bh[i] : neg_inf();
+        L[e] = x == neg_inf() ? pos_inf() : x * kLog2e;
+        L[BQ + e] = i < Nq ? dvec_bh[i] : 0.0f;
+    }
+}
+
+// dK/dV: the warp's 16 keys of the fp32 accumulators into the per-q-head (B, H, Nk, D) buffers,
+// dK times scale (keys >= Nk are skipped).
+template <int DT>
+__device__ __forceinline__ void store_dkdv(float* dk, float* dv, int bh, int Nk,
+                                           const int (&krow)[2], const float (&dkacc)[DT][4],
+                                           const float (&dvacc)[DT][4], float scale) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int j = krow[hh];
+        if (j >= Nk) continue;
+        float* dkr = dk + ((long long)bh * Nk + j) * (DT * 8);
+        float* dvr = dv + ((long long)bh * Nk + j) * (DT * 8);
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            const int c = dt * 8 + 2 * t;
+            dkr[c] = dkacc[dt][2 * hh] * scale;
+            dkr[c + 1] = dkacc[dt][2 * hh + 1] * scale;
+            dvr[c] = dvacc[dt][2 * hh];
+            dvr[c + 1] = dvacc[dt][2 * hh + 1];
+        }
+    }
+}
+
 }  // namespace minitx_flash
 
 // ------------------------------------------------------------------------------------------
@@ -185,7 +354,7 @@ flash_fwd_tc(const __half* __restrict__ q, const __half* __restrict__ k,
     __half* Ks = Qs + BM * S;                              // BN x S
     __half* Vs = Ks + BN * S;                              // BN x S
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4;
     const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hkv);
     // causal: the last query tiles see the most keys; launch them first (better tail balance)
     const int q0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
@@ -220,47 +389,10 @@ flash_fwd_tc(const __half* __restrict__ q, const __half* __restrict__ k,
         zero(s);
         warp_gemm_reg_nt<KS, NT>(s, qf, Ks, S);
 
-        // scale to log2 units; mask (only tiles on the causal diagonal / the length cut / kmask)
+        // scale to log2 units and mask; the online softmax turns S into P and rescales O
         const bool need = tile_needs_mask<CAUSAL>(q0, k0, BN, kv_len, Nq, Nk, kmask);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = s[nt][e] * sl2;
-                if (need && !kept<CAUSAL>(b, row[e / 2], k0 + nt * 8 + 2 * t + (e & 1), kv_len, Nq,
-                                          Nk, kmask))
-                    x = neg_inf();
-                s[nt][e] = x;
-            }
-
-        // online softmax, row by row (hh): m_new = max(m, rowmax), alpha = 2^(m - m_new),
-        // P = 2^(S - m_new), l = alpha l + rowsum(P), O = alpha O (+ P V below)
-        float alpha[2];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            float mx = m[hh];
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hh], s[nt][2 * hh + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the quad holds the row
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float base = mx == neg_inf() ? 0.0f : mx;   // no key yet: every P is 2^-inf = 0
-            alpha[hh] = exp2f(m[hh] - base);
-            m[hh] = mx;
-            float rs = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 2 * hh; e < 2 * hh + 2; ++e) {
-                    s[nt][e] = exp2f(s[nt][e] - base);
-                    rs += s[nt][e];
-                }
-            l[hh] = l[hh] * alpha[hh] + rs;
-        }
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            oacc[dt][0] *= alpha[0]; oacc[dt][1] *= alpha[0];
-            oacc[dt][2] *= alpha[1]; oacc[dt][3] *= alpha[1];
-        }
+        scale_and_mask<CAUSAL, NT>(s, sl2, need, b, row, k0, kv_len, Nq, Nk, kmask);
+        online_softmax<NT, DT>(s, m, l, oacc);
         unsigned pf[NT / 2][4];   // P (fp16) as the A operand of P V: no shared memory needed
         acc_to_a_frags<NT>(pf, s);
 
@@ -273,16 +405,9 @@ flash_fwd_tc(const __half* __restrict__ q, const __half* __restrict__ k,
         warp_gemm_reg_t<NT / 2, DT>(oacc, pf, Vs, S);
     }
 
-    // O = acc / l (quad sum of the partial row sums); rows that kept no key: O = 0, lse = -inf
+    // O = acc / l; rows that kept no key: O = 0, lse = -inf
     float inv[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
-        l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
-        inv[hh] = l[hh] > 0.0f ? 1.0f / l[hh] : 0.0f;
-        if (t == 0 && row[hh] < Nq)
-            lse[(long long)bh * Nq + row[hh]] = l[hh] > 0.0f ? m[hh] * kLn2 + logf(l[hh]) : neg_inf();
-    }
+    finish_rows(l, m, row, Nq, lse + (long long)bh * Nq, inv);
     store_rows_f16<DT>(o + (long long)bh * Nq * D, q0 + 16 * warp, Nq, oacc, inv);
 }
 
@@ -312,7 +437,7 @@ flash_bwd_dq_tc(const __half* __restrict__ q, const __half* __restrict__ k,
     // stage st: K at KV + st * 2 BN S, V right after it (pointer arithmetic, not a pointer array
     // indexed by st: that would live in local memory)
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4;
     const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hkv);
     const int q0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
     const int row[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
@@ -324,13 +449,7 @@ flash_bwd_dq_tc(const __half* __restrict__ q, const __half* __restrict__ k,
     const int n_tiles = (key_end<CAUSAL>(b, q0, BM, Nq, Nk, lengths) + BN - 1) / BN;
     const float sl2 = scale * kLog2e;
     float lse2[2], dv_row[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        const bool in = row[hh] < Nq;
-        const float x = in ? lse[(long long)bh * Nq + row[hh]] : neg_inf();
-        lse2[hh] = x == neg_inf() ? pos_inf() : x * kLog2e;   // fully masked row: P = 2^-inf = 0
-        dv_row[hh] = in ? dvec[(long long)bh * Nq + row[hh]] : 0.0f;
-    }
+    load_row_stats(lse + (long long)bh * Nq, dvec + (long long)bh * Nq, row, Nq, lse2, dv_row);
 
     float dqacc[DT][4];
     zero(dqacc);
@@ -362,17 +481,7 @@ flash_bwd_dq_tc(const __half* __restrict__ q, const __half* __restrict__ k,
         warp_gemm_smem_nt<KS, NT>(s, Qs + 16 * warp * S, S, Ks, S);     // S  = Q  K^T
         warp_gemm_smem_nt<KS, NT>(dp, dOs + 16 * warp * S, S, Vs, S);   // dP = dO V^T
         const bool need = tile_needs_mask<CAUSAL>(q0, k0, BN, kv_len, Nq, Nk, kmask);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int hh = e / 2;
-                float p = exp2f(s[nt][e] * sl2 - lse2[hh]);
-                if (need && !kept<CAUSAL>(b, row[hh], k0 + nt * 8 + 2 * t + (e & 1), kv_len, Nq,
-                                          Nk, kmask))
-                    p = 0.0f;
-                dp[nt][e] = p * (dp[nt][e] - dv_row[hh]);   // dS
-            }
+        ds_of_rows<CAUSAL, NT>(s, dp, sl2, lse2, dv_row, need, b, row, k0, kv_len, Nq, Nk, kmask);
         unsigned dsf[NT / 2][4];
         acc_to_a_frags<NT>(dsf, dp);
         warp_gemm_reg_t<NT / 2, DT>(dqacc, dsf, Ks, S);   // dQ += dS K
@@ -410,7 +519,7 @@ flash_bwd_dkdv_tc(const __half* __restrict__ q, const __half* __restrict__ k,
     __half* QdO = Vs + BK * S;   // 2 stages of [Q (BQ x S) | dO (BQ x S)]
     float* LD = reinterpret_cast<float*>(QdO + 4 * BQ * S);   // 2 stages of [lse log2e | Dvec] (BQ each)
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4;
     const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hkv);
     const int k0 = blockIdx.x * BK;
     const int krow[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
@@ -428,18 +537,6 @@ flash_bwd_dkdv_tc(const __half* __restrict__ q, const __half* __restrict__ k,
     const int qt_end = k0 < kv_len ? (Nq + BQ - 1) / BQ : 0;   // keys all cut by lengths: none
     const float sl2 = scale * kLog2e;
 
-    // lse (log2 units; +inf for rows that kept no key or lie past Nq, so P = 0) and Dvec of one
-    // query tile into shared memory (plain loads: 2 x BQ floats; visible after the next barrier)
-    auto stage_rows = [&](int qt, int st) {
-        float* L = LD + st * 2 * BQ;
-        for (int e = threadIdx.x; e < BQ; e += kThreads) {
-            const int i = qt * BQ + e;
-            const float x = i < Nq ? lseb[i] : neg_inf();
-            L[e] = x == neg_inf() ? pos_inf() : x * kLog2e;
-            L[BQ + e] = i < Nq ? dvb[i] : 0.0f;
-        }
-    };
-
     float dkacc[DT][4], dvacc[DT][4];
     zero(dkacc);
     zero(dvacc);
@@ -449,7 +546,7 @@ flash_bwd_dkdv_tc(const __half* __restrict__ q, const __half* __restrict__ k,
         load_tile_async<__half, D>(QdO, S, qb, qt_begin * BQ, Nq, BQ);
         load_tile_async<__half, D>(QdO + BQ * S, S, dob, qt_begin * BQ, Nq, BQ);
         cp_async_commit();
-        stage_rows(qt_begin, 0);
+        stage_query_rows<BQ>(LD, qt_begin, Nq, lseb, dvb);
     }
     for (int qt = qt_begin; qt < qt_end; ++qt) {
         const int q0 = qt * BQ, st = (qt - qt_begin) & 1;
@@ -462,7 +559,7 @@ flash_bwd_dkdv_tc(const __half* __restrict__ q, const __half* __restrict__ k,
             load_tile_async<__half, D>(Qn, S, qb, q0 + BQ, Nq, BQ);
             load_tile_async<__half, D>(Qn + BQ * S, S, dob, q0 + BQ, Nq, BQ);
             cp_async_commit();
-            stage_rows(qt + 1, st ^ 1);
+            stage_query_rows<BQ>(LD + (st ^ 1) * 2 * BQ, qt + 1, Nq, lseb, dvb);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -475,16 +572,7 @@ flash_bwd_dkdv_tc(const __half* __restrict__ q, const __half* __restrict__ k,
         warp_gemm_smem_nt<KS, NT>(s, Ks + 16 * warp * S, S, Qs, S);     // S^T  = K Q^T
         warp_gemm_smem_nt<KS, NT>(dp, Vs + 16 * warp * S, S, dOs, S);   // dP^T = V dO^T
         const bool need = tile_needs_mask<CAUSAL>(q0, k0, BK, kv_len, Nq, Nk, kmask);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int c = nt * 8 + 2 * t + (e & 1);   // query column within the tile
-                float p = exp2f(s[nt][e] * sl2 - Ls[c]);
-                if (need && !kept<CAUSAL>(b, q0 + c, krow[e / 2], kv_len, Nq, Nk, kmask)) p = 0.0f;
-                s[nt][e] = p;                             // P^T
-                dp[nt][e] = p * (dp[nt][e] - Dvs[c]);      // dS^T
-            }
+        ds_of_cols<CAUSAL, NT>(s, dp, sl2, Ls, Dvs, need, b, q0, krow, kv_len, Nq, Nk, kmask);
         unsigned pf[NT / 2][4], dsf[NT / 2][4];
         acc_to_a_frags<NT>(pf, s);
         acc_to_a_frags<NT>(dsf, dp);
@@ -492,20 +580,5 @@ flash_bwd_dkdv_tc(const __half* __restrict__ q, const __half* __restrict__ k,
         warp_gemm_reg_t<NT / 2, DT>(dkacc, dsf, Qs, S);   // dK += dS^T Q
         __syncthreads();  // every warp is done with stage st before it is refilled
     }
-
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        const int j = krow[hh];
-        if (j >= Nk) continue;
-        float* dkr = dk + ((long long)bh * Nk + j) * D;
-        float* dvr = dv + ((long long)bh * Nk + j) * D;
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            const int c = dt * 8 + 2 * t;
-            dkr[c] = dkacc[dt][2 * hh] * scale;
-            dkr[c + 1] = dkacc[dt][2 * hh + 1] * scale;
-            dvr[c] = dvacc[dt][2 * hh];
-            dvr[c + 1] = dvacc[dt][2 * hh + 1];
-        }
-    }
+    store_dkdv<DT>(dk, dv, bh, Nk, krow, dkacc, dvacc, scale);
 }

@@ -37,7 +37,10 @@
 // Shared memory is dynamic; tf32_smem_bytes<D>(kind) gives its size (the launcher mirrors it).
 #pragma once
 
+// flash_tc.cuh: the per-element steps on C fragments (masking, the online softmax, dS), which
+// the fp16 kernels and these share
 #include "flash_common.cuh"
+#include "flash_tc.cuh"
 
 namespace minitx_flash {
 
@@ -178,7 +181,7 @@ flash_fwd_tf32(const float* __restrict__ q, const float* __restrict__ k,
     float* Ks = Qs + BM * S;  // BN x S
     float* Vs = Ks + BN * S;  // BN x S
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4;
     const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hkv);
     const int q0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
     const int row[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
@@ -209,46 +212,11 @@ flash_fwd_tf32(const float* __restrict__ q, const float* __restrict__ k,
         zero(s);
         warp_gemm_nt_tf32<KS, NT>(s, Qs + 16 * warp * S, S, Ks, S);
 
+        // scale to log2 units and mask; the online softmax turns S into P and rescales O
+        // (flash_tc.cuh, "on C fragments")
         const bool need = tile_needs_mask<CAUSAL>(q0, k0, BN, kv_len, Nq, Nk, kmask);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = s[nt][e] * sl2;
-                if (need && !kept<CAUSAL>(b, row[e / 2], k0 + nt * 8 + 2 * t + (e & 1), kv_len, Nq,
-                                          Nk, kmask))
-                    x = neg_inf();
-                s[nt][e] = x;
-            }
-
-        // online softmax per row (hh): m_new = max(m, rowmax), alpha = 2^(m - m_new),
-        // P = 2^(S - m_new), l = alpha l + rowsum(P), O = alpha O (+ P V below)
-        float alpha[2];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            float mx = m[hh];
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hh], s[nt][2 * hh + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the quad holds the row
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float base = mx == neg_inf() ? 0.0f : mx;   // no key yet: every P is 0
-            alpha[hh] = exp2f(m[hh] - base);
-            m[hh] = mx;
-            float rs = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 2 * hh; e < 2 * hh + 2; ++e) {
-                    s[nt][e] = exp2f(s[nt][e] - base);
-                    rs += s[nt][e];
-                }
-            l[hh] = l[hh] * alpha[hh] + rs;
-        }
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            oacc[dt][0] *= alpha[0]; oacc[dt][1] *= alpha[0];
-            oacc[dt][2] *= alpha[1]; oacc[dt][3] *= alpha[1];
-        }
+        scale_and_mask<CAUSAL, NT>(s, sl2, need, b, row, k0, kv_len, Nq, Nk, kmask);
+        online_softmax<NT, DT>(s, m, l, oacc);
 
         cp_async_wait<0>();
         __syncthreads();  // [tf32_fwd:v-landed] V(it) visible; every warp is done with K(it)
@@ -259,16 +227,9 @@ flash_fwd_tf32(const float* __restrict__ q, const float* __restrict__ k,
         warp_gemm_acc_kn_tf32<NT, DT>(oacc, s, Vs, S);   // O += P V
     }
 
-    // O = acc / l (quad sum of the partial row sums); rows that kept no key: O = 0, lse = -inf
+    // O = acc / l; rows that kept no key: O = 0, lse = -inf
     float inv[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
-        l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
-        inv[hh] = l[hh] > 0.0f ? 1.0f / l[hh] : 0.0f;
-        if (t == 0 && row[hh] < Nq)
-            lse[(long long)bh * Nq + row[hh]] = l[hh] > 0.0f ? m[hh] * kLn2 + logf(l[hh]) : neg_inf();
-    }
+    finish_rows(l, m, row, Nq, lse + (long long)bh * Nq, inv);
     store_rows_f32<DT>(o + (long long)bh * Nq * D, q0 + 16 * warp, Nq, oacc, inv);
 }
 
@@ -294,7 +255,7 @@ flash_bwd_dq_tf32(const float* __restrict__ q, const float* __restrict__ k,
     float* dOs = Qs + BM * S;   // BM x S
     float* KV = dOs + BM * S;   // 2 stages of [K (BN x S) | V (BN x S)]
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4;
     const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hkv);
     const int q0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
     const int row[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
@@ -306,13 +267,7 @@ flash_bwd_dq_tf32(const float* __restrict__ q, const float* __restrict__ k,
     const int n_tiles = (key_end<CAUSAL>(b, q0, BM, Nq, Nk, lengths) + BN - 1) / BN;
     const float sl2 = scale * kLog2e;
     float lse2[2], dv_row[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        const bool in = row[hh] < Nq;
-        const float x = in ? lse[(long long)bh * Nq + row[hh]] : neg_inf();
-        lse2[hh] = x == neg_inf() ? pos_inf() : x * kLog2e;   // fully masked row: P = 0
-        dv_row[hh] = in ? dvec[(long long)bh * Nq + row[hh]] : 0.0f;
-    }
+    load_row_stats(lse + (long long)bh * Nq, dvec + (long long)bh * Nq, row, Nq, lse2, dv_row);
 
     float dqacc[DT][4];
     zero(dqacc);
@@ -344,17 +299,7 @@ flash_bwd_dq_tf32(const float* __restrict__ q, const float* __restrict__ k,
         warp_gemm_nt_tf32<KS, NT>(s, Qs + 16 * warp * S, S, Ks, S);     // S  = Q  K^T
         warp_gemm_nt_tf32<KS, NT>(dp, dOs + 16 * warp * S, S, Vs, S);   // dP = dO V^T
         const bool need = tile_needs_mask<CAUSAL>(q0, k0, BN, kv_len, Nq, Nk, kmask);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int hh = e / 2;
-                float p = exp2f(s[nt][e] * sl2 - lse2[hh]);
-                if (need && !kept<CAUSAL>(b, row[hh], k0 + nt * 8 + 2 * t + (e & 1), kv_len, Nq,
-                                          Nk, kmask))
-                    p = 0.0f;
-                dp[nt][e] = p * (dp[nt][e] - dv_row[hh]);   // dS
-            }
+        ds_of_rows<CAUSAL, NT>(s, dp, sl2, lse2, dv_row, need, b, row, k0, kv_len, Nq, Nk, kmask);
         warp_gemm_acc_kn_tf32<NT, DT>(dqacc, dp, Ks, S);   // dQ += dS K
         __syncthreads();  // every warp is done with stage st before it is refilled
     }
@@ -388,7 +333,7 @@ flash_bwd_dkdv_tf32(const float* __restrict__ q, const float* __restrict__ k,
     float* QdO = Vs + BK * S;        // 2 stages of [Q (BQ x S) | dO (BQ x S)]
     float* LD = QdO + 4 * BQ * S;    // 2 stages of [lse log2e | Dvec] (BQ each)
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4;
     const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hkv);
     const int k0 = blockIdx.x * BK;
     const int krow[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
@@ -406,18 +351,6 @@ flash_bwd_dkdv_tf32(const float* __restrict__ q, const float* __restrict__ k,
     const int qt_end = k0 < kv_len ? (Nq + BQ - 1) / BQ : 0;   // keys all cut by lengths: none
     const float sl2 = scale * kLog2e;
 
-    // lse (log2 units; +inf for rows that kept no key or lie past Nq, so P = 0) and Dvec of one
-    // query tile into shared memory (plain stores; visible after the next barrier)
-    auto stage_rows = [&](int qt, int st) {
-        float* L = LD + st * 2 * BQ;
-        for (int e = threadIdx.x; e < BQ; e += kThreads) {
-            const int i = qt * BQ + e;
-            const float x = i < Nq ? lseb[i] : neg_inf();
-            L[e] = x == neg_inf() ? pos_inf() : x * kLog2e;
-            L[BQ + e] = i < Nq ? dvb[i] : 0.0f;
-        }
-    };
-
     float dkacc[DT][4], dvacc[DT][4];
     zero(dkacc);
     zero(dvacc);
@@ -427,7 +360,7 @@ flash_bwd_dkdv_tf32(const float* __restrict__ q, const float* __restrict__ k,
         load_tile_async<float, D>(QdO, S, qb, qt_begin * BQ, Nq, BQ);
         load_tile_async<float, D>(QdO + BQ * S, S, dob, qt_begin * BQ, Nq, BQ);
         cp_async_commit();
-        stage_rows(qt_begin, 0);
+        stage_query_rows<BQ>(LD, qt_begin, Nq, lseb, dvb);
     }
     for (int qt = qt_begin; qt < qt_end; ++qt) {
         const int q0 = qt * BQ, st = (qt - qt_begin) & 1;
@@ -440,7 +373,7 @@ flash_bwd_dkdv_tf32(const float* __restrict__ q, const float* __restrict__ k,
             load_tile_async<float, D>(Qn, S, qb, q0 + BQ, Nq, BQ);
             load_tile_async<float, D>(Qn + BQ * S, S, dob, q0 + BQ, Nq, BQ);
             cp_async_commit();
-            stage_rows(qt + 1, st ^ 1);
+            stage_query_rows<BQ>(LD + (st ^ 1) * 2 * BQ, qt + 1, Nq, lseb, dvb);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -453,34 +386,10 @@ flash_bwd_dkdv_tf32(const float* __restrict__ q, const float* __restrict__ k,
         warp_gemm_nt_tf32<KS, NT>(s, Ks + 16 * warp * S, S, Qs, S);     // S^T  = K Q^T
         warp_gemm_nt_tf32<KS, NT>(dp, Vs + 16 * warp * S, S, dOs, S);   // dP^T = V dO^T
         const bool need = tile_needs_mask<CAUSAL>(q0, k0, BK, kv_len, Nq, Nk, kmask);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int c = nt * 8 + 2 * t + (e & 1);   // query column within the tile
-                float p = exp2f(s[nt][e] * sl2 - Ls[c]);
-                if (need && !kept<CAUSAL>(b, q0 + c, krow[e / 2], kv_len, Nq, Nk, kmask)) p = 0.0f;
-                s[nt][e] = p;                             // P^T
-                dp[nt][e] = p * (dp[nt][e] - Dvs[c]);      // dS^T
-            }
+        ds_of_cols<CAUSAL, NT>(s, dp, sl2, Ls, Dvs, need, b, q0, krow, kv_len, Nq, Nk, kmask);
         warp_gemm_acc_kn_tf32<NT, DT>(dvacc, s, dOs, S);   // dV += P^T dO
         warp_gemm_acc_kn_tf32<NT, DT>(dkacc, dp, Qs, S);   // dK += dS^T Q
         __syncthreads();  // every warp is done with stage st before it is refilled
     }
-
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        const int j = krow[hh];
-        if (j >= Nk) continue;
-        float* dkr = dk + ((long long)bh * Nk + j) * D;
-        float* dvr = dv + ((long long)bh * Nk + j) * D;
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            const int c = dt * 8 + 2 * t;
-            dkr[c] = dkacc[dt][2 * hh] * scale;
-            dkr[c + 1] = dkacc[dt][2 * hh + 1] * scale;
-            dvr[c] = dvacc[dt][2 * hh];
-            dvr[c + 1] = dvacc[dt][2 * hh + 1];
-        }
-    }
+    store_dkdv<DT>(dk, dv, bh, Nk, krow, dkacc, dvacc, scale);
 }
