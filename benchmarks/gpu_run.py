@@ -999,12 +999,19 @@ def probe_flash_emulated(work):
     lib = H.build_shared(os.path.join(work, "libminitx_emu_small.so"), small=True)
     print(f"emulation library built in {time.perf_counter() - t:.1f} s (D = 32 only)")
 
+    from minitx.backend import flash_cuda
+
+    # Like flash_cuda's public functions, each call reads MINITX_FLASH_KERNEL (which gpu_flash
+    # sets per family), so every family runs its own kernels here too.
     def forward(q, k, v, **kw):
-        return H.run_isolated(lib, lambda launch, _lib: H.emu_forward(launch, q, k, v, **kw))
+        kernel = flash_cuda.kernel_choice()
+        return H.run_isolated(lib, lambda launch, _lib: H.emu_forward(launch, q, k, v,
+                                                                       kernel=kernel, **kw))
 
     def backward(q, k, v, o, lse, do, **kw):
-        return H.run_isolated(lib, lambda launch, _lib: H.emu_backward(launch, q, k, v, o, lse,
-                                                                        do, **kw))
+        kernel = flash_cuda.kernel_choice()
+        return H.run_isolated(lib, lambda launch, _lib: H.emu_backward(
+            launch, q, k, v, o, lse, do, kernel=kernel, **kw))
     emulated = types.SimpleNamespace(flash_attention_forward=forward,
                                      flash_attention_backward=backward)
     tm = gpu_flash._torch("cpu")

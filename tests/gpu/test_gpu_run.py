@@ -78,6 +78,16 @@ def test_dry_run_end_to_end_with_one_step_failing(tmp_path):
     for n in (1, 2, 4, 5):
         assert rows[n][0] == "OK", (n, rows[n])
     assert rows[6][0] == "SKIPPED" and "skipped in dry run" in rows[6][1]
+    # step 4's dry run checks every kernel family in the emulation, each with its own kernels
+    # (gpu_flash selects a family through MINITX_FLASH_KERNEL: the emulated launcher reads it)
+    flash = (out / "flash.log").read_text(encoding="utf-8")
+    errors = {}
+    for ln in flash.splitlines():
+        m = re.match(r".{28} (tc|simt|naive|tf32) +(\S+ +\S+ +\S+ +\S+ +\S+) .* ok$", ln)
+        if m:
+            errors.setdefault(m.group(1), []).append(m.group(2))
+    assert sorted(errors) == ["naive", "simt", "tc", "tf32"], flash[-3000:]
+    assert errors["tf32"] != errors["simt"] and errors["naive"] != errors["simt"]
     assert "passed" in rows[2][1] and "failed" not in rows[2][1]
     assert "check all cases pass" in rows[4][1]
     assert "GOAL" not in summary and "engine per op" in summary   # the goals' section
