@@ -121,6 +121,7 @@ CPU_ONLY_FIXTURES = {
     "emu_lib": "the CPU emulation harness's library (tests/gpu/cuda/conftest.py)",
     "tsan_exe": "the emulation harness under ThreadSanitizer",
     "broken_lib": "the emulation harness with a barrier removed",
+    "single_tf32_lib": "the emulation harness with the 3xTF32 split's small products removed",
     "ptxas_report": "nvcc/ptxas compiling every instantiation on the host",
 }
 # The dry run's handful of suite tests (found by file name anywhere under tests/).
