@@ -122,9 +122,12 @@ COURSE = [
      ["minitx/backend/kernels/flash_common.cuh", "minitx/backend/kernels/flash_simt.cuh",
       "minitx/backend/kernels/flash_attn.cu"]),
     ("The CUDA kernel: tensor cores",
-     "The same tiles on tensor cores for float16 (mma.sync, ldmatrix, cp.async), and the "
+     "The same tiles on tensor cores for float16 (mma.sync, ldmatrix, cp.async).",
+     ["minitx/backend/kernels/flash_tc.cuh"]),
+    ("The CUDA kernel: float32 on tensor cores, and the launcher",
+     "fp32 accuracy from tf32 tensor cores (the 3xTF32 split, three products for one), and the "
      "launcher that picks a kernel for each call.",
-     ["minitx/backend/kernels/flash_tc.cuh", "minitx/backend/flash_cuda.py"]),
+     ["minitx/backend/kernels/flash_tf32.cuh", "minitx/backend/flash_cuda.py"]),
     ("Real pretrained models", "BERT and GPT-2 checkpoints, read and run by minitx.",
      ["docs/pretrained.md", "minitx/pretrained/safetensors.py", "minitx/pretrained/common.py",
       "minitx/pretrained/bert.py", "minitx/pretrained/gpt2.py"]),

@@ -5,9 +5,10 @@
 // relative rounding of 2^-11 per operand, which a float32 caller would see as ~1e-3 errors. Each
 // fp32 operand x is therefore written as two tf32 numbers,
 //     x = big + small,   big = tf32(x),   small = tf32(x - big),
-// whose sum carries ~21 of x's 24 mantissa bits (|x - big - small| <= 2^-22 |x|), and a product
-// takes three tensor-core multiplies:
-//     a b ~= a_small b_big + a_big b_small + a_big b_big        (a_small b_small ~ 2^-22 a b dropped)
+// whose sum carries about 22 of x's 24 mantissa bits (|x - big - small| <= 2^-22 |x|), and a
+// product takes three tensor-core multiplies:
+//     a b ~= a_small b_big + a_big b_small + a_big b_big
+// (a_small b_small, about 2^-22 a b, is dropped).
 // The small terms are added first, so they are not lost against the large one. This is the
 // split PyTorch's fp32 memory-efficient attention uses on sm_80+ (CUTLASS's
 // OpMultiplyAddFastF32); its error is that of fp32 arithmetic, a few units of 2^-22 per product.
@@ -16,10 +17,11 @@
 // owns 64 rows, each of its 4 warps 16 of them, and the other operand's tiles stream through
 // shared memory. What differs is the instruction, m16n8k8 with 32-bit operands, and so the
 // fragments (PTX ISA, "Matrix Fragments for mma.m16n8k8" with .tf32; g = lane / 4, t = lane % 4):
-//   A (16 x 8, 4 registers):  a0 (row g, k t)   a1 (row g + 8, k t)
-//                             a2 (row g, k t + 4)   a3 (row g + 8, k t + 4)
-//   B (8 x 8, 2 registers):   b0 (k t, col g)   b1 (k t + 4, col g)
-//   C (16 x 8 fp32):          c0, c1 (row g, cols 2t, 2t + 1)   c2, c3 (row g + 8, same cols)
+//   A (16 x 8):  a0 (row g, k t)        a1 (row g + 8, k t)
+//                a2 (row g, k t + 4)    a3 (row g + 8, k t + 4)
+//   B (8 x 8):   b0 (k t, col g)        b1 (k t + 4, col g)
+//   C (16 x 8):  c0, c1 (row g, cols 2t and 2t + 1)
+//                c2, c3 (row g + 8, the same cols)
 // Fragments are loaded from shared memory with plain 32-bit loads (ldmatrix moves 16-bit
 // elements). Rows are D + 4 floats apart, so the 8 rows x 4 columns a fragment load touches fall
 // into 32 distinct banks (row g starts 4 g banks further on).
@@ -28,7 +30,7 @@
 // of an 8-key tile; the A fragment wants keys t and t + 4. A product sums over its k index, so
 // the k order may be permuted as long as A and B agree: within every 8 keys, A's k = t is taken
 // as key 2t and k = t + 4 as key 2t + 1. Then a = (c0, c2, c1, c3), and B's b0, b1 are rows 2t
-// and 2t + 1 of the [key][column] tile (see acc_as_a_tf32 and warp_gemm_acc_kn_tf32).
+// and 2t + 1 of the [key][column] tile (see warp_gemm_acc_kn_tf32).
 //
 // Kernels (D = 32, 64, 128; CAUSAL = bottom-right aligned causal mask):
 //   flash_fwd_tf32<D, CAUSAL>      grid (ceil(Nq / 64), B * H)   O, lse
@@ -47,11 +49,11 @@ namespace minitx_flash {
 // ------------------------------------------------------------------------------ tile shapes
 template <int D>
 struct Tf32Cfg {
-    static constexpr int kRows = 64;                                 // rows a block owns
-    static constexpr int kStride = D + 4;                            // fp32 row stride
-    static constexpr int kFwdBN = D == 128 ? 32 : 64;                // forward: keys per tile
-    static constexpr int kDqBN = D == 128 ? 16 : 32;                 // dQ: keys per tile (x 2)
-    static constexpr int kDkdvBQ = D == 128 ? 16 : 32;               // dK/dV: queries per tile (x 2)
+    static constexpr int kRows = 64;                     // rows a block owns
+    static constexpr int kStride = D + 4;                // fp32 row stride
+    static constexpr int kFwdBN = D == 128 ? 32 : 64;    // forward: keys per tile
+    static constexpr int kDqBN = D == 128 ? 16 : 32;     // dQ: keys per tile (x 2)
+    static constexpr int kDkdvBQ = D == 128 ? 16 : 32;   // dK/dV: queries per tile (x 2)
 };
 
 // Dynamic shared memory in bytes; kind 0 = fwd, 1 = dkdv, 2 = dq. Everything is fp32 (4 bytes).
@@ -204,7 +206,7 @@ flash_fwd_tf32(const float* __restrict__ q, const float* __restrict__ k,
     for (int it = 0; it < n_tiles; ++it) {
         const int k0 = it * BN;
         cp_async_wait<0>();
-        __syncthreads();  // [tf32_fwd:k-landed] K(it) (and Q) visible; every warp is done with V(it-1)
+        __syncthreads();  // [tf32_fwd:k-landed] K(it) (and Q) visible; V(it-1) no longer read
         load_tile_async<float, D>(Vs, S, vb, k0, Nk, BN);
         cp_async_commit();
 
