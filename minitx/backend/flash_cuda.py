@@ -15,7 +15,7 @@ keys where True; ``causal`` keeps ``j <= i + (Nk - Nq)`` (bottom-right aligned, 
 and differs when Nq != Nk). A query row that keeps no key gets ``o = 0`` and ``lse = -inf``; its
 gradients are zero.
 
-Three kernel families. The tiled ones are chosen by dtype (:func:`family`):
+Four kernel families. The tiled ones are chosen by dtype (:func:`family`):
 
 * float16 -> ``tc``: tensor cores (``mma.sync`` m16n8k16, ``ldmatrix``, ``cp.async``); needs
   sm_80+ (:func:`decline_reason` declines float16 on an older GPU, naming it);
@@ -80,8 +80,8 @@ THREADS = 128          # threads per block (all kernels): 4 warps
 DEFAULT_SMEM_LIMIT = 48 * 1024   # per-block dynamic shared memory without the opt-in attribute
 MAX_GRID_Y = 65535     # grid.y holds B * H
 FP16_MIN_CC = 80       # mma.sync m16n8k16 / m16n8k8.tf32 and cp.async need sm_80
-# Each dtype's C type and tiled family (fp16 on tensor cores, fp32 on CUDA cores); the naive
-# family is float32 only.
+# Each dtype's C type and tiled family (fp16 on tensor cores, fp32 on CUDA cores); the naive and
+# tf32 families are float32 only.
 _CTYPE = {"float32": "float", "float16": "__half"}
 _FAMILY = {"float32": "simt", "float16": "tc"}          # the tiled family of each dtype
 _FAMILY_DTYPE = {"simt": "float32", "tc": "float16", "naive": "float32", "tf32": "float32"}
@@ -255,25 +255,17 @@ def smem_bytes(kind: str, dtype, D: int, fam=None) -> int:
     fam = _family_of(dtype, fam)
     if fam == "naive":
         return 0
-    # Bytes = element size × (rows of the tiles held at once) × padded row stride; the
-    # tensor-core tiles are fp16 (2 bytes), double-buffered ("2 stages") in the backward.
-    if fam == "tc":
-        c = _tc_cfg(D)
-        S = c["stride"]
-        if kind == "fwd":        # Q | K | V, fp16
-            return 2 * (c["rows"] + 2 * c["fwd_bn"]) * S
-        if kind == "bwd_dkdv":   # K, V | 2 stages x (Q, dO) fp16 | 2 stages x (lse, Dvec) fp32
-            return 2 * (2 * c["rows"] + 4 * c["dkdv_bq"]) * S + 4 * 4 * c["dkdv_bq"]
-        return 2 * (2 * c["rows"] + 4 * c["dq_bn"]) * S   # Q, dO | 2 stages x (K, V)
-    # The 3xTF32 tiles: the tc layout with fp32 (4-byte) elements, rows D + 4 floats apart.
-    if fam == "tf32":
-        c = _tf32_cfg(D)
+    # Bytes = element size × (rows of the tiles held at once) × padded row stride. The two
+    # tensor-core families share one layout, double-buffered ("2 stages") in the backward: fp16
+    # tiles (2 bytes) for tc, fp32 (4 bytes) for tf32; lse and Dvec are fp32 in both.
+    if fam in _TENSOR_CORE_FAMILIES:
+        c, e = (_tc_cfg(D), 2) if fam == "tc" else (_tf32_cfg(D), 4)
         S = c["stride"]
         if kind == "fwd":        # Q | K | V
-            return 4 * (c["rows"] + 2 * c["fwd_bn"]) * S
+            return e * (c["rows"] + 2 * c["fwd_bn"]) * S
         if kind == "bwd_dkdv":   # K, V | 2 stages x (Q, dO) | 2 stages x (lse, Dvec)
-            return 4 * (2 * c["rows"] + 4 * c["dkdv_bq"]) * S + 4 * 4 * c["dkdv_bq"]
-        return 4 * (2 * c["rows"] + 4 * c["dq_bn"]) * S   # Q, dO | 2 stages x (K, V)
+            return e * (2 * c["rows"] + 4 * c["dkdv_bq"]) * S + 4 * 4 * c["dkdv_bq"]
+        return e * (2 * c["rows"] + 4 * c["dq_bn"]) * S   # Q, dO | 2 stages x (K, V)
     # SIMT tiles are fp32 (4 bytes), plus a score tile (P or dS) whose rows are padded by 4
     # floats, like the D + 4 stride, to spread rows over shared-memory banks.
     c = _simt_cfg(D)
@@ -468,7 +460,7 @@ def decline_reason(q, k, v, key_mask=None, lengths=None, kernel=None):
     Pure Python on ``.shape``/``.dtype`` (NumPy or CuPy arrays; no GPU needed; never raises on
     odd arrays): 4-D shapes that fit together, float32/float16, head dims <= 128, B*H within the
     grid limit, mask/lengths shapes and dtypes; the kernel choice (``kernel``, or
-    :func:`kernel_choice` when None: naive takes float32 only; an invalid
+    :func:`kernel_choice` when None: naive and tf32 take float32 only; an invalid
     ``MINITX_FLASH_KERNEL`` raises ``ValueError``); for CuPy arrays on a tensor-core family
     (float16, or float32 under ``tf32``) also a GPU of sm_80 or newer. Whether a GPU is usable
     at all is :func:`unavailable_reason`.
