@@ -35,8 +35,9 @@ from .kv_cache import KVCache
 from ..nn.layers import Linear
 from ..nn.module import Module
 from ..ops.activation import softmax, softmax_array
-from ..ops.sdpa import (attention_forward, attention_scores, check_heads, mask_scores,
-                        merge_heads, repeat_kv, scaled_dot_product_attention, split_heads)
+from ..ops.attention_maths import attention_forward, mask_scores
+from ..ops.sdpa import (attention_scores, check_heads, merge_heads, repeat_kv,
+                        scaled_dot_product_attention, split_heads)
 from ..ops.dropout import dropout
 from ..ops.indexing import masked_fill
 from ..ops.linalg import matmul
@@ -102,8 +103,8 @@ def repeat_kv_array(x, num_heads: int):
 
 
 def dense_attention_array(q, k, v, allowed=None, scale=None):
-    """softmax(q kᵀ · scale, masked to ``allowed``) v on raw arrays — the reference every
-    variant is tested against: ``ops.sdpa.attention_forward``, minitx's one dense attention.
+    """Dense attention on raw arrays, the reference every variant is tested against:
+    ``ops.attention_maths.attention_forward``, minitx's one dense attention.
 
     q (B, H, Nq, D), k/v (B, Hkv, Nk, D); ``allowed`` broadcastable to (B, H, Nq, Nk),
     True = may attend (a host mask is moved to the data's device). Rows with no allowed key
@@ -116,7 +117,7 @@ def softmax_rows_array(s, allowed=None):
     """Raw arrays: softmax over the last axis of scores ``s``, keys outside ``allowed``
     (broadcastable to ``s``, True = may attend) get probability 0; rows with no allowed key
     give zeros. The "score" variants' ``reference`` methods use it on their own scores; the
-    mask is applied by ``ops.sdpa.mask_scores``, as in every dense attention."""
+    mask is applied by ``ops.attention_maths.mask_scores``, as in every dense attention."""
     return softmax_array(mask_scores(s.copy(), allowed=allowed), axis=-1)
 
 

@@ -30,7 +30,7 @@ from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, host_xp, scatter_add, to_device_of
 from ..nn.hooks import HookPoint
-from ..ops.sdpa import attention_backward
+from ..ops.attention_maths import attention_backward
 from .base import AttentionBase, check_heads, materialized_attention, register, repeat_kv
 from .masks import (bigbird_random_blocks, bigbird_rule, dilated_rule, fixed_rule, grid_mask,
                     local_rule, longformer_rule, strided_rule)
@@ -69,7 +69,7 @@ class BlockedSparseFunction(Function):
     values and scores exist at a time. Saved: the output and the row logsumexp lse (B, H,
     nb·b, 1) (+inf for a row with no key, so that P = exp(S − lse) = 0 there); backward
     recomputes each chunk's P = exp(S − lse) and applies the five equations of
-    ``ops/sdpa.py`` (``attention_backward``), scatter-adding the gathered keys' and
+    ``ops/attention_maths.py`` (``attention_backward``), scatter-adding the gathered keys' and
     values' gradients back to their positions (``backend.scatter_add``).
     """
 

@@ -29,7 +29,7 @@ Only (O, lse) are kept for backward — the same statistics as the CUDA kernel
 (``minitx.backend.flash_cuda``).
 
 Backward recomputes each tile's probabilities from the saved lse, P = exp(S − lse), and applies
-the five equations of ``ops/sdpa.py`` to the tile (``attention_backward``), with
+the five equations of ``ops/attention_maths.py`` to the tile (``attention_backward``), with
 δ = rowsum(dO ⊙ O) computed once per block of queries. Different (batch, key head) pairs are
 independent: with the fast layer on they run in parallel threads.
 
@@ -49,8 +49,8 @@ from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of
 from . import dispatch
 from ._util import row_max, row_sum
-from .sdpa import (_widen_half, attention_backward, check_heads, check_scale,
-                        grouped_scores, grouped_values)
+from .attention_maths import attention_backward, grouped_scores, grouped_values
+from .sdpa import _widen_half, check_heads, check_scale
 from .elementwise import astype
 
 __all__ = ["flash_attention", "flash_attention_arrays", "flash_backward_arrays",

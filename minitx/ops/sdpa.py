@@ -1,63 +1,23 @@
-r"""Scaled dot-product attention: the formula, its backward, PyTorch's API.
+r"""``scaled_dot_product_attention``: PyTorch's API around attention's maths.
 
-The one formula behind every transformer (Vaswani et al. 2017, "Attention Is All You Need"):
+The maths (the formula, its backward, the mask, grouped heads) is ``ops/attention_maths.py``.
+This file is what a PyTorch user calls, and what it takes to get there:
 
-    S = Q Kᵀ · scale + M,     P = softmax(S) (over keys),     O = P V,     scale = 1/√D,
-
-$$
-O = \operatorname{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}} + M \right) V
-$$
-
-Q (…, Nq, D), K (…, Nk, D), V (…, Nk, Dv); M is the mask: −inf where a query may not look, or
-any additive bias (ALiBi, relative positions, padding). With dropout, O = P̃ V, P̃ = P ⊙ keep/(1−p).
-
-**The backward, derived once.** Given dO = ∂L/∂O:
-
-    (1) dV = P̃ᵀ dO                          O = P̃ V is linear in V
-    (2) dP = (dO Vᵀ) ⊙ keep/(1 − p)         … and in P̃
-    (3) dS = P ⊙ (dP − δ),  δ = rowsum(dP ⊙ P) = rowsum(dO ⊙ O)     softmax's VJP
-    (4) dQ = dS K · scale                   S = (Q·scale) Kᵀ
-    (5) dK = dSᵀ Q · scale
-
-$$
-dV = \tilde{P}^\top dO, \quad
-dP = \frac{(dO\, V^\top) \odot \mathrm{keep}}{1 - p}, \quad
-dS = P \odot (dP - \delta), \quad
-dQ = \frac{dS\, K}{\sqrt{D}}, \quad
-dK = \frac{dS^\top Q}{\sqrt{D}}
-$$
-
-with $\delta_i = \sum_j dP_{ij} P_{ij} = dO_i \cdot O_i$.
-
-(3) is softmax's own backward (``ops.activation``); attention can use the cheaper
-δ = rowsum(dO ⊙ O), an O(N·D) sum instead of O(N²), because rowsum(dP ⊙ P) =
-Σⱼ Pᵢⱼ (dOᵢ · Vⱼ) = dOᵢ · Oᵢ. ``attention_backward`` below is these five lines, in this order;
-``SDPAFunction`` calls it on whole matrices, the tiled FlashAttention (``ops/flash.py``) per tile
-with P recomputed from the saved logsumexp.
-
-**Masks.** A bool mask means True = may attend (PyTorch's polarity for this function); a float
-mask is added to the scores. Causal masks are **bottom-right aligned** everywhere in minitx:
-with Nq queries and Nk keys, query i may see key j iff j ≤ i + (Nk − Nq), i.e. the queries are
-the *last* Nq positions (what a KV cache needs). PyTorch's ``is_causal`` is top-left aligned
-(j ≤ i); the two agree when Nq = Nk. A row whose keys are *all* masked gives a zero output and
-zero gradients, never NaN. ``mask_scores`` applies every mask, in one place. A self-attention
-mask that hides every query's own position is almost always a mask of the other polarity
-(``MultiheadAttention``'s True = NOT allowed given here, or the reverse): it warns, one rule
-for every caller (``warn_if_polarity_inverted``).
-
-**Grouped heads (MQA/GQA).** K and V may have Hkv heads, Hkv | H: query head h reads key/value
-head h // G, G = H/Hkv. Query heads of a group are contiguous, so q viewed as (B, Hkv, G·Nq, D)
-meets its shared key head in one matmul — no copy of K or V (``grouped_*`` helpers).
-
-**One reference, two other ways to run it.** ``attention_forward`` is dense attention on raw
-arrays, whole matrices at once; ``SDPAFunction`` (one autograd node), ``dense_attention_array``
-and the site's proofs run it, and the composed form — ``attention_scores``, then softmax, then
-P V, each an op of its own — is what ``attention_weights`` and the hookable path of the models
-build on (tested to agree). When the fast layer is on (``minitx.config.fast``), the fused op runs
-its twin in ``minitx/fast/sdpa.py`` instead: the same maths by cache-sized blocks on every core;
-``configuration.why_not_fast("sdpa")`` says when it does not. On CuPy arrays, with at most
-causal and key-padding masks, no dropout and no weights requested, the hand-written CUDA kernel
-runs instead of either (``ops/dispatch.py``, ``why_not_flash``).
+- **the arguments**, checked as PyTorch would take them: any number of leading batch dims,
+  (N, D) inputs without heads, grouped key/value heads with ``enable_gqa``; each error names
+  the argument, the expected and the given value;
+- **the mask**: a bool ``attn_mask`` (True = may attend, PyTorch's polarity for this function)
+  becomes ``allowed``, a float one the additive ``bias``, both brought to 4-d and onto the
+  data's device. ``is_causal`` is bottom-right aligned (query i sees key j iff
+  j ≤ i + Nk − Nq), where PyTorch's is top-left (j ≤ i); the two agree when Nq = Nk;
+- **the polarity warning**: a self-attention mask that hides every query's own position is
+  almost always a mask of the other polarity (``MultiheadAttention``'s True = NOT allowed
+  given here, or the reverse): it warns, at the caller's line, one rule for every caller;
+- **which code runs**: the CUDA kernel, the fused reference ``SDPAFunction`` or its fast
+  twin in ``minitx/fast/sdpa.py`` (the same maths by cache-sized blocks on every core), or the
+  composed form (``attention_scores``, then softmax, then P V, each an op of its own: what
+  ``attention_weights`` and the hookable path of the models build on, tested to agree) —
+  decided in ``scaled_dot_product_attention``, at one point each.
 """
 from __future__ import annotations
 
@@ -67,22 +27,23 @@ import sys
 import warnings
 
 from .. import configuration, validate
-from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of
 from . import dispatch
-from ._util import unbroadcast
+
+# The maths, re-exported: ``minitx.ops.sdpa`` keeps offering every name it always has.
+from .attention_maths import (AttentionScoresFunction, SDPAFunction,  # noqa: F401
+                              attention_backward, attention_forward, grouped_key_grad,
+                              grouped_scores, grouped_values, mask_scores)
 
 # The differentiable ops the composed form (scores → softmax → dropout → P V) is built from.
-from .activation import softmax, softmax_array
-from .dropout import dropout, dropout_mask
+from .activation import softmax
+from .dropout import dropout
 from .elementwise import astype
 from .indexing import masked_fill
 from .linalg import matmul
 from .shape import broadcast_to, reshape
 
-# The grouped_* helpers, mask_scores and attention_backward are public: the tiled flash,
-# the sparse kernel and the fast twin reuse them instead of restating the maths.
 __all__ = ["scaled_dot_product_attention", "attention_weights", "attention_scores",
            "why_not_flash", "split_heads", "merge_heads", "repeat_kv", "check_heads",
            "mask_scores", "attention_forward", "attention_backward", "grouped_scores",
@@ -143,153 +104,6 @@ def check_heads(q, k, v, name: str = "attend"):
                          f"count {h}")
     return b, h, hk, nq, nk, d
 
-
-# ---- grouped heads: H query heads against Hkv key/value heads, without copying K or V --------
-
-def grouped_scores(qs, k):
-    """(B, H, n, D) · (B, Hkv, m, D) → (B, H, n, m): query head h against key head h // G."""
-    b, h, n, d = qs.shape
-    hkv, m = k.shape[1], k.shape[2]
-    xp = get_array_module(qs, k)
-    # (B, Hkv, G·n, D) @ (B, Hkv, D, m) -> (B, Hkv, G·n, m) ≡ (B, H, n, m)
-    return (qs.reshape(b, hkv, (h // hkv) * n, d) @ xp.swapaxes(k, -1, -2)).reshape(b, h, n, m)
-
-
-def grouped_values(p, v):
-    """(B, H, n, m) · (B, Hkv, m, Dv) → (B, H, n, Dv): weights of head h applied to V[h // G]
-    (also dQ = dS K, with K in V's place)."""
-    b, h, n, m = p.shape
-    hkv, dv = v.shape[1], v.shape[3]
-    # (B, Hkv, G·n, m) @ (B, Hkv, m, Dv) -> (B, Hkv, G·n, Dv) ≡ (B, H, n, Dv)
-    return (p.reshape(b, hkv, (h // hkv) * n, m) @ v).reshape(b, h, n, dv)
-
-
-def grouped_key_grad(ds, x, hkv: int):
-    """(B, H, n, m), (B, H, n, X) → (B, Hkv, m, X) = Σ over each group of dsᵀ x: the gradient
-    of a shared key/value head is the sum over the query heads that read it — the matmul over
-    the group's G·n rows does the sum."""
-    b, h, n, m = ds.shape
-    xp = get_array_module(ds, x)
-    rows = (h // hkv) * n
-    # (B, Hkv, m, G·n) @ (B, Hkv, G·n, X) -> (B, Hkv, m, X)
-    return xp.swapaxes(ds.reshape(b, hkv, rows, m), -1, -2) @ x.reshape(b, hkv, rows, x.shape[-1])
-
-
-# ---- the reference: forward and backward on raw arrays -----------------------------------
-
-def mask_scores(s, bias=None, allowed=None, causal=False):
-    """M of the formula, applied in place to fresh scores ``s`` (…, Nq, Nk): add ``bias``, then
-    −inf where ``allowed`` is False and, with ``causal``, where key j > i + Nk − Nq.
-
-    ``bias`` and ``allowed`` broadcast to ``s`` (True = may attend). Every path of minitx's dense
-    attention masks its scores here, so the mask rules are written once. Returns ``s``.
-    """
-    xp = get_array_module(s)
-    if bias is not None:
-        s += bias.astype(s.dtype, copy=False)
-    if causal:
-        nq, nk = s.shape[-2:]
-        xp.copyto(s, -xp.inf, where=~xp.tri(nq, nk, nk - nq, dtype=bool))
-    if allowed is not None:
-        xp.copyto(s, -xp.inf, where=~to_device_of(allowed, s))
-    return s
-
-
-def attention_forward(q, k, v, bias=None, allowed=None, causal=False, scale=None,
-                      dropout_p=0.0):
-    """O = dropout(softmax(Q Kᵀ·scale + M)) V on raw arrays: the reference, whole matrices.
-
-    q (B, H, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), Hkv | H; ``bias`` and ``allowed``
-    broadcastable to (B, H, Nq, Nk) (see ``mask_scores``); ``scale`` None → 1/√D. Returns
-    (O (B, H, Nq, Dv), P (B, H, Nq, Nk) before dropout, keep: the dropout mask or None).
-    A row with no allowed key has P = 0, hence O = 0. Time O(B·H·Nq·Nk·D), memory O(B·H·Nq·Nk).
-    """
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = grouped_scores(q * scale, k)                      # S = (Q·scale) Kᵀ   (B, H, Nq, Nk)
-    mask_scores(s, bias, allowed, causal)                 #   + M
-    p = softmax_array(s, inplace=True)                    # P = softmax(S); no key: P = 0
-    keep = dropout_mask(p.shape, dropout_p, p) if dropout_p > 0 else None
-    o = grouped_values(p if keep is None else p * keep, v)    # O = P̃ V   (B, H, Nq, Dv)
-    return o, p, keep
-
-
-def attention_backward(do, p, qs, k, v, delta, scale, keep=None):
-    """The five equations of the module docstring, in order.
-
-    do (B, H, n, Dv), p (B, H, n, m) the probabilities before dropout, qs = Q·scale
-    (B, H, n, D), k (B, Hkv, m, D), v (B, Hkv, m, Dv), delta (B, H, n, 1) = rowsum(dO ⊙ O),
-    ``keep`` the scaled dropout mask or None. Returns (dq (B, H, n, D), dk (B, Hkv, m, D),
-    dv (B, Hkv, m, Dv), ds (B, H, n, m)); a bias's gradient is ds un-broadcast.
-    """
-    hkv = k.shape[1]
-    dropped = p if keep is None else p * keep              # P̃
-    dv = grouped_key_grad(dropped, do, hkv)                # (1) dV = P̃ᵀ dO
-    dp = grouped_scores(do, v)                             # (2) dP = dO Vᵀ …
-    if keep is not None:
-        dp *= keep                                         #     … ⊙ keep/(1 − p)
-    ds = p * (dp - delta)                                  # (3) dS = P ⊙ (dP − δ)
-    dq = grouped_values(ds, k) * scale                     # (4) dQ = dS K · scale
-    dk = grouped_key_grad(ds, qs, hkv)                     # (5) dK = dSᵀ (Q · scale)
-    return dq, dk, dv, ds
-
-
-class SDPAFunction(Function):
-    """O = dropout(softmax(Q Kᵀ·scale + bias, masked)) V as one node; inputs (q, k, v, bias).
-
-    Shapes: q (B, H, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), Hkv | H; ``bias`` None or
-    (B|1, H|1, Nq|1, Nk|1) (differentiable); ``allowed`` bool of the same form (True = may
-    attend) or None; ``causal`` adds the bottom-right causal mask. Forward is
-    ``attention_forward``; it saves Q·scale, K, V, O, P and the dropout mask, and backward is
-    ``attention_backward`` with δ = rowsum(dO ⊙ O), dBias = dS un-broadcast. Masked entries
-    have P = 0, hence dS = 0: fully masked rows get zero gradients.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, bias, *, allowed, causal, scale, dropout_p):
-        o, p, keep = attention_forward(q, k, v, bias, allowed, causal, scale, dropout_p)
-        ctx.save_for_backward(q * scale, k, v, o, p, keep)
-        ctx.scale = scale
-        ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
-        return o
-
-    @staticmethod
-    def backward(ctx, grad):
-        qs, k, v, o, p, keep = ctx.saved_tensors
-        delta = (grad * o).sum(axis=-1, keepdims=True)            # δ = rowsum(dO ⊙ O)
-        dq, dk, dv, ds = attention_backward(grad, p, qs, k, v, delta, ctx.scale, keep)
-        dbias = unbroadcast(ds, *ctx.bias_meta) if ctx.needs_input_grad[3] else None
-        return dq, dk, dv, dbias
-
-
-class AttentionScoresFunction(Function):
-    """S = Q Kᵀ·scale + bias, −inf where masked, as one node; inputs (q, k, bias).
-
-    The first stage of attention on its own, for the composed form (``attention_scores``):
-    shapes as in ``SDPAFunction``, output (B, H, Nq, Nk). Backward: equations (4) and (5)
-    with dS the incoming gradient, zero where a mask put −inf (those scores are constants);
-    dBias = dS un-broadcast.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, bias, *, allowed, causal, scale):
-        qs = q * scale
-        s = mask_scores(grouped_scores(qs, k), bias, allowed, causal)
-        masked = allowed is not None or causal or bias is not None
-        ctx.save_for_backward(qs, k, get_array_module(s).isfinite(s) if masked else None)
-        ctx.scale = scale
-        ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)
-        return s
-
-    # Backward: a masked score was the constant −inf, so it passes no gradient; then
-    # equations (4) and (5).
-    @staticmethod
-    def backward(ctx, grad):
-        qs, k, visible = ctx.saved_tensors
-        ds = grad if visible is None else grad * visible
-        dq = grouped_values(ds, k) * ctx.scale                         # (4) dQ = dS K · scale
-        dk = grouped_key_grad(ds, qs, k.shape[1])                      # (5) dK = dSᵀ (Q · scale)
-        dbias = unbroadcast(ds, *ctx.bias_meta) if ctx.needs_input_grad[2] else None
-        return dq, dk, dbias
 
 
 # ---- argument checking and mask plumbing -------------------------------------------------
@@ -486,7 +300,8 @@ def _unflatten(t, lead, nd):
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float = None,
                                  enable_gqa: bool = False, return_weights: bool = False):
-    """softmax(Q Kᵀ · scale + M) V — PyTorch's ``F.scaled_dot_product_attention``.
+    """Attention, the formula of ``ops/attention_maths.py``, with the arguments of PyTorch's
+    ``F.scaled_dot_product_attention``.
 
     Shapes: query (…, H, Nq, D), key (…, Hkv, Nk, D), value (…, Hkv, Nk, Dv) → (…, H, Nq, Dv),
     any number of leading batch dims (also (N, D) without heads). Hkv ≠ H needs
@@ -508,8 +323,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     Which code runs is decided here, at one point each: the CUDA flash kernel on CuPy arrays
     with at most causal and key-padding masks (a bool mask of shape (B|1, 1, 1, Nk)), no
     dropout and no weights (``why_not_flash`` says why a call does not); else the fused op,
-    ``SDPAFunction`` or, with the fast layer on, its twin (``configuration.twin("sdpa")``).
-    Time O(Nq·Nk·D) per head, memory O(Nq·Nk) (the kernel: O(N·D)).
+    ``SDPAFunction`` or, with the fast layer on (``minitx.config.fast``), its twin
+    (``configuration.twin("sdpa")``; ``configuration.why_not_fast("sdpa")`` says when it does
+    not run). Time O(Nq·Nk·D) per head, memory O(Nq·Nk) (the kernel: O(N·D)).
     """
     fn = "scaled_dot_product_attention"
     q4, k4, v4, allowed, bias, scale, lead, (b, h, nq, dv) = _prepare(
@@ -578,7 +394,8 @@ def _scores(fn, query, key, attn_mask, is_causal, scale, enable_gqa):
 
 def attention_scores(query, key, attn_mask=None, is_causal: bool = False, scale: float = None,
                      enable_gqa: bool = False):
-    """S = Q Kᵀ · scale + M: the scores before the softmax, (…, H, Nq, Nk), differentiable.
+    """S of ``ops/attention_maths.py``'s formula: the scores before the softmax,
+    (…, H, Nq, Nk), differentiable.
 
     Same arguments and mask semantics as ``scaled_dot_product_attention``; masked entries are
     −inf (softmax makes them 0, and a row of them a row of zeros). With ``softmax`` and a
@@ -592,7 +409,8 @@ def attention_scores(query, key, attn_mask=None, is_causal: bool = False, scale:
 
 def attention_weights(query, key, attn_mask=None, is_causal: bool = False, scale: float = None,
                       enable_gqa: bool = False):
-    """P = softmax(Q Kᵀ · scale + M): the attention map alone, (…, H, Nq, Nk), differentiable.
+    """P of ``ops/attention_maths.py``'s formula: the attention map alone, (…, H, Nq, Nk),
+    differentiable.
 
     Same arguments and mask semantics as ``scaled_dot_product_attention``: the softmax of
     ``attention_scores``.

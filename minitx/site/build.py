@@ -72,7 +72,8 @@ COURSE = [
     ("Scaled dot-product attention and its backward",
      "softmax(QKᵀ/√d_k)V, forward and backward, as one fused op; the contract every "
      "attention variant keeps.",
-     ["minitx/ops/sdpa.py", "minitx/attention/base.py", "minitx/attention/exact.py"]),
+     ["minitx/ops/attention_maths.py", "minitx/ops/sdpa.py", "minitx/attention/base.py",
+      "minitx/attention/exact.py"]),
     ("Multi-head attention and masks", "Heads, projections, masks, the KV cache.",
      ["minitx/models/multihead.py", "minitx/attention/masks.py",
       "minitx/attention/kv_cache.py"]),

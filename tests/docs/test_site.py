@@ -147,7 +147,8 @@ def test_the_course_runs_in_order_with_previous_and_next(site):
     milestones = ["notebooks/01_attention_by_hand.py", "minitx/attention/classic.py",
                   "minitx/autograd/function.py", "minitx/autograd/engine.py",
                   "minitx/autograd/tensor.py", "minitx/ops/activation.py",
-                  "minitx/ops/sdpa.py", "minitx/models/multihead.py",
+                  "minitx/ops/attention_maths.py", "minitx/ops/sdpa.py",
+                  "minitx/models/multihead.py",
                   "minitx/nn/positional.py", "minitx/models/gpt.py",
                   "notebooks/03_char_gpt_heads.py", "minitx/attention/sparse.py",
                   "minitx/attention/linformer.py", "minitx/attention/performer.py",
@@ -712,5 +713,6 @@ def test_the_first_code_page_shows_attention_rendered_and_once(site):
     first = notes("minitx/attention/classic.py", "simple_attention")
     assert "<msqrt>" in first and "<mfrac>" in first and "softmax" in first
     assert "softmax(Q Kᵀ / √d_k + M) V" not in first          # the Unicode twin: help() only
-    sdpa = notes("minitx/ops/sdpa.py", "module")
-    assert "S = Q Kᵀ · scale + M" not in sdpa and "<msqrt>" in sdpa
+    maths = notes("minitx/ops/attention_maths.py", "module")
+    assert "<msqrt>" in maths and "<mtable>" in maths         # the backward: a line each
+    assert all(f"<mn>{i}</mn>" in maths for i in range(1, 6))  # numbered as the text cites
