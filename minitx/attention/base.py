@@ -35,7 +35,7 @@ from .kv_cache import KVCache
 from ..nn.layers import Linear
 from ..nn.module import Module
 from ..ops.activation import softmax, softmax_array
-from ..ops.attention_maths import attention_forward, mask_scores
+from ..ops.attention_maths import attention_forward, mask_scores   # the one dense reference
 from ..ops.sdpa import (attention_scores, check_heads, merge_heads, repeat_kv,
                         scaled_dot_product_attention, split_heads)
 from ..ops.dropout import dropout

@@ -7,7 +7,7 @@
   complete layer (projections + the fused ``scaled_dot_product_attention``).
 
 Everything here is built from differentiable ops (no hand-written backward): read it next to
-``ops/sdpa.py``, which computes the same ``softmax(Q Kᵀ/√D + M) V`` as one fused node.
+``ops/attention_maths.py``, which computes the same attention as one fused node.
 """
 from __future__ import annotations
 
@@ -29,13 +29,11 @@ __all__ = ["simple_attention", "dot_product_attention", "additive_scores", "Addi
 
 
 def simple_attention(q, k, v, mask=None):
-    r"""softmax(q kᵀ / √d_k + M) v in five lines — the formula, before any engineering.
+    r"""Attention in five lines — the formula, before any engineering.
 
     Each query scores every key (a dot product, divided by √d_k so the scores keep unit
     variance whatever d_k is), softmax turns a row of scores into weights that sum to 1, and
     the output is the weighted mean of the values (Vaswani et al. 2017):
-
-        Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + M) V
 
     $$
     \operatorname{Attention}(Q, K, V) =
@@ -122,19 +120,19 @@ class AdditiveAttention(Module):
         super().__init__()
         key_dim = query_dim if key_dim is None else key_dim
         hidden_dim = query_dim if hidden_dim is None else hidden_dim
-        # W_q, W_k project into the hidden space A; v reads one score out of tanh(…)
         for name, val in (("query_dim", query_dim), ("key_dim", key_dim),
                           ("hidden_dim", hidden_dim)):
             validate.positive_int(val, name, owner="AdditiveAttention")
+        # W_q, W_k project into the hidden space A; v reads one score out of tanh(…)
         self.W_q = Linear(query_dim, hidden_dim, bias=False)
         self.W_k = Linear(key_dim, hidden_dim, bias=False)
         self.v = Linear(hidden_dim, 1, bias=False)
 
     def forward(self, query, key, value, mask=None):
-        # the MLP scores, then softmax over keys and the weighted mean of the values
         if key.shape[-2] != value.shape[-2]:
             raise ValueError(f"AdditiveAttention: key and value must have the same length, "
                              f"got key {tuple(key.shape)} and value {tuple(value.shape)}")
+        # the MLP scores, then softmax over keys and the weighted mean of the values
         scores = additive_scores(query, key, self.W_q.weight, self.W_k.weight,
                                  reshape(self.v.weight, (-1,)))     # (B, Nq, Nk)
         weights = _masked_softmax(scores, mask)
@@ -142,13 +140,15 @@ class AdditiveAttention(Module):
 
 
 class SelfAttention(Module):
-    """Single-head self-attention: the smallest complete example.
-
-        Q = X W_Qᵀ, K = X W_Kᵀ, V = X W_Vᵀ,   Y = softmax(Q Kᵀ/√E + M) V
+    """Single-head self-attention: the smallest complete example. Q, K and V are three linear
+    maps of the same x (E → E, parameters ``query``, ``key``, ``value``), then attention as in
+    ``simple_attention``, with d_k = E, run by the fused ``scaled_dot_product_attention``.
 
     x (B, N, E) → (B, N, E); ``mask`` broadcastable to (B, N, N), True = may attend.
-    ``causal=True`` adds the causal mask (position i sees j ≤ i). The last attention map is
-    kept in ``last_attn_weights`` (B, N, N) (a detached Tensor) for visualisation. O(N²·E).
+    ``causal=True`` adds the causal mask (position i sees j ≤ i). Set ``record_weights = True``
+    (or a model's ``record_attention(True)``) to keep each call's attention map in
+    ``last_attn_weights`` (B, N, N), a detached Tensor, for visualisation: the weights are then
+    formed by the composed form, which the fused op does not need. Time O(N²·E), memory O(N²).
     """
 
     def __init__(self, embed_dim: int, causal: bool = False, bias: bool = True):
@@ -158,14 +158,16 @@ class SelfAttention(Module):
         self.query = Linear(embed_dim, embed_dim, bias=bias)
         self.key = Linear(embed_dim, embed_dim, bias=bias)
         self.value = Linear(embed_dim, embed_dim, bias=bias)
+        self.record_weights = False
         self.last_attn_weights = None
 
     def forward(self, x, mask=None):
-        # project x three ways, then the fused op (ops/sdpa.py) does softmax(Q Kᵀ/√E + M) V
         if len(x.shape) != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"{type(self).__name__}: x must be (B, N, {self.embed_dim}), got "
                              f"shape {tuple(x.shape)}")
         q, k, v = self.query(x), self.key(x), self.value(x)          # (B, N, E) each
+        if not self.record_weights:
+            return scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal)
         y, w = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal,
                                             return_weights=True)     # (B, N, E), (B, N, N)
         self.last_attn_weights = w.detach()

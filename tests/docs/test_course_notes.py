@@ -1,16 +1,22 @@
 """Notes every few lines: in the course's Python files, no more than 15 lines of code in a row
 without a note.
 
-A *note* line is a line whose stripped text starts with ``#`` (a comment of its own line) or a
-line inside a docstring (module, class or function); blank lines are neutral; every other line
-is *code*. A *run* is a maximal sequence of code lines with no note line between them (blank
-lines do not break a run). The course's files are those of the site's chapters before the
-appendices (``minitx.site.build.COURSE``), notebooks included.
+A *note* line is a line that carries a comment — its own line (``# …``) or the end of a line of
+code (``x = f(y)  # why``) — or a line inside a docstring (module, class or function); blank
+lines are neutral; every other line is *code*. A *run* is a maximal sequence of code lines with
+no note line between them (blank lines do not break a run). The course's files are those of the
+site's chapters before the appendices (``minitx.site.build.COURSE``), notebooks included.
+
+A trailing comment counts because a note serves reading where it stands: beside the line it
+explains is the best place for it, and the rule must never push a note away from its line to
+a line of its own, or ask for a note where the code already says everything.
 
 A failure names each file and the line ranges of its runs that are too long.
 """
 import ast
+import io
 import os
+import tokenize
 
 import pytest
 
@@ -31,9 +37,9 @@ def note_lines(text: str) -> set:
             if body and isinstance(body[0], ast.Expr) and isinstance(
                     body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
                 notes.update(range(body[0].lineno, body[0].end_lineno + 1))
-    for number, line in enumerate(text.split("\n"), 1):
-        if line.strip().startswith("#"):
-            notes.add(number)
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:                # its own line, or trailing
+            notes.add(tok.start[0])
     return notes
 
 
@@ -71,8 +77,9 @@ def test_a_run_counts_code_lines_and_blank_lines_do_not_break_it():
             "def f():\n"                                        # 8: code
             '    """f\'s docstring."""\n'                       # 9: note
             "    y = '# not a note: a string'\n"                # 10: code
-            "    return y  # a trailing comment is code\n")     # 11: code
-    assert sorted(note_lines(text)) == [1, 2, 3, 7, 9]
+            "    z = y\n"                                       # 11: code
+            "    return z  # a trailing comment is a note\n")   # 12: note
+    assert sorted(note_lines(text)) == [1, 2, 3, 7, 9, 12]
     assert code_runs(text) == [(4, 6, 2), (8, 8, 1), (10, 11, 2)]
 
 

@@ -244,6 +244,7 @@ def test_additive_attention_bahdanau(rng):
 def test_self_attention_single_head(rng, n):
     for layer in (SelfAttention(4), CausalSelfAttention(4)):
         layer.to(dtype="float64")
+        layer.record_weights = True
         x = rng.standard_normal((2, n, 4))
         minitx.gradcheck(layer, (tensor(x, requires_grad=True),))
         q, k, v = (x @ lin.weight.numpy().T + lin.bias.numpy()
@@ -254,6 +255,33 @@ def test_self_attention_single_head(rng, n):
         assert_close(layer.last_attn_weights, p, atol=1e-12)     # a raw array of the backend
     with pytest.raises(ValueError, match=r"x must be \(B, N, 4\)"):
         SelfAttention(4)(tensor(np.zeros((2, 3, 5)), requires_grad=True))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_self_attention_forms_the_weights_only_when_recording(rng, causal):
+    """Unrecorded, the layer is one fused node and keeps no map; recording gives the same
+    output through the composed form and keeps the map."""
+    def ops_in_graph(y):
+        seen, stack = set(), [y._ctx]
+        while stack:
+            ctx = stack.pop()
+            seen.add(ctx.fn)
+            stack += [p._ctx for p in ctx.parents if isinstance(p, minitx.Tensor) and p._ctx]
+        return seen
+
+    maths = minitx.ops.attention_maths
+    layer = SelfAttention(4, causal=causal).to(dtype="float64")
+    x = tensor(rng.standard_normal((2, 5, 4)))
+    with minitx.using_config(fast=False):
+        fused = layer(x)
+        assert layer.last_attn_weights is None
+        layer.record_weights = True
+        recorded = layer(x)
+    assert maths.SDPAFunction in ops_in_graph(fused)
+    assert maths.AttentionScoresFunction not in ops_in_graph(fused)
+    assert maths.AttentionScoresFunction in ops_in_graph(recorded)
+    assert layer.last_attn_weights.shape == (2, 5, 5)
+    np.testing.assert_allclose(recorded.numpy(), fused.numpy(), rtol=1e-12, atol=1e-14)
 
 
 def test_causal_self_attention_is_causal(rng):
