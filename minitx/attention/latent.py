@@ -4,31 +4,50 @@ DeepSeek-AI (2024), "DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of
 Language Model", section 2.1.
 
 A decoder's KV cache holds 2·H·D numbers per token and layer (a key and a value per head).
-MLA caches one low-rank latent instead, from which every head's key and value are read off:
+MLA caches one low-rank latent $c^{KV}$ of d_c numbers instead, and every head's key and value
+are linear maps of it; the query goes through a low-rank latent $c^{Q}$ (d'_c) too, which
+saves activations:
 
-    c_KV = W_DKV x                 (d_c,)       the latent: the only thing cached …
-    K^C  = W_UK c_KV,  V = W_UV c_KV            … keys and values are linear maps of it
-    c_Q  = W_DQ x,     q^C = W_UQ c_Q           a low-rank query too (saves activations)
+$$
+\begin{aligned}
+c^{KV}_j &= W^{DKV} x_j \\
+k^C_{h,j} &= W^{UK}_h c^{KV}_j, \qquad v_{h,j} = W^{UV}_h c^{KV}_j \\
+c^{Q}_i &= W^{DQ} x_i, \qquad q^C_{h,i} = W^{UQ}_h c^{Q}_i
+\end{aligned}
+$$
 
 RoPE does not fit this scheme: a rotation that depends on the key's position sits between
 W_UK and the query, so W_UK could no longer be folded into the query (below). MLA therefore
-*decouples* positions: a few extra dimensions d_R carry them, with one RoPE key shared by all
-heads (so it costs d_R numbers per token in the cache):
+*decouples* positions: a few extra dimensions d_R per head carry them, with ONE RoPE key
+shared by all heads (so it costs d_R numbers per token in the cache), rotated at absolute
+positions i and j:
 
-    q^R_h = RoPE(W_QR c_Q)_h       (d_R,) per head      k^R = RoPE(W_KR x)   (d_R,) shared
-    s_h(i, j) = (q^C_{h,i} · k^C_{h,j} + q^R_{h,i} · k^R_j) / √(D + d_R)
-    o_h = Σ_j softmax_j(s_h) v_{h,j},   y = W_O [o_1; …; o_H]
+$$
+\begin{aligned}
+q^R_{h,i} &= \operatorname{RoPE}_i(W^{QR}_h c^{Q}_i), \qquad
+k^R_j = \operatorname{RoPE}_j(W^{KR} x_j) \\
+s_h(i, j) &= \frac{q^C_{h,i} \cdot k^C_{h,j} + q^R_{h,i} \cdot k^R_j}{\sqrt{D + d_R}} + M_{ij} \\
+y_i &= W^O \big[ \textstyle\sum_j \operatorname{softmax}_j(s_h(i, \cdot))\, v_{h,j}
+\big]_{h=1}^{H}
+\end{aligned}
+$$
 
-So the per-token cache is d_c + d_R numbers, against 2·H·D for multi-head attention (the
-paper: d_c = 4·D, d_R = D/2, i.e. 4.5·D against 2·H·D; H = 128 there).
+with M the mask (causal, bottom-right aligned, and any ``attn_mask``). So the per-token cache
+is d_c + d_R numbers, against 2·H·D for multi-head attention (the paper: d_c = 4·D,
+d_R = D/2, i.e. 4.5·D against 2·H·D; H = 128 there).
 
-**The absorbed form** (inference). Since q^C_h · (W_UK,h c) = (W_UK,hᵀ q^C_h) · c, the key
-up-projection folds into the query, and since W_O,h (W_UV,h Σ_j p_j c_j) = (W_O,h W_UV,h) ō_h,
-the value up-projection folds into the output projection:
+**The absorbed form** (inference). A key up-projection can move to the query side of a dot
+product, and the value up-projection past the weighted sum into the output projection:
 
-    q̃_h = (W_UK,hᵀ W_UQ,h) c_Q     (d_c,)        ō_h = Σ_j softmax_j(s_h) c_j   (d_c,)
-    s_h(i, j) = (q̃_{h,i} · c_j + q^R_{h,i} · k^R_j) / √(D + d_R)
-    y = Σ_h (W_O,h W_UV,h) ō_h
+$$
+\begin{aligned}
+\tilde{q}_{h,i} &= (W^{UK}_h)^\top W^{UQ}_h c^{Q}_i, \qquad
+\bar{o}_{h,i} = \textstyle\sum_j \operatorname{softmax}_j(s_h(i, \cdot))\, c^{KV}_j \\
+s_h(i, j) &= \frac{\tilde{q}_{h,i} \cdot c^{KV}_j + q^R_{h,i} \cdot k^R_j}{\sqrt{D + d_R}}
++ M_{ij} \\
+y_i &= \textstyle\sum_h (W^O_h W^{UV}_h)\, \bar{o}_{h,i}
+\end{aligned}
+$$
 
 which is multi-query attention with ONE key head [c; k^R] of width d_c + d_R and ONE value
 head c of width d_c: the per-head keys and values are never formed, and decoding reads only
@@ -117,24 +136,8 @@ class MultiHeadLatentAttention(AttentionBase):
     r"""Multi-head latent attention (DeepSeek-V2): keys and values read off one cached low-rank
     latent per token, positions carried by a decoupled RoPE part.
 
-    Formula: per token x (E,), with heads h = 1 … H of width D = E/H,
-
-        c_KV = W_DKV x (d_c),   k^C_h = W_UK,h c_KV,   v_h = W_UV,h c_KV        (D each)
-        c_Q = W_DQ x (d'_c),    q^C_h = W_UQ,h c_Q,    q^R_h = RoPE_i(W_QR,h c_Q)   (d_R)
-        k^R = RoPE_j(W_KR x)    (d_R, ONE for all heads)
-        s_h(i, j) = (q^C_{h,i}·k^C_{h,j} + q^R_{h,i}·k^R_j) / √(D + d_R)
-        y_i = W_O [Σ_j softmax_j(s_h(i, ·) + M) v_{h,j}]_{h=1…H}
-
-    $$
-    s_h(i, j) = \frac{q^C_{h,i} \cdot k^C_{h,j} + q^R_{h,i} \cdot k^R_j}{\sqrt{D + d_R}},
-    \quad k^C_{h,j} = W^{UK}_h c^{KV}_j,
-    \quad v_{h,j} = W^{UV}_h c^{KV}_j,
-    \quad c^{KV}_j = W^{DKV} x_j
-    $$
-
-    Absorbed (inference) form, equal to it: q̃_h = (W_UK,hᵀ W_UQ,h) c_Q and
-    y = Σ_h (W_O,h W_UV,h) Σ_j softmax_j((q̃_h·c_j + q^R_h·k^R_j)/√(D + d_R)) c_j — multi-query
-    attention over the latents (``absorbed_forward``; ``absorbed=True`` makes it ``forward``).
+    Formula: the module docstring's, naive and absorbed, with heads h = 1 … H of width
+    D = E/H; ``absorbed=True`` makes the absorbed form (``absorbed_forward``) ``forward``.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); latent c_KV (B, N, d_c), k^R (B, N, d_R).
     ``attend(q, k, v)`` is the attention on the heads ``forward`` has formed, q = [q^C; q^R]
@@ -281,8 +284,8 @@ class MultiHeadLatentAttention(AttentionBase):
 
     # ---- the absorbed form: attention over the latents ------------------------------------
     def absorbed_weights(self):
-        """The folded matrices, as differentiable Tensors:
-        W_QK (H, d_c, d'_c) = W_UK,hᵀ W_UQ,h and W_OV (H, E, d_c) = W_O,h W_UV,h."""
+        """The absorbed form's two folded matrices (module docstring), as differentiable
+        Tensors: W_QK (H, d_c, d'_c), the query's, and W_OV (H, E, d_c), the output's."""
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         # per-head blocks of the up-projections; W_UK, W_UV repeated over a query group
         w_uq = reshape(self.w_uq.weight, (h, d, self.q_rank))                 # (H, D, d'_c)
@@ -291,7 +294,7 @@ class MultiHeadLatentAttention(AttentionBase):
         w_uv = reshape(self.w_uv.weight, (1, hkv, d, self.kv_rank))
         w_uv = reshape(repeat_kv(w_uv, h), (h, d, self.kv_rank))              # (H, D, d_c)
         w_o = reshape(self.out_proj.weight, (self.embed_dim, h, d))           # (E, H, D)
-        # q^C_h · (W_UK,h c) = (W_UK,hᵀ W_UQ,h c_Q) · c ;  W_O,h (W_UV,h ō_h) = (W_O,h W_UV,h) ō_h
+        # the two folds of the absorbed form (module docstring)
         w_qk = einsum("hdc,hdq->hcq", w_uk, w_uq)                             # (H, d_c, d'_c)
         w_ov = einsum("ehd,hdc->hec", w_o, w_uv)                              # (H, E, d_c)
         return w_qk, w_ov
@@ -309,7 +312,7 @@ class MultiHeadLatentAttention(AttentionBase):
         offset = self._check(x, kv_cache)
         c_q, q_r, c_kv, k_r = self._latents(x, offset, kv_cache)
         w_qk, w_ov = self.absorbed_weights()
-        # the query in latent space, q̃_h = W_QK,h c_Q, then [q̃; q^R] against [c; k^R]
+        # the query in latent space, q̃_h, then [q̃; q^R] against [c; k^R]
         q_lat = einsum("bnq,hcq->bhnc", c_q, w_qk)                            # (B, H, N, d_c)
         q = concatenate([q_lat, q_r], axis=-1)                                # (B, H, N, d_c+d_R)
         k = expand_dims(concatenate([c_kv, k_r], axis=-1), 1)                 # (B, 1, Nk, d_c+d_R)

@@ -2,16 +2,16 @@ r"""Sigmoid attention: every score through its own logistic function, no row nor
 
 Softmax attention turns a row of scores into a probability distribution: each weight depends
 on every other score of its row through the normaliser Σ_j e^{s_ij}. Sigmoid attention
-(Ramapuram et al. 2024) replaces the softmax by an elementwise sigmoid and a constant bias,
+(Ramapuram et al. 2024) replaces the softmax by an elementwise sigmoid and a constant bias:
 
-    O = σ(Q Kᵀ/√D + b) V,      σ(x) = 1 / (1 + e^{−x}),      b = −log n,
+$$
+O = \sigma\!\left( \frac{Q K^\top}{\sqrt{D}} + b + M \right) V,
+\qquad \sigma(x) = \frac{1}{1 + e^{-x}}, \qquad b = -\log n
+$$
 
-with n the sequence length the model is built for (GPT's ``block_size``). Each weight
+with n the sequence length the model is built for (GPT's ``block_size``) and M the mask
+(−inf where masked: causal, bottom-right aligned, and any ``attn_mask``). Each weight
 σ(s_ij + b) is a function of its own score alone; the weights of a row need not sum to one.
-
-$$
-O = \sigma\!\left( \frac{Q K^\top}{\sqrt{D}} + b \right) V, \qquad b = -\log n
-$$
 
 **Why b = −log n.** For s ≪ log n, σ(s − log n) ≈ e^{s}/n, so a row's weights sum to about
 the *mean* of e^{s_ij} over its n keys: the output starts at the scale softmax attention has
@@ -32,9 +32,8 @@ $$
 (The paper's FlashSigmoid kernel builds on exactly this.) ``identities`` and
 ``tests/attention/test_sigmoid.py`` compute the output tile by tile and compare.
 
-**Masks.** A masked score is −inf, and σ(−inf) = ½(1 + tanh(−inf)) = 0 exactly (minitx's σ is
-computed through tanh, so no e^{+inf} is formed), with gradient σ(1 − σ) = 0: masked keys
-contribute exactly nothing, and a row with every key masked gives zeros, not NaN.
+**Masks.** A masked score is −inf, and σ(−inf) = 0 exactly, with gradient σ(1 − σ) = 0:
+masked keys contribute exactly nothing, and a row with every key masked gives zeros, not NaN.
 
 **Decoding.** b is a constant of the layer, not of the call, so a query attending to the keys
 of a ``KVCache`` gets the same weights as in the full causal forward: cached decoding equals
@@ -59,23 +58,16 @@ __all__ = ["SigmoidAttention", "sigmoid_bias"]
 
 
 def sigmoid_bias(context_length: int) -> float:
-    """The paper's constant score bias b = −log n for a context of n tokens."""
+    """The paper's constant score bias b (module docstring) for a context of n tokens."""
     n = validate.positive_int(context_length, "context_length", owner="sigmoid")
     return -math.log(n)
 
 
 @register("sigmoid")
 class SigmoidAttention(AttentionBase):
-    r"""Sigmoid attention: O = σ(Q Kᵀ/√D + b) V with b = −log n, each weight on its own.
+    """Sigmoid attention: each weight a sigmoid of its own score, no row normalisation.
 
-    Formula: S = Q Kᵀ/√D + b + M (M: −inf where masked: causal, bottom-right aligned, and
-    any ``attn_mask``), P = σ(S) elementwise (0 where masked), O = P V per head; no row
-    normalisation. b = −log n, n = ``context_length``.
-
-    $$
-    O = \sigma\!\left( \frac{Q K^\top}{\sqrt{D}} + b + M \right) V,
-    \quad \sigma(x) = \frac{1}{1 + e^{-x}}, \quad b = -\log n
-    $$
+    Formula: the module docstring's, per head, with n = ``context_length``.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v, attn_mask=None)``:
     q (B, H, Nq, D), k/v (B, Hkv, Nk, D) → (B, H, Nq, D); scores and σ map (B, H, Nq, Nk).
@@ -109,7 +101,7 @@ class SigmoidAttention(AttentionBase):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
         self.context_length = validate.positive_int(context_length, "context_length",
                                                     owner="sigmoid")
-        self.score_bias = sigmoid_bias(self.context_length)        # b = −log n
+        self.score_bias = sigmoid_bias(self.context_length)        # b
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.hook_attn_scores = HookPoint()   # (B, H, Nq, Nk) Q Kᵀ/√D + b, −inf where masked
         self.hook_pattern = HookPoint()       # (B, H, Nq, Nk) σ of the scores, 0 where masked
@@ -117,19 +109,16 @@ class SigmoidAttention(AttentionBase):
     def attend(self, q, k, v, attn_mask=None):
         """q (B, H, Nq, D), k/v (B, Hkv, Nk, D) → (B, H, Nq, D)."""
         _, h, _, _, _, _ = check_heads(q, k, v, f"{self.name}.attend")
-        # S = Q Kᵀ/√D + M: −inf where causal (bottom-right) or attn_mask forbids; then + b.
-        # A float attn_mask is added here too (−inf entries mask as well).
+        # the scores with M (a float attn_mask is added here too); then + b
         scores = attention_scores(q, k, attn_mask=attn_mask, is_causal=self.causal,
                                   scale=self.scale, enable_gqa=True)   # (B, H, Nq, Nk)
         scores = self.hook_attn_scores(scores + self.score_bias)
-        # P = σ(S) entry by entry: σ(−inf) = 0 exactly, with zero gradient, so a masked key
-        # contributes nothing and a fully masked row gives zeros (module docstring).
+        # σ entry by entry: a masked key gives exactly 0 (module docstring, "Masks")
         pattern = self.hook_pattern(sigmoid(scores))                    # (B, H, Nq, Nk)
-        # O = P V: no division by a row sum.
-        return matmul(pattern, repeat_kv(v, h))              # (B, H, Nq, Nk) @ (B, H, Nk, D)
+        return matmul(pattern, repeat_kv(v, h))   # no division by a row sum: (…, Nk) @ (…, Nk, D)
 
     def reference(self, q, k, v):
-        """Raw arrays: σ(q kᵀ/√D + b) v with σ = exp(−log(1 + e^{−s})) and masked entries
+        """Raw arrays: the module's formula with σ = exp(−log(1 + e^{−s})) and masked entries
         set to 0 (causal: bottom-right). (B, H, Nq, D)."""
         xp = get_array_module(q)
         k, v = repeat_kv_array(k, q.shape[1]), repeat_kv_array(v, q.shape[1])

@@ -11,6 +11,7 @@ A stray ``$`` (a shell variable, a price) that would open maths is caught the sa
 import ast
 import io
 import re
+import sys
 import tokenize
 
 import pytest
@@ -90,11 +91,65 @@ def test_formula_converts(where, latex, display):
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_every_variant_shows_its_formula_as_display_maths(name):
-    doc = REGISTRY[name].__doc__ or ""
+def test_every_variant_states_its_formula_once_in_its_module_docstring(name):
+    """The formula is display maths in the module docstring; the class docstring's Formula
+    section points there and states no formula of its own."""
+    cls = REGISTRY[name]
+    module = sys.modules[cls.__module__].__doc__ or ""
+    assert any(display for _, display in _spans(module)), \
+        f"{name}: no $$ … $$ in the docstring of {cls.__module__}"
+    doc = cls.__doc__ or ""
     formula = doc[doc.find("Formula:"):doc.find("Shapes:")]
-    assert any(display for _, display in _spans(formula)), \
-        f"{name}: no $$ … $$ in the class docstring's Formula section"
+    assert "module docstring" in formula, f"{name}: the Formula section does not point to it"
+    assert not any(display for _, display in _spans(formula)), \
+        f"{name}: the class docstring states the formula again, as $$ … $$"
+
+
+# ---- each formula once -----------------------------------------------------------------------
+
+def _laid_out_twins(text):
+    """The first line of each hand-laid-out block (indented 4+) that runs straight into a
+    ``$$`` display (blank lines only between): the same formula twice, once in Unicode and
+    once in LaTeX. The site shows only the LaTeX one, so the Unicode one serves only
+    ``help()``, and the two can drift apart."""
+    lines, found, i = text.split("\n"), [], 0
+    while i < len(lines):
+        line = lines[i]
+        if line.strip() and not line.strip().startswith("$$") and \
+                len(line) - len(line.lstrip()) >= 4:
+            j = i
+            while j < len(lines) and not lines[j].strip().startswith("$$") and (
+                    not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) >= 4):
+                j += 1
+            if j < len(lines) and lines[j].strip().startswith("$$"):
+                found.append(line.strip())
+            i = j
+        else:
+            i += 1
+    return found
+
+
+def test_the_twin_finder_finds_a_unicode_block_above_its_latex():
+    text = "Prose:\n\n    O = softmax(S) V\n\n$$\nO = \\operatorname{softmax}(S) V\n$$\n"
+    assert _laid_out_twins(text) == ["O = softmax(S) V"]
+    assert _laid_out_twins("Prose:\n\n    a table   of columns\n\nMore prose.\n") == []
+
+
+def _normalised(latex):
+    return re.sub(r"\s+", "", latex)
+
+
+def test_no_formula_is_stated_twice_in_a_file():
+    """Within one file: no ``$$`` display appears twice (whitespace aside), and no docstring
+    pairs a laid-out Unicode formula with the same formula in LaTeX below it."""
+    twice = []
+    for p in _sources():
+        where = str(p.relative_to(ROOT.parent))
+        displays = [_normalised(latex) for t in _texts(p)
+                    for latex, display in _spans(t) if display]
+        twice += [(where, d[:60]) for d in sorted(set(displays)) if displays.count(d) > 1]
+        twice += [(where, line) for t in _texts(p) for line in _laid_out_twins(t)]
+    assert not twice, twice
 
 
 def test_no_dollar_outside_maths_and_code():

@@ -1,5 +1,10 @@
 """Every registered attention variant documents itself: what it is, formula, shapes, options,
-cost, exactness and source — and carries a short ``complexity`` string for the tour."""
+cost, exactness and source — and carries a short ``complexity`` string for the tour.
+
+The class docstring's template, section by section: ``Formula:`` points to the formula in
+the module docstring (stated once, there, as LaTeX) and adds what the class fixes (which
+option is which symbol); ``Shapes:``, ``Options:``, ``Complexity: {complexity}``,
+``Exactness:``, ``Reference:`` (authors, year, title) carry the API facts."""
 import re
 
 import pytest
@@ -15,6 +20,7 @@ SECTIONS = ("Formula", "Shapes", "Options", "Complexity", "Exactness", "Referenc
 def test_class_docstring_is_complete(name):
     doc = REGISTRY[name].__doc__ or ""          # a class's own docstring (not inherited)
     assert "Formula" in doc and "Shapes" in doc, name
+    assert "module docstring" in doc[doc.find("Formula:"):doc.find("Shapes:")], name
     assert "Complexity" in doc or "Time" in doc, name
     assert any(w in doc for w in ("Exact", "exact", "approximate", "score function",
                                   "learned")), name
