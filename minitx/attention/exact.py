@@ -1,4 +1,4 @@
-"""The registered exact variants: multi-head attention and its key/value-sharing relatives.
+r"""The registered exact variants: multi-head attention and its key/value-sharing relatives.
 
 Each is ``scaled_dot_product_attention`` (``ops/sdpa.py``) on heads, with its own
 projections: ``mha`` (Vaswani et al. 2017), ``mqa`` (one key/value head, Shazeer 2019), ``gqa``
@@ -7,6 +7,30 @@ projections: ``mha`` (Vaswani et al. 2017), ``mqa`` (one key/value head, Shazeer
 ``ExactSelfAttention`` is also the base of the position variants (``positions.py``): they
 change its hooks ``transform_qk`` (rotate q/k), ``score_bias`` (an additive bias) and
 ``value_term`` (a term added to the output).
+
+Every one is softmax attention per head h, with Q, K, V = x W_qᵀ, x W_kᵀ, x W_vᵀ split into
+heads, M the mask (0; −inf above the diagonal when causal, bottom-right aligned; plus any
+``attn_mask``), and the heads merged by the output projection:
+
+$$
+\mathrm{head}_h = \operatorname{softmax}\!\left( \frac{Q_h K_{g(h)}^\top}{\sqrt{D}} + M
+\right) V_{g(h)}, \qquad y = \left[ \mathrm{head}_1, \dots, \mathrm{head}_H \right] W_o^\top
+$$
+
+Query head h reads key/value head $g(h) = \lfloor h / (H / H_{kv}) \rfloor$: ``mha`` has
+Hkv = H, so g(h) = h; ``mqa`` has Hkv = 1, one K and V shared by every head; ``gqa`` any Hkv
+dividing H. ``dot`` and ``additive`` replace the scaled score $Q_h K^\top / \sqrt{D}$ by
+one without 1/√D (softmax at temperature 1):
+
+$$
+\begin{aligned}
+s_{ij} &= q_i \cdot k_j \qquad \text{(dot)} \\
+s_{ij} &= (q_i W_h) \cdot k_j \qquad \text{(general)} \\
+s_{ij} &= w^\top \tanh(W_q q_i + W_k k_j) \qquad \text{(additive)}
+\end{aligned}
+$$
+
+with one W_h (D, D) per head, and W_q, W_k (A, D) and w (A,) shared by the heads.
 """
 from __future__ import annotations
 
@@ -52,14 +76,7 @@ def default_kv_heads(num_heads: int) -> int:
 class ExactSelfAttention(AttentionBase):
     r"""Multi-head self-attention, exact: scaled dot-product softmax attention on every head.
 
-    Formula: O = softmax(Q Kᵀ/√D + M) V per head, y = merge_heads(O) W_oᵀ, with
-    Q, K, V = x W_qᵀ, x W_kᵀ, x W_vᵀ split into heads; M is 0, −inf above the diagonal when
-    causal (bottom-right aligned), plus any ``attn_mask``.
-
-    $$
-    \mathrm{head}_h = \operatorname{softmax}\!\left( \frac{Q_h K_h^\top}{\sqrt{D}} + M \right) V_h,
-    \quad y = \left[ \mathrm{head}_1, \dots, \mathrm{head}_H \right] W_o^\top
-    $$
+    Formula: the module docstring's, with Hkv = ``num_kv_heads`` (None → H).
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D), D = E/H. Projections ``q_proj``/``out_proj`` E → E,
@@ -140,12 +157,8 @@ class ExactSelfAttention(AttentionBase):
 class MultiQueryAttention(ExactSelfAttention):
     r"""Multi-query attention: all H query heads share ONE key/value head (exact softmax).
 
-    Formula: O_h = softmax(Q_h Kᵀ/√D + M) V for h = 1 … H, with one shared K and V (Hkv = 1).
-
-    $$
-    O_h = \operatorname{softmax}\!\left( \frac{Q_h K^\top}{\sqrt{D}} + M \right) V,
-    \quad h = 1, \dots, H
-    $$
+    Formula: the module docstring's with Hkv = 1: one key and value head read by every query
+    head.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, 1, N, D) (any Hkv dividing H is accepted) → (B, H, N, D). ``k_proj``/``v_proj``
@@ -173,13 +186,8 @@ class MultiQueryAttention(ExactSelfAttention):
 class GroupedQueryAttention(ExactSelfAttention):
     r"""Grouped-query attention: Hkv key/value heads, each shared by a group of H/Hkv query heads.
 
-    Formula: O_h = softmax(Q_h K_g(h)ᵀ/√D + M) V_g(h), g(h) = ⌊h / (H/Hkv)⌋ (exact softmax
-    attention; Hkv = H is MHA, Hkv = 1 is MQA).
-
-    $$
-    O_h = \operatorname{softmax}\!\left( \frac{Q_h K_{g(h)}^\top}{\sqrt{D}} + M \right) V_{g(h)},
-    \quad g(h) = \left\lfloor \frac{h}{H / H_{kv}} \right\rfloor
-    $$
+    Formula: the module docstring's with Hkv key/value heads, each read by a group of H/Hkv
+    query heads (Hkv = H is MHA, Hkv = 1 is MQA): exact softmax attention.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D). ``k_proj``/``v_proj`` map E → Hkv·D.
@@ -209,13 +217,8 @@ class GroupedQueryAttention(ExactSelfAttention):
 class DotProductSelfAttention(ExactSelfAttention):
     r"""Luong's "dot" score per head, *unscaled* (optionally his "general" score with a learned W).
 
-    Formula: O = softmax(Q Kᵀ + M) V ("dot"); O = softmax((Q W_h) Kᵀ + M) V ("general",
-    one W_h (D, D) per head). No 1/√D: softmax attention at temperature 1 instead of √D.
-
-    $$
-    O = \operatorname{softmax}\!\left( Q K^\top + M \right) V \quad \text{or} \quad
-    O = \operatorname{softmax}\!\left( (Q W_h) K^\top + M \right) V
-    $$
+    Formula: the module docstring's with the "dot" or "general" score (no 1/√D: softmax
+    attention at temperature 1 instead of √D).
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); ``score_weight`` W (H, D, D) when general.
@@ -250,7 +253,7 @@ class DotProductSelfAttention(ExactSelfAttention):
         return q, k
 
     def reference(self, q, k, v):
-        """Raw arrays: softmax(Q Kᵀ + M) V unscaled ((Q W_h) Kᵀ when general), (B, H, Nq, D)."""
+        """Raw arrays: the "dot" or "general" formula, densely, (B, H, Nq, D)."""
         xp = get_array_module(q)
         k, v = repeat_kv_array(k, q.shape[1]), repeat_kv_array(v, q.shape[1])
         if self.general:
@@ -264,13 +267,8 @@ class DotProductSelfAttention(ExactSelfAttention):
 class AdditiveSelfAttention(ExactSelfAttention):
     r"""Bahdanau's additive (MLP) score inside multi-head self-attention.
 
-    Formula: e_ij = wᵀ tanh(W_q q_i + W_k k_j) per head, O = softmax_j(e + M) V, with
-    W_q, W_k (A, D) and w (A,) shared by the heads (no 1/√D).
-
-    $$
-    e_{ij} = w^\top \tanh\!\left( W_q q_i + W_k k_j \right),
-    \quad O = \operatorname{softmax}_j\!\left( e + M \right) V
-    $$
+    Formula: the module docstring's with the "additive" score (no 1/√D), then softmax over
+    keys and the weighted values, as ``mha``.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v, attn_mask=None)``:
     q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D); the pairwise tanh features
@@ -329,8 +327,8 @@ class AdditiveSelfAttention(ExactSelfAttention):
         return matmul(w, v)                                      # (B, H, Nq, Nk) @ (B, H, Nk, D)
 
     def reference(self, q, k, v):
-        """Raw arrays: e_ij = wᵀ tanh(W_q q_i + W_k k_j) with explicit (i, j) loops folded into
-        broadcasting, softmax_j(e + M) V, (B, H, Nq, D)."""
+        """Raw arrays: the "additive" formula, its (i, j) pairs formed by broadcasting,
+        (B, H, Nq, D)."""
         xp = get_array_module(q)
         k, v = repeat_kv_array(k, q.shape[1]), repeat_kv_array(v, q.shape[1])
         w_q, w_k = self.W_q.weight.data.astype(q.dtype), self.W_k.weight.data.astype(q.dtype)

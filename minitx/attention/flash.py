@@ -16,17 +16,9 @@ __all__ = ["FlashAttention"]
 class FlashAttention(AttentionBase):
     r"""Exact attention computed tile by tile with the online softmax (``flash_attention``).
 
-    Formula: O = softmax(Q Kᵀ/√D + M) V without forming it: per query tile Q_i and key tile
-    K_j, S = Q_i K_jᵀ/√D, m' = max(m, rowmax S), l ← e^(m−m')·l + rowsum e^(S−m'),
-    acc ← e^(m−m')·acc + e^(S−m') V_j, m ← m'; finally O_i = acc / l and lse_i = m + log l.
-    Backward recomputes P = exp(S − lse) per tile.
-
-    $$
-    m' = \max\!\left( m, \operatorname{rowmax} S \right),
-    \quad \ell \leftarrow e^{m - m'} \ell + \operatorname{rowsum} e^{S - m'},
-    \quad \mathrm{acc} \leftarrow e^{m - m'} \mathrm{acc} + e^{S - m'} V_j,
-    \quad O_i = \frac{\mathrm{acc}}{\ell}
-    $$
+    Formula: attention (``ops/attention_maths.py``) without forming it, by the online softmax
+    of the module docstring of ``ops/flash.py``, tile by tile; backward recomputes each tile's
+    probabilities from the saved lse.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v, key_mask=None)``:
     q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D); ``key_mask`` (B, N) bool (True = may

@@ -1,21 +1,26 @@
-"""Linear attention: replace exp(q·k) by a feature-map dot product φ(q)·φ(k).
+r"""Linear attention: replace exp(q·k) by a feature-map dot product φ(q)·φ(k).
 
 Katharopoulos, Vyas, Pappas & Fleuret (2020), "Transformers are RNNs: Fast Autoregressive
 Transformers with Linear Attention".
 
-With a similarity sim(q, k) = φ(q)·φ(k), associativity turns attention linear in N:
+With a similarity sim(q, k) = φ(q)·φ(k), associativity turns attention linear in N: the
+sums over keys come out of the per-query work, S (D, Dv) and z (D,) once for all queries,
 
-    out_i = Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j)
-          = φ(q_i)ᵀ (Σ_j φ(k_j) v_jᵀ) / φ(q_i)ᵀ (Σ_j φ(k_j))        S: (D, Dv), z: (D,)
+$$
+O_i = \frac{\sum_j \varphi(q_i) \cdot \varphi(k_j)\, v_j}{\sum_j \varphi(q_i) \cdot \varphi(k_j)}
+= \frac{\varphi(q_i)^\top S}{\varphi(q_i)^\top z + \varepsilon},
+\qquad S = \sum_j \varphi(k_j)\, v_j^\top, \qquad z = \sum_j \varphi(k_j)
+$$
 
-Causal: the sums run over j ≤ i. They are prefix sums S_i = S_{i−1} + φ(k_i) v_iᵀ,
-z_i = z_{i−1} + φ(k_i) — so a causal linear transformer *is* an RNN with state (S, z):
+(ε only where the denominator may vanish, below). Causal: the sums run over j ≤ i. They are
+prefix sums, $S_i = S_{i-1} + \varphi(k_i) v_i^\top$, $z_i = z_{i-1} + \varphi(k_i)$ — so
+a causal linear transformer *is* an RNN with state (S, z):
 ``step`` decodes one token in O(D·Dv) time and memory, independent of the position.
 Training uses the parallel form (cumsum over positions), equal to the recurrence.
 
 Feature maps: "elu" φ(x) = elu(x) + 1 (the paper's; positive), "relu", "identity". The
 denominator can vanish for relu and be negative for identity, so a small ε is added, and
-"identity" is unnormalised by default (out = φ(q)ᵀ S). Time O(N·D·Dv); memory O(D·Dv)
+"identity" is unnormalised by default (only the numerator φ(q_i)ᵀ S). Time O(N·D·Dv); memory O(D·Dv)
 bidirectional, O(N·D·Dv) for the causal prefix sums. A different similarity, not an
 approximation of softmax: kind "score".
 """
@@ -225,16 +230,9 @@ class LinearAttention(AttentionBase):
     r"""Linear attention: a feature-map similarity φ(q)·φ(k) instead of exp, linear in N; an RNN
     when causal.
 
-    Formula: O_i = φ(q_i)ᵀ S / (φ(q_i)ᵀ z + ε), S = Σ_j φ(k_j) v_jᵀ, z = Σ_j φ(k_j); causal:
-    the sums run over j ≤ i (prefix sums, i.e. an RNN with state (S, z)). φ(x) = elu(x) + 1 by
-    default; with ``normalize=False``, O_i = φ(q_i)ᵀ S. No 1/√D.
-
-    $$
-    O_i = \frac{\varphi(q_i)^\top S}{\varphi(q_i)^\top z + \varepsilon},
-    \quad S = \sum_j \varphi(k_j)\, v_j^\top,
-    \quad z = \sum_j \varphi(k_j),
-    \quad \varphi(x) = \operatorname{elu}(x) + 1
-    $$
+    Formula: the module docstring's, bidirectional or causal (an RNN with state (S, z)).
+    φ(x) = elu(x) + 1 by default; with ``normalize=False``, only the numerator φ(q_i)ᵀ S.
+    No 1/√D.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); S (B, H, D, D) bidirectional, (B, H, N, D, D) causal;

@@ -1,12 +1,16 @@
-"""Linformer: project the length-N keys and values down to k rows, then attend.
+r"""Linformer: project the length-N keys and values down to k rows, then attend.
 
 Wang, Li, Khabsa, Fang & Ma (2020), "Linformer: Self-Attention with Linear Complexity".
 
 The attention matrix is approximately low rank, so learned projections E, F (k × N) compress
 the sequence axis of keys and values:
 
-    out = softmax(Q (E K)ᵀ / √D) (F V)
-          (N, D) @ (D, k) -> (N, k) scores;  (N, k) @ (k, Dv) -> (N, Dv)
+$$
+O = \operatorname{softmax}\!\left( \frac{Q (E K)^\top}{\sqrt{D}} \right) (F V),
+\qquad E, F \in \mathbb{R}^{k \times N}
+$$
+
+— scores (N, k), output (N, Dv).
 
 Time O(N·k·D), memory O(N·k): linear in N for a fixed k. E and F are parameters of shape
 (k, max_len); a sequence of length N ≤ max_len uses their first N columns. Approximate
@@ -48,13 +52,8 @@ def linformer_projection(k: int, max_len: int, init: str = "gaussian"):
 class LinformerAttention(AttentionBase):
     r"""Linformer: learned projections compress the sequence axis of keys and values to k rows.
 
-    Formula: O = softmax(Q (E K)ᵀ/√D) (F V), where E, F (k, N) are the first N columns of
-    learned (k, max_len) parameters (F = E when ``share_kv``).
-
-    $$
-    O = \operatorname{softmax}\!\left( \frac{Q (E K)^\top}{\sqrt{D}} \right) (F V),
-    \quad E, F \in \mathbb{R}^{k \times N}
-    $$
+    Formula: the module docstring's, E, F (k, N) being the first N columns of learned
+    (k, max_len) parameters (F = E when ``share_kv``).
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D), N ≤ max_len; parameters E, F (k, max_len); E K, F V

@@ -1,16 +1,26 @@
-"""Token mixers that replace attention: FNet (Fourier) and AFT (attention-free transformer).
+r"""Token mixers that replace attention: FNet (Fourier) and AFT (attention-free transformer).
 
 FNet — Lee-Thorp, Ainslie, Eckstein & Ontañón (2022), "FNet: Mixing Tokens with Fourier
-Transforms": y = Re(FFT_seq(FFT_hidden(x))), a 2-d discrete Fourier transform over the
-sequence and hidden axes, real part. No parameters, O(N·E·(log N + log E)) time, exact (a
-fixed linear map). Its gradient: y = Re(F_N X F_E) with the symmetric DFT matrices F, so for
-a real upstream gradient G, dL/dX = Re(F_N G F_E) = Re(FFT2(G)) — the same transform.
+Transforms": a 2-d discrete Fourier transform over the sequence and hidden axes, real part,
+
+$$
+y = \operatorname{Re}\left( \mathcal{F}_{\mathrm{seq}}\!\left(
+\mathcal{F}_{\mathrm{hidden}}(x) \right) \right) = \operatorname{Re}(F_N X F_E)
+$$
+
+with the symmetric DFT matrices F. No parameters, O(N·E·(log N + log E)) time, exact (a
+fixed linear map). Its gradient: for a real upstream gradient G,
+dL/dX = Re(F_N G F_E) = Re(FFT2(G)) — the same transform.
 
 AFT — Zhai, Talbott, Srivastava, Huang, Goh, Zhang & Susskind (2021), "An Attention Free
 Transformer":
 
-    AFT-full:    y_t = σ(q_t) ⊙ Σ_t' exp(k_t' + w_tt') ⊙ v_t' / Σ_t' exp(k_t' + w_tt')
-    AFT-simple:  y_t = σ(q_t) ⊙ Σ_t' softmax_t'(k)_t' ⊙ v_t'         (w = 0)
+$$
+y_t = \sigma(q_t) \odot \frac{\sum_{t'} \exp(k_{t'} + w_{t t'}) \odot v_{t'}}
+{\sum_{t'} \exp(k_{t'} + w_{t t'})}
+$$
+
+is AFT-full; AFT-simple is the same with w = 0, a softmax over positions of k per feature.
 
 elementwise over features (no q·k dot product); w (max_len, max_len) learned pairwise
 position biases. Bidirectional: computed as exp(w) @ (exp(k) ⊙ v) — O(N²·D) time, O(N² + N·D)
@@ -61,13 +71,8 @@ def fourier_mix(x, axes=(-2, -1)):
 class FNetMixing(AttentionBase):
     r"""FNet Fourier mixing: a parameter-free 2-d DFT replaces attention. Bidirectional only.
 
-    Formula: ``layer(x)`` = Re(FFT_seq(FFT_hidden(x))); ``attend`` = Re(FFT2 over (N, D) of v)
-    per head (q and k unused).
-
-    $$
-    y = \operatorname{Re}\left( \mathcal{F}_{\mathrm{seq}}\!\left(
-    \mathcal{F}_{\mathrm{hidden}}(x) \right) \right)
-    $$
+    Formula: the module docstring's FNet for ``layer(x)``; ``attend`` applies the same 2-d
+    transform over (N, D) to v, per head (q and k unused).
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E), mixed directly — no projections, as in
     the paper (the layer has no parameters at all); ``attend(q, k, v)``: q (B, H, N, D),
@@ -175,16 +180,10 @@ def aft(q, k, v, w=None, causal: bool = False):
 class AFTAttention(AttentionBase):
     r"""Attention Free Transformer: elementwise gating with learned pairwise position biases.
 
-    Formula: AFT-full y_t = σ(q_t) ⊙ Σ_t' exp(k_t' + w_tt') ⊙ v_t' / Σ_t' exp(k_t' + w_tt');
-    AFT-simple the same with w = 0; causal: t' ≤ t. Elementwise over features, no q·k
+    Formula: the module docstring's AFT (causal: t' ≤ t), elementwise over features, no q·k
     product; bidirectional: computed as exp(w) @ (exp(k) ⊙ v) with stabilising shifts that
     cancel; causal: explicit (N, N, D) exponents, each row shifted by its max over the
     visible positions only (so large future values cannot underflow the past to 0/0).
-
-    $$
-    y_t = \sigma(q_t) \odot \frac{\sum_{t'} \exp(k_{t'} + w_{t t'}) \odot v_{t'}}
-    {\sum_{t'} \exp(k_{t'} + w_{t t'})}
-    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D) (value dim must equal D); parameter w (max_len,

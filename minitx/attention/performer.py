@@ -1,4 +1,4 @@
-"""Performer: softmax attention through positive orthogonal random features (FAVOR+).
+r"""Performer: softmax attention through positive orthogonal random features (FAVOR+).
 
 Choromanski, Likhosherstov, Dohan, Song, Gane, Sarlos, Hawkins, Davis, Mohiuddin, Kaiser,
 Belanger, Colwell & Weller (2021), "Rethinking Attention with Performers".
@@ -7,14 +7,26 @@ The softmax kernel is an expectation over Gaussian w ~ N(0, I_D):
 
     exp(x·y) = E_w[ exp(w·x − ‖x‖²/2) · exp(w·y − ‖y‖²/2) ],
 
-so with m draws w_1..w_m (rows of W) and the *positive* feature map
-
-    φ(x) = exp(W x − ‖x‖²/2) / √m          (m,)
-
+so with m draws w_1..w_m (rows of W, (m, D)) and the *positive* feature map φ(x) (m,) below,
 φ(x)·φ(y) is an unbiased estimate of exp(x·y). Scaling q and k by D^(−1/4) makes it
-estimate exp(q·k/√D), and attention becomes linear in N:
+estimate exp(q·k/√D), and attention becomes linear in N, (B, H, N, Dv), never (N, N):
 
-    out = φ(Q) (φ(K)ᵀ V) / (φ(Q) φ(K)ᵀ 1)              (B, H, N, Dv), never (N, N).
+$$
+\varphi(x) = \frac{1}{\sqrt{m}} \exp\!\left( W x - \frac{\lVert x \rVert^2}{2} \right),
+\qquad Q' = \frac{Q}{D^{1/4}},\ K' = \frac{K}{D^{1/4}}
+$$
+
+$$
+O = \frac{\varphi(Q') \left( \varphi(K')^\top V \right)}
+{\varphi(Q')\, \varphi(K')^\top \mathbf{1}}
+$$
+
+Causal: the sums over keys run over j ≤ i, prefix sums (cumsum) over positions:
+
+$$
+O_i = \frac{\varphi(q'_i)^\top S_i}{\varphi(q'_i)^\top z_i}, \qquad
+S_i = \sum_{j \le i} \varphi(k'_j)\, v_j^\top, \qquad z_i = \sum_{j \le i} \varphi(k'_j)
+$$
 
 The rows of W are drawn in orthogonal blocks (QR of a Gaussian matrix), each row rescaled
 to a chi(D)-distributed norm so that every row is still marginally N(0, I): orthogonality
@@ -22,14 +34,14 @@ lowers the estimator's variance (the "O" in FAVOR+).
 
 Stabilisation: exp(W x − ‖x‖²/2) overflows for large inputs, so before exp we subtract a
 constant c: per query row its own max over features, and for keys one max over all keys
-and features (per batch and head). Why it cancels: out_i = Σ_j φ(q_i)·φ(k_j) v_j /
-Σ_j φ(q_i)·φ(k_j); multiplying φ(q_i) by e^(−c_i) scales numerator and denominator of row
-i alike, and multiplying *every* φ(k_j) by the same e^(−c) does too (also under prefix
+and features (per batch and head). Why it cancels: each output row is a ratio of two sums
+over keys of φ(q_i)·φ(k_j) terms; multiplying φ(q_i) by e^(−c_i) scales numerator and
+denominator of row i alike, and multiplying *every* φ(k_j) by the same e^(−c) does too (also under prefix
 sums). The constants are treated as such in backward (the output does not depend on them,
 so their true derivative contribution is zero).
 
 Why the causal key shift stays global (over all keys, future ones included): the prefix sum
-S_i = Σ_{j≤i} φ(k_j) v_jᵀ is shared by every row i ≥ j, so the factor e^(−c_j) a key carries
+S_i is shared by every row i ≥ j, so the factor e^(−c_j) a key carries
 must be the same in every prefix it enters — i.e. the same for all keys. A per-key (running,
 prefix-max) shift would weight key j by e^(−c_j) differently from key j' and change the ratio;
 a shift from the past only (e.g. the first keys' max) lets a larger later key overflow. So
@@ -39,8 +51,7 @@ far larger than every key up to i can make row i's φ(k_j) underflow, and then �
 the denominator) keeps the output finite — it is what ε is for: those rows degrade towards
 0 instead of 0/0 = NaN. (Rows shifted per query, c_i, depend on that query only.)
 
-Causal: out_i = φ(q_i)ᵀ S_i / φ(q_i)ᵀ z_i with S_i = Σ_{j≤i} φ(k_j) v_jᵀ, z_i = Σ_{j≤i} φ(k_j),
-computed with prefix sums (cumsum) over positions. Time O(N·m·D); memory O(N·m) bidirectional,
+Time O(N·m·D); memory O(N·m) bidirectional,
 O(N·m·Dv) causal. Approximate (unbiased kernel estimate; the ratio is consistent as m → ∞).
 """
 from __future__ import annotations
@@ -167,17 +178,8 @@ def performer_attention(q, k, v, w, causal: bool = False, eps: float = 1e-12, ho
 class PerformerAttention(AttentionBase):
     r"""Performer (FAVOR+): softmax attention through positive orthogonal random features.
 
-    Formula: φ(x) = exp(W x − ‖x‖²/2) / √m with W (m, D) orthogonal Gaussian rows, applied to
-    Q' = Q/D^(1/4) and K' = K/D^(1/4), so φ(q')·φ(k') estimates exp(q·k/√D);
-    O = φ(Q') (φ(K')ᵀ V) / (φ(Q') φ(K')ᵀ 1). Causal: prefix sums S_i = Σ_{j≤i} φ(k'_j) v_jᵀ,
-    z_i = Σ_{j≤i} φ(k'_j), O_i = φ(q'_i)ᵀ S_i / φ(q'_i)ᵀ z_i.
-
-    $$
-    \varphi(x) = \frac{1}{\sqrt{m}} \exp\!\left( W x - \frac{\lVert x \rVert^2}{2} \right),
-    \quad O = \frac{\varphi(Q') \left( \varphi(K')^\top V \right)}
-    {\varphi(Q')\, \varphi(K')^\top \mathbf{1}},
-    \quad Q' = \frac{Q}{D^{1/4}},\ K' = \frac{K}{D^{1/4}}
-    $$
+    Formula: the module docstring's, bidirectional and causal, with W (m, D) orthogonal
+    Gaussian rows (m = ``num_features``).
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); buffer ``features`` W (m, D); φ(Q'), φ(K')

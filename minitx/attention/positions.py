@@ -10,26 +10,50 @@ the outputs the same way. Five ways to break the symmetry:
 (1 and 2 act on the embeddings, before attention: they are layers, in ``nn/positional.py``.
 3–5 act inside attention: they are the registered variants below.)
 3. **Relative position representations** (Shaw, Uszkoreit & Vaswani 2018): learned vectors
-   for the clipped distance r = clip(j − i, −k, k), added on the key side of the score and to
-   the values:  e_ij = q_i·(k_j + a^K_r)/√D,   z_i = Σ_j α_ij (v_j + a^V_r).
+   for the clipped distance between query and key, added on the key side of the score and to
+   the values.
 4. **RoPE** (Su et al. 2021, "RoFormer"): rotate each pair (x_{2i}, x_{2i+1}) of q and k by
-   the angle m·θ_i, θ_i = base^(−2i/D). Since rotations compose, ⟨R_m q, R_n k⟩ = ⟨q, R_{n−m} k⟩
-   depends only on the offset n − m.
-5. **ALiBi** (Press, Smith & Lewis 2021, "Train Short, Test Long"): no embeddings at all; add
-   −m_h·|i − j| to the scores, with one fixed slope m_h per head.
+   an angle proportional to the token's position; the score then depends only on the offset.
+5. **ALiBi** (Press, Smith & Lewis 2021, "Train Short, Test Long"): no embeddings at all; a
+   penalty linear in the distance is added to the scores, with one fixed slope per head.
 
-RoPE's rotation of one pair at position m, and why only the offset matters:
+All three use bottom-right alignment: with Nq queries and Nk keys, query i sits at position
+$\mathrm{pos}_i = i + N_k - N_q$ (so they work with a KV cache), and M is the mask.
+
+**Relative** (``relative``): a^K, a^V are the learned tables, k the largest distance told
+apart:
+
+$$
+\begin{aligned}
+r_{ij} &= \operatorname{clip}(j - \mathrm{pos}_i, -k, k) \\
+e_{ij} &= \frac{q_i \cdot k_j + q_i \cdot a^K_{r_{ij}}}{\sqrt{D}} + M_{ij} \\
+z_i &= \textstyle\sum_j \alpha_{ij} \left( v_j + a^V_{r_{ij}} \right),
+\qquad \alpha_i = \operatorname{softmax}(e_i)
+\end{aligned}
+$$
+
+**RoPE** (``rope``): the rotation R_m of one pair at position m, why only the offset
+matters, and the attention on rotated queries and keys:
 
 $$
 \begin{pmatrix} x'_{2i} \\ x'_{2i+1} \end{pmatrix} =
 \begin{pmatrix} \cos m\theta_i & -\sin m\theta_i \\ \sin m\theta_i & \cos m\theta_i \end{pmatrix}
 \begin{pmatrix} x_{2i} \\ x_{2i+1} \end{pmatrix},
-\qquad \langle R_m q, R_n k \rangle = \langle q, R_{n-m} k \rangle
+\qquad \theta_i = \mathrm{base}^{-2i/D}
 $$
 
-Registered score-kind variants: ``relative``, ``rope``, ``alibi``. All use bottom-right
-alignment: with Nq queries and Nk keys, query i sits at position i + Nk − Nq (so they work
-with a KV cache).
+$$
+\langle R_m q, R_n k \rangle = \langle q, R_{n-m} k \rangle, \qquad
+O = \operatorname{softmax}\!\left( \frac{(R Q)(R K)^\top}{\sqrt{D}} + M \right) V
+$$
+
+**ALiBi** (``alibi``): the slopes m_h, a geometric sequence over the heads, are
+``alibi_slopes``:
+
+$$
+O = \operatorname{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}}
+- m_h \left| \mathrm{pos}_i - j \right| + M \right) V
+$$
 """
 from __future__ import annotations
 
@@ -72,17 +96,7 @@ def relative_position_index(nq: int, nk: int, max_distance: int, xp=None):
 class RelativePositionAttention(ExactSelfAttention):
     r"""Multi-head attention with learned relative position representations on keys and values.
 
-    Formula: with pos_i = i + Nk − Nq (bottom-right aligned),
-
-        r_ij = clip(j − pos_i, −k, k)
-        e_ij = (q_i · k_j + q_i · a^K_{r_ij}) / √D
-        z_i  = Σ_j α_ij (v_j + a^V_{r_ij}),       α = softmax_j(e + M)
-
-    $$
-    e_{ij} = \frac{q_i \cdot k_j + q_i \cdot a^K_{r_{ij}}}{\sqrt{D}},
-    \quad z_i = \sum_j \alpha_{ij} \left( v_j + a^V_{r_{ij}} \right),
-    \quad r_{ij} = \operatorname{clip}(j - \mathrm{pos}_i, -k, k)
-    $$
+    Formula: the module docstring's "Relative", with k = ``max_relative_position``.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D). Parameters ``rel_k``, ``rel_v`` (2k + 1, D), shared by
@@ -160,7 +174,7 @@ class RelativePositionAttention(ExactSelfAttention):
 # ---- 4. RoPE (Su et al. 2021) ------------------------------------------------------------
 
 def rope_angles(positions, d: int, base: float = 10000.0):
-    """(N, D/2) angles m·θ_i for positions m (N,) and θ_i = base^(−2i/D), i = 0 … D/2 − 1."""
+    """(N, D/2) angles m·θ_i (module docstring) for positions m (N,), i = 0 … D/2 − 1."""
     if isinstance(d, bool) or not isinstance(d, int) or d <= 0 or d % 2:
         raise validate.OptionError(f"rope: head dim D must be a positive even int, got {d!r}")
     base = validate.positive_real(base, "base", owner="rope")
@@ -223,16 +237,9 @@ def apply_rope(x, positions=None, offset: int = 0, base: float = 10000.0):
 class RoPEAttention(ExactSelfAttention):
     r"""Multi-head attention with rotary position embeddings (RoPE) applied to q and k.
 
-    Formula: O = softmax((R Q)(R K)ᵀ/√D + M) V, where R_m rotates each pair
-    (x_{2i}, x_{2i+1}) by the angle m·θ_i, θ_i = base^(−2i/D); ⟨R_m q, R_n k⟩ depends only on
-    n − m. Keys sit at positions 0 … Nk − 1, queries at the last Nq of them, so cached decoding
-    (unrotated keys in the cache) gives the same result as the full forward.
-
-    $$
-    O = \operatorname{softmax}\!\left( \frac{(R Q)(R K)^\top}{\sqrt{D}} + M \right) V,
-    \quad \langle R_m q, R_n k \rangle = f(q, k, n - m),
-    \quad \theta_i = \mathrm{base}^{-2i/D}
-    $$
+    Formula: the module docstring's "RoPE". Keys sit at positions 0 … Nk − 1, queries at the
+    last Nq of them, so cached decoding (unrotated keys in the cache) gives the same result as
+    the full forward.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); angles (N, D/2). Needs an even head dim D.
@@ -327,15 +334,8 @@ class ALiBiAttention(ExactSelfAttention):
     r"""Attention with linear biases (ALiBi): a fixed per-head distance penalty, no position
     parameters.
 
-    Formula: O = softmax(Q Kᵀ/√D − m_h·|pos_i − j| + M) V, pos_i = i + Nk − Nq, slopes m_h
-    from ``alibi_slopes(H)`` (2^(−8h/H), h = 1 … H, for H a power of two). The paper is causal
-    (j ≤ pos_i); bidirectional use here penalises |pos_i − j| on both sides.
-
-    $$
-    O = \operatorname{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}}
-    - m_h \left| \mathrm{pos}_i - j \right| + M \right) V,
-    \quad m_h = 2^{-8h/H}
-    $$
+    Formula: the module docstring's "ALiBi". The paper is causal (j ≤ pos_i); bidirectional
+    use here penalises |pos_i − j| on both sides.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); bias (1, H, N, Nk).

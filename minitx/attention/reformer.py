@@ -1,14 +1,25 @@
-"""Reformer: LSH attention — hash, sort by bucket, attend within chunks.
+r"""Reformer: LSH attention — hash, sort by bucket, attend within chunks.
 
 Kitaev, Kaiser & Levskaya (2020), "Reformer: The Efficient Transformer".
 
 Softmax attention is dominated by the keys closest to each query. Angular LSH puts close
-vectors in the same bucket with high probability:
+vectors in the same bucket with high probability: round t hashes with its own random
+Gaussian R_t (D, n_buckets/2), a random rotation,
 
-    h(x) = argmax([x R ; −x R])        R: (D, n_buckets/2) random Gaussian (a random rotation)
+$$
+h_t(x) = \operatorname{argmax}\left[ x R_t \,;\, -x R_t \right]
+$$
 
-Shared-QK attention (as in the paper): keys are the *normalised queries*, k_j = q_j/‖q_j‖,
-so a query and its key hash alike. Per hash round:
+Shared-QK attention (as in the paper): keys are the *normalised queries*, k̂_j = q_j/‖q_j‖,
+so a query and its key hash alike. Per hash round t, query i attends to the set 𝒫_t(i) of
+positions the steps below leave it:
+
+$$
+O_i^t = \sum_{j \in \mathcal{P}_t(i)} \operatorname{softmax}_j\!\left(
+\frac{q_i \cdot \hat{k}_j}{\sqrt{D}} \right) v_j,
+\qquad O_i = \sum_t \operatorname{softmax}_t\!\left( \mathrm{lse}_i^t \right) O_i^t
+$$
+
 
 1. bucket every position, sort positions stably by (bucket, position);
 2. cut the sorted sequence into chunks of c; each chunk's queries attend to the keys of
@@ -18,8 +29,8 @@ so a query and its key hash alike. Per hash round:
    −10⁵, as in the paper: with shared QK, q·k_self is the largest score and useless);
 4. unsort the outputs and the row logsumexps.
 
-Rounds are combined by their logsumexp weights, out = Σ_r softmax_r(lse_r) · out_r — each
-round's softmax renormalised over the union of what the rounds saw (duplicates across
+Rounds are combined by their logsumexp weights (O_i above) — each round's softmax
+renormalised over the union of what the rounds saw (duplicates across
 rounds are not de-weighted; the paper's multiplicity correction is omitted).
 
 Causal: key position ≤ query position, *and* the key lies at most c steps back in the
@@ -150,18 +161,9 @@ def lsh_attention(q, v, rotations, chunk: int, causal: bool = False, chunk_hook=
 class ReformerAttention(AttentionBase):
     r"""Reformer LSH attention, shared-QK: hash, sort by bucket, attend within chunks.
 
-    Formula: keys are the normalised queries k̂_j = q_j/‖q_j‖; round t hashes
-    h_t(x) = argmax([x R_t ; −x R_t]); O_i^t = Σ_j softmax_j(q_i·k̂_j/√D) v_j over j in i's
-    bucket and in its sorted chunk or the previous one (causal: j ≤ i and at most c sorted
-    steps back), itself only when nothing else is allowed (score −10⁵); rounds combine as
-    O_i = Σ_t softmax_t(lse_i^t) O_i^t.
-
-    $$
-    h_t(x) = \operatorname{argmax}\left[ x R_t \,;\, -x R_t \right],
-    \quad O_i^t = \sum_{j \in \mathcal{P}_t(i)} \operatorname{softmax}_j\!\left(
-    \frac{q_i \cdot \hat{k}_j}{\sqrt{D}} \right) v_j,
-    \quad O_i = \sum_t \operatorname{softmax}_t\!\left( \mathrm{lse}_i^t \right) O_i^t
-    $$
+    Formula: the module docstring's, 𝒫_t(i) being the keys of i's bucket in its sorted chunk
+    or the previous one (causal: j ≤ i and at most c sorted steps back), itself only when
+    nothing else is allowed (score −10⁵).
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     v (B, Hkv, N, D) → (B, H, N, D) (k is unused); buffer ``rotations`` R (r, D,

@@ -4,22 +4,38 @@ map, and the decoding state they share with the delta rule and SSD.
 Sun, Dong, Huang, Ma, Xia, Xue, Wang & Wei (2023), "Retentive Network: A Successor to
 Transformer for Large Language Models".
 
-One head of retention is the linear recurrence (row vectors q_n, k_n (1, D), v_n (1, Dv))
+One head h of retention is a linear recurrence over a (D × Dv) state, with row vectors
+q_n, k_n (1, D), v_n (1, Dv) and a fixed decay γ_h per head (``retention_decays``):
 
-    S_n = γ S_{n−1} + k_nᵀ v_n          S: (D, Dv), S_0 = 0
-    o_n = q_n S_n
+$$
+S_n = \gamma_h S_{n-1} + \frac{k_n^\top v_n}{\sqrt{D}}, \qquad S_0 = 0, \qquad o_n = q_n S_n
+$$
 
-Unrolled, o_n = Σ_{m≤n} γ^{n−m} (q_n·k_m) v_m, which is the **parallel form**
-O = (Q Kᵀ ⊙ D) V with the decay mask D_nm = γ^{n−m} (n ≥ m), 0 above the diagonal: causal
-attention with the softmax replaced by a fixed, position-dependent weight. The **chunkwise
-form** splits the sequence into chunks of C tokens: inside a chunk the parallel form, across
-chunks the state, O(N·C) memory instead of O(N²). All three give the same numbers.
+Unrolled, $o_n = \sum_{m \le n} \gamma_h^{\,n-m} \, (q_n \cdot k_m / \sqrt{D}) \, v_m$, which is
+the **parallel form**, causal attention with the softmax replaced by a fixed,
+position-dependent weight:
 
-The code here is written once for a per-token decay a_t (S_t = a_t S_{t−1} + k_tᵀ v_t): the
-decay mask becomes L_ts = a_{s+1} ··· a_t, and retention is the case a_t = γ. ``ssd.py``
-(Mamba-2's state-space duality, Dao & Gu 2024) reuses ``decay_mask`` and ``decayed_chunk`` with
-input-dependent a_t; ``RecurrentState`` / ``RecurrentAttention`` (the decoding state and the
-cached forward) serve retention, the delta rule and SSD.
+$$
+O = \left( \frac{Q K^\top}{\sqrt{D}} \odot \mathcal{D} \right) V,
+\qquad \mathcal{D}_{nm} = \begin{cases} \gamma_h^{\,n-m} & n \ge m \\ 0 & n < m \end{cases}
+$$
+
+The **chunkwise form** splits the sequence into chunks of C tokens: inside a chunk the
+parallel form, across chunks the state, O(N·C) memory instead of O(N²). All three give the
+same numbers.
+
+The code here is written once for a per-token decay $a_t = e^{\ell_t}$ in place of γ_h,
+$S_t = a_t S_{t-1} + k_t^\top v_t$ (k already scaled), where the decay mask becomes
+
+$$
+L_{ts} = a_{s+1} \cdots a_t = \exp(\ell_{s+1} + \dots + \ell_t) \quad (t \ge s),
+\qquad L_{ts} = 0 \quad (t < s)
+$$
+
+and retention is the case a_t = γ_h, where L = 𝒟. ``ssd.py`` (Mamba-2's state-space
+duality, Dao & Gu 2024) reuses ``decay_mask`` and ``decayed_chunk`` with input-dependent a_t;
+``RecurrentState`` / ``RecurrentAttention`` (the decoding state and the cached forward) serve
+retention, the delta rule and SSD.
 """
 from __future__ import annotations
 
@@ -50,13 +66,10 @@ def retention_decays(num_heads: int):
 # ---- the decay mask, for a constant or a per-token decay ---------------------------------
 
 def decay_mask(log_decay, causal: bool = True):
-    """The decay mask of a per-token decay a_t = exp(ℓ_t): log_decay ℓ (…, N) Tensor →
-    (…, N, N) Tensor
+    """The decay mask L of the module docstring: log_decay ℓ (…, N) Tensor → (…, N, N) Tensor.
+    Non-causal, the mask is made symmetric: L_ts = L_st above the diagonal.
 
-        L_ts = a_{s+1} ··· a_t = exp(ℓ_{s+1} + … + ℓ_t)   for t ≥ s  (L_tt = 1),
-        L_ts = 0 above the diagonal (causal), or L_st (non-causal: the mask made symmetric).
-
-    Retention's D_nm = γ^{n−m} is the case ℓ_t = log γ. The segment sums are a cumulative sum
+    The segment sums are a cumulative sum
     down each column of the masked (N, N) matrix X_rs = ℓ_r [r > s] — not a difference of
     prefix sums A_t − A_s, which loses digits when A grows large (Mamba-2's ``segsum``).
     Time and memory O(N²) per leading index.
@@ -254,18 +267,11 @@ class RecurrentAttention(AttentionBase):
 
 @register("retention")
 class Retention(RecurrentAttention):
-    r"""Retention (RetNet): causal attention whose weights are q·k times a fixed decay γ^{n−m}
-    instead of a softmax — a linear recurrence with a (D × Dv) state per head.
+    r"""Retention (RetNet): causal attention with a fixed, position-dependent decay in place of
+    the softmax — a linear recurrence with a (D × Dv) state per head.
 
-    Formula: O = (Q Kᵀ/√D ⊙ D) V with D_nm = γ_h^{n−m} for n ≥ m, else 0; per head the same as
-    S_n = γ_h S_{n−1} + k_nᵀ v_n/√D, o_n = q_n S_n; γ_h = 1 − 2^(−5−h), h = 0 … H−1.
-
-    $$
-    O = \left( \frac{Q K^\top}{\sqrt{D}} \odot \mathcal{D} \right) V,
-    \quad \mathcal{D}_{nm} = \begin{cases} \gamma_h^{\,n-m} & n \ge m \\ 0 & n < m \end{cases},
-    \quad S_n = \gamma_h S_{n-1} + \frac{k_n^\top v_n}{\sqrt{D}},
-    \quad o_n = q_n S_n
-    $$
+    Formula: the module docstring's recurrence and its parallel form, per head, with
+    the decays γ_h of ``retention_decays``.
 
     Included: the retention core, its three forms (parallel; chunkwise, eq. 7; recurrent, for
     decoding) and the paper's decay schedule. Not included, and why: the xPos-like rotation
@@ -304,7 +310,7 @@ class Retention(RecurrentAttention):
         super().__init__(embed_dim, num_heads, causal=causal, chunk_size=chunk_size, **base)
         self.gammas = retention_decays(self.num_heads)      # host (H,), fixed as in the paper
         self.scale = self.head_dim ** -0.5
-        self.hook_decay = HookPoint()        # (1, H, N, N) D, γ^(n−m)
+        self.hook_decay = HookPoint()        # (1, H, N, N) the decay mask 𝒟
         self.hook_pattern = HookPoint()      # (B, H, N, N) Q Kᵀ/√D ⊙ D
 
     def log_decay(self, n: int, like):
@@ -315,8 +321,8 @@ class Retention(RecurrentAttention):
         return Tensor._wrap(xp.broadcast_to(logs[None, :, None], (1, self.num_heads, n)).copy())
 
     def decay_matrix(self, n: int):
-        """D (H, n, n), a host array: γ_h^{n−m} on and below the diagonal, 0 above (γ^{|n−m|}
-        when non-causal) — what each head remembers of each earlier token (a picture)."""
+        """The decay mask 𝒟 (H, n, n) of the module docstring, a host array (γ^{|n−m|} when
+        non-causal): what each head remembers of each earlier token (a picture)."""
         like = Tensor(active_xp().zeros((), dtype="float64"))
         with no_grad():
             return to_host(decay_mask(self.log_decay(n, like), self.causal).data)[0]
@@ -348,8 +354,8 @@ class Retention(RecurrentAttention):
         return out
 
     def reference(self, q, k, v):
-        """Raw-array parallel form (Q Kᵀ/√D ⊙ D) V, D = γ^{n−m} (γ^{|n−m|} non-causal), as
-        powers — not through ``decay_mask`` — for tests."""
+        """Raw-array parallel form of the module docstring, with 𝒟 built from powers of γ
+        (γ^{|n−m|} non-causal), not through ``decay_mask``: for tests."""
         xp = get_array_module(q)
         n, h = q.shape[2], q.shape[1]
         k, v = repeat_kv_array(k, h), repeat_kv_array(v, h)
@@ -374,7 +380,7 @@ class Retention(RecurrentAttention):
             recurrent = decayed_recurrence(q, k * layer.scale, v,
                                            layer.log_decay(13, q))[0].numpy()
         ref = to_host(layer.reference(q.data, k.data, v.data))
-        return [("parallel (QKᵀ/√D ⊙ D)V − recurrent S_n = γS_{n−1} + k_nᵀv_n/√D, max |Δ|",
+        return [("parallel form − recurrent form (token by token), max |Δ|",
                  float(host_xp.abs(parallel - recurrent).max()), 1e-12),
                 ("chunkwise (C = 4) − parallel, max |Δ|",
                  float(host_xp.abs(chunkwise - parallel).max()), 1e-12),

@@ -1,24 +1,29 @@
-"""Routing attention: online k-means clusters decide who attends to whom.
+r"""Routing attention: online k-means clusters decide who attends to whom.
 
 Roy, Saffar, Vaswani & Grangier (2021), "Efficient Content-Based Sparse Attention with
 Routing Transformers".
 
-Queries and keys are normalised to unit length and assigned to their nearest of C
-centroids μ (per head, shared by queries and keys):
+Queries and keys are normalised to unit length, x̂ = x/‖x‖, and assigned to their nearest
+of C centroids μ (per head, shared by queries and keys); query i attends only to keys in its
+own cluster, and in training the centroids move (below):
 
-    c(x) = argmax_c  x̂ · μ_c,        x̂ = x / ‖x‖
+$$
+c(x) = \operatorname{argmax}_c \hat{x} \cdot \mu_c,
+\qquad O_i = \sum_{j :\, c(k_j) = c(q_i)} \operatorname{softmax}_j\!\left(
+\frac{q_i \cdot k_j}{\sqrt{D}} \right) v_j,
+\qquad \mu_c \leftarrow \lambda \mu_c + (1 - \lambda)\, \overline{\hat{x}}_c
+$$
 
-Query i attends only to keys in its own cluster. To keep the cost fixed, each query takes
-the w keys of its cluster nearest to it in position ("equal-size sorted windows"): sort the
-keys by (cluster, position); query i finds its place in that order (a binary search) and
+To keep the cost fixed, each query takes the w keys of its cluster nearest to it in position
+("equal-size sorted windows"): sort the keys by (cluster, position); query i finds its place in that order (a binary search) and
 looks at the w sorted keys before it (causal: only keys at positions ≤ i) or w on each
 side (bidirectional), masked to its cluster. Because every choice depends only on keys at
 positions ≤ i, the causal form never sees the future.
 
 Centroids are a buffer, not a parameter: in training (``update_centroids``) they move by an
-exponential moving average towards the mean of the normalised vectors assigned to them,
-μ_c ← λ μ_c + (1 − λ) mean{x̂ : c(x) = c}, renormalised — *after* the output is computed,
-so a forward pass is a function of its inputs only. With one cluster and w ≥ N it is exact
+exponential moving average towards the mean $\overline{\hat{x}}_c$ of the normalised vectors
+assigned to them, then renormalised — *after* the output is computed, so a forward pass is
+a function of its inputs only. With one cluster and w ≥ N it is exact
 full attention. Time and memory O(N·w·D) (w ~ N/C; O(N^1.5) at C = √N). Approximate.
 """
 from __future__ import annotations
@@ -99,18 +104,9 @@ def routing_attention(q, k, v, q_cluster, k_cluster, num_clusters: int, window: 
 class RoutingAttention(AttentionBase):
     r"""Routing attention: online k-means clusters decide which keys each query attends to.
 
-    Formula: cluster c(x) = argmax_c x̂·μ_c (x̂ = x/‖x‖, centroids μ per head, shared by
-    queries and keys); O_i = Σ_j softmax_j(q_i·k_j/√D) v_j over the keys j of cluster c(q_i)
-    in i's window of the (cluster, position)-sorted keys: the w before i's place (causal: at
-    positions ≤ i) or w before and w after (bidirectional). In training, after the output,
-    μ_c ← λ μ_c + (1 − λ)·mean{x̂ : c(x) = c}, renormalised.
-
-    $$
-    c(x) = \operatorname{argmax}_c \hat{x} \cdot \mu_c,
-    \quad O_i = \sum_{j :\, c(k_j) = c(q_i)} \operatorname{softmax}_j\!\left(
-    \frac{q_i \cdot k_j}{\sqrt{D}} \right) v_j,
-    \quad \mu_c \leftarrow \lambda \mu_c + (1 - \lambda)\, \overline{\hat{x}}_c
-    $$
+    Formula: the module docstring's, over the keys of i's cluster in i's window of the
+    (cluster, position)-sorted keys: the w before i's place (causal: at positions ≤ i) or w
+    before and w after (bidirectional); centroids μ per head, moved only in training.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); buffer ``centroids`` μ (H, C, D); clusters (B, H, N);

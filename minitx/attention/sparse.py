@@ -1,7 +1,14 @@
-"""Sparse attention, exact under a mask: local, dilated, Longformer, BigBird, Sparse Transformer.
+r"""Sparse attention, exact under a mask: local, dilated, Longformer, BigBird, Sparse Transformer.
 
-Every variant here computes *exactly* softmax(q kᵀ/√D) v restricted to its pattern
-(``kind = "masked"``), but never builds the N × N score matrix. They share one kernel,
+Every variant here computes *exactly* softmax attention restricted to its pattern
+(``kind = "masked"``),
+
+$$
+O = \operatorname{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}} + M \right) V,
+\qquad M_{ij} = 0 \text{ where the pattern allows } (i, j), \ -\infty \text{ elsewhere,}
+$$
+
+but never builds the N × N score matrix. They share one kernel,
 ``blocked_sparse_attention``:
 
 1. split the queries into blocks of b consecutive positions (pad N up to nb·b);
@@ -19,6 +26,23 @@ densely (g × N scores) and substituted; global keys are added to every block's 
 Cost: O(N·c·D) time and O(N·c) memory for scores, with c = b + 2w for a window of w on
 each side (c = O(w) when b ~ w): linear in N. (The strided Sparse Transformer pattern itself
 has N·(2l + N/l) entries; with stride l ~ √N that is O(N√N).)
+
+**The patterns.** Where $M_{ij} = 0$, for each variant; causal adds $j \le i$ to every one
+(local, causal: $0 \le i - j \le w$). G is the set of global tokens, which attend to all
+positions and all positions attend to; $\beta(i) = \lfloor i / b \rfloor$ is the block of
+position i, $R_{\beta}$ the r random blocks of block β:
+
+$$
+\begin{aligned}
+&\text{local:} & |i - j| &\le w \\
+&\text{dilated:} & |i - j| &\le w d \ \text{and}\ (i - j) \bmod d = 0 \\
+&\text{longformer:} & \text{dilated} &\ \text{or}\ i \in G \ \text{or}\ j \in G \\
+&\text{bigbird:} & |\beta(i) - \beta(j)| &\le 1 \ \text{or}\ \beta(j) \in R_{\beta(i)}
+\ \text{or}\ \min(\beta(i), \beta(j)) < g \\
+&\text{strided:} & |i - j| &< l \ \text{or}\ (i - j) \bmod l = 0 \\
+&\text{fixed:} & \lfloor i / l \rfloor &= \lfloor j / l \rfloor \ \text{or}\ j \bmod l \ge l - c
+\end{aligned}
+$$
 """
 from __future__ import annotations
 
@@ -280,13 +304,8 @@ class SparseAttentionBase(AttentionBase):
 class LocalAttention(SparseAttentionBase):
     r"""Sliding-window attention: query i sees the keys within w positions of it.
 
-    Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where |i − j| ≤ w (causal:
-    0 ≤ i − j ≤ w) and −inf elsewhere — computed on gathered key blocks, never N × N.
-
-    $$
-    O = \operatorname{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}} + M \right) V,
-    \quad M_{ij} = \begin{cases} 0 & |i - j| \le w \\ -\infty & \text{otherwise} \end{cases}
-    $$
+    Formula: the module docstring's, "local" pattern: a window of w on each side. Computed
+    on gathered key blocks, never N × N.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); key table (⌈N/b⌉, b + 2w) (causal: b + w), scores
@@ -324,13 +343,7 @@ class LocalAttention(SparseAttentionBase):
 class DilatedAttention(SparseAttentionBase):
     r"""Dilated sliding window: query i sees the keys i ± t·d for t = 0 … w.
 
-    Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where |i − j| ≤ w·d and
-    (i − j) mod d = 0 (causal: also j ≤ i), −inf elsewhere.
-
-    $$
-    O = \operatorname{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}} + M \right) V,
-    \quad M_{ij} = 0 \iff |i - j| \le w d \ \text{and}\ (i - j) \bmod d = 0
-    $$
+    Formula: the module docstring's, "dilated" pattern: w keys each side, every d-th.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); key table (⌈N/b⌉, b + 2wd) (causal: b + wd).
@@ -369,14 +382,8 @@ class DilatedAttention(SparseAttentionBase):
 class LongformerAttention(SparseAttentionBase):
     r"""Longformer attention: a (dilated) sliding window plus global tokens.
 
-    Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where (|i − j| ≤ w·d and
-    (i − j) mod d = 0) or i ∈ G or j ∈ G (G = the global tokens: they attend to all positions
-    and all positions attend to them); causal: also j ≤ i.
-
-    $$
-    M_{ij} = 0 \iff \left( |i - j| \le w d \ \text{and}\ (i - j) \bmod d = 0 \right)
-    \ \text{or}\ i \in G \ \text{or}\ j \in G
-    $$
+    Formula: the module docstring's, "longformer" pattern: the dilated window plus the global
+    tokens G.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); key table (⌈N/b⌉, b + 2wd + g); the g global query
@@ -452,14 +459,8 @@ class LongformerAttention(SparseAttentionBase):
 class BigBirdAttention(SparseAttentionBase):
     r"""BigBird, block form: window blocks + random blocks + global blocks.
 
-    Formula: O = softmax(Q Kᵀ/√D + M) V on blocks of b positions, β(i) = ⌊i/b⌋: M_ij = 0
-    where |β(i) − β(j)| ≤ 1, or β(j) ∈ R[β(i)] (r random blocks), or β(i) < g or β(j) < g
-    (the first g blocks are global); causal: also j ≤ i.
-
-    $$
-    M_{ij} = 0 \iff |\beta(i) - \beta(j)| \le 1 \ \text{or}\ \beta(j) \in R_{\beta(i)}
-    \ \text{or}\ \min(\beta(i), \beta(j)) < g, \quad \beta(i) = \lfloor i / b \rfloor
-    $$
+    Formula: the module docstring's, "bigbird" pattern on blocks of b positions: the
+    neighbouring blocks, r random blocks, and the first g blocks as global.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); random table R (⌈N/b⌉, r) (−1 = none), key table
@@ -524,14 +525,9 @@ class BigBirdAttention(SparseAttentionBase):
 class StridedAttention(SparseAttentionBase):
     r"""Sparse Transformer, strided pattern: the nearest l positions and every l-th position.
 
-    Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where |i − j| < l or (i − j) mod l = 0
-    (causal: also j ≤ i) — both heads of the paper's factorisation merged into one pattern;
+    Formula: the module docstring's, "strided" pattern: both heads of the paper's
+    factorisation (the last l positions, and every l-th) merged into one pattern;
     bidirectional when causal=False.
-
-    $$
-    O = \operatorname{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}} + M \right) V,
-    \quad M_{ij} = 0 \iff |i - j| < l \ \text{or}\ (i - j) \bmod l = 0
-    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); a key list per query (query block of 1) of
@@ -574,13 +570,8 @@ class FixedAttention(SparseAttentionBase):
     r"""Sparse Transformer, fixed pattern: own block of l positions plus the summary cells of
     every block.
 
-    Formula: O = softmax(Q Kᵀ/√D + M) V with M_ij = 0 where ⌊i/l⌋ = ⌊j/l⌋ or
-    j mod l ≥ l − c (the last c "summary" positions of each block); causal: also j ≤ i.
-
-    $$
-    M_{ij} = 0 \iff \lfloor i / l \rfloor = \lfloor j / l \rfloor
-    \ \text{or}\ j \bmod l \ge l - c
-    $$
+    Formula: the module docstring's, "fixed" pattern: the own block of l positions and the
+    last c "summary" positions of every block.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); query block = pattern block l, key table

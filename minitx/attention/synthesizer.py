@@ -1,19 +1,30 @@
-"""Synthesizer: attention weights synthesised without query–key dot products.
+r"""Synthesizer: attention weights synthesised without query–key dot products.
 
 Tay, Bahri, Metzler, Juan, Zhao & Zheng (2021), "Synthesizer: Rethinking Self-Attention
 for Transformer Models".
 
-Instead of S = q kᵀ/√D, the (N × N) logits come from
+Instead of the dot-product logits Q Kᵀ/√D, the (N × N) logits S of each head come from one
+of four ``synthesis`` rules, then the softmax as usual (M: causal masks the synthesised
+logits above the diagonal):
 
-- "dense":      S_i = W₂ relu(W₁ x_i + b₁) + b₂      a per-token MLP D → max_len (per head;
-                the head's query vector plays x_i), columns cut to N;
-- "random":     S = R[:N, :N]                           R (max_len, max_len) per head, input-
-                independent; ``trainable=True`` (a parameter) or False (a fixed buffer);
-- "factorized": S = R₁[:N] R₂[:N]ᵀ                      R₁, R₂ (max_len, k): low-rank random;
-- "mixture":    S = α₁ S_dense + α₂ (q kᵀ/√D)           α = softmax(a), a learned (2,): mixes
-                the synthetic logits with ordinary dot-product attention.
+$$
+\begin{aligned}
+S^{\mathrm{dense}} &= \operatorname{relu}(Q W_1 + b_1)\, W_2 + b_2 \\
+S^{\mathrm{random}} &= R_{:N, :N} \\
+S^{\mathrm{factorized}} &= R^{(1)}_{:N} \big( R^{(2)}_{:N} \big)^\top \\
+S^{\mathrm{mixture}} &= \alpha_1 S^{\mathrm{dense}} + \alpha_2 \frac{Q K^\top}{\sqrt{D}},
+\qquad \alpha = \operatorname{softmax}(a) \\
+O &= \operatorname{softmax}(S + M)\, V
+\end{aligned}
+$$
 
-out = softmax(S masked) v; causal masks the synthesised logits above the diagonal.
+- "dense": a per-token MLP D → max_len (per head; the head's query vector plays the token),
+  its columns cut to N;
+- "random": R (max_len, max_len) per head, input-independent; ``trainable=True`` (a
+  parameter) or False (a fixed buffer);
+- "factorized": R⁽¹⁾, R⁽²⁾ (max_len, k): a low-rank random R;
+- "mixture": a learned (2,) mixes the synthetic logits with ordinary dot-product attention.
+
 Time O(N·max_len·D) (dense) or O(N²·D); memory O(N²). A different score function: kind
 "score". Sequences longer than ``max_len`` raise ValueError.
 """
@@ -45,15 +56,7 @@ def _normal(shape, std):
 class SynthesizerAttention(AttentionBase):
     r"""Synthesizer: attention logits synthesised without (or besides) query–key dot products.
 
-    Formula: O = softmax(S + M) V with S per ``synthesis``: "dense" S = relu(Q W₁ + b₁) W₂ + b₂
-    (columns cut to N; the head's query plays the token); "random" S = R[:N, :N]; "factorized"
-    S = R₁[:N] R₂[:N]ᵀ; "mixture" S = α₁ S_dense + α₂ Q Kᵀ/√D, α = softmax(a).
-
-    $$
-    O = \operatorname{softmax}(S + M)\, V,
-    \quad S_{\text{dense}} = \operatorname{relu}(Q W_1 + b_1)\, W_2 + b_2,
-    \quad S_{\text{random}} = R_{:N, :N}
-    $$
+    Formula: the module docstring's, with S chosen by ``synthesis``.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D), N ≤ L = max_len; parameters w1 (H, D, D), b1

@@ -1,9 +1,7 @@
 r"""Softmax, log-softmax, and the softmax Jacobian as a first-class object.
 
-For s = softmax(x) along an axis, sᵢ = exp(xᵢ − m) / Σⱼ exp(xⱼ − m) with m = max x (the
-shift changes nothing mathematically and keeps exp from overflowing). Its Jacobian is
-
-    J = ∂s/∂x = diag(s) − s sᵀ,      Jᵢⱼ = sᵢ(δᵢⱼ − sⱼ),
+For s = softmax(x) along an axis, with m = max x (the shift changes nothing mathematically
+and keeps exp from overflowing), s and its Jacobian are
 
 $$
 s_i = \frac{e^{x_i - m}}{\sum_j e^{x_j - m}}, \qquad
@@ -11,9 +9,7 @@ J = \frac{\partial s}{\partial x} = \operatorname{diag}(s) - s s^\top, \qquad
 J_{ij} = s_i \left( \delta_{ij} - s_j \right)
 $$
 
-so the vector-Jacobian product needed by backward never has to build J:
-
-    dx = Jᵀ g = s ⊙ (g − Σⱼ gⱼ sⱼ)            (J is symmetric).
+so the vector-Jacobian product needed by backward never has to build J (J is symmetric):
 
 $$
 dx = J^\top g = s \odot \Big( g - \sum_j g_j s_j \Big)
@@ -35,8 +31,8 @@ __all__ = ["softmax", "log_softmax", "softmax_jacobian", "softmax_array",
 
 
 def softmax_array(x, axis: int = -1, inplace: bool = False):
-    """softmax on a raw array, sᵢ = e^(xᵢ − m) / Σⱼ e^(xⱼ − m), m = max x; rows that are all
-    −inf give zeros.
+    """softmax (the module docstring's s, shifted by m = max x) on a raw array; rows that are
+    all −inf give zeros.
 
     ``inplace=True`` overwrites ``x`` (a fresh scores array nobody else holds) instead of
     allocating one more array of its size.
@@ -55,7 +51,7 @@ def softmax_array(x, axis: int = -1, inplace: bool = False):
 
 
 def softmax_backward_array(s, grad, axis: int = -1):
-    """The softmax VJP on raw arrays: dx = s ⊙ (g − δ), δ = Σ g ⊙ s along ``axis``.
+    """The softmax VJP of the module docstring on raw arrays, δ = Σⱼ gⱼ sⱼ along ``axis``.
 
     A fresh array; masked entries (s = 0) get 0.
     """
@@ -76,7 +72,7 @@ class Softmax(Function):
     @staticmethod
     def backward(ctx, grad):
         (s,) = ctx.saved_tensors
-        # dx = s ⊙ (g − Σ g ⊙ s): the Jacobian-vector product without forming diag(s) − s sᵀ
+        # the module docstring's vector-Jacobian product: J itself is never formed
         return softmax_backward_array(s, grad, ctx.axis), None
 
 
@@ -109,10 +105,10 @@ class LogSoftmax(Function):
 
 @dim_alias
 def softmax(x, axis: int = -1):
-    """softmax(x)ᵢ = exp(xᵢ) / Σⱼ exp(xⱼ) along ``axis``; same shape as x.
+    """softmax (module docstring) along ``axis``; same shape as x.
 
-    Fused backward dx = s ⊙ (g − Σ g ⊙ s). All −inf slices give zeros (not NaN), with
-    zero gradient.
+    Fused backward: the module docstring's vector-Jacobian product. All −inf slices give
+    zeros (not NaN), with zero gradient.
     """
     axis = normalize_axis(axis, len(x.shape))
     return Softmax.apply(x, axis)
@@ -130,7 +126,7 @@ def log_softmax(x, axis: int = -1):
 
 @dim_alias
 def softmax_jacobian(x, axis: int = -1):
-    """The full Jacobian of softmax along ``axis``: J = diag(s) − s sᵀ.
+    """The full Jacobian J of softmax along ``axis`` (module docstring), formed.
 
     Shapes: x (..., n) → J (..., n, n) with ``axis`` moved last; Jᵢⱼ = ∂sᵢ/∂xⱼ. Built from
     differentiable ops (so it has a gradient too). Each row sums to zero, because Σᵢ sᵢ = 1

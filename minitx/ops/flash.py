@@ -3,22 +3,19 @@ r"""FlashAttention on the CPU: exact attention in tiles, never holding the N × 
 Dao, Fu, Ermon, Rudra & Ré (2022), "FlashAttention: Fast and Memory-Efficient Exact
 Attention with IO-Awareness" (backward as in FlashAttention-2, Dao 2023).
 
-Forward, for one block of queries Q_i against blocks K_j, V_j, with the *online softmax*
-(running row max m, running row sum l, unnormalised output acc):
-
-    S   = Q_i K_jᵀ · scale                      (b_q, b_k), masked entries −inf
-    m'  = max(m, rowmax S)
-    P   = exp(S − m')                           (entries of this block, rescaled to m')
-    l   = exp(m − m') · l + rowsum P
-    acc = exp(m − m') · acc + P V_j
-    m   = m'
-
-and at the end O_i = acc / l, lse_i = m + log l (the row logsumexp). As maths, per tile:
+Forward, for one block of queries Q_i against blocks K_j, V_j, with the *online softmax*:
+a running row max m, a running row sum ℓ and an unnormalised output acc, updated per key
+tile (S (b_q, b_k), masked entries −inf; each update rescales what came before to the new
+max m'), then normalised once, with the row logsumexp lse kept:
 
 $$
-m' = \max\!\left( m, \operatorname{rowmax} S \right), \quad
-\ell \leftarrow e^{m - m'} \ell + \operatorname{rowsum} e^{S - m'}, \quad
-\mathrm{acc} \leftarrow e^{m - m'} \mathrm{acc} + e^{S - m'} V_j
+\begin{aligned}
+S &= Q_i K_j^\top \cdot \mathrm{scale} \\
+m' &= \max\!\left( m, \operatorname{rowmax} S \right) \\
+\ell &\leftarrow e^{m - m'} \ell + \operatorname{rowsum} e^{S - m'} \\
+\mathrm{acc} &\leftarrow e^{m - m'} \mathrm{acc} + e^{S - m'} V_j,
+\qquad m \leftarrow m'
+\end{aligned}
 $$
 
 $$
