@@ -2,7 +2,8 @@
 
 ``REGISTRY`` maps a name to a Module class. Every class is constructed as
 
-    layer = REGISTRY[name](embed_dim, num_heads, causal=False, **options)
+    layer = REGISTRY[name](embed_dim, num_heads,
+                           causal=False, **options)
 
 and offers
 
@@ -133,12 +134,11 @@ def hooked_heads(hook, heads):
 
 def materialized_attention(q, k, v, *, scale, causal=False, mask=None, dropout_p=0.0,
                            hook_scores=None, hook_pattern=None):
-    """Softmax attention in its composed form, so hooks can read and replace its two N × N
-    stages (``ops.sdpa.attention_scores``, ``softmax``, a matmul):
-
-        S = Q Kᵀ·scale + M, −inf where not allowed      → ``hook_scores``  (B, H, Nq, Nk)
-        P = softmax(S), 0 on rows with no allowed key   → ``hook_pattern`` (B, H, Nq, Nk)
-        Z = dropout(P) V                                                   (B, H, Nq, D)
+    """Softmax attention (``ops/attention_maths.py``) in its composed form, so hooks can read
+    and replace its two N × N stages: the scores S (``ops.sdpa.attention_scores``; −inf where
+    not allowed) go through ``hook_scores``, the probabilities P (``softmax``; 0 on rows with
+    no allowed key) through ``hook_pattern``, both (B, H, Nq, Nk); then Z = dropout(P) V
+    (B, H, Nq, D), a matmul.
 
     q (B, H, Nq, D), k/v (B, Hkv, Nk, D); ``mask`` None, bool (True = may attend) or float
     (added; −inf = not allowed), broadcastable to (B, H, Nq, Nk); ``causal`` adds the

@@ -1,4 +1,4 @@
-"""The forms of attention readers meet first, before the fused op and the variants.
+r"""The forms of attention readers meet first, before the fused op and the variants.
 
 - ``simple_attention``: the whole idea in five differentiable lines — start here;
 - ``dot_product_attention``: Luong, Pham & Manning (2015), "dot" and "general" scores;
@@ -8,6 +8,18 @@
 
 Everything here is built from differentiable ops (no hand-written backward): read it next to
 ``ops/attention_maths.py``, which computes the same attention as one fused node.
+
+The two older scores have no 1/√d_k; each is followed by the same softmax over keys and
+weighted mean of the values, $c_i = \sum_j \alpha_{ij} v_j$ with
+$\alpha_i = \operatorname{softmax}(e_i)$:
+
+$$
+\begin{aligned}
+e_{ij} &= q_i^\top k_j \qquad \text{(Luong, dot)} \\
+e_{ij} &= q_i^\top W k_j \qquad \text{(Luong, general)} \\
+e_{ij} &= w^\top \tanh(W_q q_i + W_k k_j) \qquad \text{(Bahdanau, additive)}
+\end{aligned}
+$$
 """
 from __future__ import annotations
 
@@ -63,11 +75,8 @@ def _masked_softmax(scores, mask):
 
 
 def dot_product_attention(query, key, value, weight=None, mask=None):
-    """Luong et al. (2015), "Effective Approaches to Attention-based NMT": unscaled scores.
-
-        "dot":      score(q, k) = qᵀ k
-        "general":  score(q, k) = qᵀ W k          (``weight`` W of shape (Dq, Dk))
-        α = softmax(scores) over keys,   context = α V
+    """Luong et al. (2015), "Effective Approaches to Attention-based NMT": the unscaled "dot"
+    score of the module docstring, or "general" with ``weight`` W of shape (Dq, Dk).
 
     query (…, Nq, Dq), key (…, Nk, Dk), value (…, Nk, Dv); ``mask`` broadcastable to
     (…, Nq, Nk), True = may attend. Returns ``(context (…, Nq, Dv), weights (…, Nq, Nk))``.
@@ -94,7 +103,7 @@ def dot_product_attention(query, key, value, weight=None, mask=None):
 
 
 def additive_scores(q, k, w_q, w_k, w):
-    """Bahdanau score e_ij = wᵀ tanh(W_q q_i + W_k k_j) for every (i, j).
+    """The additive score e_ij of the module docstring, for every (i, j).
 
     q (…, Nq, Dq), k (…, Nk, Dk), W_q (A, Dq), W_k (A, Dk), w (A,) → (…, Nq, Nk).
     Memory O(Nq·Nk·A): the tanh of every pair is formed.
@@ -106,9 +115,8 @@ def additive_scores(q, k, w_q, w_k, w):
 
 class AdditiveAttention(Module):
     """Bahdanau, Cho & Bengio (2015), "Neural Machine Translation by Jointly Learning to
-    Align and Translate": additive (MLP) attention.
-
-        e_ij = vᵀ tanh(W_q q_i + W_k k_j),   α = softmax_j(e),   c_i = Σ_j α_ij v_j
+    Align and Translate": additive (MLP) attention, the additive score of the module docstring
+    with ``v`` as w.
 
     Parameters ``W_q.weight`` (A, Dq), ``W_k.weight`` (A, Dk), ``v.weight`` (1, A).
     ``forward(query (B, Nq, Dq), key (B, Nk, Dk), value (B, Nk, Dv), mask=None)`` with

@@ -36,9 +36,9 @@ Stabilisation: exp(W x − ‖x‖²/2) overflows for large inputs, so before ex
 constant c: per query row its own max over features, and for keys one max over all keys
 and features (per batch and head). Why it cancels: each output row is a ratio of two sums
 over keys of φ(q_i)·φ(k_j) terms; multiplying φ(q_i) by e^(−c_i) scales numerator and
-denominator of row i alike, and multiplying *every* φ(k_j) by the same e^(−c) does too (also under prefix
-sums). The constants are treated as such in backward (the output does not depend on them,
-so their true derivative contribution is zero).
+denominator of row i alike, and multiplying *every* φ(k_j) by the same e^(−c) does too
+(also under prefix sums). The constants are treated as such in backward (the output does not
+depend on them, so their true derivative contribution is zero).
 
 Why the causal key shift stays global (over all keys, future ones included): the prefix sum
 S_i is shared by every row i ≥ j, so the factor e^(−c_j) a key carries

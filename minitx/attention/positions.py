@@ -212,12 +212,8 @@ class RoPEFunction(Function):
 
 
 def apply_rope(x, positions=None, offset: int = 0, base: float = 10000.0):
-    """Rotary position embedding of x (…, N, D) at positions (N,) (default offset … offset+N−1).
-
-        (y_{2i}, y_{2i+1}) = (x_{2i} cos mθ_i − x_{2i+1} sin mθ_i,
-                              x_{2i} sin mθ_i + x_{2i+1} cos mθ_i)
-
-    Property: ⟨apply_rope(q, m), apply_rope(k, n)⟩ depends on q, k and n − m only.
+    """Rotary position embedding of x (…, N, D) at positions (N,) (default offset … offset+N−1):
+    each pair (x_{2i}, x_{2i+1}) rotated by R_m of the module docstring, m the token's position.
     """
     xp = get_array_module(x.data if isinstance(x, Tensor) else x)
     n, d = x.shape[-2], x.shape[-1]

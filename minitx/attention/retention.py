@@ -88,11 +88,17 @@ def decay_mask(log_decay, causal: bool = True):
 
 def decayed_chunk(q, k, v, log_decay, state=None, causal: bool = True, hook_decay=None,
                   hook_pattern=None):
-    r"""One chunk of the decayed linear recurrence S_t = a_t S_{t−1} + k_tᵀ v_t, o_t = q_t S_t,
-    started from the state S₀ left by the chunks before it (None: zero):
+    r"""One chunk of c tokens of the module docstring's decayed recurrence, started from the
+    state S₀ left by the chunks before it (None: zero). The output is what the chunk sees
+    inside it plus what it reads of the state before; the state after is the decayed state
+    before plus the chunk's own writes:
 
-        O = (Q Kᵀ ⊙ L) V + (Q S₀) ⊙ ξ,      ξ_t = a_1 ··· a_t              (inside + before)
-        S = (a_1 ··· a_c) S₀ + Kᵀ (V ⊙ ζ),   ζ_s = a_{s+1} ··· a_c          (the state after)
+    $$
+    \begin{aligned}
+    O &= (Q K^\top \odot L) V + (Q S_0) \odot \xi, \qquad \xi_t = a_1 \cdots a_t \\
+    S &= (a_1 \cdots a_c) S_0 + K^\top (V \odot \zeta), \qquad \zeta_s = a_{s+1} \cdots a_c
+    \end{aligned}
+    $$
 
     with L = ``decay_mask(log_decay)``. With S₀ = None and the whole sequence as one chunk this
     is the parallel form; chunk after chunk it is the chunkwise form (Sun et al. 2023, eq. 7);
@@ -144,7 +150,7 @@ def run_in_chunks(chunk_fn, q, k, v, gates, state=None, chunk_size=None):
 
 def decayed_recurrence(q, k, v, log_decay):
     """The recurrent form, token by token — the definition the other forms are checked
-    against, and what decoding does: S_t = a_t S_{t−1} + k_tᵀ v_t, o_t = q_t S_t, S_0 = 0.
+    against, and what decoding does: the module docstring's recurrence for a per-token a_t.
 
     q, k (B, H, N, Dk), v (B, H, N, Dv) Tensors, log_decay ℓ = log a (B or 1, H, N)
     (retention: log γ_h at every t) → (O (B, H, N, Dv), S_N (B, H, Dk, Dv)). Time

@@ -15,10 +15,10 @@ c(x) = \operatorname{argmax}_c \hat{x} \cdot \mu_c,
 $$
 
 To keep the cost fixed, each query takes the w keys of its cluster nearest to it in position
-("equal-size sorted windows"): sort the keys by (cluster, position); query i finds its place in that order (a binary search) and
-looks at the w sorted keys before it (causal: only keys at positions ≤ i) or w on each
-side (bidirectional), masked to its cluster. Because every choice depends only on keys at
-positions ≤ i, the causal form never sees the future.
+("equal-size sorted windows"): sort the keys by (cluster, position); query i finds its place
+in that order (a binary search) and looks at the w sorted keys before it (causal: only keys
+at positions ≤ i) or w on each side (bidirectional), masked to its cluster. Because every
+choice depends only on keys at positions ≤ i, the causal form never sees the future.
 
 Centroids are a buffer, not a parameter: in training (``update_centroids``) they move by an
 exponential moving average towards the mean $\overline{\hat{x}}_c$ of the normalised vectors

@@ -5,9 +5,11 @@
 // walks over every key j it may see, holding a running max m, a running sum l and its output
 // row acc[D] in registers, and rescales l and acc whenever the max grows (the online softmax):
 //
-//     s = scale q_i . k_j     m' = max(m, s)     alpha = e^(m - m')     p = e^(s - m')
-//     l = alpha l + p         acc = alpha acc + p v_j                   m = m'
-//     ... after the last key:  o_i = acc / l,   lse_i = m + ln l
+//     s = scale q_i . k_j       m' = max(m, s)
+//     alpha = e^(m - m')        p = e^(s - m')
+//     l = alpha l + p           acc = alpha acc + p v_j
+//     m = m'
+//     after the last key: o_i = acc / l, lse_i = m + ln l
 //
 // Why it is slow: every thread reads all of K and V from global memory by itself (a block of
 // 128 rows reads each key 128 times; the tiled kernels copy a tile once per block into shared
@@ -15,10 +17,12 @@
 // tensor cores. flash_simt.cuh and flash_tc.cuh are the same loop made fast.
 //
 // Kernels (fp32; D = 32, 64, 128, the launcher zero pads other head dims; block = 128 threads;
-// __launch_bounds__(128, 3) as the CUDA-core kernels: <= 168 registers, enough for acc[128]):
-//   flash_fwd_naive<D, CAUSAL>       grid (ceil(Nq / 128), B * H)   thread = query row: O, lse
-//   flash_bwd_dkdv_naive<D, CAUSAL>  grid (ceil(Nk / 128), B * H)   thread = key row: dK, dV
-//   flash_bwd_dq_naive<D, CAUSAL>    grid (ceil(Nq / 128), B * H)   thread = query row: dQ
+// __launch_bounds__(128, 3) as the CUDA-core kernels: <= 168 registers, enough for acc[128]),
+// each a thread per row, and writing:
+//   flash_fwd_naive<D, CAUSAL>       query row: O, lse
+//   flash_bwd_dkdv_naive<D, CAUSAL>  key row: dK, dV
+//   flash_bwd_dq_naive<D, CAUSAL>    query row: dQ
+// Each grid is (ceil(rows / 128), B * H), rows being the Nq queries or the Nk keys.
 // The backward recomputes P = e^(s - lse) from the forward's lse and takes Dvec = rowsum(dO * O)
 // from flash_bwd_dot<float> (flash_common.cuh). dK and dV are written per q head in fp32; the
 // launcher sums GQA groups. Every output element has one writer: no atomics, deterministic.
@@ -94,10 +98,12 @@ flash_fwd_naive(const float* __restrict__ q, const float* __restrict__ k,
 }
 
 // ------------------------------------------------------------------------------------------
-// Backward, dK and dV: thread = key row j of q head h; two passes over the queries that may
-// see key j, one accumulator each (both at once would not fit in registers at D = 128):
+// Backward, dK and dV: thread = key row j of q head h; two passes over the queries
+// that may see key j, one accumulator each (both at once would not fit in the
+// registers at D = 128):
 //     pass 1:  dV_j = sum_i P_ij dO_i
-//     pass 2:  dK_j = scale sum_i dS_ij q_i,   dS_ij = P_ij (dO_i . v_j - Dvec_i)
+//     pass 2:  dK_j = scale sum_i dS_ij q_i
+// where dS_ij = P_ij (dO_i . v_j - Dvec_i).
 // ------------------------------------------------------------------------------------------
 template <int D, bool CAUSAL>
 __global__ void __launch_bounds__(128, 3)
