@@ -1,6 +1,6 @@
 r"""Scaled dot-product attention by blocks, on every core: the fast twin of ``SDPAFunction``.
 
-The reference (``ops/sdpa.py``) computes the whole (B, H, Nq, Nk) score matrix at once, then its
+The reference (``SDPAFunction``) computes the whole (B, H, Nq, Nk) score matrix at once, then its
 softmax, then P V. This twin computes the same numbers by *blocks*: a few heads × a few hundred
 query rows against every key they can see (``attention_blocks``), one BLAS call per matmul, the
 softmax in place on the block's scores. Five tricks, each exact in real arithmetic:

@@ -34,8 +34,7 @@ class CrossEntropy(Function):
         # gather below stays in range.
         valid = t != ignore_index
         safe_t = xp.where(valid, t, 0)
-        # log p = z − m − log Σ exp(z − m) with the row max m (no overflow), then
-        # loss_r = (1 − ε)(−log p_t) + ε(−mean_c log p_c).
+        # log p shifted by the row max m (no overflow), then ℓ of each row (module docstring)
         m = z.max(axis=-1, keepdims=True)
         logp = z - m - xp.log(xp.exp(z - m).sum(axis=-1, keepdims=True))   # log softmax
         nll = -xp.take_along_axis(logp, safe_t[:, None], axis=-1)[:, 0]
@@ -59,7 +58,7 @@ class CrossEntropy(Function):
         eps, reduction, count, shape, tshape = ctx.meta
         xp = get_array_module(logp)
         r, c = logp.shape
-        # dL/dz = softmax(z) − q, with q = (1 − ε)·onehot(t) + ε/C, zero for ignored rows
+        # the module docstring's gradient, zero for ignored rows
         d = xp.exp(logp)
         d[xp.arange(r), safe_t] -= 1 - eps
         d -= eps / c
@@ -77,11 +76,10 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
                   reduction: str = "mean"):
     """Cross-entropy between ``logits`` (..., C) and integer class ``target`` (...).
 
-    loss_r = (1 − ε)·(−log p_r[t_r]) + ε·(−1/C Σ_c log p_r[c]),  p = softmax(logits),
-    ε = ``label_smoothing``; rows whose target is ``ignore_index`` are left out, and
-    ``reduction="mean"`` divides by the number of rows kept (PyTorch's semantics). The
-    class axis is the *last* one (for (N, C, d…) PyTorch-layout logits, move it last).
-    Gradient: (softmax − q)/count with q the smoothed one-hot target.
+    ℓ of the module docstring for each row, ε = ``label_smoothing``; rows whose target is
+    ``ignore_index`` are left out, and ``reduction="mean"`` divides by the number of rows kept
+    (PyTorch's semantics), its gradient too. The class axis is the *last* one (for (N, C, d…)
+    PyTorch-layout logits, move it last).
     """
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")

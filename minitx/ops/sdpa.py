@@ -88,7 +88,6 @@ def check_heads(q, k, v, name: str = "attend"):
     for arg, t in (("query", q), ("key", k), ("value", v)):
         if len(t.shape) != 4:
             raise ValueError(f"{name}: {arg} must be 4-d (B, H, N, D), got shape {_shape(t)}")
-    # Batch sizes equal, D shared by q and k, k and v of one head count and length, Hkv | H.
     b, h, nq, d = q.shape
     bk, hk, nk, dk = k.shape
     bv, hv, nv, _ = v.shape
@@ -99,7 +98,7 @@ def check_heads(q, k, v, name: str = "attend"):
     if hk != hv or nk != nv:
         raise ValueError(f"{name}: key {_shape(k)} and value {_shape(v)} must share "
                          "heads and length")
-    if h % hk:
+    if h % hk:                            # query head h reads key/value head h // (H/Hkv)
         raise ValueError(f"{name}: key/value head count {hk} must divide the query head "
                          f"count {h}")
     return b, h, hk, nq, nk, d
@@ -210,8 +209,6 @@ def _prepare(fn, query, key, value, attn_mask, scale, enable_gqa):
             raise TypeError(f"{fn}: attn_mask must be bool (True = may attend) or float "
                             f"(added to the scores), got dtype {mdata.dtype} (an int 1/0 "
                             "mask is ambiguous: use mask.astype(bool))")
-        # A self-attention mask hiding every query's own key is almost surely of the other
-        # polarity: warn.
         warn_if_polarity_inverted(allowed if bias is None else bias, nq, nk)
     return q4, k4, v4, allowed, bias, check_scale(fn, scale, d), lead, (b, h, nq, dv)
 
