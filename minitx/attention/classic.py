@@ -14,11 +14,11 @@ weighted mean of the values, $c_i = \sum_j \alpha_{ij} v_j$ with
 $\alpha_i = \operatorname{softmax}(e_i)$:
 
 $$
-\begin{aligned}
-e_{ij} &= q_i^\top k_j \qquad \text{(Luong, dot)} \\
-e_{ij} &= q_i^\top W k_j \qquad \text{(Luong, general)} \\
-e_{ij} &= w^\top \tanh(W_q q_i + W_k k_j) \qquad \text{(Bahdanau, additive)}
-\end{aligned}
+\begin{array}{rcl}
+e_{ij} & = & q_i^\top k_j \qquad \text{(Luong, dot)} \\
+e_{ij} & = & q_i^\top W k_j \qquad \text{(Luong, general)} \\
+e_{ij} & = & w^\top \tanh(W_q q_i + W_k k_j) \qquad \text{(Bahdanau, additive)}
+\end{array}
 $$
 """
 from __future__ import annotations

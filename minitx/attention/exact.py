@@ -23,11 +23,11 @@ dividing H. ``dot`` and ``additive`` replace the scaled score $Q_h K^\top / \sqr
 one without 1/√D (softmax at temperature 1):
 
 $$
-\begin{aligned}
-s_{ij} &= q_i \cdot k_j \qquad \text{(dot)} \\
-s_{ij} &= (q_i W_h) \cdot k_j \qquad \text{(general)} \\
-s_{ij} &= w^\top \tanh(W_q q_i + W_k k_j) \qquad \text{(additive)}
-\end{aligned}
+\begin{array}{rcl}
+s_{ij} & = & q_i \cdot k_j \qquad \text{(dot)} \\
+s_{ij} & = & (q_i W_h) \cdot k_j \qquad \text{(general)} \\
+s_{ij} & = & w^\top \tanh(W_q q_i + W_k k_j) \qquad \text{(additive)}
+\end{array}
 $$
 
 with one W_h (D, D) per head, and W_q, W_k (A, D) and w (A,) shared by the heads.

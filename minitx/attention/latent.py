@@ -9,11 +9,13 @@ are linear maps of it; the query goes through a low-rank latent $c^{Q}$ (d'_c) t
 saves activations:
 
 $$
-\begin{aligned}
-c^{KV}_j &= W^{DKV} x_j \\
-k^C_{h,j} &= W^{UK}_h c^{KV}_j, \qquad v_{h,j} = W^{UV}_h c^{KV}_j \\
-c^{Q}_i &= W^{DQ} x_i, \qquad q^C_{h,i} = W^{UQ}_h c^{Q}_i
-\end{aligned}
+\begin{array}{rcl}
+c^{KV}_j & = & W^{DKV} x_j \\
+k^C_{h,j} & = & W^{UK}_h c^{KV}_j \\
+v_{h,j} & = & W^{UV}_h c^{KV}_j \\
+c^{Q}_i & = & W^{DQ} x_i \\
+q^C_{h,i} & = & W^{UQ}_h c^{Q}_i
+\end{array}
 $$
 
 RoPE does not fit this scheme: a rotation that depends on the key's position sits between
@@ -23,13 +25,14 @@ shared by all heads (so it costs d_R numbers per token in the cache), rotated at
 positions i and j:
 
 $$
-\begin{aligned}
-q^R_{h,i} &= \operatorname{RoPE}_i(W^{QR}_h c^{Q}_i), \qquad
-k^R_j = \operatorname{RoPE}_j(W^{KR} x_j) \\
-s_h(i, j) &= \frac{q^C_{h,i} \cdot k^C_{h,j} + q^R_{h,i} \cdot k^R_j}{\sqrt{D + d_R}} + M_{ij} \\
-y_i &= W^O \big[ \textstyle\sum_j \operatorname{softmax}_j(s_h(i, \cdot))\, v_{h,j}
+\begin{array}{rcl}
+q^R_{h,i} & = & \operatorname{RoPE}_i(W^{QR}_h c^{Q}_i) \\
+k^R_j & = & \operatorname{RoPE}_j(W^{KR} x_j) \\
+s_h(i, j) & = & \displaystyle\frac{q^C_{h,i} \cdot k^C_{h,j} + q^R_{h,i} \cdot k^R_j}
+{\sqrt{D + d_R}} + M_{ij} \\
+y_i & = & W^O \big[ \textstyle\sum_j \operatorname{softmax}_j(s_h(i, \cdot))\, v_{h,j}
 \big]_{h=1}^{H}
-\end{aligned}
+\end{array}
 $$
 
 with M the mask (causal, bottom-right aligned, and any ``attn_mask``). So the per-token cache
@@ -40,13 +43,13 @@ d_R = D/2, i.e. 4.5·D against 2·H·D; H = 128 there).
 product, and the value up-projection past the weighted sum into the output projection:
 
 $$
-\begin{aligned}
-\tilde{q}_{h,i} &= (W^{UK}_h)^\top W^{UQ}_h c^{Q}_i, \qquad
-\bar{o}_{h,i} = \textstyle\sum_j \operatorname{softmax}_j(s_h(i, \cdot))\, c^{KV}_j \\
-s_h(i, j) &= \frac{\tilde{q}_{h,i} \cdot c^{KV}_j + q^R_{h,i} \cdot k^R_j}{\sqrt{D + d_R}}
-+ M_{ij} \\
-y_i &= \textstyle\sum_h (W^O_h W^{UV}_h)\, \bar{o}_{h,i}
-\end{aligned}
+\begin{array}{rcl}
+\tilde{q}_{h,i} & = & (W^{UK}_h)^\top W^{UQ}_h c^{Q}_i \\
+s_h(i, j) & = & \displaystyle\frac{\tilde{q}_{h,i} \cdot c^{KV}_j + q^R_{h,i} \cdot k^R_j}
+{\sqrt{D + d_R}} + M_{ij} \\
+\bar{o}_{h,i} & = & \textstyle\sum_j \operatorname{softmax}_j(s_h(i, \cdot))\, c^{KV}_j \\
+y_i & = & \textstyle\sum_h (W^O_h W^{UV}_h)\, \bar{o}_{h,i}
+\end{array}
 $$
 
 which is multi-query attention with ONE key head [c; k^R] of width d_c + d_R and ONE value

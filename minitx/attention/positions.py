@@ -24,12 +24,12 @@ $\mathrm{pos}_i = i + N_k - N_q$ (so they work with a KV cache), and M is the ma
 apart:
 
 $$
-\begin{aligned}
-r_{ij} &= \operatorname{clip}(j - \mathrm{pos}_i, -k, k) \\
-e_{ij} &= \frac{q_i \cdot k_j + q_i \cdot a^K_{r_{ij}}}{\sqrt{D}} + M_{ij} \\
-z_i &= \textstyle\sum_j \alpha_{ij} \left( v_j + a^V_{r_{ij}} \right),
-\qquad \alpha_i = \operatorname{softmax}(e_i)
-\end{aligned}
+\begin{array}{rcl}
+r_{ij} & = & \operatorname{clip}(j - \mathrm{pos}_i, -k, k) \\
+e_{ij} & = & \displaystyle\frac{q_i \cdot k_j + q_i \cdot a^K_{r_{ij}}}{\sqrt{D}} + M_{ij} \\
+\alpha_i & = & \operatorname{softmax}(e_i) \\
+z_i & = & \textstyle\sum_j \alpha_{ij} \left( v_j + a^V_{r_{ij}} \right)
+\end{array}
 $$
 
 **RoPE** (``rope``): the rotation R_m of one pair at position m, why only the offset

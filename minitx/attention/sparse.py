@@ -33,15 +33,15 @@ positions and all positions attend to; $\beta(i) = \lfloor i / b \rfloor$ is the
 position i, $R_{\beta}$ the r random blocks of block β:
 
 $$
-\begin{aligned}
-&\text{local:} & |i - j| &\le w \\
-&\text{dilated:} & |i - j| &\le w d \ \text{and}\ (i - j) \bmod d = 0 \\
-&\text{longformer:} & \text{dilated} &\ \text{or}\ i \in G \ \text{or}\ j \in G \\
-&\text{bigbird:} & |\beta(i) - \beta(j)| &\le 1 \ \text{or}\ \beta(j) \in R_{\beta(i)}
-\ \text{or}\ \min(\beta(i), \beta(j)) < g \\
-&\text{strided:} & |i - j| &< l \ \text{or}\ (i - j) \bmod l = 0 \\
-&\text{fixed:} & \lfloor i / l \rfloor &= \lfloor j / l \rfloor \ \text{or}\ j \bmod l \ge l - c
-\end{aligned}
+\begin{array}{rl}
+\text{local:} & |i - j| \le w \\
+\text{dilated:} & |i - j| \le w d \ \text{and}\ (i - j) \bmod d = 0 \\
+\text{longformer:} & \text{dilated, or}\ i \in G \ \text{or}\ j \in G \\
+\text{bigbird:} & |\beta(i) - \beta(j)| \le 1 \ \text{or}\ \beta(j) \in R_{\beta(i)} \\
+& \quad \text{or}\ \min(\beta(i), \beta(j)) < g \\
+\text{strided:} & |i - j| < l \ \text{or}\ (i - j) \bmod l = 0 \\
+\text{fixed:} & \lfloor i / l \rfloor = \lfloor j / l \rfloor \ \text{or}\ j \bmod l \ge l - c
+\end{array}
 $$
 """
 from __future__ import annotations

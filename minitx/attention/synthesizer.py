@@ -8,14 +8,15 @@ of four ``synthesis`` rules, then the softmax as usual (M: causal masks the synt
 logits above the diagonal):
 
 $$
-\begin{aligned}
-S^{\mathrm{dense}} &= \operatorname{relu}(Q W_1 + b_1)\, W_2 + b_2 \\
-S^{\mathrm{random}} &= R_{:N, :N} \\
-S^{\mathrm{factorized}} &= R^{(1)}_{:N} \big( R^{(2)}_{:N} \big)^\top \\
-S^{\mathrm{mixture}} &= \alpha_1 S^{\mathrm{dense}} + \alpha_2 \frac{Q K^\top}{\sqrt{D}},
-\qquad \alpha = \operatorname{softmax}(a) \\
-O &= \operatorname{softmax}(S + M)\, V
-\end{aligned}
+\begin{array}{rcl}
+S^{\mathrm{dense}} & = & \operatorname{relu}(Q W_1 + b_1)\, W_2 + b_2 \\
+S^{\mathrm{random}} & = & R_{:N, :N} \\
+S^{\mathrm{factorized}} & = & R^{(1)}_{:N} \big( R^{(2)}_{:N} \big)^\top \\
+S^{\mathrm{mixture}} & = & \alpha_1 S^{\mathrm{dense}}
++ \alpha_2 \displaystyle\frac{Q K^\top}{\sqrt{D}} \\
+\alpha & = & \operatorname{softmax}(a) \\
+O & = & \operatorname{softmax}(S + M)\, V
+\end{array}
 $$
 
 - "dense": a per-token MLP D → max_len (per head; the head's query vector plays the token),

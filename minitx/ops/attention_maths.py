@@ -15,13 +15,13 @@ rescales: $\tilde{P} = P \odot \mathrm{keep} / (1 - p)$; without dropout $\tilde
 **The backward, derived once.** Given $dO = \partial L / \partial O$:
 
 $$
-\begin{aligned}
-dV &= \tilde{P}^\top dO \qquad (1) \\
-dP &= (dO\, V^\top) \odot \mathrm{keep} / (1 - p) \qquad (2) \\
-dS &= P \odot (dP - \delta) \qquad (3) \\
-dQ &= dS\, K / \sqrt{D} \qquad (4) \\
-dK &= dS^\top Q / \sqrt{D} \qquad (5)
-\end{aligned}
+\begin{array}{rcll}
+dV & = & \tilde{P}^\top dO & \qquad (1) \\
+dP & = & (dO\, V^\top) \odot \mathrm{keep} / (1 - p) & \qquad (2) \\
+dS & = & P \odot (dP - \delta) & \qquad (3) \\
+dQ & = & dS\, K / \sqrt{D} & \qquad (4) \\
+dK & = & dS^\top Q / \sqrt{D} & \qquad (5)
+\end{array}
 $$
 
 $$

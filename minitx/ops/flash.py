@@ -9,13 +9,13 @@ tile (S (b_q, b_k), masked entries −inf; each update rescales what came before
 max m'), then normalised once, with the row logsumexp lse kept:
 
 $$
-\begin{aligned}
-S &= Q_i K_j^\top \cdot \mathrm{scale} \\
-m' &= \max\!\left( m, \operatorname{rowmax} S \right) \\
-\ell &\leftarrow e^{m - m'} \ell + \operatorname{rowsum} e^{S - m'} \\
-\mathrm{acc} &\leftarrow e^{m - m'} \mathrm{acc} + e^{S - m'} V_j,
-\qquad m \leftarrow m'
-\end{aligned}
+\begin{array}{rcl}
+S & = & Q_i K_j^\top \cdot \mathrm{scale} \\
+m' & = & \max\!\left( m, \operatorname{rowmax} S \right) \\
+\ell & \leftarrow & e^{m - m'} \ell + \operatorname{rowsum} e^{S - m'} \\
+\mathrm{acc} & \leftarrow & e^{m - m'} \mathrm{acc} + e^{S - m'} V_j \\
+m & \leftarrow & m'
+\end{array}
 $$
 
 $$
