@@ -93,6 +93,7 @@ def test_a_long_stretch_of_code_is_one_run():
 def test_the_course_has_python_files_to_check():
     files = course_python_files()
     assert "minitx/attention/classic.py" in files and "minitx/ops/sdpa.py" in files
+    assert "minitx/ops/attention_maths.py" in files
     assert not any(path.startswith("minitx/fast/") for path in files)
 
 

@@ -712,7 +712,7 @@ def test_the_first_code_page_shows_attention_rendered_and_once(site):
         return re.sub(r'data-src="[^"]*"', "", sec.split('<div class="code"')[0])
     first = notes("minitx/attention/classic.py", "simple_attention")
     assert "<msqrt>" in first and "<mfrac>" in first and "softmax" in first
-    assert "softmax(Q Kᵀ / √d_k + M) V" not in first          # the Unicode twin: help() only
+    assert "softmax(Q Kᵀ / √d_k + M) V" not in first          # stated once, in LaTeX
     maths = notes("minitx/ops/attention_maths.py", "module")
     assert "<msqrt>" in maths and "<mtable>" in maths         # the backward: a line each
     assert all(f"<mn>{i}</mn>" in maths for i in range(1, 6))  # numbered as the text cites
