@@ -66,13 +66,13 @@ def unit(x, eps):
 
 
 def torch_deltanet(q, k, v, causal, p):
-    r"""S_t = S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ, o_t = S_t q_t (column vectors,
-    S (Dv, Dk), S_0 = 0), unit q_t, k_t, β_t = σ(w_h·k̃_t + b_h) from the raw key k̃_t.
-    Non-causal (minitx's extension): o_t = S_N q_t."""
+    r"""S_t = S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ, o_t = τ S_t q_t (column vectors,
+    S (Dv, Dk), S_0 = 0), unit q_t, k_t, β_t = σ(w_h·k̃_t + b_h) from the raw key k̃_t,
+    τ = 1/√D (the official kernel's scale). Non-causal (minitx's extension): o_t = τ S_N q_t."""
     k_raw, v = heads_of(q, k, v)
     beta = torch.sigmoid(torch.einsum("bhnd,hd->bhn", k_raw, p["beta_weight"])
                          + p["beta_bias"][None, :, None])                      # (B, H, N)
-    q, k = unit(q, p["eps"]), unit(k_raw, p["eps"])
+    q, k = unit(q, p["eps"]) / math.sqrt(q.shape[-1]), unit(k_raw, p["eps"])
     b, h, n, dk = k.shape
     eye = torch.eye(dk, dtype=torch.float64)
     s = torch.zeros(b, h, v.shape[-1], dk, dtype=torch.float64)               # (B, H, Dv, Dk)
