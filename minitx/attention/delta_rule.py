@@ -32,6 +32,9 @@ O = \tau \left( Q S_0^\top + \left(Q K^\top \odot M\right) U \right), \qquad
 S_c = S_0 + U^\top K
 $$
 
+So the output is linear in V − K S₀ᵀ through the chunk's implied pattern
+P = τ (Q Kᵀ ⊙ M)(I + A)⁻¹ diag(β) (c × c): O = P (V − K S₀ᵀ) + τ Q S₀ᵀ (``hook_pattern``).
+
 T = (I + A)⁻¹ is the paper's "UT transform" (it turns the product of Householder-like factors
 (I − β k kᵀ) into this WY form). It is never formed: ``UnitLowerSolve`` finds U by forward
 substitution, row by row (the recurrence of u_t above), and its gradient by back substitution
@@ -83,15 +86,15 @@ __all__ = ["UnitLowerSolve", "unit_lower_solve", "delta_chunk", "delta_rule_recu
 class UnitLowerSolve(Function):
     """X = (I + A)⁻¹ R by forward substitution, and its gradient by back substitution (the
     module docstring's formulas). A (…, c, c) strictly lower-triangular (its other entries are
-    not read), R (…, c, m). A loop over the c rows: each row is the recurrence's step
-    x_t = r_t − Σ_{s<t} A_ts x_s. Time O(c²·m) per matrix."""
+    not read), R (…, c, m). A loop over the c rows, each one step of the recurrence x_t (the
+    UT transform's own). Time O(c²·m) per matrix."""
 
     @staticmethod
     def forward(ctx, a, r):
         xp = get_array_module(a, r)
         x = xp.empty_like(r)                                                   # (…, c, m)
         for t in range(r.shape[-2]):
-            # x_t = r_t − A[t, :t] X[:t]: the rows above are already solved
+            # row t from the rows above it, already solved
             x[..., t, :] = r[..., t, :] - (a[..., t:t + 1, :t] @ x[..., :t, :])[..., 0, :]
         ctx.save_for_backward(a, x)
         return x
@@ -119,10 +122,10 @@ def delta_chunk(q, k, v, beta, state=None, causal: bool = True, hook_pattern=Non
     transpose).
 
     q, k (B, H, c, Dk) (unit keys), v (B, H, c, Dv), beta (B, H, c), state (B, H, Dk, Dv)
-    Tensor or None. ``causal=False`` (one chunk, no state): O = Q Kᵀ U = Q S, every query
-    reads the final memory. ``hook_pattern``: a HookPoint (or None) that sees and may replace
-    the implied pattern P = (Q Kᵀ ⊙ M)(I + A)⁻¹ diag(β) (B, H, c, c); O = P (V − K S₀) + Q S₀.
-    Returns (O (B, H, c, Dv), S (B, H, Dk, Dv)). Time O(B·H·(c²·D + c·D²)).
+    Tensor or None. ``causal=False`` (one chunk, no state): every query reads the final
+    memory, O = Q S. ``hook_pattern``: a HookPoint (or None) that sees and may replace the
+    implied pattern P (B, H, c, c) of the module docstring. Returns (O (B, H, c, Dv),
+    S (B, H, Dk, Dv)). Time O(B·H·(c²·D + c·D²)).
     """
     xp = get_array_module(q.data)
     b_ = F.expand_dims(beta, -1)                                        # (B, H, c, 1)
@@ -137,7 +140,7 @@ def delta_chunk(q, k, v, beta, state=None, causal: bool = True, hook_pattern=Non
     if hook_pattern is None:
         out = F.matmul(scores, u)                                       # (B, H, c, Dv)
     else:
-        # the pattern the chunk implies: P = scores T diag(β), so that P R = scores U
+        # the implied pattern, formed from I + A applied to diag(β): P R = scores U
         c = q.shape[2]
         diag_beta = b_ * xp.eye(c, dtype=q.dtype)                       # (B, H, c, c)
         out = F.matmul(hook_pattern(F.matmul(scores, unit_lower_solve(a, diag_beta))), r)
@@ -186,8 +189,8 @@ class DeltaNet(RecurrentAttention):
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); β (B, H, N); the state (B, H, D, D) (stored as Sᵀ).
     Hook points (besides hook_q/k/v/z): ``hook_beta`` β (B, H, N), replaceable;
-    ``hook_pattern`` the implied (B, H, N, N) P = (Q Kᵀ ⊙ M)(I + A)⁻¹ diag(β) (τ in Q) with
-    out = P V, replaceable, formed on request (one chunk of N: an N × N solve);
+    ``hook_pattern`` the implied pattern P (module docstring) (B, H, N, N), with out = P V,
+    replaceable, formed on request (one chunk of N: an N × N solve);
     ``hook_state`` the state after the last token.
 
     Options: ``causal`` (False), ``chunk_size`` C (16; None: one chunk), ``scale`` τ (None:
@@ -269,8 +272,8 @@ class DeltaNet(RecurrentAttention):
         xp = get_array_module(q)
         h = q.shape[1]
         k, v = repeat_kv_array(k, h), repeat_kv_array(v, h)
-        # β_t = σ(w·k_t + b) ∈ (0, 1) and unit q̂, k̂: then I − β k̂ᵀk̂ has eigenvalues in [0, 1],
-        # so each write S ← (I − β k̂ᵀk̂) S + β k̂ᵀv cannot blow S up.
+        # β_t ∈ (0, 1) and a unit k̂: each write's factor I − β k̂ k̂ᵀ has eigenvalues in [0, 1],
+        # so the memory cannot blow up
         w = self.beta_weight.data.astype(q.dtype)
         beta = 1 / (1 + xp.exp(-(xp.einsum("bhnd,hd->bhn", k, w)
                                  + self.beta_bias.data.astype(q.dtype)[:, None])))

@@ -75,8 +75,8 @@ __all__ = ["lambda_init_for_depth", "DifferentialAttention"]
 
 
 def lambda_init_for_depth(layer_index: int) -> float:
-    """λ_init = 0.8 − 0.6·exp(−0.3·(l − 1)) for the paper's 1-based depth l = layer_index + 1
-    (minitx counts layers from 0): 0.2 for the first layer, rising towards 0.8."""
+    """The module docstring's λ_init for the paper's 1-based depth l = layer_index + 1 (minitx
+    counts layers from 0): 0.2 for the first layer, rising towards 0.8."""
     layer_index = validate.nonnegative_int(layer_index, "layer_index", owner="diff")
     return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
 
@@ -145,8 +145,8 @@ class DifferentialAttention(AttentionBase):
             init.normal_(getattr(self, name), 0.0, 0.1)
         self.head_norm = RMSNorm(self.head_dim, eps=validate.positive_real(eps, "eps",
                                                                            owner=who))
-        self.hook_pattern1 = HookPoint()     # (B, H, N, Nk) P₁ = softmax(q₁k₁ᵀ/√d + M)
-        self.hook_pattern2 = HookPoint()     # (B, H, N, Nk) P₂ = softmax(q₂k₂ᵀ/√d + M)
+        self.hook_pattern1 = HookPoint()     # (B, H, N, Nk) the first map P₁
+        self.hook_pattern2 = HookPoint()     # (B, H, N, Nk) the second map P₂
         self.hook_pattern = HookPoint()      # (B, H, N, Nk) P₁ − λ P₂, the map V is read with
         self.hook_lambda = HookPoint()       # (1,) λ
 
@@ -162,13 +162,13 @@ class DifferentialAttention(AttentionBase):
 
     @property
     def lambda_init(self) -> float:
-        """λ_init: the ``lambda_init`` given, else 0.8 − 0.6·exp(−0.3·layer_index)."""
+        """λ_init: the ``lambda_init`` given, else the paper's schedule at ``layer_index``."""
         if self._lambda_init is not None:
             return self._lambda_init
         return lambda_init_for_depth(self.layer_index)
 
     def lambda_value(self):
-        """λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, a differentiable (1,) Tensor."""
+        """The module docstring's λ, a differentiable (1,) Tensor."""
         first = (self.lambda_q1 * self.lambda_k1).sum(axis=-1, keepdims=True).exp()
         second = (self.lambda_q2 * self.lambda_k2).sum(axis=-1, keepdims=True).exp()
         return first - second + self.lambda_init

@@ -119,12 +119,12 @@ def iterative_pinv(a, iterations: int = 6):
     iterations = validate.nonnegative_int(iterations, "iterations", owner="iterative_pinv")
     xp = get_array_module(a.data)
     eye = xp.eye(a.shape[-1], dtype=a.dtype)                     # (m, m)
-    # Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞): max column sum times max row sum of |A|, one per matrix
+    # Z₀'s norms: the max column sum and the max row sum of |A|, one pair per matrix
     absa = F.abs(a)
     norm_1 = F.max(F.sum(absa, axis=-2, keepdims=True), axis=-1, keepdims=True)    # (…, 1, 1)
     norm_inf = F.max(F.sum(absa, axis=-1, keepdims=True), axis=-2, keepdims=True)  # (…, 1, 1)
     z = F.swapaxes(a, -1, -2) / (norm_1 * norm_inf)
-    # each step: E = I − A Z  becomes  (3 E³ + E⁴)/4
+    # each step takes E = I − A Z to (3 E³ + E⁴)/4 (module docstring)
     for _ in range(iterations):
         az = F.matmul(a, z)                                      # (…, m, m)
         z = F.matmul(z * 0.25, 13 * eye - F.matmul(az, 15 * eye - F.matmul(az, 7 * eye - az)))
@@ -203,6 +203,7 @@ class NystromAttention(AttentionBase):
                  pinv_iterations: int = 6, conv_kernel: int = None, exact_at_full: bool = True,
                  **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
+        # the options, each checked by name; the skip's kernel only when it is on
         who = "nystrom"
         self.num_landmarks = validate.positive_int(num_landmarks, "num_landmarks", owner=who)
         self.pinv_iterations = validate.nonnegative_int(pinv_iterations, "pinv_iterations",
@@ -222,9 +223,9 @@ class NystromAttention(AttentionBase):
         self.exact_at_full = validate.boolean(exact_at_full, "exact_at_full", owner=who)
         self.hook_landmarks_q = HookPoint()        # (B, H, m, D) segment means of Q
         self.hook_landmarks_k = HookPoint()        # (B, H, m, D) segment means of K
-        self.hook_kernel_f = HookPoint()           # (B, H, N, m) softmax(Q K̃ᵀ/√D)
-        self.hook_kernel_a = HookPoint()           # (B, H, m, m) softmax(Q̃ K̃ᵀ/√D)
-        self.hook_kernel_b = HookPoint()           # (B, H, m, Nk) softmax(Q̃ Kᵀ/√D)
+        self.hook_kernel_f = HookPoint()           # (B, H, N, m) the kernel F
+        self.hook_kernel_a = HookPoint()           # (B, H, m, m) the kernel A
+        self.hook_kernel_b = HookPoint()           # (B, H, m, Nk) the kernel B
         self.hook_pinv = HookPoint()               # (B, H, m, m) the iterate Z ≈ A⁺
         self.hook_pattern = HookPoint()            # (B, H, N, Nk) implied F Z B, read-only
 

@@ -103,8 +103,8 @@ def sink_mask(n: int, num_sinks: int = 4, window: int = 16, causal: bool = True)
 
 
 def sink_distances(i, j, num_sinks: int, window: int):
-    """d_ij = c(i) − slot_i(j), the RoPE distance of the cache convention (module docstring):
-    min(i, s + w − 1) − j for a sink key (j < s), i − j for a window key."""
+    """The module docstring's d_ij = c(i) − slot_i(j), the RoPE distance of the cache
+    convention, on broadcast position arrays."""
     xp = get_array_module(i, j)
     return xp.where(j < num_sinks, xp.minimum(i, num_sinks + window - 1) - j, i - j)
 
@@ -248,7 +248,7 @@ class SinkAttention(AttentionBase):
     complexity = ("time O(B·H·N²·D), memory O(B·H·N²); decoding O(B·H·(s + w)·D) per token, "
                   "cache O(B·Hkv·(s + w)·D)")
 
-    # "masked" for an instance with rope=False; the cache never outgrows s + w entries
+    # "masked" for an instance with rope=False; the cache never outgrows s + w − 1 entries
     kind = "score"
     supports_kv_cache = True
     bounded_cache = True
@@ -326,7 +326,7 @@ class SinkAttention(AttentionBase):
         return q, _keys_t(k)
 
     def _scores(self, q, k, qpos, kpos):
-        """S (B, H, Nq, Nk) = RoPE scores at the cache-slot distances d_ij, divided by √D;
+        """The module docstring's S (B, H, Nq, Nk), RoPE at the cache-slot distances d_ij;
         ``kpos`` ascending, so the sink keys (positions < s) are its first columns."""
         if not self.rope:
             return matmul(q, _keys_t(k)) * self.scale                   # (B, H, Nq, Nk)

@@ -170,14 +170,14 @@ class StateSpaceDuality(RecurrentAttention):
         return check_heads(v, k, q, f"{self.name} (share='bc', checked as (v, k, q))")
 
     def steps(self, v):
-        """Value heads v (B, H, N, D) → (Δ (B, H, N), log a = −Δ·exp(A_log) (B, H, N))."""
+        """Value heads v (B, H, N, D) → the module docstring's Δ and log a, each (B, H, N)."""
         dt = self.hook_dt(F.softplus(F.einsum("bhnd,hd->bhn", v, self.dt_weight)
                                      + F.reshape(self.dt_bias, (1, -1, 1))))
         return dt, -dt * F.reshape(F.exp(self.A_log), (1, -1, 1))
 
     def decay_matrix(self, v):
-        """L (B, H, N, N) Tensor for value heads v (B, Hkv, N, D): L_ts = a_{s+1} ··· a_t below
-        the diagonal (the symmetric mask when non-causal) — the picture of what is kept."""
+        """The module docstring's L (B, H, N, N) Tensor for value heads v (B, Hkv, N, D; with
+        ``share="bc"`` (B, H, N, D)), symmetric when non-causal — the picture of what is kept."""
         _, log_a = self.steps(repeat_kv(v, self.num_heads))    # "bc": v has its H heads
         return decay_mask(log_a, self.causal)
 
@@ -244,8 +244,7 @@ class StateSpaceDuality(RecurrentAttention):
             scan = ssd_scan(c, b, x, log_a)[0]
             chunked = run_in_chunks(decayed_chunk, c, b, x, log_a, None, 4)[0]
             m = to_host((decay_mask(log_a) * F.matmul(c, F.swapaxes(b, -1, -2))).data)
-        # The mask by hand: L_ts = a_{s+1}···a_t = exp(A_t − A_s) from prefix sums A of log a,
-        # kept for s ≤ t (the lower triangle).
+        # The mask by hand, from prefix sums A of log a: exp(A_t − A_s) for s ≤ t
         a_host = to_host(log_a.data)[0]                                  # (H, T)
         cum = host_xp.cumsum(a_host, -1)
         prod = host_xp.exp(cum[:, :, None] - cum[:, None, :])
