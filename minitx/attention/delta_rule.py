@@ -57,8 +57,8 @@ vectors, and folds τ into the query (q ← τ q̂, as the official kernel does)
 - β_t = σ(w_h·k̃_t + b_h) reads the token through the head's key projection (w_h·W_k x_t, a
   D-dimensional map per head), so that ``attend(q, k, v)`` holds everything; the official layer
   has a projection of its own, β_t = σ(W_β x_t).
-- Not included: the SiLU on q and k before their normalisation, the short causal convolution
-  of q, k and v (kernel 4), and the RMSNorm of each head's output (the official block's
+- Not included: the short causal convolutions (kernel 4) and the SiLU applied to q, k and v
+  before the normalisation, and the RMSNorm of each head's output (the official layer's
   defaults).
 - Non-causal (``causal=False``) is minitx's extension: every query reads the memory after the
   last token, o_t = τ S_N q_t (as bidirectional linear attention reads Σ_j φ(k_j) v_jᵀ).

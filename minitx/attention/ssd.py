@@ -46,8 +46,9 @@ kernels):
 
 - Grouped heads: with ``num_kv_heads`` G < H this layer shares B and X (k and v) among each
   group of H/G heads and keeps C (q) per head — the attention contract's grouped-query layout
-  (the paper's "multi-contract" SSM). Mamba-2's ``ngroups`` shares B and C and keeps X per
-  head (the paper's "multi-value" SSM). ``share="bc"`` gives Mamba-2's layout (C and B
+  (the paper's multi-contract SSM, its analogue of multi-query attention). Mamba-2's
+  ``ngroups`` shares B and C and keeps X per head (the paper's multi-input SSM, or
+  multi-value attention). ``share="bc"`` gives Mamba-2's layout (C and B
   projected to G heads, X to H; tested against Mamba-2's equations; it changes
   ``attend``'s shapes, so the default keeps the contract's).
 - Δ_t reads the token through its value head (w_h·W_v x_t; with ``share="bc"`` the value

@@ -306,3 +306,19 @@ def test_dense_prefill_is_streamingllms_prompt_and_measurably_not_the_pattern(rn
 def test_prefill_is_validated():
     with pytest.raises(OptionError, match="prefill"):
         REGISTRY["sink"](E, H, prefill="full")
+
+
+@settings(max_examples=20, deadline=None)
+@given(s=st.integers(0, 3), w=st.integers(1, 4), n=st.integers(1, 14), seed=st.integers(0, 99))
+def test_a_cache_of_s_plus_w_minus_1_decodes_as_the_full_forward(s, w, n, seed):
+    """Token by token through the trimmed cache (the sinks and the last w − 1 tokens), with
+    no sinks and a window of one token among the cases: the full forward's rows, and never
+    more than s + w − 1 entries held."""
+    lay = layer(num_sinks=s, window=w)
+    x = np.random.default_rng(seed).standard_normal((1, n, E))
+    cache = SinkCache(s, w)
+    steps = []
+    for t in range(n):
+        steps.append(to_host(lay(tensor(x[:, t:t + 1]), kv_cache=cache)))
+        assert cache.size == min(t + 1, s + w - 1)
+    assert_close(np.concatenate(steps, axis=1), lay(tensor(x)), atol=1e-12)
