@@ -7,29 +7,66 @@ over Sequence Length".
 Causal linear attention writes S_t = S_{t−1} + v_t k_tᵀ: a memory from keys to values that
 only ever adds. Writing a second value under the same key leaves a sum of the two. The delta
 rule first reads what the memory holds for k_t, S_{t−1} k_t, and writes the *difference* with
-a strength β_t ∈ (0, 1) (one step of gradient descent on ½‖S k_t − v_t‖²):
+a strength β_t ∈ (0, 1) (one step of gradient descent on ½‖S k_t − v_t‖²); the query reads
+the memory scaled by τ:
 
-    S_t = S_{t−1} + β_t (v_t − S_{t−1} k_t) k_tᵀ = S_{t−1} (I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ
-    o_t = S_t q_t
+$$
+S_t = S_{t-1} + \beta_t \left(v_t - S_{t-1} k_t\right) k_t^\top
+    = S_{t-1}\left(I - \beta_t k_t k_t^\top\right) + \beta_t v_t k_t^\top,
+\qquad o_t = \tau\, S_t q_t
+$$
 
 With ‖k_t‖ = 1 and β_t = 1 the memory then returns exactly v_t for k_t: the old association is
 overwritten (``tests/attention/test_delta_rule.py`` shows it against linear attention).
+``DeltaNet`` makes every key and query a unit vector, k_t = k̃_t/√(‖k̃_t‖² + ε) from the raw
+head k̃_t, takes β_t = σ(w_h·k̃_t + b_h) per head, and τ = 1/√D by default.
 
 **Chunkwise form (Yang et al. 2024).** Write the updates as S_t = S_0 + Σ_{i≤t} u_i k_iᵀ; then
-u_t = β_t (v_t − S_{t−1} k_t) = β_t (v_t − S_0 k_t − Σ_{i<t} (k_iᵀ k_t) u_i), a unit lower-
-triangular system for all u of a chunk at once. With rows U, V, K (c × ·) and the strictly
-lower A_ts = β_t k_t·k_s (s < t):
+u_t = β_t (v_t − S_0 k_t − Σ_{i<t} (k_iᵀ k_t) u_i), a unit lower-triangular system for all u
+of a chunk at once. With rows U, V, K, Q (c × ·), the causal mask M (diagonal included) and
+the strictly lower A_ts = β_t k_t·k_s (s < t):
 
-    (I + A) U = diag(β) (V − K S_0ᵀ)          → U = T diag(β)(V − K S_0ᵀ),  T = (I + A)⁻¹
-    O = Q S_0ᵀ + (Q Kᵀ ⊙ M) U                 M: causal mask, diagonal included
-    S_c = S_0 + Uᵀ K
+$$
+(I + A)\, U = \operatorname{diag}(\beta) \left(V - K S_0^\top\right), \qquad
+O = \tau \left( Q S_0^\top + \left(Q K^\top \odot M\right) U \right), \qquad
+S_c = S_0 + U^\top K
+$$
 
-T is the paper's "UT transform" (it turns the product of Householder-like factors
-(I − β k kᵀ) into this WY form); here it is one triangular solve per chunk. The code stores
-the state transposed, (Dk, Dv), as retention does, so that o_t = q_t S_t with row vectors.
+So the output is linear in V − K S₀ᵀ through the chunk's implied pattern
+P = τ (Q Kᵀ ⊙ M)(I + A)⁻¹ diag(β) (c × c): O = P (V − K S₀ᵀ) + τ Q S₀ᵀ (``hook_pattern``).
+
+T = (I + A)⁻¹ is the paper's "UT transform" (it turns the product of Householder-like factors
+(I − β k kᵀ) into this WY form). It is never formed: ``UnitLowerSolve`` finds U by forward
+substitution, row by row (the recurrence of u_t above), and its gradient by back substitution
+with the transpose: for X = (I + A)⁻¹ R,
+
+$$
+x_t = r_t - \sum_{s<t} A_{ts}\, x_s, \qquad
+(I + A)^\top \bar R = \bar X, \qquad \bar A = -\operatorname{tril}\!\left(\bar R X^\top, -1\right)
+$$
+
+(from dX = −(I + A)⁻¹ dA X, the gradient of a linear solve kept to the entries A holds). The
+code stores the state transposed, (Dk, Dv), as retention does, so that o_t = τ q_t S_t with row
+vectors, and folds τ into the query (q ← τ q̂, as the official kernel does).
+
+**Differences from the official code** (flash-linear-attention's ``DeltaNet`` layer and
+``chunk_delta_rule`` kernel, the paper's code):
+
+- τ = 1/√D, the kernel's default scale, is adopted (``scale=None``); ``scale=1.0`` gives the
+  unscaled o_t = S_t q_t, whose outputs are √D times the official kernel's (tested).
+- β_t = σ(w_h·k̃_t + b_h) reads the token through the head's key projection (w_h·W_k x_t, a
+  D-dimensional map per head), so that ``attend(q, k, v)`` holds everything; the official layer
+  has a projection of its own, β_t = σ(W_β x_t).
+- Not included: the short causal convolutions (kernel 4) and the SiLU applied to q, k and v
+  before the normalisation, and the RMSNorm of each head's output (the official layer's
+  defaults).
+- Non-causal (``causal=False``) is minitx's extension: every query reads the memory after the
+  last token, o_t = τ S_N q_t (as bidirectional linear attention reads Σ_j φ(k_j) v_jᵀ).
+- The chunk length (16 here, 64 there) changes the rounding only, not the output.
 """
 from __future__ import annotations
 
+import math
 
 from .. import functional as F
 from .. import validate
@@ -47,28 +84,30 @@ __all__ = ["UnitLowerSolve", "unit_lower_solve", "delta_chunk", "delta_rule_recu
 
 
 class UnitLowerSolve(Function):
-    """X = (I + A)⁻¹ R for A strictly lower-triangular (…, c, c) (its other entries are not
-    read), R (…, c, m). With M = I + tril(A, −1):
-
-        forward:  M X = R                    (xp.linalg.solve)
-        backward: Mᵀ dR = dX,  dA = −tril(dR Xᵀ, −1)
-
-    (from dX = −M⁻¹ dM X for a change dM: the usual gradient of a linear solve, kept to the
-    entries A contributes). Time O(c³ + c²·m) per matrix."""
+    """X = (I + A)⁻¹ R by forward substitution, and its gradient by back substitution (the
+    module docstring's formulas). A (…, c, c) strictly lower-triangular (its other entries are
+    not read), R (…, c, m). A loop over the c rows, each one step of the recurrence x_t (the
+    UT transform's own). Time O(c²·m) per matrix."""
 
     @staticmethod
     def forward(ctx, a, r):
         xp = get_array_module(a, r)
-        m = xp.tril(a, -1) + xp.eye(a.shape[-1], dtype=a.dtype)               # (…, c, c)
-        x = xp.linalg.solve(m, r)                                              # (…, c, m)
-        ctx.save_for_backward(m, x)
+        x = xp.empty_like(r)                                                   # (…, c, m)
+        for t in range(r.shape[-2]):
+            # row t from the rows above it, already solved
+            x[..., t, :] = r[..., t, :] - (a[..., t:t + 1, :t] @ x[..., :t, :])[..., 0, :]
+        ctx.save_for_backward(a, x)
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        m, x = ctx.saved_tensors
+        a, x = ctx.saved_tensors
         xp = get_array_module(grad)
-        dr = xp.linalg.solve(xp.swapaxes(m, -1, -2), grad)                     # (…, c, m)
+        dr = xp.empty_like(grad)                                               # (…, c, m)
+        # (I + A)ᵀ is unit upper-triangular: solve from the last row up
+        for t in range(grad.shape[-2] - 1, -1, -1):
+            below = xp.swapaxes(a[..., t + 1:, t:t + 1], -1, -2)              # (…, 1, c−t−1)
+            dr[..., t, :] = grad[..., t, :] - (below @ dr[..., t + 1:, :])[..., 0, :]
         return -xp.tril(dr @ xp.swapaxes(x, -1, -2), -1), dr
 
 
@@ -78,17 +117,15 @@ def unit_lower_solve(a, r):
 
 
 def delta_chunk(q, k, v, beta, state=None, causal: bool = True, hook_pattern=None):
-    r"""One chunk of the delta rule, started from the state S₀ the chunks before left (the
-    module docstring's derivation; S stored as (Dk, Dv), so S₀ here is its Sᵀ):
-
-        A = tril(diag(β) K Kᵀ, −1),   U = (I + A)⁻¹ diag(β) (V − K S₀)
-        O = Q S₀ + (Q Kᵀ ⊙ M) U,      S = S₀ + Kᵀ U
+    """One chunk of the delta rule (the module docstring's chunkwise form, with τ already in
+    q), started from the state S₀ the chunks before left (stored as (Dk, Dv), so S₀ here is its
+    transpose).
 
     q, k (B, H, c, Dk) (unit keys), v (B, H, c, Dv), beta (B, H, c), state (B, H, Dk, Dv)
-    Tensor or None. ``causal=False`` (one chunk, no state): O = Q Kᵀ U = Q S, every query
-    reads the final memory. ``hook_pattern``: a HookPoint (or None) that sees and may replace
-    the implied pattern P = (Q Kᵀ ⊙ M)(I + A)⁻¹ diag(β) (B, H, c, c); O = P (V − K S₀) + Q S₀.
-    Returns (O (B, H, c, Dv), S (B, H, Dk, Dv)). Time O(B·H·(c³ + c²·D + c·D²)).
+    Tensor or None. ``causal=False`` (one chunk, no state): every query reads the final
+    memory, O = Q S. ``hook_pattern``: a HookPoint (or None) that sees and may replace the
+    implied pattern P (B, H, c, c) of the module docstring. Returns (O (B, H, c, Dv),
+    S (B, H, Dk, Dv)). Time O(B·H·(c²·D + c·D²)).
     """
     xp = get_array_module(q.data)
     b_ = F.expand_dims(beta, -1)                                        # (B, H, c, 1)
@@ -103,7 +140,7 @@ def delta_chunk(q, k, v, beta, state=None, causal: bool = True, hook_pattern=Non
     if hook_pattern is None:
         out = F.matmul(scores, u)                                       # (B, H, c, Dv)
     else:
-        # the pattern the chunk implies: P = scores T diag(β), so that P R = scores U
+        # the implied pattern, formed from I + A applied to diag(β): P R = scores U
         c = q.shape[2]
         diag_beta = b_ * xp.eye(c, dtype=q.dtype)                       # (B, H, c, c)
         out = F.matmul(hook_pattern(F.matmul(scores, unit_lower_solve(a, diag_beta))), r)
@@ -115,8 +152,8 @@ def delta_chunk(q, k, v, beta, state=None, causal: bool = True, hook_pattern=Non
 
 
 def delta_rule_recurrent(q, k, v, beta):
-    """The recurrent form, token by token (the definition; decoding's step), S as (Dk, Dv):
-    S_t = S_{t−1} + β_t k_tᵀ (v_t − k_t S_{t−1}), o_t = q_t S_t, S_0 = 0.
+    """The module docstring's recurrence, token by token (the definition), with τ already in q
+    and S stored as (Dk, Dv), S_0 = 0.
 
     q, k (B, H, N, Dk), v (B, H, N, Dv), beta (B, H, N) Tensors → (O (B, H, N, Dv), S_N).
     Time O(N·Dk·Dv) per head, state O(Dk·Dv): a loop over positions — the recurrence is the
@@ -144,34 +181,21 @@ class DeltaNet(RecurrentAttention):
     r"""DeltaNet: linear attention whose memory is written with the delta rule — each token
     replaces (by β_t) what the memory held for its key instead of adding to it.
 
-    Formula: S_t = S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ, o_t = S_t q_t (S_0 = 0), with unit
-    keys and queries k_t = k̃_t/‖k̃_t‖, q_t = q̃_t/‖q̃_t‖ and the write strength
-    β_t = σ(w_h·k̃_t + b_h) per head — a learned linear function of the token (k̃_t = W_k x_t).
-
-    $$
-    S_t = S_{t-1}\left(I - \beta_t k_t k_t^\top\right) + \beta_t v_t k_t^\top,
-    \quad o_t = S_t q_t,
-    \quad \beta_t = \sigma\!\left(w_h^\top \tilde k_t + b_h\right)
-    $$
-
-    Computed chunkwise (Yang et al. 2024; ``delta_chunk``): per chunk of C tokens a unit
-    lower-triangular solve U = (I + A)⁻¹ diag(β)(V − K S₀ᵀ), then O = Q S₀ᵀ + (Q Kᵀ ⊙ M) U.
-    Differences from the papers: no SiLU before the normalisation, no short convolution, no
-    output norm (Yang et al.'s block); β reads the token through the head's key projection
-    (w_h·W_k x, so a D-dimensional rather than an E-dimensional projection of x) so that
-    ``attend(q, k, v)`` holds everything. Non-causal (``causal=False``) is minitx's
-    extension: every query reads the memory after the last token, o_t = S_N q_t (as
-    bidirectional linear attention reads Σ_j φ(k_j) v_jᵀ).
+    Formula: the module docstring's recurrence S_t, o_t = τ S_t q_t, on unit keys and queries,
+    with the write strength β_t = σ(w_h·k̃_t + b_h), a learned function of the raw key head.
+    Computed chunkwise (``delta_chunk``: the module docstring's chunkwise form); its
+    differences from the official code are listed there.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); β (B, H, N); the state (B, H, D, D) (stored as Sᵀ).
     Hook points (besides hook_q/k/v/z): ``hook_beta`` β (B, H, N), replaceable;
-    ``hook_pattern`` the implied (B, H, N, N) P = (Q Kᵀ ⊙ M)(I + A)⁻¹ diag(β) with out = P V,
-    replaceable, formed on request (one chunk of N: an N × N solve); ``hook_state`` the
-    state after the last token.
+    ``hook_pattern`` the implied pattern P (module docstring) (B, H, N, N), with out = P V,
+    replaceable, formed on request (one chunk of N: an N × N solve);
+    ``hook_state`` the state after the last token.
 
-    Options: ``causal`` (False), ``chunk_size`` C (16; None: one chunk), ``eps`` (1e-12,
-    under the square root of the normalisations), ``num_kv_heads``, ``bias``. Decoding:
+    Options: ``causal`` (False), ``chunk_size`` C (16; None: one chunk), ``scale`` τ (None:
+    1/√D, the official kernel's; a positive number: that), ``eps`` (1e-12, under the square
+    root of the normalisations), ``num_kv_heads``, ``bias``. Decoding:
     ``forward(x, kv_cache=layer.new_cache())`` (a ``RecurrentState``, constant size).
 
     Complexity: {complexity}; decoding O(D²) per token and head.
@@ -189,9 +213,11 @@ class DeltaNet(RecurrentAttention):
     kind = "score"
 
     def __init__(self, embed_dim, num_heads, causal=False, chunk_size=16, eps: float = 1e-12,
-                 **base):
+                 scale: float = None, **base):
         super().__init__(embed_dim, num_heads, causal=causal, chunk_size=chunk_size, **base)
         self.eps = validate.positive_real(eps, "eps", owner=self.name)
+        self.scale = 1.0 / math.sqrt(self.head_dim) if scale is None else \
+            validate.positive_real(scale, "scale", owner=self.name)
         h, d = self.num_heads, self.head_dim
         # β_t = σ(w_h·k̃_t + b_h): w small at the start, so every β starts near σ(0) = 1/2
         self.beta_weight = Parameter(
@@ -201,10 +227,11 @@ class DeltaNet(RecurrentAttention):
         self.hook_pattern = HookPoint()     # (B, H, N, N) implied pattern, on request
 
     def features(self, q, k):
-        """Raw heads q (B, H, N, D), k (B, H, N, D) → unit q, unit k, β (B, H, N)."""
+        """Raw heads q (B, H, N, D), k (B, H, N, D) → τ·(unit q), unit k, β (B, H, N)."""
         beta = F.sigmoid(F.einsum("bhnd,hd->bhn", k, self.beta_weight)
                          + F.reshape(self.beta_bias, (1, -1, 1)))
-        return _unit_rows(q, self.eps), _unit_rows(k, self.eps), self.hook_beta(beta)
+        return (_unit_rows(q, self.eps) * self.scale, _unit_rows(k, self.eps),
+                self.hook_beta(beta))
 
     def _chunk(self, q, k, v, beta, state):
         hooked = self.hook_pattern if self.hook_pattern.active else None
@@ -240,17 +267,17 @@ class DeltaNet(RecurrentAttention):
         return out
 
     def reference(self, q, k, v):
-        """Raw-array recurrence S ← S + β k̂ᵀ(v − k̂ S), o = q̂ S, token by token in float64
+        """Raw arrays: the module docstring's recurrence token by token, o = τ q̂ S
         (non-causal: every query reads the final S) — the definition, for tests."""
         xp = get_array_module(q)
         h = q.shape[1]
         k, v = repeat_kv_array(k, h), repeat_kv_array(v, h)
-        # β_t = σ(w·k_t + b) ∈ (0, 1) and unit q̂, k̂: then I − β k̂ᵀk̂ has eigenvalues in [0, 1],
-        # so each write S ← (I − β k̂ᵀk̂) S + β k̂ᵀv cannot blow S up.
+        # β_t ∈ (0, 1) and a unit k̂: each write's factor I − β k̂ k̂ᵀ has eigenvalues in [0, 1],
+        # so the memory cannot blow up
         w = self.beta_weight.data.astype(q.dtype)
         beta = 1 / (1 + xp.exp(-(xp.einsum("bhnd,hd->bhn", k, w)
                                  + self.beta_bias.data.astype(q.dtype)[:, None])))
-        qn = q / xp.sqrt((q * q).sum(-1, keepdims=True) + self.eps)
+        qn = q / xp.sqrt((q * q).sum(-1, keepdims=True) + self.eps) * self.scale
         kn = k / xp.sqrt((k * k).sum(-1, keepdims=True) + self.eps)
         # The delta rule: read what S stores under k̂_t, move it towards v_t by a step β_t,
         # then read with q̂_t; S (B, H, Dk, Dv) starts at zero.

@@ -5,21 +5,49 @@ Ye, Dong, Xia, Sun, Zhu, Huang & Wei (2024), "Differential Transformer".
 Softmax attention never gives a key exactly zero weight, so every query spends some of its
 mass on irrelevant context ("attention noise"). Differential attention computes two maps from
 two halves of the query and key and subtracts one from the other, as a differential amplifier
-subtracts the noise two inputs share:
+subtracts the noise two inputs share. With [Q₁; Q₂] = X W_Q and [K₁; K₂] = X W_K (each half of
+width d), V = X W_V (width 2d), l the layer's depth (1 = the first layer) and λ_q1, λ_k1,
+λ_q2, λ_k2 ∈ R^d learned (one λ per layer, shared by its heads):
 
-    [Q₁; Q₂] = X W_Q,  [K₁; K₂] = X W_K   (each half of width d),   V = X W_V   (width 2d)
-    DiffAttn(X) = (softmax(Q₁K₁ᵀ/√d) − λ softmax(Q₂K₂ᵀ/√d)) V
-    λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init,    λ_init = 0.8 − 0.6·exp(−0.3·(l − 1))
+$$
+\operatorname{DiffAttn}(X) = \left( \operatorname{softmax}\!\left(
+\frac{Q_1 K_1^\top}{\sqrt{d}} \right) - \lambda \operatorname{softmax}\!\left(
+\frac{Q_2 K_2^\top}{\sqrt{d}} \right) \right) V,
+\quad \lambda = e^{\lambda_{q_1} \cdot \lambda_{k_1}} - e^{\lambda_{q_2} \cdot \lambda_{k_2}}
++ \lambda_{\mathrm{init}},
+\quad \lambda_{\mathrm{init}} = 0.8 - 0.6\, e^{-0.3 (l - 1)}
+$$
 
-with λ_q1, λ_k1, λ_q2, λ_k2 ∈ R^d learned (one λ per layer, shared by its heads) and l the
-layer's depth (1 = the first layer). Each head's output is normalised on its own (RMSNorm
-over its 2d features, the paper's "GroupNorm") and scaled by (1 − λ_init), which keeps the
-gradient flow like a Transformer's:
+Each head's output is normalised on its own (RMSNorm over its 2d features, the paper's
+"GroupNorm") and scaled by (1 − λ_init), which keeps the gradient flow like a Transformer's:
 
-    head_h = (1 − λ_init) · RMSNorm(DiffAttn_h(X)),    y = [head_1; …; head_H] W_O
+$$
+\mathrm{head}_h = (1 - \lambda_{\mathrm{init}})\,
+\operatorname{RMSNorm}\!\left( \operatorname{DiffAttn}_h(X) \right),
+\qquad y = [\mathrm{head}_1; \dots; \mathrm{head}_H]\, W_O
+$$
+
+With ``rope=True`` each half Q₁, Q₂, K₁, K₂ is rotated by its token's position first (RoPE
+on every half-head of width d, pairs (2i, 2i + 1), θ_i = base^(−2i/d)), as in the paper's
+code; the scores above then read (R Q₁)(R K₁)ᵀ and (R Q₂)(R K₂)ᵀ.
 
 Each row of the map softmax(·) − λ softmax(·) sums to 1 − λ, not 1, and its entries can be
 negative: it is a different score function, not an approximation of softmax attention.
+
+**Differences from the official code** (the authors' ``MultiheadDiffAttn``):
+
+- RoPE: the official layer always rotates every query/key half-head; here it is the
+  ``rope`` option (False by default, so the layer takes whatever positions a model gives it;
+  ``GPTConfig(attention="diff", position="none", attention_options={"rope": True})`` is the
+  official arrangement — ``position="rope"`` selects the ``rope`` variant itself and so is
+  refused beside ``diff``). With ``rope=True`` the layer equals a torch transcription of the
+  official equations (tested, outputs and gradients, and through a KV cache).
+- Grouped heads: with Hkv < H, query head h reads both halves of key/value head
+  h // (H/Hkv); the official code repeats key *half*-heads instead, which pairs a head's two
+  queries with one half (the two agree for Hkv = H).
+- The head count is given per differential head, as the official code's: ``diff`` with H
+  heads (each of width D = E/H, halves d = D/2) is the paper's model with H heads, which it
+  compares with a Transformer of 2H heads.
 """
 from __future__ import annotations
 
@@ -41,13 +69,14 @@ from ..ops.linalg import matmul
 from ..ops.sdpa import attention_scores, scaled_dot_product_attention
 from .base import (AttentionBase, causal_pattern, check_heads, register, repeat_kv,
                    repeat_kv_array, softmax_rows_array)
+from .positions import apply_rope
 
 __all__ = ["lambda_init_for_depth", "DifferentialAttention"]
 
 
 def lambda_init_for_depth(layer_index: int) -> float:
-    """λ_init = 0.8 − 0.6·exp(−0.3·(l − 1)) for the paper's 1-based depth l = layer_index + 1
-    (minitx counts layers from 0): 0.2 for the first layer, rising towards 0.8."""
+    """The module docstring's λ_init for the paper's 1-based depth l = layer_index + 1 (minitx
+    counts layers from 0): 0.2 for the first layer, rising towards 0.8."""
     layer_index = validate.nonnegative_int(layer_index, "layer_index", owner="diff")
     return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
 
@@ -57,35 +86,22 @@ class DifferentialAttention(AttentionBase):
     r"""Differential attention: two softmax maps from split query/key halves, the second
     subtracted with a learned weight λ, each head RMS-normalised.
 
-    Formula: for head h with q = [q₁; q₂], k = [k₁; k₂] (halves of width d = D/2) and v (D),
+    Formula: the module docstring's head_h = (1 − λ_init) RMSNorm((P₁ − λ P₂) v), with
+    P₁ = softmax(q₁k₁ᵀ/√d + M) and P₂ = softmax(q₂k₂ᵀ/√d + M) from the halves of each head's
+    q and k (M the causal or given mask), RoPE on each half with ``rope``; its differences
+    from the official code are listed there.
 
-        P₁ = softmax(q₁k₁ᵀ/√d + M),   P₂ = softmax(q₂k₂ᵀ/√d + M)
-        λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init,  λ_init = 0.8 − 0.6·exp(−0.3·(l − 1))
-        head_h = (1 − λ_init) · RMSNorm((P₁ − λ P₂) v),   y = [head_1; …; head_H] W_O
-
-    $$
-    \mathrm{head}_h = (1 - \lambda_{\mathrm{init}})\,
-    \operatorname{RMSNorm}\!\left( \left( \operatorname{softmax}\!\left(
-    \frac{Q_1 K_1^\top}{\sqrt{d}} \right) - \lambda \operatorname{softmax}\!\left(
-    \frac{Q_2 K_2^\top}{\sqrt{d}} \right) \right) V \right),
-    \quad \lambda = e^{\lambda_{q_1} \cdot \lambda_{k_1}} - e^{\lambda_{q_2} \cdot \lambda_{k_2}}
-    + \lambda_{\mathrm{init}}
-    $$
-
-    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
-    k/v (B, Hkv, N, D) → (B, H, N, D), D = E/H even, d = D/2; P₁, P₂ (B, H, N, Nk); λ (1,).
-    Heads: the paper halves the head count of the Transformer it compares with, so that each
-    differential head, with two query/key pairs of width d and a value of width 2d, costs what
-    two ordinary heads cost. minitx keeps ``num_heads`` H as given and splits each head of
-    width D = E/H into the two halves: the projections are exactly ``mha``'s (same
-    parameters), plus λ_q1, λ_k1, λ_q2, λ_k2 (d,) and the RMSNorm weight (D,), shared by the
-    heads. So ``diff`` with H heads is the paper's model with H heads (a Transformer with 2H).
-    With Hkv < H, query head h reads both halves of key/value head h // (H/Hkv) (the paper's
-    code repeats key *half*-heads instead, which pairs a head's two queries with one half).
+    Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, Nq, D),
+    k/v (B, Hkv, Nk, D) → (B, H, Nq, D), D = E/H even, d = D/2 (keys at positions
+    0 … Nk − 1, queries at the last Nq, for RoPE); P₁, P₂ (B, H, Nq, Nk); λ (1,). The
+    projections are exactly ``mha``'s (same parameters), plus λ_q1, λ_k1, λ_q2, λ_k2 (d,)
+    and the RMSNorm weight (D,), shared by the heads.
 
     Options: ``layer_index`` l − 1 (0-based depth, default 0; GPT and the transformer stacks
     fill it in), ``lambda_init`` (None → from ``layer_index``; a number fixes it), ``eps``
-    of the RMSNorm (1e-5, the paper's), plus ``causal``, ``num_kv_heads``, ``bias``.
+    of the RMSNorm (1e-5, the paper's), ``rope`` (False; True rotates every half-head as the
+    paper's code, d even, so D a multiple of 4), ``base`` (RoPE's, 10000.0), plus
+    ``causal``, ``num_kv_heads``, ``bias``.
 
     Complexity: {complexity}; two maps of half width, so the same as ``mha``.
 
@@ -103,7 +119,8 @@ class DifferentialAttention(AttentionBase):
     model_options = ("layer_index",)
 
     def __init__(self, embed_dim, num_heads, causal=False, num_kv_heads=None, bias=True,
-                 layer_index: int = 0, lambda_init: float = None, eps: float = 1e-5):
+                 layer_index: int = 0, lambda_init: float = None, eps: float = 1e-5,
+                 rope: bool = False, base: float = 10000.0):
         super().__init__(embed_dim, num_heads, causal=causal, num_kv_heads=num_kv_heads,
                          bias=bias)
         # Each head splits into two query/key halves of width d = D/2, so D must be even; λ_init
@@ -116,14 +133,20 @@ class DifferentialAttention(AttentionBase):
         self._lambda_init = None if lambda_init is None else \
             validate.real(lambda_init, "lambda_init", owner=who)
         half = self.head_dim // 2
+        self.rope = validate.boolean(rope, "rope", owner=who)
+        self.base = validate.positive_real(base, "base", owner=who)
+        if self.rope and half % 2:
+            raise validate.OptionError(f"{who}: rope=True rotates pairs of each half-head, so "
+                                       f"the head dim embed_dim/num_heads must be a multiple "
+                                       f"of 4, got {self.head_dim}")
         # λ's four vectors, N(0, 0.1²) as in the paper's code
         for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
             setattr(self, name, Parameter(active_xp().zeros((half,), dtype="float32")))
             init.normal_(getattr(self, name), 0.0, 0.1)
         self.head_norm = RMSNorm(self.head_dim, eps=validate.positive_real(eps, "eps",
                                                                            owner=who))
-        self.hook_pattern1 = HookPoint()     # (B, H, N, Nk) P₁ = softmax(q₁k₁ᵀ/√d + M)
-        self.hook_pattern2 = HookPoint()     # (B, H, N, Nk) P₂ = softmax(q₂k₂ᵀ/√d + M)
+        self.hook_pattern1 = HookPoint()     # (B, H, N, Nk) the first map P₁
+        self.hook_pattern2 = HookPoint()     # (B, H, N, Nk) the second map P₂
         self.hook_pattern = HookPoint()      # (B, H, N, Nk) P₁ − λ P₂, the map V is read with
         self.hook_lambda = HookPoint()       # (1,) λ
 
@@ -139,13 +162,13 @@ class DifferentialAttention(AttentionBase):
 
     @property
     def lambda_init(self) -> float:
-        """λ_init: the ``lambda_init`` given, else 0.8 − 0.6·exp(−0.3·layer_index)."""
+        """λ_init: the ``lambda_init`` given, else the paper's schedule at ``layer_index``."""
         if self._lambda_init is not None:
             return self._lambda_init
         return lambda_init_for_depth(self.layer_index)
 
     def lambda_value(self):
-        """λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, a differentiable (1,) Tensor."""
+        """The module docstring's λ, a differentiable (1,) Tensor."""
         first = (self.lambda_q1 * self.lambda_k1).sum(axis=-1, keepdims=True).exp()
         second = (self.lambda_q2 * self.lambda_k2).sum(axis=-1, keepdims=True).exp()
         return first - second + self.lambda_init
@@ -160,6 +183,11 @@ class DifferentialAttention(AttentionBase):
         half = q.shape[-1] // 2
         q1, q2 = q[..., :half], q[..., half:]                        # (B, H, Nq, d) each
         k1, k2 = k[..., :half], k[..., half:]                        # (B, Hkv, Nk, d) each
+        if self.rope:
+            # every half-head rotated by position: keys 0 … Nk − 1, queries the last Nq
+            nq, nk = q.shape[2], k.shape[2]
+            q1, q2 = (apply_rope(t, offset=nk - nq, base=self.base) for t in (q1, q2))
+            k1, k2 = (apply_rope(t, base=self.base) for t in (k1, k2))
         lam = self.hook_lambda(self.lambda_value())                  # (1,)
         opts = dict(attn_mask=attn_mask, is_causal=self.causal, scale=1.0 / math.sqrt(half),
                     enable_gqa=True)
@@ -183,9 +211,18 @@ class DifferentialAttention(AttentionBase):
         v = repeat_kv_array(v, q.shape[1])
         nq, nk, half = q.shape[2], k.shape[2], q.shape[3] // 2
         allowed = causal_pattern(nq, nk, xp) if self.causal else None
-        p = [softmax_rows_array(xp.einsum("bhid,bhjd->bhij", q[..., s], k[..., s])
-                                / math.sqrt(half), allowed)
-             for s in (slice(0, half), slice(half, None))]
+        halves = [(q[..., s], k[..., s]) for s in (slice(0, half), slice(half, None))]
+        if self.rope:
+            # the rotation as a phase: ⟨R_i q, R_j k⟩ = Re Σ_t q_t conj(k_t) e^{i(i − j)θ_t}
+            theta = self.base ** (-2.0 * xp.arange(half // 2) / half)             # (d/2,)
+            dist = xp.arange(nk - nq, nk)[:, None] - xp.arange(nk)[None, :]       # (Nq, Nk)
+            phase = xp.exp(1j * dist[:, :, None] * theta)                         # (Nq, Nk, d/2)
+            scores = [xp.einsum("bhit,bhjt,ijt->bhij", a[..., 0::2] + 1j * a[..., 1::2],
+                                (c[..., 0::2] + 1j * c[..., 1::2]).conj(), phase).real
+                      for a, c in halves]
+        else:
+            scores = [xp.einsum("bhid,bhjd->bhij", a, c) for a, c in halves]
+        p = [softmax_rows_array(s / math.sqrt(half), allowed) for s in scores]
         lam = self.lambda_value().data.astype(q.dtype)                # (1,)
         o = (p[0] - lam * p[1]) @ v                                  # (B, H, Nq, D)
         o = o / xp.sqrt((o * o).mean(axis=-1, keepdims=True) + self.head_norm.eps)

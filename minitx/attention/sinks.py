@@ -5,24 +5,30 @@ attention on the first few tokens of the text, whatever those tokens say: softma
 mass somewhere, and the first tokens, seen by every later query, become the place ("attention
 sinks"). Plain window attention evicts them once the text outgrows the window, and the model
 falls apart. Keeping the first s tokens *and* the last w ones fixes it, so a model can decode
-an unbounded stream with a cache of s + w entries.
+an unbounded stream with a bounded cache.
 
-**The pattern** (the training-time form, causal): query i may see key j iff
-
-    j ≤ i  and  ( j < s  or  i − j < w )          (s = ``num_sinks``, w = ``window``)
-
-— ``sink_rule``, built on ``masks.local_rule``. Without ``causal`` the window is two-sided,
+**The pattern** (the training-time form, causal): query i may see key j iff j ≤ i and (j < s
+or i − j < w), s = ``num_sinks``, w = ``window`` (the window counts the query itself) —
+``sink_rule``, built on ``masks.local_rule``. Without ``causal`` the window is two-sided,
 |i − j| < w, and the sinks are seen by every query.
 
 **The rolling cache** (``SinkCache``): after t tokens it holds the positions
-[0, s) ∪ [t − w, t) — never more than s + w entries. A new query at position i ≥ t − 1 needs
-exactly those (plus itself): every evicted key is outside its pattern.
+[0, s) ∪ [t − w + 1, t) — never more than s + w − 1 entries. The next query, at position t,
+needs exactly those and itself: every evicted key is outside its pattern.
 
 **Positions inside the cache.** The paper applies RoPE by the slot a token holds *in the
-cache*, not by its place in the text: with the cache [0 1 2 3 | 6 7 8] decoding token 9, the
-positions used are 0 … 7. So the keys are cached un-rotated and rotated at attention time by
-their slot; the query by its own slot, c(i) = min(i, s + w − 1). A RoPE score depends only on
-the difference of the two slots (``positions.py``: ⟨R_a q, R_b k⟩ = ⟨q, R_{b−a} k⟩), which is
+cache*, not by its place in the text: with s = 4, w = 4 and the cache [0 1 2 3 | 6 7 8]
+decoding token 9, the positions used are 0 … 7. So the keys are cached un-rotated and rotated
+at attention time by their slot; the query by its own slot, c(i) = min(i, s + w − 1). A RoPE
+score depends only on the difference of the two slots (``positions.py``:
+⟨R_a q, R_b k⟩ = ⟨q, R_{b−a} k⟩), d_ij, so the layer computes, with R_d the rotation by d:
+
+$$
+O = \operatorname{softmax}\!\left( S + M \right) V, \quad
+S_{ij} = \frac{\langle q_i, R_{-d_{ij}}\, k_j \rangle}{\sqrt{D}}, \quad
+M_{ij} = \begin{cases} 0 & j \le i \ \text{and}\ \left( j < s \ \text{or}\ i - j < w \right) \\
+-\infty & \text{otherwise} \end{cases}
+$$
 
 $$
 d_{ij} = c(i) - \mathrm{slot}_i(j) =
@@ -39,8 +45,25 @@ decoded, so decoding through the cache equals the full forward at every length �
 while the window still holds every token (tested through GPT in float64, 8× the window past
 ``block_size``).
 
-``rope=False`` leaves the positions out: then the layer is exact under ``pattern(n)``
-(kind "masked"), and a model needs positions of its own.
+``rope=False`` leaves the positions out (S = Q Kᵀ/√D): then the layer is exact under
+``pattern(n)`` (kind "masked"), and a model needs positions of its own.
+
+**Differences from the official code** (StreamingLLM's ``StartRecentKVCache`` and its
+position-shifted attention):
+
+- ``window`` w is StreamingLLM's ``recent_size`` + 1: minitx counts the query itself, so a
+  decoded token sees the s sinks, the w − 1 tokens before it and itself, s + w keys in all
+  (``start_size`` + ``recent_size`` + 1 there).
+- Adopted: between steps the cache holds at most s + w − 1 entries, the sinks and the last
+  w − 1 tokens, as StreamingLLM's after its eviction (``start_size`` + ``recent_size``);
+  nothing it holds goes unread by the next query.
+- A prompt of several tokens (a prefill through the cache) applies the sink and window
+  pattern inside the chunk by default (``prefill="pattern"``), so that any split into chunks
+  gives the full forward's numbers. StreamingLLM runs the prompt densely: each of its tokens
+  sees every earlier token of the prompt and the cache, RoPE by cache slot.
+  ``prefill="dense"`` does that. The two are the same for one-token steps and for a first
+  chunk of at most s + w tokens, and differ beyond (tested: max |Δ| from 0.16 to 0.57 in the
+  outputs of a small float64 layer, s = 2, w = 3).
 """
 from __future__ import annotations
 
@@ -80,8 +103,8 @@ def sink_mask(n: int, num_sinks: int = 4, window: int = 16, causal: bool = True)
 
 
 def sink_distances(i, j, num_sinks: int, window: int):
-    """d_ij = c(i) − slot_i(j), the RoPE distance of the cache convention (module docstring):
-    min(i, s + w − 1) − j for a sink key (j < s), i − j for a window key."""
+    """The module docstring's d_ij = c(i) − slot_i(j), the RoPE distance of the cache
+    convention, on broadcast position arrays."""
     xp = get_array_module(i, j)
     return xp.where(j < num_sinks, xp.minimum(i, num_sinks + window - 1) - j, i - j)
 
@@ -100,14 +123,14 @@ def _columns(k, start, stop):
 
 class SinkCache:
     """The rolling key/value cache of one sink-attention layer: the first ``num_sinks`` tokens
-    and the last ``window``, at most s + w entries, keys un-rotated (RoPE is applied at
-    attention time, by cache slot).
+    and the last ``window`` − 1, at most s + w − 1 entries (all the next query reads besides
+    itself), keys un-rotated (RoPE is applied at attention time, by cache slot).
 
     ``update(k, v)`` with k (B, Hkv, n, D), v (B, Hkv, n, Dv) returns what the n new queries
     may see — the held entries then the new ones, as Tensors (B, Hkv, m + n, ·), and their
     text positions (a host int array) — and then evicts all but the sinks and the last
-    ``window``. ``len(cache)`` is the number of tokens seen (the position the next token
-    takes); ``size`` the entries held (≤ s + w); ``positions`` their text positions. Each
+    ``window`` − 1. ``len(cache)`` is the number of tokens seen (the position the next token
+    takes); ``size`` the entries held (≤ s + w − 1); ``positions`` their text positions. Each
     update copies O(B·Hkv·(s + w + n)·D) (a ring buffer would avoid the copy; this is the
     reference). Holds raw arrays: for inference, no gradients flow through it.
     """
@@ -128,7 +151,7 @@ class SinkCache:
 
     @property
     def size(self) -> int:
-        """Entries held: min(tokens seen, num_sinks + window)."""
+        """Entries held: min(tokens seen, num_sinks + window − 1)."""
         return int(self.positions.shape[0])
 
     @property
@@ -162,7 +185,7 @@ class SinkCache:
 
     def update(self, k, v):
         """Add k (B, Hkv, n, D), v (B, Hkv, n, Dv); return (keys, values, positions) of the
-        held entries followed by the new ones; then keep only the sinks and the last window."""
+        held entries followed by the new ones; then keep only the sinks and the last w − 1."""
         k, v = (a.data if isinstance(a, Tensor) else a for a in (k, v))
         k, v = self._check(k, v)
         xp = get_array_module(k)
@@ -173,10 +196,10 @@ class SinkCache:
         keys = k if self._k is None else xp.concatenate([self._k, k], axis=2)
         values = v if self._v is None else xp.concatenate([self._v, v], axis=2)
         self.seen += n
-        # evict: keep the first num_sinks entries (the sinks) and the last `window` of the rest
+        # evict: keep the sinks and the last w − 1 of the rest, all that the next query reads
         total = positions.shape[0]
         ns = min(self.num_sinks, total)
-        start = max(ns, total - self.window)
+        start = max(ns, total - (self.window - 1))
         self._k = xp.concatenate([keys[:, :, :ns], keys[:, :, start:]], axis=2)
         self._v = xp.concatenate([values[:, :, :ns], values[:, :, start:]], axis=2)
         self.positions = host_xp.concatenate([positions[:ns], positions[start:]])
@@ -188,28 +211,23 @@ class SinkCache:
 @register("sink")
 class SinkAttention(AttentionBase):
     r"""Attention sinks (StreamingLLM): causal softmax attention to the first s tokens and the
-    last w, RoPE by cache slot, decoded through a cache of at most s + w entries.
+    last w, RoPE by cache slot, decoded through a cache of at most s + w − 1 entries.
 
-    Formula: O = softmax(S + M) V with M_ij = 0 iff j ≤ i and (j < s or i − j < w), −inf
-    otherwise; S_ij = ⟨R_{c(i)} q_i, R_{c(i) − d_ij} k_j⟩/√D, the RoPE score at the slot
-    distance d_ij = min(i, s + w − 1) − j for a sink key (j < s) and i − j for a window key
-    (module docstring). ``rope=False``: S = Q Kᵀ/√D.
-
-    $$
-    O = \operatorname{softmax}\!\left( S + M \right) V, \quad
-    S_{ij} = \frac{\langle q_i, R_{-d_{ij}}\, k_j \rangle}{\sqrt{D}}, \quad
-    M_{ij} = 0 \iff j \le i \ \text{and}\ \left( j < s \ \text{or}\ i - j < w \right)
-    $$
+    Formula: the module docstring's O = softmax(S + M) V, the sink and window mask M and the
+    RoPE score S at the cache-slot distance d_ij (``rope=False``: S = Q Kᵀ/√D); its
+    differences from the official code are listed there.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, Nq, D),
     k/v (B, Hkv, Nk, D) → (B, H, Nq, D) (queries at the last Nq positions); scores
-    (B, H, Nq, Nk) as two blocks, sink columns then window columns; cache (B, Hkv, ≤ s + w, D).
-    Hooks: ``hook_mask`` (Nq, Nk) bool, ``hook_attn_scores`` S (−inf outside the pattern),
-    ``hook_pattern`` the softmax, with O = pattern · V. RoPE needs an even head dim D.
+    (B, H, Nq, Nk) as two blocks, sink columns then window columns; cache
+    (B, Hkv, ≤ s + w − 1, D). Hooks: ``hook_mask`` (Nq, Nk) bool, ``hook_attn_scores`` S
+    (−inf outside the pattern), ``hook_pattern`` the softmax, with O = pattern · V. RoPE needs
+    an even head dim D.
 
     Options: ``num_sinks`` s (default 4), ``window`` w (16, counting the token itself),
-    ``rope`` (True), ``base`` (RoPE's, 10000.0), ``causal`` (False; the cache needs True),
-    ``num_kv_heads``, ``bias``.
+    ``rope`` (True), ``base`` (RoPE's, 10000.0), ``prefill`` ("pattern": a chunk through the
+    cache is attended under the sink pattern, as the full forward; "dense": StreamingLLM's
+    dense prompt), ``causal`` (False; the cache needs True), ``num_kv_heads``, ``bias``.
 
     Complexity: {complexity}; the training-time form is dense under its mask.
 
@@ -222,27 +240,29 @@ class SinkAttention(AttentionBase):
 
     Beyond the registry contract: ``new_cache()`` gives a ``SinkCache``, and
     ``forward(x, kv_cache=cache)`` decodes through it (causal only). ``bounded_cache = True``
-    (a class attribute a model may read): the cache never holds more than s + w entries, so
-    ``GPT.generate`` keeps decoding through it past ``block_size`` instead of cropping the
+    (a class attribute a model may read): the cache never holds more than s + w − 1 entries,
+    so ``GPT.generate`` keeps decoding through it past ``block_size`` instead of cropping the
     context (with ``position`` "none" or "sinusoidal").
     """
 
     complexity = ("time O(B·H·N²·D), memory O(B·H·N²); decoding O(B·H·(s + w)·D) per token, "
                   "cache O(B·Hkv·(s + w)·D)")
 
-    # "masked" for an instance with rope=False; the cache never outgrows s + w entries
+    # "masked" for an instance with rope=False; the cache never outgrows s + w − 1 entries
     kind = "score"
     supports_kv_cache = True
     bounded_cache = True
 
     def __init__(self, embed_dim, num_heads, causal=False, num_sinks: int = 4, window: int = 16,
-                 rope: bool = True, base: float = 10000.0, **options):
+                 rope: bool = True, base: float = 10000.0, prefill: str = "pattern",
+                 **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
         # the options, each checked by name
         self.num_sinks = validate.nonnegative_int(num_sinks, "num_sinks", owner="sink")
         self.window = validate.positive_int(window, "window", owner="sink")
         self.rope = validate.boolean(rope, "rope", owner="sink")
         self.base = validate.positive_real(base, "base", owner="sink")
+        self.prefill = validate.choice(prefill, "prefill", ("pattern", "dense"), owner="sink")
         if self.rope and self.head_dim % 2:
             raise validate.OptionError(f"sink: rope=True needs an even head dim "
                                        f"embed_dim/num_heads, got {self.head_dim}")
@@ -291,11 +311,22 @@ class SinkAttention(AttentionBase):
                    ((self.hook_q, q), (self.hook_k, k), (self.hook_v, v)))
         # keys/values the new queries may see, and their text positions (host ints)
         k, v, kpos = kv_cache.update(k, v)                           # (B, Hkv, m + N, D)
-        y = self._attend(q, k, v, kpos[-x.shape[1]:], kpos)
+        if self.prefill == "dense" and x.shape[1] > 1:
+            # StreamingLLM's prompt: causal over everything held, text positions → cache slots
+            slots = host_xp.arange(kpos.shape[0])
+            y = self._attend(q, k, v, slots[-x.shape[1]:], slots, dense=True)
+        else:
+            y = self._attend(q, k, v, kpos[-x.shape[1]:], kpos)
         return self.out_proj(merge_heads(hooked_heads(self.hook_z, y)))
 
+    def _rotated(self, q, k, qpos, kpos):
+        """(q rotated by ``qpos``, kᵀ rotated by ``kpos``), or unrotated with ``rope=False``."""
+        if self.rope:
+            q, k = apply_rope(q, qpos, base=self.base), apply_rope(k, kpos, base=self.base)
+        return q, _keys_t(k)
+
     def _scores(self, q, k, qpos, kpos):
-        """S (B, H, Nq, Nk) = RoPE scores at the cache-slot distances d_ij, divided by √D;
+        """The module docstring's S (B, H, Nq, Nk), RoPE at the cache-slot distances d_ij;
         ``kpos`` ascending, so the sink keys (positions < s) are its first columns."""
         if not self.rope:
             return matmul(q, _keys_t(k)) * self.scale                   # (B, H, Nq, Nk)
@@ -316,16 +347,23 @@ class SinkAttention(AttentionBase):
         scores = blocks[0] if len(blocks) == 1 else concatenate(blocks, axis=-1)
         return scores * self.scale
 
-    def _attend(self, q, k, v, qpos, kpos):
+    def _attend(self, q, k, v, qpos, kpos, dense: bool = False):
         """Softmax attention under the sink pattern for queries at text positions ``qpos``
-        (Nq,) and keys at ``kpos`` (Nk,), both host int arrays, ascending."""
+        (Nq,) and keys at ``kpos`` (Nk,), both host int arrays, ascending. ``dense``: causal
+        attention to every key instead, ``qpos`` and ``kpos`` being cache slots (RoPE by
+        them), StreamingLLM's prompt."""
         _, h, _, _, _, _ = check_heads(q, k, v, f"{self.name}.attend")
         k, v = repeat_kv(k, h), repeat_kv(v, h)                         # (B, H, Nk, D)
         # the pattern on these positions, moved once to the data's device
-        allowed = sink_rule(qpos[:, None], kpos[None, :], self.num_sinks, self.window,
-                            self.causal)
+        if dense:
+            allowed = qpos[:, None] >= kpos[None, :]
+            scores = matmul(*self._rotated(q, k, qpos, kpos)) * self.scale
+        else:
+            allowed = sink_rule(qpos[:, None], kpos[None, :], self.num_sinks, self.window,
+                                self.causal)
+            scores = self._scores(q, k, qpos, kpos)
         allowed = self.hook_mask(Tensor._wrap(to_device_of(allowed, q.data))).data   # (Nq, Nk)
-        scores = masked_fill(self._scores(q, k, qpos, kpos), ~allowed, -math.inf)
+        scores = masked_fill(scores, ~allowed, -math.inf)
         scores = self.hook_attn_scores(scores)                          # (B, H, Nq, Nk)
         pattern = self.hook_pattern(softmax(scores, axis=-1))           # a row: sums to 1
         return matmul(pattern, v)                             # (B, H, Nq, Nk) @ (B, H, Nk, D)
@@ -369,7 +407,7 @@ class SinkAttention(AttentionBase):
         # s + w − 1, a plain softmax over the s + w held keys
         q, k, v = (g.standard_normal((1, 2, n, 4)) for _ in range(3))
         out = layer.attend(*(Tensor(a) for a in (q, k, v))).numpy()
-        # the cache of the last query holds positions [0, s) ∪ [n − w, n)
+        # the last query reads positions [0, s) ∪ [n − w, n): the cache then itself
         held_pos = host_xp.r_[0:s, n - w:n]
         kr = apply_rope(k[:, :, held_pos], host_xp.arange(s + w))
         qr = apply_rope(q[:, :, -1:], host_xp.asarray([s + w - 1]))
@@ -378,8 +416,8 @@ class SinkAttention(AttentionBase):
         ref = to_host(layer.reference(*(Tensor(a).data for a in (q, k, v))))
         return [(f"decoding {n} tokens through the rolling cache − full forward, max |Δ|",
                  float(host_xp.abs(steps - full).max()), 1e-12),
-                (f"most entries the cache held over {n} tokens (s + w = {s + w})",
-                 float(held), float(s + w)),
+                (f"most entries the cache held over {n} tokens (s + w − 1 = {s + w - 1})",
+                 float(held), float(s + w - 1)),
                 ("last row with keys rotated by cache slot − the training-time form, max |Δ|",
                  float(host_xp.abs(by_slot[:, :, 0] - out[:, :, -1]).max()), 1e-12),
                 ("attend − dense formula (reference), max |Δ|",

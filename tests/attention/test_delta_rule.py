@@ -69,17 +69,39 @@ def test_the_layer_is_the_delta_rule_on_unit_heads(causal, chunk):
     n = 19
     q, k, v = qkv(n, b=2, h=H, d=D, seed=1)
     lay = layer(causal=causal, chunk_size=chunk)
-    want, state = numpy_delta(unit(q), unit(k), v, betas(lay, k))
+    # the official kernel's default scale τ = 1/√D on the query
+    want, state = numpy_delta(unit(q) / np.sqrt(D), unit(k), v, betas(lay, k))
     if not causal:                         # every query reads the memory after the last token
-        want = np.einsum("bhed,bhnd->bhne", state, unit(q))
+        want = np.einsum("bhed,bhnd->bhne", state, unit(q) / np.sqrt(D))
     assert_close(lay.attend(*(tensor(a) for a in (q, k, v))), want, atol=1e-10, rtol=0)
 
 
-def test_unit_lower_solve_and_its_gradient():
-    rng = np.random.default_rng(2)
-    a, r = rng.standard_normal((2, 5, 5)) * 0.5, rng.standard_normal((2, 5, 3))
-    m = np.eye(5) + np.tril(a, -1)                       # only the strictly lower part counts
-    assert_close(unit_lower_solve(tensor(a), tensor(r)), np.linalg.inv(m) @ r, rtol=1e-12)
+@given(n=st.integers(1, 20), d=st.sampled_from([2, 4, 8]), causal=st.booleans(),
+       seed=st.integers(0, 999))
+def test_scale_one_is_sqrt_d_times_the_official_scale(n, d, causal, seed):
+    """``scale=1.0`` (o_t = S_t q̂_t) against the default τ = 1/√D of the official kernel: the
+    state does not depend on τ, so the outputs differ by exactly the factor √D."""
+    q, k, v = qkv(n, b=2, h=H, d=d, seed=seed)
+    arrays = [tensor(a) for a in (q, k, v)]
+    minitx.manual_seed(0)
+    official = REGISTRY["deltanet"](H * d, H, causal=causal, chunk_size=4).double()
+    minitx.manual_seed(0)
+    unscaled = REGISTRY["deltanet"](H * d, H, causal=causal, chunk_size=4, scale=1.0).double()
+    assert official.scale == 1 / np.sqrt(d)
+    o_official, o_unscaled = to_host(official.attend(*arrays)), to_host(unscaled.attend(*arrays))
+    assert_close(o_unscaled, np.sqrt(d) * o_official, rtol=1e-12, atol=1e-14)
+    assert np.abs(o_official).max() > 1e-3                 # a factor of something non-zero
+
+
+@given(c=st.integers(1, 9), m=st.integers(1, 4), seed=st.integers(0, 999))
+def test_forward_substitution_solves_the_unit_lower_system_and_its_gradient(c, m, seed):
+    """Forward substitution against a general solve of (I + tril(A, −1)) X = R; the gradient
+    (back substitution with the transpose) by finite differences."""
+    rng = np.random.default_rng(seed)
+    a, r = rng.standard_normal((2, 3, c, c)) * 0.5, rng.standard_normal((2, 3, c, m))
+    mat = np.eye(c) + np.tril(a, -1)                     # only the strictly lower part counts
+    assert_close(unit_lower_solve(tensor(a), tensor(r)), np.linalg.solve(mat, r),
+                 rtol=1e-12, atol=1e-12)
     minitx.gradcheck(unit_lower_solve, (tensor(a, requires_grad=True),
                                         tensor(r, requires_grad=True)))
 
@@ -159,7 +181,8 @@ def test_prefill_then_token_by_token_equals_the_full_forward(options):
 @pytest.mark.parametrize("option,value", [("chunk_size", 0), ("chunk_size", -1),
                                           ("chunk_size", 2.5), ("chunk_size", "8"),
                                           ("eps", 0), ("eps", -1e-3), ("eps", float("nan")),
-                                          ("eps", "1e-6")])
+                                          ("eps", "1e-6"), ("scale", 0), ("scale", -1.0),
+                                          ("scale", float("inf")), ("scale", "1")])
 def test_options_are_validated(option, value):
     with pytest.raises(ValueError, match=option) as info:
         REGISTRY["deltanet"](E, H, **{option: value})
@@ -181,8 +204,8 @@ def test_hooks_tie_beta_pattern_state_and_output(causal):
     q, k, v = (np.swapaxes(cache[f"hook_{s}"], 1, 2) for s in "qkv")
     beta = betas(lay, k)
     assert_close(cache["hook_beta"], beta, rtol=1e-12)
-    # P = (Q̂ K̂ᵀ ⊙ M)(I + A)⁻¹ diag(β), A = tril(diag(β) K̂ K̂ᵀ, −1); z = P V
-    qn, kn = unit(q), unit(k)
+    # P = (τQ̂ K̂ᵀ ⊙ M)(I + A)⁻¹ diag(β), A = tril(diag(β) K̂ K̂ᵀ, −1); z = P V; τ = 1/√D
+    qn, kn = unit(q) / np.sqrt(D), unit(k)
     kk = kn @ np.swapaxes(kn, -1, -2)
     t_inv = np.linalg.inv(np.eye(n) + np.tril(beta[..., None] * kk, -1))
     scores = qn @ np.swapaxes(kn, -1, -2)

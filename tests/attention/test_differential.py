@@ -45,13 +45,30 @@ def softmax(s):
     return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
 
 
+def rotate(x, positions, base=10000.0):
+    """RoPE by hand: each pair (x_2i, x_2i+1) of x (…, N, d) turned by p·base^(−2i/d)."""
+    d = x.shape[-1]
+    angle = np.asarray(positions)[:, None] * base ** (-2.0 * np.arange(d // 2) / d)
+    out = np.empty_like(x)
+    out[..., 0::2] = x[..., 0::2] * np.cos(angle) - x[..., 1::2] * np.sin(angle)
+    out[..., 1::2] = x[..., 0::2] * np.sin(angle) + x[..., 1::2] * np.cos(angle)
+    return out
+
+
 def diff_reference(layer, q, k, v, allowed=None, lambda_init=None):
     """Head by head: (softmax(Q1K1ᵀ/√d) − λ softmax(Q2K2ᵀ/√d)) V, RMSNorm over the head's
-    features with the learned gain, × (1 − λ_init). Host arrays q (B, H, Nq, 2d),
-    k/v (B, Hkv, Nk, 2d); ``allowed`` broadcastable to (B, H, Nq, Nk). Returns (out, P1, P2, λ)."""
+    features with the learned gain, × (1 − λ_init); with ``layer.rope`` each half rotated by
+    its position first (keys 0 … Nk − 1, queries the last Nq), as the paper's code. Host arrays
+    q (B, H, Nq, 2d), k/v (B, Hkv, Nk, 2d); ``allowed`` broadcastable to (B, H, Nq, Nk).
+    Returns (out, P1, P2, λ)."""
     b, h, nq, dd = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     d = dd // 2
+    if layer.rope:
+        q = np.concatenate([rotate(q[..., :d], np.arange(nk - nq, nk)),
+                            rotate(q[..., d:], np.arange(nk - nq, nk))], axis=-1)
+        k = np.concatenate([rotate(k[..., :d], np.arange(nk)), rotate(k[..., d:], np.arange(nk))],
+                           axis=-1)
     if lambda_init is None:
         lambda_init = paper_lambda_init(layer.layer_index + 1)
     lq1, lk1, lq2, lk2 = (to_host(p.data) for p in (layer.lambda_q1, layer.lambda_k1,
@@ -78,11 +95,13 @@ def diff_reference(layer, q, k, v, allowed=None, lambda_init=None):
 @given(nq=st.integers(1, 12), extra=st.integers(0, 5), h=st.sampled_from([1, 2, 4]),
        group=st.sampled_from([1, 2]), d=st.sampled_from([1, 2, 3]), causal=st.booleans(),
        depth=st.integers(0, 6), masked=st.sampled_from([None, "random", "empty row"]),
-       seed=st.integers(0, 99))
+       rope=st.booleans(), seed=st.integers(0, 99))
 def test_attend_equals_the_papers_equations(nq, extra, h, group, d, causal, depth, masked,
-                                            seed):
+                                            rope, seed):
     hkv = max(1, h // group)
-    layer = build(2 * d * h, h, seed, causal=causal, num_kv_heads=hkv, layer_index=depth)
+    rope = rope and d % 2 == 0                     # RoPE turns pairs of each half-head
+    layer = build(2 * d * h, h, seed, causal=causal, num_kv_heads=hkv, layer_index=depth,
+                  rope=rope)
     q, k, v = qkv(nq, nq + extra, h=h, hkv=hkv, d=2 * d, seed=seed)
     allowed = None
     # (one query alone with its key and nothing else, Nq = Nk = 1, cannot lose it: a mask
@@ -187,9 +206,10 @@ def test_encoder_stack_runs_with_its_depths():
 
 # ---- decoding through a KV cache ---------------------------------------------------------
 
-@pytest.mark.parametrize("prefill", [1, 4])
-def test_gpt_decoding_through_the_kv_cache_equals_the_full_forward(prefill):
-    model = gpt()
+@pytest.mark.parametrize("prefill,rope", [(1, False), (4, False), (1, True), (4, True)])
+def test_gpt_decoding_through_the_kv_cache_equals_the_full_forward(prefill, rope):
+    """With ``rope`` the cached keys are rotated by their positions at every step."""
+    model = gpt(rope=True) if rope else gpt()
     ids = np.random.default_rng(0).integers(0, 11, (2, 10))
     full = to_host(model(minitx.tensor(ids))[0])
     caches = model.new_caches()
@@ -247,8 +267,9 @@ def test_replacing_lambda_with_zero_leaves_the_first_map_alone():
 
 # ---- gradients ---------------------------------------------------------------------------
 
-def test_gradcheck_reaches_lambda_and_the_norm_gain():
-    layer = build(8, 2, causal=True, num_kv_heads=1)
+@pytest.mark.parametrize("rope", [False, True])
+def test_gradcheck_reaches_lambda_and_the_norm_gain(rope):
+    layer = build(8, 2, causal=True, num_kv_heads=1, rope=rope)
     q, k, v = (tensor(a, requires_grad=True) for a in qkv(5, h=2, hkv=1, d=4, scale=0.7))
     params = [layer.lambda_q1, layer.lambda_k2, layer.head_norm.weight]
     minitx.gradcheck(lambda q, k, v, *p: layer.attend(q, k, v), (q, k, v, *params))
@@ -260,7 +281,8 @@ def test_gradcheck_reaches_lambda_and_the_norm_gain():
     ((6, 2), {}, "even"), ((8, 2), {"layer_index": -1}, "layer_index"),
     ((8, 2), {"layer_index": 1.5}, "layer_index"), ((8, 2), {"lambda_init": float("nan")},
                                                    "lambda_init"),
-    ((8, 2), {"eps": 0.0}, "eps"),
+    ((8, 2), {"eps": 0.0}, "eps"), ((12, 2), {"rope": True}, "multiple of 4, got 6"),
+    ((8, 2), {"rope": "yes"}, "rope"), ((8, 2), {"rope": True, "base": 0.0}, "base"),
 ])
 def test_bad_options_name_the_argument(args, options, words):
     with pytest.raises(ValueError, match=words):

@@ -125,14 +125,15 @@ def test_sink_cache_keeps_the_sinks_and_the_last_window(rng):
     seen = 0
     for n in (1, 4, 1, 2, 3):                                   # chunks longer than s + w too
         k, _, pos = cache.update(tensor(ks[:, :, seen:seen + n]), tensor(ks[:, :, seen:seen + n]))
-        old = sorted(set(range(min(2, seen))) | set(range(max(0, seen - 3), seen)))
+        old = sorted(set(range(min(2, seen))) | set(range(max(0, seen - 2), seen)))
         np.testing.assert_array_equal(pos, old + list(range(seen, seen + n)))
         assert_close(k, ks[:, :, pos])                          # held then new, in order
         seen += n
         assert len(cache) == seen
-        held = sorted(set(range(min(2, seen))) | set(range(max(0, seen - 3), seen)))
+        # the sinks and the last w − 1: all the next query reads besides itself
+        held = sorted(set(range(min(2, seen))) | set(range(max(0, seen - 2), seen)))
         np.testing.assert_array_equal(cache.positions, held)
-        assert cache.size == len(held) <= 5
+        assert cache.size == len(held) <= 4
         assert_close(cache.keys, ks[:, :, held])
     cache.reset()
     assert len(cache) == 0 and cache.size == 0 and cache.keys is None
@@ -159,7 +160,7 @@ def test_gpt_decoding_through_the_cache_equals_the_full_forward(rng, position, r
     got = [model(idx[:, :3], kv_caches=caches)[0].numpy()]      # prefill 3, then one by one
     for t in range(3, 32):
         got.append(model(idx[:, t:t + 1], kv_caches=caches)[0].numpy())
-        assert all(c.size <= 2 + 4 for c in caches) and len(caches[0]) == t + 1
+        assert all(c.size == min(t + 1, 2 + 4 - 1) for c in caches) and len(caches[0]) == t + 1
     assert_close(np.concatenate(got, axis=1), full, atol=1e-12)
     # chunked, with chunks longer than the cache
     caches = model.new_caches()
@@ -176,7 +177,7 @@ def test_gpt_generate_decodes_through_the_cache_past_block_size(rng, monkeypatch
     idx = rng.integers(0, 13, (2, 3))
     out = to_host(model.generate(idx, 32, top_k=1))             # 8× the window, 35 > 8
     assert out.shape == (2, 35)
-    assert len(made) == 1 and all(len(c) == 34 and c.size == 6 for c in made[0])
+    assert len(made) == 1 and all(len(c) == 34 and c.size == 5 for c in made[0])
     # greedy from the uncropped full forward picks the same tokens
     toks = idx.copy()
     for _ in range(32):
@@ -237,3 +238,87 @@ def test_bad_options_and_caches_are_refused_by_name():
 def test_identities_hold():
     for claim, value, limit in SinkAttention.identities():
         assert value <= limit, (claim, value, limit)
+
+
+# ---- StreamingLLM's dense prompt (prefill="dense") -----------------------------------------
+
+def rope_by_hand(x, positions, base=10000.0):
+    """Rotate each pair (x_2i, x_2i+1) of x (…, N, D) by the angle p·base^(−2i/D)."""
+    d = x.shape[-1]
+    angle = np.asarray(positions)[:, None] * base ** (-2.0 * np.arange(d // 2) / d)   # (N, D/2)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = even * np.cos(angle) - odd * np.sin(angle)
+    out[..., 1::2] = even * np.sin(angle) + odd * np.cos(angle)
+    return out
+
+
+def dense_by_slot(lay, x, held_k, held_v):
+    """StreamingLLM's prompt through one layer: the held keys/values (B, H, m, D) at cache slots
+    0 … m − 1, the chunk's at m … m + n − 1, causal softmax over all of them, RoPE by slot."""
+    w = {name: to_host(getattr(lay, name).weight) for name in ("q_proj", "k_proj", "v_proj")}
+    bias = {name: to_host(getattr(lay, name).bias) for name in w}
+
+    def heads(name):
+        y = x @ w[name].T + bias[name]                                   # (B, n, E)
+        return y.reshape(x.shape[0], x.shape[1], H, D).transpose(0, 2, 1, 3)
+
+    q = heads("q_proj")
+    k = np.concatenate([held_k, heads("k_proj")], axis=2)
+    v = np.concatenate([held_v, heads("v_proj")], axis=2)
+    m, n = held_k.shape[2], x.shape[1]
+    slots = np.arange(m + n)
+    s = rope_by_hand(q, slots[m:]) @ np.swapaxes(rope_by_hand(k, slots), -1, -2) / np.sqrt(D)
+    z = softmax_rows(s, slots[m:, None] >= slots[None, :]) @ v           # (B, H, n, D)
+    z = z.transpose(0, 2, 1, 3).reshape(x.shape[0], n, E)
+    return z @ to_host(lay.out_proj.weight).T + to_host(lay.out_proj.bias)
+
+
+@pytest.mark.parametrize("first,second", [(9, 5), (5, 3), (6, 6), (1, 7)])
+def test_dense_prefill_is_streamingllms_prompt_and_measurably_not_the_pattern(rng, first,
+                                                                              second):
+    """s = 2, w = 3. Two chunks through the cache: with ``prefill="dense"`` each equals causal
+    softmax over the held entries and the chunk with RoPE by cache slot (written here from
+    StreamingLLM's description) to 1e-12. The pattern prefill (the default) equals the full
+    forward instead. The two agree on a first chunk of at most s + w tokens (the pattern then
+    covers every pair) and differ beyond: max |Δ| from 0.16 to 0.57 in these cases."""
+    x = rng.standard_normal((2, first + second, E))
+    dense, pattern = layer(num_sinks=2, window=3, prefill="dense"), layer(num_sinks=2, window=3)
+    caches = {"dense": SinkCache(2, 3), "pattern": SinkCache(2, 3)}
+    out = {}
+    for name, lay in (("dense", dense), ("pattern", pattern)):
+        out[name] = [to_host(lay(tensor(x[:, :first]), kv_cache=caches[name]))]
+    want = dense_by_slot(dense, x[:, :first], np.zeros((2, H, 0, D)), np.zeros((2, H, 0, D)))
+    assert_close(out["dense"][0], want, atol=1e-12)
+    held_k, held_v = (to_host(t) for t in (caches["dense"].keys, caches["dense"].values))
+    for name, lay in (("dense", dense), ("pattern", pattern)):
+        out[name].append(to_host(lay(tensor(x[:, first:]), kv_cache=caches[name])))
+    assert_close(out["dense"][1], dense_by_slot(dense, x[:, first:], held_k, held_v),
+                 atol=1e-12)
+    assert_close(np.concatenate(out["pattern"], axis=1), pattern(tensor(x)), atol=1e-12)
+    # the caches hold the same entries either way: only the prompt's own outputs differ
+    np.testing.assert_array_equal(caches["dense"].positions, caches["pattern"].positions)
+    gaps = [np.abs(a - b).max() for a, b in zip(out["dense"], out["pattern"])]
+    assert gaps[0] <= 1e-14 or first > 5, gaps           # a first chunk of at most s + w
+    assert max(gaps) > 0.1, gaps
+
+
+def test_prefill_is_validated():
+    with pytest.raises(OptionError, match="prefill"):
+        REGISTRY["sink"](E, H, prefill="full")
+
+
+@settings(max_examples=20, deadline=None)
+@given(s=st.integers(0, 3), w=st.integers(1, 4), n=st.integers(1, 14), seed=st.integers(0, 99))
+def test_a_cache_of_s_plus_w_minus_1_decodes_as_the_full_forward(s, w, n, seed):
+    """Token by token through the trimmed cache (the sinks and the last w − 1 tokens), with
+    no sinks and a window of one token among the cases: the full forward's rows, and never
+    more than s + w − 1 entries held."""
+    lay = layer(num_sinks=s, window=w)
+    x = np.random.default_rng(seed).standard_normal((1, n, E))
+    cache = SinkCache(s, w)
+    steps = []
+    for t in range(n):
+        steps.append(to_host(lay(tensor(x[:, t:t + 1]), kv_cache=cache)))
+        assert cache.size == min(t + 1, s + w - 1)
+    assert_close(np.concatenate(steps, axis=1), lay(tensor(x)), atol=1e-12)

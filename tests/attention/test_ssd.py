@@ -196,3 +196,74 @@ def test_identities_hold():
     assert len(rows) == 3
     for claim, value, limit in rows:
         assert value <= limit, (claim, value)
+
+
+# ---- Mamba-2's grouped heads (share="bc") -----------------------------------------------------
+
+@given(n=st.integers(1, 16), g=st.sampled_from([1, 2]), causal=st.booleans(),
+       chunk=st.sampled_from([None, 3]), seed=st.integers(0, 999))
+def test_share_bc_is_mamba2s_ngroups_c_and_b_per_group_x_per_head(n, g, causal, chunk, seed):
+    """``share="bc"``: C (q) and B (k) have G group heads, X (v) has H heads; head h reads the
+    C and B of group h // (H/G), as Mamba-2's ``ngroups``; Δ comes from the head's own X."""
+    h = 4
+    minitx.manual_seed(0)
+    lay = REGISTRY["ssd"](h * D, h, causal=causal, num_kv_heads=g, share="bc",
+                          chunk_size=chunk if causal else None).double()
+    rng = np.random.default_rng(seed)
+    c, b = (rng.standard_normal((2, g, n, D)) for _ in range(2))
+    x = rng.standard_normal((2, h, n, D))
+    got = lay.attend(*(tensor(a) for a in (c, b, x)))
+    cr, br = (np.repeat(a, h // g, axis=1) for a in (c, b))             # group of each head
+    dt, a = mamba_steps(lay, x)
+    want = (products(a, causal) * (cr @ np.swapaxes(br * dt[..., None], -1, -2))) @ x
+    assert_close(got, want, atol=1e-10, rtol=0)
+    assert_close(got, to_host(lay.reference(*(tensor(a).data for a in (c, b, x)))), atol=1e-10,
+                 rtol=0)
+
+
+def test_the_two_layouts_agree_where_they_share_the_same_thing():
+    """"bx" shares B and X, "bc" B and C: on inputs where C is the same across a group and X
+    is too, the two compute the same SSM (max |Δ| ≤ 1e-12); their projections hold the same
+    number of weights, split the other way round."""
+    h, g, n = 4, 2, 9
+    rng = np.random.default_rng(3)
+    c, b, x = (rng.standard_normal((1, g, n, D)) for _ in range(3))
+    rep = [np.repeat(a, h // g, axis=1) for a in (c, x)]
+    layers = []
+    for share in ("bx", "bc"):
+        minitx.manual_seed(0)
+        layers.append(REGISTRY["ssd"](h * D, h, causal=True, num_kv_heads=g,
+                                      share=share).double())
+    for name in ("dt_weight", "dt_bias", "A_log"):                    # the same SSM parameters
+        getattr(layers[1], name).copy_(to_host(getattr(layers[0], name)))
+    bx = to_host(layers[0].attend(tensor(rep[0]), tensor(b), tensor(x)))
+    bc = to_host(layers[1].attend(tensor(c), tensor(b), tensor(rep[1])))
+    assert np.abs(bx - bc).max() <= 1e-12
+    # the layouts' projections: the same parameter count, split the other way round
+    sizes = [{p: getattr(lay, f"{p}_proj").weight.shape[0] for p in "qkv"} for lay in layers]
+    assert sizes == [{"q": h * D, "k": g * D, "v": g * D}, {"q": g * D, "k": g * D, "v": h * D}]
+
+
+def test_share_bc_decodes_through_gpt_and_refuses_the_contracts_shapes():
+    minitx.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=32, n_layer=2, n_head=4, n_embd=E,
+                          attention="ssd", position="none", num_kv_heads=2,
+                          attention_options={"share": "bc", "chunk_size": 3})).double().eval()
+    idx = np.random.default_rng(4).integers(0, 11, (2, 10))
+    full, _ = model(tensor(idx, dtype=None))
+    caches = model.new_caches()
+    parts = [model(tensor(idx[:, :4], dtype=None), kv_caches=caches)[0]]
+    parts += [model(tensor(idx[:, t:t + 1], dtype=None), kv_caches=caches)[0]
+              for t in range(4, 10)]
+    assert_close(np.concatenate([to_host(p) for p in parts], axis=1), full, atol=1e-10, rtol=0)
+    lay = model.h[0].attn
+    q, k, v = qkv(5, b=1, h=4, hkv=2, d=D // 2)              # the attention contract's shapes
+    with pytest.raises(ValueError, match="share='bc'"):
+        lay.attend(tensor(q), tensor(k), tensor(v))
+
+
+@pytest.mark.parametrize("value", ["cb", "BC", 1, None])
+def test_share_is_validated(value):
+    with pytest.raises(ValueError, match="share") as info:
+        REGISTRY["ssd"](E, H, share=value)
+    assert str(value) in str(info.value)

@@ -2,9 +2,10 @@
 their papers' code does (float64, max |Δ| ≤ 1e-10, outputs and gradients):
 
 - ``diff`` (Ye et al. 2024): the layout of the paper's code — queries/keys viewed as 2H
-  half-heads, the two maps as one (B, H, 2, N, N) tensor, λ, RMSNorm over each head,
-  (1 − λ_init). With Hkv = H: the paper's code repeats key *half*-heads for GQA, which pairs
-  them differently from minitx (query head h reads both halves of key head h // (H/Hkv)).
+  half-heads, RoPE on every half-head (interleaved pairs) with ``rope=True``, the two maps as
+  one (B, H, 2, N, N) tensor, λ, RMSNorm over each head, (1 − λ_init). With Hkv = H: the
+  paper's code repeats key *half*-heads for GQA, which pairs them differently from minitx
+  (query head h reads both halves of key head h // (H/Hkv)).
 - ``mla`` (DeepSeek-AI 2024): down/up projections, RoPE on the decoupled part (interleaved
   pairs), the shared RoPE key expanded over heads, torch's scaled_dot_product_attention with
   scale 1/√(D + d_R).
@@ -46,11 +47,13 @@ def causal_mask(n):
 
 # ---- differential attention, as the paper's code writes it --------------------------------
 
-def torch_diff(p, x, h, lambda_init, eps=1e-5):
+def torch_diff(p, x, h, lambda_init, eps=1e-5, rope=False):
     b, n, e = x.shape
     d = e // h // 2
     q = linear(p, "q_proj", x).view(b, n, 2 * h, d).transpose(1, 2)       # (B, 2H, N, d)
     k = linear(p, "k_proj", x).view(b, n, 2 * h, d).transpose(1, 2)
+    if rope:                                     # every half-head rotated by its position
+        q, k = torch_rope(q), torch_rope(k)
     v = linear(p, "v_proj", x).view(b, n, h, 2 * d).transpose(1, 2)       # (B, H, N, 2d)
     w = (q * d ** -0.5) @ k.transpose(-1, -2)
     w = torch.softmax(w.masked_fill(~causal_mask(n), float("-inf")), dim=-1)
@@ -63,9 +66,10 @@ def torch_diff(p, x, h, lambda_init, eps=1e-5):
     return linear(p, "out_proj", attn)
 
 
-def test_diff_matches_the_papers_code_in_torch():
+@pytest.mark.parametrize("rope", [False, True])
+def test_diff_matches_the_papers_code_in_torch(rope):
     minitx.manual_seed(0)
-    layer = REGISTRY["diff"](16, 2, causal=True, layer_index=3).double()
+    layer = REGISTRY["diff"](16, 2, causal=True, layer_index=3, rope=rope).double()
     rng = np.random.default_rng(0)
     for par in (layer.lambda_q1, layer.lambda_k1, layer.lambda_q2, layer.lambda_k2,
                 layer.head_norm.weight):
@@ -75,7 +79,7 @@ def test_diff_matches_the_papers_code_in_torch():
     y = layer(x)
     p = torch_params(layer)
     xt = torch.tensor(x_host, requires_grad=True)
-    yt = torch_diff(p, xt, 2, 0.8 - 0.6 * math.exp(-0.3 * 3))
+    yt = torch_diff(p, xt, 2, 0.8 - 0.6 * math.exp(-0.3 * 3), rope=rope)
     close(y, yt)
     r = rng.standard_normal(y.shape)
     (y * tensor(r)).sum().backward()

@@ -13,7 +13,8 @@ hypothesis grid: N = 1 … 24, H ∈ {1, 2, 4} with H ≠ Hkv (grouped heads: qu
 key/value head h // (H/Hkv)), causal and non-causal (each variant's documented extension),
 the chunk sizes of the chunkwise forms, and for sinks Nq ≤ Nk, RoPE on and off. Then the whole
 layer ``layer(x)`` (projections, heads, attend, output projection) against the same torch
-composition, with the gradients of x and of every parameter.
+composition, with the gradients of x and of every parameter. SSD's ``share="bc"`` (Mamba-2's
+``ngroups``: C and B per group, X per head) is compared with Mamba-2's step-by-step recurrence.
 """
 import math
 
@@ -66,13 +67,13 @@ def unit(x, eps):
 
 
 def torch_deltanet(q, k, v, causal, p):
-    r"""S_t = S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ, o_t = S_t q_t (column vectors,
-    S (Dv, Dk), S_0 = 0), unit q_t, k_t, β_t = σ(w_h·k̃_t + b_h) from the raw key k̃_t.
-    Non-causal (minitx's extension): o_t = S_N q_t."""
+    r"""S_t = S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ, o_t = τ S_t q_t (column vectors,
+    S (Dv, Dk), S_0 = 0), unit q_t, k_t, β_t = σ(w_h·k̃_t + b_h) from the raw key k̃_t,
+    τ = 1/√D (the official kernel's scale). Non-causal (minitx's extension): o_t = τ S_N q_t."""
     k_raw, v = heads_of(q, k, v)
     beta = torch.sigmoid(torch.einsum("bhnd,hd->bhn", k_raw, p["beta_weight"])
                          + p["beta_bias"][None, :, None])                      # (B, H, N)
-    q, k = unit(q, p["eps"]), unit(k_raw, p["eps"])
+    q, k = unit(q, p["eps"]) / math.sqrt(q.shape[-1]), unit(k_raw, p["eps"])
     b, h, n, dk = k.shape
     eye = torch.eye(dk, dtype=torch.float64)
     s = torch.zeros(b, h, v.shape[-1], dk, dtype=torch.float64)               # (B, H, Dv, Dk)
@@ -106,6 +107,27 @@ def torch_ssd(q, k, v, causal, p):
     if not causal:
         mask = mask + mask.transpose(-1, -2) - torch.eye(n, dtype=torch.float64)
     return (mask * (q @ (k * dt[..., None]).transpose(-1, -2))) @ v
+
+
+def torch_mamba2_grouped(c, b, x, causal, p):
+    r"""Mamba-2's ``ngroups`` layout as its step-by-step reference writes it: C, B (Bt, G, T, N)
+    per group, x (Bt, H, T, P) per head, head h reading group h // (H/G);
+    dA = exp(Δ A), A = −exp(A_log), state ← state · dA + (Δ B)ᵀ x, y = C · state. Δ from the
+    head's own x (this layer's parameterisation). Causal only (the recurrence)."""
+    assert causal
+    h = x.shape[1]
+    c, b = (t.repeat_interleave(h // t.shape[1], dim=1) for t in (c, b))
+    dt = torch.nn.functional.softplus(torch.einsum("bhnd,hd->bhn", x, p["dt_weight"])
+                                      + p["dt_bias"][None, :, None], threshold=50)
+    big_a = -torch.exp(p["A_log"])                                            # (H,)
+    state = torch.zeros(x.shape[0], h, b.shape[-1], x.shape[-1], dtype=torch.float64)
+    ys = []
+    for t in range(x.shape[2]):
+        d_a = torch.exp(dt[:, :, t] * big_a)[..., None, None]                 # (Bt, H, 1, 1)
+        d_b = dt[:, :, t, None] * b[:, :, t]                                  # (Bt, H, N)
+        state = state * d_a + d_b[..., :, None] * x[:, :, t, None, :]
+        ys.append(torch.einsum("bhn,bhnp->bhp", c[:, :, t], state))
+    return torch.stack(ys, dim=2)
 
 
 # ---- attention sinks (Xiao et al. 2023): dense softmax, RoPE by cache slot ---------------
@@ -223,6 +245,29 @@ def test_ssd_matches_its_masked_attention_form_in_torch(n, heads, d, b, causal, 
     layer, settings = build("ssd", *heads, d, causal, seed,
                             chunk_size=chunk if causal else None)   # chunked: causal only
     check_attend("ssd", layer, settings, b, n, n, heads[1], seed)
+
+
+@given(n=st.integers(1, 16), heads=HEADS, d=st.sampled_from([2, 4]), b=st.integers(1, 2),
+       chunk=st.sampled_from([None, 1, 5]), seed=st.integers(0, 2**16))
+def test_ssd_share_bc_matches_mamba2s_grouped_recurrence_in_torch(n, heads, d, b, chunk,
+                                                                   seed):
+    """``share="bc"``: q, k (C, B) with the Hkv groups, v (X) with the H heads."""
+    h, g = heads
+    layer, settings = build("ssd", h, g, d, True, seed, chunk_size=chunk, share="bc")
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(s) for s in ((b, g, n, d), (b, g, n, d), (b, h, n, d))]
+    mine = [tensor(a, requires_grad=True) for a in arrays]
+    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    own = torch_own(layer, "ssd")
+    out, ref = layer.attend(*mine), torch_mamba2_grouped(*theirs, True, {**settings, **own})
+    close(out, ref, OUT_TOL)
+    cot = rng.standard_normal(ref.shape)
+    (out * tensor(cot)).sum().backward()
+    (ref * torch.tensor(cot)).sum().backward()
+    for a, t in zip(mine, theirs):
+        close(a.grad, t.grad, GRAD_TOL)
+    for attr, t in own.items():
+        close(getattr(layer, attr).grad, t.grad, GRAD_TOL)
 
 
 @given(nk=st.integers(1, 24), data=st.data(), heads=HEADS, d=st.sampled_from([2, 4, 6]),

@@ -88,8 +88,9 @@ def test_tour_counts_what_each_decode_cache_keeps(tour):
     assert _cache_row(tour, "gqa") == [32 * 32, 96 * 32, 32]
     assert _cache_row(tour, "mqa") == [32 * 16, 96 * 16, 16]
     assert _cache_row(tour, "mla") == [32 * 36, 96 * 36, 36]
-    # sinks: 4 sinks + a window of 16 entries of 128 numbers, whatever the length
-    assert _cache_row(tour, "sink")[:2] == [20 * 128, 20 * 128]
+    # sinks: 4 sinks + the last 15 tokens (a window of 16 with the next query) of 128 numbers,
+    # whatever the length
+    assert _cache_row(tour, "sink")[:2] == [19 * 128, 19 * 128]
     for name in ("retention", "deltanet", "ssd"):        # one H × D × D state
         assert _cache_row(tour, name)[:2] == [8 * 8 * 8, 8 * 8 * 8], name
 
