@@ -201,20 +201,23 @@ class Tanh(Function):
         (x,) = ctx.saved_tensors
         xp = get_array_module(x)
         u = xp.exp(-2 * xp.abs(_widened(x)))
-        return grad * (4 * u / ((1 + u) * (1 + u)))     # d tanh = sech² = 4u/(1 + u)²
+        d = 1 + u
+        return grad * (4 * u / d / d)                  # d tanh = sech² = 4u/(1 + u)²
 
 
 def sigmoid_array(x):
-    """σ(x) = 1/(1 + e⁻ˣ) on a raw array, in x's dtype (float16 computed in float32).
+    """σ(x) = 1/(1 + e⁻ˣ) on a raw array, in x's dtype (float16 computed in float32), as
 
-    With u = e^{−|x|} ≤ 1 (never overflows): σ(x) = 1/(1 + u) for x ≥ 0 and u/(1 + u) for x < 0
-    (= eˣ/(1 + eˣ)); neither cancels, so σ keeps its relative accuracy in the tails (through
+        σ(x) = e^{min(x, 0)} / (1 + e^{−|x|}),
+
+    that is 1/(1 + e⁻ˣ) for x ≥ 0 and eˣ/(1 + eˣ) for x < 0 in one expression: no exp
+    overflows and nothing cancels, so σ keeps its relative accuracy in the tails (through
     ½(1 + tanh(x/2)) it is 0 below x = −17 in float32). σ(−inf) = 0 exactly.
     """
     xp = get_array_module(x)
     xw = _widened(x)
-    u = xp.exp(-xp.abs(xw))
-    return (xp.where(xw >= 0, 1, u) / (1 + u)).astype(x.dtype, copy=False)
+    y = xp.exp(xp.minimum(xw, 0)) / (1 + xp.exp(-xp.abs(xw)))
+    return y.astype(x.dtype, copy=False)
 
 
 def sigmoid_derivative(x):
@@ -222,7 +225,8 @@ def sigmoid_derivative(x):
     since σ(1 − σ) from the output is 0 once σ rounds to 1 (x > 17 in float32)."""
     xp = get_array_module(x)
     u = xp.exp(-xp.abs(_widened(x)))
-    return u / ((1 + u) * (1 + u))
+    d = 1 + u
+    return u / d / d
 
 
 # σ(x) = 1/(1 + e⁻ˣ) (sigmoid_array); its derivative σ(x)σ(−x) (sigmoid_derivative) from x.
