@@ -220,26 +220,21 @@ def sigmoid_array(x):
     return y.astype(x.dtype, copy=False)
 
 
-def sigmoid_derivative(x):
-    """σ'(x) = σ(x)σ(−x) = u/(1 + u)² with u = e^{−|x|}, in float32 for float16 input: from x,
-    since σ(1 − σ) from the output is 0 once σ rounds to 1 (x > 17 in float32)."""
-    xp = get_array_module(x)
-    u = xp.exp(-xp.abs(_widened(x)))
-    d = 1 + u
-    return u / d / d
-
-
-# σ(x) = 1/(1 + e⁻ˣ) (sigmoid_array); its derivative σ(x)σ(−x) (sigmoid_derivative) from x.
+# σ(x) = 1/(1 + e⁻ˣ) (sigmoid_array). Its derivative σ(1 − σ) from the saved output, as
+# PyTorch: no other array is kept alive (in sigmoid attention, the N × N scores). Its relative
+# error is an ulp for x ≤ 0 and grows as eˣ ulps above (0 from x = 17 in float32), as PyTorch's.
 class Sigmoid(Function):
     @staticmethod
     def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return sigmoid_array(x)
+        y = sigmoid_array(x)
+        ctx.save_for_backward(y)
+        return y
 
     @staticmethod
     def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * sigmoid_derivative(x)          # dσ = σ(x)σ(−x)
+        (y,) = ctx.saved_tensors
+        y = _widened(y)
+        return grad * (y * (1 - y))                  # dσ = σ(1 − σ)
 
 
 # SiLU x·σ(x); its derivative σ(x) + xσ(x)σ(−x) = σ(x)(1 + x·σ(−x)), from x. One Function
