@@ -6,10 +6,10 @@ like NumPy; their backward sums the gradient back to each input's shape with
 dtype: ``float32_tensor * 2.0`` is float32).
 
 Accuracy, as PyTorch's CPU kernels: each formula is evaluated in a form that keeps its relative
-accuracy over the whole line (σ from e^{−|x|}, never 1 − σ for x ≫ 0; α(eˣ − 1) as α·expm1(x)),
-and an op of several steps computes float16 in float32 and rounds once (``_widened``; the
-engine rounds each gradient to its input's dtype). ``tests/ops/test_numerics_vs_torch.py``
-sweeps every op against PyTorch's own error.
+accuracy over the whole line (σ from e^{−|x|}, not ½(1 + tanh(x/2)); α(eˣ − 1) as α·expm1(x);
+tanh's derivative from x, not 1 − tanh²), and an op of several steps computes float16 in
+float32 and rounds once (``_widened``; the engine rounds each gradient to its input's dtype).
+``tests/ops/test_numerics_vs_torch.py`` sweeps every op against PyTorch's own error.
 """
 from __future__ import annotations
 

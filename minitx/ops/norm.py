@@ -83,7 +83,7 @@ class LayerNorm(Function):
 
 # RMSNorm: x̂ = x / rms(x), no centring and no β (one reduction instead of two); forward
 # saves x̂ and 1/rms(x). Half precision is computed in float32 and rounded once, as LayerNorm
-# (in float16, x² overflows from |x| = 256 on).
+# (in float16, x² overflows from |x| = 256 on); γ is taken in the dtype computed in.
 class RMSNorm(Function):
     @staticmethod
     def forward(ctx, x, weight, axes, eps):
