@@ -16,6 +16,7 @@ dx = J^\top g = s \odot \Big( g - \sum_j g_j s_j \Big)
 $$
 
 A slice that is entirely −inf (a fully masked attention row) gives all zeros, not NaN.
+float16 is computed in float32 and rounded once, as PyTorch's CPU kernels do.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from ..autograd.function import Function
 from ..backend import get_array_module
 from ..validate import dim_alias
 from . import elementwise as E
+from .elementwise import _widened
 from ._util import normalize_axis, row_max, row_sum
 from .shape import swapaxes
 
@@ -64,10 +66,11 @@ def softmax_backward_array(s, grad, axis: int = -1):
 class Softmax(Function):
     @staticmethod
     def forward(ctx, x, axis):
-        s = softmax_array(x, axis)
+        xw = _widened(x)
+        s = softmax_array(xw, axis, inplace=xw is not x)      # a float16 x's own float32 copy
         ctx.save_for_backward(s)
         ctx.axis = axis
-        return s
+        return s.astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):
@@ -80,10 +83,11 @@ class LogSoftmax(Function):
     @staticmethod
     def forward(ctx, x, axis):
         xp = get_array_module(x)
+        dtype, x = x.dtype, _widened(x)
         if x.shape[axis] == 0:                # nothing to normalise
             ctx.save_for_backward(x)
             ctx.axis = axis
-            return x.copy()
+            return x.astype(dtype)
         # log softmax = (x − m) − log Σ exp(x − m) with m the row max (0 for an all −inf row,
         # avoiding −inf − (−inf) = NaN).
         m = x.max(axis=axis, keepdims=True)
@@ -93,14 +97,15 @@ class LogSoftmax(Function):
         out = shifted - xp.log(xp.where(total > 0, total, 1))   # all −inf rows stay −inf
         ctx.save_for_backward(out)
         ctx.axis = axis
-        return out
+        return out.astype(dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):
         (out,) = ctx.saved_tensors
         xp = get_array_module(out)
+        g = grad.astype(out.dtype, copy=False)          # in the dtype computed in
         # y = x − lse(x): dx = g − softmax(x) Σ g
-        return grad - xp.exp(out) * grad.sum(axis=ctx.axis, keepdims=True), None
+        return g - xp.exp(out) * g.sum(axis=ctx.axis, keepdims=True), None
 
 
 @dim_alias

@@ -4,6 +4,12 @@ Each op is a Function whose backward sits right below its forward. Binary ops br
 like NumPy; their backward sums the gradient back to each input's shape with
 ``unbroadcast``. Python scalars are constants (NumPy's weak-scalar rules keep the tensor's
 dtype: ``float32_tensor * 2.0`` is float32).
+
+Accuracy, as PyTorch's CPU kernels: each formula is evaluated in a form that keeps its relative
+accuracy over the whole line (σ from e^{−|x|}, not ½(1 + tanh(x/2)); α(eˣ − 1) as α·expm1(x);
+tanh's derivative from x, not 1 − tanh²), and an op of several steps computes float16 in
+float32 and rounds once (``_widened``; the engine rounds each gradient to its input's dtype).
+``tests/ops/test_numerics_vs_torch.py`` sweeps every op against PyTorch's own error.
 """
 from __future__ import annotations
 
@@ -17,6 +23,12 @@ from ._util import unbroadcast
 __all__ = ["add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "abs", "tanh",
            "sigmoid", "relu", "gelu", "elu", "silu", "maximum", "minimum", "clip", "erf",
            "erf_array", "clone", "astype", "to_device", "leaky_relu", "softplus"]
+
+
+def _widened(x):
+    """x, or x as float32 when it is float16: an op of several steps computes half precision in
+    float32 and rounds once (in float16, e^{−x} overflows from x < −11 and x³ from x > 40)."""
+    return x.astype("float32") if getattr(x, "dtype", None) == "float16" else x
 
 
 # ---- arithmetic --------------------------------------------------------------------------
@@ -78,7 +90,10 @@ class Div(Function):
         a, b = ctx.saved_tensors
         na, nb = ctx.needs_input_grad
         ga = unbroadcast(grad / b, a.shape, a.dtype) if na else None        # d(a/b)/da = 1/b
-        gb = unbroadcast(-grad * a / (b * b), b.shape, b.dtype) if nb else None  # -a/b²
+        gb = None
+        if nb:   # −a/b² as −(a/b)/b: b² under- or overflows long before a/b² does
+            aw, bw = _widened(a), _widened(b)
+            gb = unbroadcast(-grad * (aw / bw) / bw, b.shape, b.dtype)
         return ga, gb
 
 
@@ -173,33 +188,69 @@ class Abs(Function):
         return grad * get_array_module(x).sign(x)   # sign(x), 0 at 0 (as PyTorch)
 
 
-# tanh: like exp, the derivative 1 − tanh² is a function of the output alone.
+# tanh: its derivative 1 − tanh²(x) = sech²(x) = 4u/(1 + u)² with u = e^{−2|x|}, written from
+# x: from the output, 1 − tanh² cancels to 0 once tanh rounds to ±1 (|x| > 9 in float32).
 class Tanh(Function):
     @staticmethod
     def forward(ctx, x):
-        y = get_array_module(x).tanh(x)
-        ctx.save_for_backward(y)
-        return y
+        ctx.save_for_backward(x)
+        return get_array_module(x).tanh(x)
 
     @staticmethod
     def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        return grad * (1 - y * y)             # d tanh = 1 − tanh²
+        (x,) = ctx.saved_tensors
+        xp = get_array_module(x)
+        u = xp.exp(-2 * xp.abs(_widened(x)))
+        d = 1 + u
+        return grad * (4 * u / d / d)                  # d tanh = sech² = 4u/(1 + u)²
 
 
-# σ(x) = 1/(1 + e⁻ˣ); its derivative σ(1 − σ) again needs only the output.
+def sigmoid_array(x):
+    """σ(x) = 1/(1 + e⁻ˣ) on a raw array, in x's dtype (float16 computed in float32), as
+
+        σ(x) = e^{min(x, 0)} / (1 + e^{−|x|}),
+
+    that is 1/(1 + e⁻ˣ) for x ≥ 0 and eˣ/(1 + eˣ) for x < 0 in one expression: no exp
+    overflows and nothing cancels, so σ keeps its relative accuracy in the tails (through
+    ½(1 + tanh(x/2)) it is 0 below x = −17 in float32). σ(−inf) = 0 exactly.
+    """
+    xp = get_array_module(x)
+    xw = _widened(x)
+    y = xp.exp(xp.minimum(xw, 0)) / (1 + xp.exp(-xp.abs(xw)))
+    return y.astype(x.dtype, copy=False)
+
+
+# σ(x) = 1/(1 + e⁻ˣ) (sigmoid_array). Its derivative σ(1 − σ) from the saved output, as
+# PyTorch: no other array is kept alive (in sigmoid attention, the N × N scores). Its relative
+# error is an ulp for x ≤ 0 and grows as eˣ ulps above (0 from x = 17 in float32), as PyTorch's.
 class Sigmoid(Function):
     @staticmethod
     def forward(ctx, x):
-        # σ(x) = ½(1 + tanh(x/2)): one stable expression for both signs of x.
-        y = 0.5 * (1 + get_array_module(x).tanh(0.5 * x))
+        y = sigmoid_array(x)
         ctx.save_for_backward(y)
         return y
 
     @staticmethod
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
-        return grad * y * (1 - y)             # dσ = σ(1 − σ)
+        y = _widened(y)
+        return grad * (y * (1 - y))                  # dσ = σ(1 − σ)
+
+
+# SiLU x·σ(x); its derivative σ(x) + xσ(x)σ(−x) = σ(x)(1 + x·σ(−x)), from x. One Function
+# rather than x·sigmoid(x), so that float16 is computed in float32 and rounded once.
+class Silu(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        xw = _widened(x)
+        return (xw * sigmoid_array(xw)).astype(x.dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        xw = _widened(x)
+        return grad * (sigmoid_array(xw) * (1 + xw * sigmoid_array(-xw)))
 
 
 class Relu(Function):
@@ -238,21 +289,24 @@ class LeakyRelu(Function):
         return xp.where(positive, grad, grad * ctx.slope), None
 
 
-# ELU: α(eˣ − 1) below zero. Its derivative there, α eˣ, equals the saved branch value + α.
+# ELU: α(eˣ − 1) below zero, as α·expm1(x) (eˣ − 1 cancels to 0 for |x| < 6e-8 in float32);
+# its derivative there, α eˣ, from x (the branch value + α cancels to 0 for x ≪ 0).
 class Elu(Function):
     @staticmethod
     def forward(ctx, x, alpha):
         xp = get_array_module(x)
-        neg = alpha * (xp.exp(xp.minimum(x, 0)) - 1)
-        ctx.save_for_backward(x, neg)
+        xw = _widened(x)
+        ctx.save_for_backward(x)
         ctx.alpha = alpha
-        return xp.where(x > 0, x, neg)
+        neg = alpha * xp.expm1(xp.minimum(xw, 0))
+        return xp.where(xw > 0, xw, neg).astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):
-        x, neg = ctx.saved_tensors
+        (x,) = ctx.saved_tensors
         xp = get_array_module(x)
-        return xp.where(x > 0, grad, grad * (neg + ctx.alpha)), None   # α eˣ for x ≤ 0
+        xw = _widened(x)
+        return xp.where(xw > 0, grad, grad * (ctx.alpha * xp.exp(xp.minimum(xw, 0)))), None
 
 
 # softplus log(1 + eˣ), a smooth ReLU; its derivative is the sigmoid σ(x).
@@ -266,7 +320,7 @@ class Softplus(Function):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
-        return grad * (0.5 * (1 + get_array_module(x).tanh(0.5 * x)))  # σ(x)
+        return grad * sigmoid_array(_widened(x))                      # σ(x)
 
 
 # ---- erf (NumPy has none) and GELU -------------------------------------------------------
@@ -345,22 +399,24 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 # GELU, x·Φ(x). The tanh form approximates Φ with ½(1 + tanh(√(2/π)(x + 0.044715x³)));
-# forward saves what its backward needs: t = tanh(·) for the tanh form, Φ(x) for the exact one.
+# forward saves what its backward needs: t = tanh(·) for the tanh form, Φ(x) for the exact one
+# (float16 in float32, then x·Φ rounded once: in float16 Φ(−4) is subnormal, x³ overflows).
 class Gelu(Function):
     @staticmethod
     def forward(ctx, x, approximate):
         xp = get_array_module(x)
         ctx.approximate = approximate
+        dtype, x = x.dtype, _widened(x)
         if approximate == "tanh":
             inner = _SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)
             t = xp.tanh(inner)
             ctx.save_for_backward(x, t)
-            return 0.5 * x * (1 + t)
+            return (0.5 * x * (1 + t)).astype(dtype, copy=False)
         cdf = erf_array(x * _INV_SQRT_2)                     # Φ(x) = (1 + erf(x/√2))/2,
         cdf += 1                                             # in place
         cdf *= 0.5
         ctx.save_for_backward(x, cdf)
-        return x * cdf
+        return (x * cdf).astype(dtype, copy=False)
 
     # tanh form: product rule on ½x(1 + t), with dt/dx = (1 − t²)·d(inner)/dx.
     # Exact form: d[xΦ(x)]/dx = Φ(x) + xφ(x), φ the normal density (a fast twin may compute it).
@@ -541,8 +597,9 @@ def softplus(x):
 
 
 def silu(x):
-    """SiLU / swish: x·σ(x) (Elfwing et al., 2017; Ramachandran et al., 2017)."""
-    return mul(x, sigmoid(x))
+    """SiLU / swish: x·σ(x) (Elfwing et al., 2017; Ramachandran et al., 2017); gradient
+    σ(x)(1 + x·σ(−x))."""
+    return Silu.apply(x)
 
 
 def erf(x):

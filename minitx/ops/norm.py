@@ -82,28 +82,34 @@ class LayerNorm(Function):
 
 
 # RMSNorm: x̂ = x / rms(x), no centring and no β (one reduction instead of two); forward
-# saves x̂ and 1/rms(x).
+# saves x̂ and 1/rms(x). Half precision is computed in float32 and rounded once, as LayerNorm
+# (in float16, x² overflows from |x| = 256 on); γ is taken in the dtype computed in.
 class RMSNorm(Function):
     @staticmethod
     def forward(ctx, x, weight, axes, eps):
         xp = get_array_module(x)
-        rinv = 1.0 / xp.sqrt((x * x).mean(axis=axes, keepdims=True) + eps)
-        xhat = x * rinv
-        ctx.save_for_backward(xhat, rinv, weight)
+        work = x.dtype if x.dtype.itemsize >= 4 else xp.dtype("float32")
+        xw = x.astype(work, copy=False)
+        rinv = 1.0 / xp.sqrt((xw * xw).mean(axis=axes, keepdims=True) + eps)
+        xhat = xw * rinv
+        w = None if weight is None else weight.astype(work, copy=False)
+        ctx.save_for_backward(xhat, rinv, w)
         ctx.axes = axes
-        return xhat * weight if weight is not None else xhat
+        out = xhat * w if w is not None else xhat
+        return out.astype(x.dtype, copy=False)
 
     # dγ = Σ g ⊙ x̂; dx is LayerNorm's without the mean(dx̂) term, since nothing was centred.
     @staticmethod
     def backward(ctx, grad):
-        xhat, rinv, weight = ctx.saved_tensors
+        xhat, rinv, w = ctx.saved_tensors
         batch = tuple(range(grad.ndim - len(ctx.axes)))
         nx, nw = ctx.needs_input_grad[:2]
-        gw = (grad * xhat).sum(axis=batch).astype(grad.dtype, copy=False) if nw else None
+        g = grad.astype(xhat.dtype, copy=False)     # in the dtype computed in; the engine
+        gw = (g * xhat).sum(axis=batch) if nw else None   # rounds to the inputs' dtypes
         gx = None
         if nx:
             # x̂ = x / rms(x):  dx = (dx̂ − x̂ · mean(dx̂ ⊙ x̂)) / rms(x)
-            dxhat = grad * weight if weight is not None else grad
+            dxhat = g * w if w is not None else g
             gx = rinv * (dxhat - xhat * (dxhat * xhat).mean(axis=ctx.axes, keepdims=True))
         return gx, gw, None, None
 
