@@ -85,7 +85,7 @@ import math
 from .. import backend, validate
 from .. import functional as F
 from ..autograd.tensor import Tensor
-from ..backend import get_array_module
+from ..backend import get_array_module, to_device_of
 from . import init
 from .hooks import HookPoint
 from .layers import Linear
@@ -137,6 +137,7 @@ def sigmoid_grouped_topk(logits: Tensor, k: int, correction_bias, n_group: int =
     """
     s = F.sigmoid(logits)                                # (T, n): the weights come from these
     bias = correction_bias.data if isinstance(correction_bias, Tensor) else correction_bias
+    bias = to_device_of(bias, s.data)                   # a host array meets device data once
     xp = get_array_module(s.data)
     # the choice is piecewise constant in the logits: made on raw arrays, with no gradient
     c = s.data + bias                                    # (T, n) corrected scores
