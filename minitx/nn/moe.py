@@ -361,8 +361,11 @@ class Experts(Module):
         xp = get_array_module(idx)
         pairs = idx.reshape(-1)                            # (T·k,) the expert of each pair
         order = F.argsort(pairs).data        # the pairs, grouped by expert
-        counts = xp.bincount(pairs, minlength=self.num_experts).tolist()   # host ints
+        # the block sizes, on the host: one wait for the device per forward
+        counts = xp.bincount(pairs, minlength=self.num_experts).tolist()
         routed = x[order // k]                             # gather: (T·k, E), by expert
+        if not pairs.size:                                 # no tokens: nothing to run
+            return F.reshape(routed, (t, self.hidden_size))
         outs, start = [], 0
         for e, m in enumerate(counts):                     # a loop over experts, not tokens
             if m:

@@ -196,6 +196,16 @@ def test_sparse_dispatch_equals_dense_reference_over_sizes(case):
     assert_close(moe(tensor(x)), want, rtol=1e-11, atol=1e-11 * max(np.abs(want).max(), 1))
 
 
+@pytest.mark.parametrize("router", ["softmax", "topk_softmax", "sigmoid_grouped"])
+def test_no_tokens_gives_an_empty_output_and_gradient(router):
+    moe = nn.MoE(4, 3, 4, 2, router=router, n_shared_experts=1, dtype="float64")
+    x = tensor(np.zeros((2, 0, 4)), requires_grad=True)
+    y = moe(x)
+    minitx.functional.sum(y).backward()
+    assert y.shape == (2, 0, 4) and x.grad.shape == (2, 0, 4)
+    assert_equal(moe.tokens_per_expert, np.zeros(4))
+
+
 # ---- the routers ----------------------------------------------------------------------------
 
 def test_topk_then_softmax_equals_renormalised_softmax():
