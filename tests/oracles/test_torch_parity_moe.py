@@ -18,7 +18,9 @@ and the two are compared:
 - **the whole HF block as it runs**: within 1e-10 for gpt-oss, and within the float32 rounding
   of the router weights (relative 1e-6) for the others;
 - **the load-balancing loss** against HF's ``load_balancing_loss_func``, which accumulates in
-  float32 (relative 1e-6), with several layers and with an attention mask.
+  float32 (relative 1e-6), with several layers and with an attention mask;
+- **the checkpoint files**: a one-layer HF model of each family saved with ``save_pretrained``
+  loads into minitx's block by docs/moe.md's map of the files' names, every tensor used once.
 """
 import numpy as np
 import pytest
@@ -351,3 +353,94 @@ def test_load_balancing_loss_of_a_model_output():
     theirs = load_balancing_loss_func((logits,), 4, 2)
     assert rel(nn.load_balancing_loss(moe.router_logits, 4, 2), theirs.detach().double().numpy()) \
         <= FLOAT32_ROUTER
+
+
+# ---- the checkpoint files' names (what save_pretrained writes), as docs/moe.md maps them ------
+
+def tiny_model(family):
+    """A one-layer HF model of ``family`` whose layer 0 is an MoE layer, float64, redrawn."""
+    common = dict(vocab_size=32, hidden_size=E, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1)
+    if family == "mixtral":
+        cfg, cls = transformers.MixtralConfig(intermediate_size=I, num_local_experts=4,
+                                              **common), transformers.MixtralForCausalLM
+    elif family == "qwen3_moe":
+        cfg, cls = transformers.Qwen3MoeConfig(moe_intermediate_size=I, num_experts=4,
+                                               num_experts_per_tok=2, head_dim=4, **common), \
+            transformers.Qwen3MoeForCausalLM
+    elif family == "qwen2_moe":
+        cfg, cls = transformers.Qwen2MoeConfig(moe_intermediate_size=I, num_experts=4,
+                                               num_experts_per_tok=2,
+                                               shared_expert_intermediate_size=10, **common), \
+            transformers.Qwen2MoeForCausalLM
+    elif family == "gpt_oss":
+        cfg, cls = transformers.GptOssConfig(intermediate_size=I, num_local_experts=4,
+                                             num_experts_per_tok=2, head_dim=4, **common), \
+            transformers.GptOssForCausalLM
+    else:
+        cfg, cls = transformers.DeepseekV3Config(
+            moe_intermediate_size=I, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
+            topk_group=2, n_shared_experts=2, first_k_dense_replace=0, q_lora_rank=None,
+            kv_lora_rank=4, qk_rope_head_dim=2, qk_nope_head_dim=2, v_head_dim=4,
+            **common), transformers.DeepseekV3ForCausalLM
+    cfg._experts_implementation = "eager"     # the loop over experts, which runs in float64
+    model = cls(cfg).double()
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if t.dtype == torch.float64:
+                t.copy_(torch.randn(t.shape, generator=gen, dtype=t.dtype)
+                        * (0.3 if "correction_bias" in name else 1.0))
+    return model
+
+
+def from_checkpoint(files, prefix, family):
+    """minitx's MoE state from the checkpoint tensors under ``prefix``, docs/moe.md's map:
+    per-expert matrices stacked (Mixtral's w1, w3, w2 are gate, up, down); gpt-oss's
+    interleaved, transposed tensors cut and swapped."""
+    mine = {k[len(prefix):]: v for k, v in files.items() if k.startswith(prefix)}
+    n = 8 if family == "deepseek_v3" else 4
+    out = {"router.weight": mine.pop("gate.weight" if family != "gpt_oss" else "router.weight")}
+    if family == "gpt_oss":
+        out["router.bias"] = mine.pop("router.bias")
+        gate_up, bias = mine.pop("experts.gate_up_proj"), mine.pop("experts.gate_up_proj_bias")
+        out["experts.gate_proj"] = gate_up[:, :, 0::2].transpose(0, 2, 1)
+        out["experts.up_proj"] = gate_up[:, :, 1::2].transpose(0, 2, 1)
+        out["experts.gate_proj_bias"], out["experts.up_proj_bias"] = bias[:, 0::2], bias[:, 1::2]
+        out["experts.down_proj"] = mine.pop("experts.down_proj").transpose(0, 2, 1)
+        out["experts.down_proj_bias"] = mine.pop("experts.down_proj_bias")
+    else:
+        names = (("w1", "w3", "w2") if family == "mixtral" else
+                 ("gate_proj", "up_proj", "down_proj"))
+        for ours, theirs in zip(("gate_proj", "up_proj", "down_proj"), names):
+            out["experts." + ours] = np.stack([mine.pop(f"experts.{j}.{theirs}.weight")
+                                               for j in range(n)])
+    if family == "deepseek_v3":
+        out["router.e_score_correction_bias"] = mine.pop("gate.e_score_correction_bias")
+    for hf in ("shared_experts.", "shared_expert.", "shared_expert_gate."):
+        for key in [k for k in mine if k.startswith(hf)]:
+            out[key.replace("shared_experts.", "shared_expert.")] = mine.pop(key)
+    assert not mine, f"checkpoint tensors left unmapped: {sorted(mine)}"
+    return out
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss",
+                                    "deepseek_v3"])
+def test_checkpoint_files_map_as_documented(family, tmp_path):
+    safetensors = pytest.importorskip("safetensors.numpy", reason="needs safetensors")
+    model = tiny_model(family)
+    model.save_pretrained(tmp_path)
+    files = safetensors.load_file(str(tmp_path / "model.safetensors"))
+    block = model.model.layers[0].mlp
+    moe = minitx_block(family)
+    layer = "model.layers.0." + ("block_sparse_moe." if family == "mixtral" else "mlp.")
+    state = from_checkpoint(files, layer, family)
+    assert sorted(state) == sorted(n for n, _ in [*moe.named_parameters(),
+                                                  *moe.named_buffers()])
+    for name, t in [*moe.named_parameters(), *moe.named_buffers()]:
+        assert tuple(t.shape) == state[name].shape, name
+        t.copy_(np.ascontiguousarray(state[name]))
+    x = np.random.default_rng(6).standard_normal((*T_SHAPE, E))
+    out = block(torch.tensor(x))
+    theirs = (out[0] if isinstance(out, tuple) else out).detach().numpy()
+    assert rel(moe(tensor(x)), theirs) <= (EXACT if family == "gpt_oss" else FLOAT32_ROUTER)
