@@ -308,15 +308,18 @@ class Experts(Module):
     Parameters (PyTorch's (out, in) layout for each expert): ``gate_proj`` and ``up_proj``
     (n, I, E), ``down_proj`` (n, E, I); with ``bias``, ``gate_proj_bias`` and ``up_proj_bias``
     (n, I) and ``down_proj_bias`` (n, E). ``kind``: "swiglu" or "clamped_swiglu" (gpt-oss;
-    ``limit``, ``alpha``).
+    ``swiglu_limit``, ``swiglu_alpha``).
 
     ``forward(x, indices, weights)``: tokens x (T, E), the choices (T, k) and their weights
-    (T, k) → (T, E). Cost O(T k · 3EI) and memory O(T k E) for the gathered tokens.
+    (T, k) → (T, E). Cost O(T k · 3EI) and memory O(T k E) for the gathered tokens. In the
+    backward each expert's slice ``gate_proj[e]`` hands back a gradient of the whole stacked
+    shape, zero outside its slice (indexing's rule): n times the stacked weights' size is
+    written and added per step, the price of reading each expert as its own slice.
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
-                 kind: str = "swiglu", bias: bool = False, limit: float = 7.0,
-                 alpha: float = 1.702, device=None, dtype=None):
+                 kind: str = "swiglu", bias: bool = False, swiglu_limit: float = 7.0,
+                 swiglu_alpha: float = 1.702, device=None, dtype=None):
         super().__init__()
         who = "Experts"
         n = self.num_experts = validate.positive_int(num_experts, "num_experts", owner=who)
@@ -324,8 +327,8 @@ class Experts(Module):
         i = self.intermediate_size = validate.positive_int(intermediate_size,
                                                            "intermediate_size", owner=who)
         self.kind = validate.choice(kind, "expert", EXPERT_KINDS, owner=who)
-        self.limit = validate.positive_real(limit, "swiglu_limit", owner=who)
-        self.alpha = validate.positive_real(alpha, "swiglu_alpha", owner=who)
+        self.limit = validate.positive_real(swiglu_limit, "swiglu_limit", owner=who)
+        self.alpha = validate.positive_real(swiglu_alpha, "swiglu_alpha", owner=who)
         dt = _float_dtype(dtype, who)
         self.gate_proj = _uniform((n, i, e), e, dt)
         self.up_proj = _uniform((n, i, e), e, dt)
