@@ -10,7 +10,7 @@ twin taken out (``configuration.without_twins``, the other twins staying on). Th
 alternating turns (on, off, then off, on, …), so that a slow stretch of a shared machine falls
 on both; the least time of each is kept (``fast_twins.on_and_off``). ``gain`` = time without
 the twin ÷ time with it (above 1: the twin buys time). The load average is printed at the
-start and the end; compare gains from quiet runs only. About two minutes.
+start and the end; compare gains from quiet runs only. A few minutes.
 """
 from __future__ import annotations
 
