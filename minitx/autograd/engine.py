@@ -33,14 +33,10 @@ from __future__ import annotations
 
 from heapq import heappop, heappush
 
-from .. import configuration
 from . import versions
 from .anomaly import _state as _anomaly, check_backward as _check_finite
 from .checks import check_grad as _check, check_node as _check_node, \
     output_grad as _output_grad, unshared as _unshared
-# the names these helpers had when they lived in this module (the fast twin imports them)
-from .checks import check_saved as _check_saved, describe as _describe  # noqa: F401
-from .checks import input_index as _index  # noqa: F401
 from .tensor import Tensor
 
 __all__ = ["backward", "topological_order"]
@@ -76,10 +72,6 @@ def _accumulate_leaf(leaf, grad, owned=False):
 
 def backward(tensor, grad=None, retain_graph: bool = False) -> None:
     """Backpropagate from ``tensor`` (see the module docstring)."""
-    # With minitx.config.fast on, the fast layer's twin runs the same steps (fast/core.py)
-    fast = configuration.twin("backward")
-    if fast is not None:
-        return fast(tensor, grad, retain_graph)
     # The walk starts with dL/dL: 1 for a one-element loss, else the grad given
     grad = _output_grad(tensor, grad)
     if tensor._ctx is None:                       # backward on a leaf: d(leaf)/d(leaf) = 1

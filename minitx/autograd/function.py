@@ -31,12 +31,11 @@ import itertools
 
 import numpy
 
-from .. import backend, configuration
+from .. import backend
 from . import anomaly, versions
 from .anomaly import _state as _anomaly
 from .checks import NAMED as _NAMED, in_op as _in_op
-from .checks import describe as _describe  # noqa: F401 - its name here before checks.py
-from .devices import _deep, one_device as _one_device  # noqa: F401 - _deep: the same
+from .devices import one_device as _one_device
 from .grad_mode import _state as _grad_mode
 from .tensor import Tensor
 
@@ -97,11 +96,6 @@ class Function:
         ``arrays = [a.data if Tensor else a]``; ``out = forward(ctx, *arrays)``; ``ctx`` is
         recorded as ``out``'s node iff grad mode is on and some input requires grad.
         """
-        # With minitx.config.fast on, the fast layer's twin runs the same steps (fast/core.py)
-        fast = configuration.twin("apply")
-        if fast is not None:
-            return fast(cls, inputs, kwargs)
-
         # Unwrap: forward sees raw arrays. An input that is not a Tensor (a Python number, a
         # mask array) is a constant of the op: it never receives a gradient
         arrays, needs = [], []                     # each input's array; needs its gradient?

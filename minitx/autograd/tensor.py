@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy
 
-from .devices import KINDS as _KINDS, ArrayMethods, to_array as _to_array  # noqa: F401
+from .devices import ArrayMethods, to_array as _to_array
 from .inplace import InPlaceMethods
 from .spellings import PyTorchSpellings, transpose_axes
 

@@ -29,8 +29,6 @@ host.prepare_blas()
 # Then the core, in its own order (the Tensor binds the ops at its end), and the twins: each
 # import below registers its twins (their order does not matter).
 from .. import autograd  # noqa: E402,F401
-from . import (core, erf, norm, numbers, optim, parallel, reductions,  # noqa: E402,F401
-               scatter, sdpa)
+from . import erf, norm, optim, parallel, reductions, scatter, sdpa  # noqa: E402,F401
 
-__all__ = ["host", "core", "erf", "norm", "numbers", "optim", "parallel", "reductions",
-           "scatter", "sdpa"]
+__all__ = ["host", "erf", "norm", "optim", "parallel", "reductions", "scatter", "sdpa"]

@@ -9,9 +9,9 @@ each name this module finds
 
 and **measures what the twin buys**, at build time: one small workload that goes through the
 dispatch point is timed with the whole fast layer on, and again with this one twin switched
-off (``configuration.without_twins(name)``, the other twins staying on). The speed-up is the
-ratio of the two fastest-of-a-few times. It measures the machine, not the maths, so the site
-fences it in ``<!--measured-->`` markers: two builds differ only there.
+off (``configuration.without_twins(name)``, the other twins staying on), in alternating turns.
+The speed-up is the ratio of the two least times. It measures the machine, not the maths, so
+the site fences it in ``<!--measured-->`` markers: two builds differ only there.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import minitx.fast  # noqa: F401 - registers the twins
 import minitx.functional as F
 from minitx import configuration, nn, optim
 
-__all__ = ["Twin", "find_twins", "measure", "WORKLOADS"]
+__all__ = ["Twin", "find_twins", "measure", "on_and_off", "WORKLOADS"]
 
 
 @dataclass
@@ -106,17 +106,6 @@ def _softmax(rng, n):                       # row_max, row_sum: softmax's shift 
     return lambda: F.softmax(x, axis=-1)
 
 
-def _many_small_ops(rng, n):                # apply, backward: the engine's per-op overhead
-    x = _tensor(rng, (16, 32), grad=True)
-
-    def run():
-        y = x
-        for _ in range(n // 4):
-            y = F.tanh(y * 0.5 + 0.1)
-        y.sum().backward()
-    return run
-
-
 def _gelu(rng, n):                          # erf, gelu_backward
     x = _tensor(rng, (n, 256), grad=True)
 
@@ -156,46 +145,59 @@ def _embedding_backward(rng, n):            # scatter_add: the embedding's gradi
     return run
 
 
-def _adam(rng, n):
-    layer = nn.Linear(n, n)
-    opt = optim.Adam(layer.parameters(), lr=1e-3)
-    layer(_tensor(rng, (4, n))).sum().backward()      # a gradient for every parameter
+def _adam(rng, n):                          # a small model's step: many biases and norms
+    minitx.manual_seed(0)
+    model = nn.Sequential(*(nn.TransformerEncoderLayer(n, 4, 4 * n, dropout=0.0)
+                            for _ in range(4)))
+    opt = optim.AdamW(model.parameters(), lr=1e-3)
+    model(_tensor(rng, (2, 8, n))).sum().backward()   # a gradient for every parameter
     return opt.step
 
 
 # name -> workload(rng, size) returning the function to time; sizes (quick, full)
 WORKLOADS = {
     "row_max": (_softmax, (128, 256)), "row_sum": (_softmax, (128, 256)),
-    "apply": (_many_small_ops, (128, 256)), "backward": (_many_small_ops, (128, 256)),
     "erf": (_gelu, (512, 1024)), "gelu_backward": (_gelu, (512, 1024)),
     "layer_norm": (_layer_norm, (512, 1024)), "sdpa": (_sdpa, (256, 512)),
     "map_in_threads": (_flash, (256, 1024)), "scatter_add": (_embedding_backward, (256, 1024)),
-    "adam": (_adam, (512, 1024)),
+    "adam": (_adam, (32, 64)),
 }
 
 
-def _fastest(fn, repeats):
-    fn()                                     # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+def on_and_off(name, size, turns, calls=1, seed=0):
+    """(seconds with the twin ``name``, seconds without it) on its workload at ``size``, the
+    rest of the fast layer on: the least of ``turns`` turns that alternate the two (on, off,
+    then off, on, …, so that a slow stretch of the machine falls on both), each an untimed
+    call then ``calls`` timed ones. A busy machine only ever slows a call down, hence the
+    least."""
+    make, _ = WORKLOADS[name]
+    fn = make(np.random.default_rng(seed), size)
+
+    def off():
+        with configuration.without_twins(name):
+            return fn()
+
+    best = {fn: float("inf"), off: float("inf")}
+    with configuration.using_config(fast=True):
+        for turn in range(turns):
+            for variant in ((fn, off) if turn % 2 == 0 else (off, fn)):
+                variant()                        # untimed: warm-up, caches, BLAS threads
+                for _ in range(calls):
+                    t0 = time.perf_counter()
+                    variant()
+                    best[variant] = min(best[variant], time.perf_counter() - t0)
+    return best[fn], best[off]
 
 
 def measure(twins, quick=True, seed=0) -> None:
     """Fill in each twin's ``times`` and ``speedup`` (a twin without a workload stays None).
-    Runs on NumPy, with the fast layer on."""
-    repeats = 5 if quick else 9
+    Runs on NumPy, with the fast layer on; ``benchmarks/twin_gains.py`` runs the same
+    measurement, longer."""
     for twin in twins:
         if twin.name not in WORKLOADS:
             continue
-        make, sizes = WORKLOADS[twin.name]
-        fn = make(np.random.default_rng(seed), sizes[0] if quick else sizes[1])
-        with configuration.using_config(fast=True):
-            fast = _fastest(fn, repeats)
-            with configuration.without_twins(twin.name):
-                plain = _fastest(fn, repeats)
+        sizes = WORKLOADS[twin.name][1]
+        fast, plain = on_and_off(twin.name, sizes[0] if quick else sizes[1],
+                                 turns=3 if quick else 6, seed=seed)
         twin.times = (fast, plain)
         twin.speedup = plain / fast if fast > 0 else None

@@ -8,6 +8,7 @@ half-changed when refused, that the environment variable is honoured by a fresh 
 (and that the fast layer's host set-up is skipped with it off), and the twin table's rules.
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ import pytest
 
 import minitx
 from minitx import configuration
+from support import REPO
 
 
 def test_the_object_is_minitx_config():
@@ -121,3 +123,14 @@ def test_every_twin_lives_in_the_fast_layer_and_names_its_reference():
         assert fn.__module__.startswith("minitx.fast."), (name, fn.__module__)
         doc = (fn.__doc__ or "") + (sys.modules[fn.__module__].__doc__ or "")
         assert "reference" in doc.lower() or "twin" in doc.lower(), name
+
+
+def test_the_docs_twin_table_lists_exactly_the_registered_twins():
+    """The table of twins in ``docs/architecture.md`` names every registered twin once in its
+    first column, and nothing else: it is kept current as twins come and go."""
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    start = text.index("\n| twin |")
+    rows = text[start:text.index("\n\n", start)].strip().splitlines()[2:]
+    listed = [name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])]
+    assert sorted(listed) == sorted(configuration.twins()), listed
+    assert all(re.search(r"\d\.\d\d×", row.split("|")[-2]) for row in rows), rows
