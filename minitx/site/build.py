@@ -108,7 +108,8 @@ COURSE = [
      "Linear attention read as a recurrent state: retention, the delta rule, state-space "
      "duality.",
      ["minitx/attention/retention.py", "minitx/attention/delta_rule.py",
-      "minitx/attention/ssd.py", "notebooks/05_attention_and_recurrence.py"]),
+      "minitx/attention/ssd.py", "minitx/attention/gated_delta.py",
+      "notebooks/05_attention_and_recurrence.py"]),
     ("Tiled flash attention in NumPy",
      "Exact attention in O(N) memory: the online softmax; which code computes attention; "
      "then what every efficient variant costs and gives up, measured.",
