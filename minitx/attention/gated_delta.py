@@ -130,21 +130,25 @@ def gated_delta_chunk(q, k, v, beta, log_alpha, state=None, causal: bool = True,
     and may replace the implied pattern P (B, H, c, c). Returns (O (B, H, c, Dv),
     S (B, H, Dk, Dv)). Time O(B·H·(c²·D + c·D²)).
     """
+    # the decays inside the chunk: cumulative logs, and every pair's product as a mask
     total = F.cumsum(log_alpha, axis=-1)                                # G_t, (B, H, c)
     last = total[..., -1:]                                              # G_c, (B, H, 1)
     decay = decay_mask(log_alpha)                                       # e^{G_t − G_s}, s ≤ t
     a = F.tril(F.matmul(k, F.swapaxes(k, -1, -2)) * decay, -1) * F.expand_dims(beta, -1)
     to_end = F.expand_dims(F.exp(last - total), -1)                     # e^{G_c − G_s}
+    # what each query reads of each key's write: W ⊙ M, or (non-causal) of the final memory
     if causal:
         scores = F.matmul(q, F.swapaxes(k, -1, -2)) * decay             # W ⊙ M
     elif state is not None:
         raise ValueError("gated_delta_chunk: a state (the tokens before) needs causal=True")
     else:                                        # every query reads S_c: q_t·(e^{G_c − G_s} k_s)
         scores = F.matmul(q, F.swapaxes(k * to_end, -1, -2))
+    # the state the chunks before left, decayed to token t, is what the writes correct
     from_start = F.expand_dims(F.exp(total), -1)                        # e^{G_t}, (B, H, c, 1)
     r = v if state is None else v - F.matmul(k, state) * from_start     # V − (K ⊙ e^G) S₀
     u, out = _solve_and_read(scores, a, r, beta, hook_pattern)
     new_state = F.matmul(F.swapaxes(k * to_end, -1, -2), u)            # (B, H, Dk, Dv)
+    # and it is read by each query, and carried (decayed over the chunk) into the next one
     if state is not None:
         out = out + F.matmul(q, state) * from_start
         new_state = new_state + state * F.expand_dims(F.exp(last), -1)
@@ -160,22 +164,26 @@ def kda_chunk(q, k, v, beta, log_alpha, state=None, causal: bool = True, hook_pa
     ``gated_delta_chunk``'s. Returns (O (B, H, c, Dv), S (B, H, Dk, Dv)).
     Time O(B·H·(c²·D + c·D²)), memory O(B·H·c²·D) (the decay of each pair, per channel).
     """
+    # the decays inside the chunk, per channel: cumulative logs and each pair's mask
     total = F.cumsum(log_alpha, axis=-2)                                # G_t, (B, H, c, Dk)
     last = total[..., -1:, :]                                           # G_c, (B, H, 1, Dk)
     decay = decay_mask(F.swapaxes(log_alpha, -1, -2))                   # (B, H, Dk, c, c)
     pairs = "bhtd,bhsd,bhdts->bhts"              # Σ_d x_td k_sd e^{G_td − G_sd}, s ≤ t
     a = F.tril(F.einsum(pairs, k, k, decay), -1) * F.expand_dims(beta, -1)
     to_end = F.exp(last - total)                                        # e^{G_c − G_s}
+    # what each query reads of each key's write: W ⊙ M, or (non-causal) of the final memory
     if causal:
         scores = F.einsum(pairs, q, k, decay)                           # W ⊙ M
     elif state is not None:
         raise ValueError("kda_chunk: a state (the tokens before) needs causal=True")
     else:
         scores = F.matmul(q, F.swapaxes(k * to_end, -1, -2))
+    # the state before the chunk, decayed channel by channel to token t: V − (K ⊙ e^G) S₀
     from_start = F.exp(total)                                           # e^{G_t}
     r = v if state is None else v - F.matmul(k * from_start, state)
     u, out = _solve_and_read(scores, a, r, beta, hook_pattern)
     new_state = F.matmul(F.swapaxes(k * to_end, -1, -2), u)            # (B, H, Dk, Dv)
+    # and it is read by each query, and carried (decayed over the chunk) into the next one
     if state is not None:
         out = out + F.matmul(q * from_start, state)
         new_state = new_state + state * F.swapaxes(F.exp(last), -1, -2)   # Diag(e^{G_c}) S₀
@@ -401,6 +409,7 @@ class GatedDeltaNet(RecurrentAttention):
         """Chunkwise (C = 4) and one chunk (the parallel form) against the recurrence, and
         α ≡ 1 against the delta rule: float64, B = 1, H = 2, D = 4, N = 13."""
         q, k, v, beta, log_alpha = cls._identity_inputs(seed, channels=False)
+        # one set of inputs through the recurrence, chunks of 4, and one chunk of all 13
         with no_grad():
             recurrent = to_host(gated_delta_recurrent(q, k, v, beta, log_alpha)[0].data)
             rows = []
@@ -410,6 +419,7 @@ class GatedDeltaNet(RecurrentAttention):
                 rows.append((f"chunkwise (C = {c}) − recurrence S_t = α_t S_{{t−1}}(I − "
                              f"β_t k_t k_tᵀ) + β_t v_t k_tᵀ, max |Δ|",
                              float(host_xp.abs(out - recurrent).max()), 1e-12))
+            # log α = 0: nothing decays, and the chunk must be the delta rule's own
             no_decay = Tensor(active_xp().zeros((1, 2, 13)))
             gated = to_host(run_gated_chunks(gated_delta_chunk, q, k, v, beta, no_decay,
                                              None, 4)[0].data)
@@ -417,7 +427,6 @@ class GatedDeltaNet(RecurrentAttention):
         rows.append(("gated DeltaNet with α ≡ 1 − deltanet (both C = 4), max |Δ|",
                      float(host_xp.abs(gated - delta).max()), 1e-12))
         return rows
-
 
 
 @register("kda")
@@ -475,6 +484,7 @@ class KimiDeltaAttention(GatedDeltaNet):
         decay that is the same in every channel against gated DeltaNet: float64, B = 1, H = 2,
         D = 4, N = 13."""
         q, k, v, beta, log_alpha = cls._identity_inputs(seed, channels=True)
+        # one set of inputs through the recurrence, chunks of 4, and one chunk of all 13
         with no_grad():
             recurrent = to_host(gated_delta_recurrent(q, k, v, beta, log_alpha)[0].data)
             rows = []
@@ -484,6 +494,7 @@ class KimiDeltaAttention(GatedDeltaNet):
                 rows.append((f"chunkwise (C = {c}) − recurrence S_t = (I − β_t k_t k_tᵀ) "
                              f"Diag(α_t) S_{{t−1}} + β_t k_t v_tᵀ, max |Δ|",
                              float(host_xp.abs(out - recurrent).max()), 1e-12))
+            # channel 0's decays, copied to every channel, against gated DeltaNet's chunk
             per_head = log_alpha[..., 0]                                  # (1, 2, 13)
             same = F.broadcast_to(F.expand_dims(per_head, -1), log_alpha.shape)
             kda = to_host(run_gated_chunks(kda_chunk, q, k, v, beta, same, None, 4)[0].data)
