@@ -365,7 +365,8 @@ def _describe_options(layer):
 # ---- 6. what a decoder keeps ---------------------------------------------------------------
 
 CACHE_VARIANTS = (("mha", {}), ("gqa", {"num_kv_heads": 2}), ("mqa", {}), ("mla", {}),
-                  ("sink", {}), ("retention", {}), ("deltanet", {}), ("ssd", {}))
+                  ("sink", {}), ("retention", {}), ("deltanet", {}), ("ssd", {}),
+                  ("gated_deltanet", {}), ("kda", {}))
 
 
 def cached_numbers(cache) -> int:
@@ -384,7 +385,7 @@ def cache_section(embed: int = 64, heads: int = 8, lengths=(32, 96)) -> list:
     keys and values grow by 2·H·D numbers a token; GQA and MQA share key/value heads; MLA keeps
     one latent and one RoPE key; sinks keep a bounded window; the recurrent forms one state."""
     d = embed // heads
-    head = f"   {'variant':<10} " + " ".join(f"{'N = ' + str(n):>10}" for n in lengths)
+    head = f"   {'variant':<14} " + " ".join(f"{'N = ' + str(n):>10}" for n in lengths)
     lines = [f"6. What a decoder keeps: numbers in each layer's cache after N tokens "
              f"(E = {embed}, H = {heads}, D = {d};",
              f"   MHA's keys and values: 2·H·D = {2 * heads * d} numbers a token)", "",
@@ -403,10 +404,10 @@ def cache_section(embed: int = 64, heads: int = 8, lengths=(32, 96)) -> list:
                     counts.append(cached_numbers(cache))
             grows = counts[-1] - counts[0]
             per = (f"{grows // (lengths[-1] - lengths[0])}" if grows else "0 (bounded)")
-            lines.append(f"   {name:<10} " + " ".join(f"{c:>10,}" for c in counts)
+            lines.append(f"   {name:<14} " + " ".join(f"{c:>10,}" for c in counts)
                          + f"   {per}")
         except Exception as exc:  # noqa: BLE001 - the tour reports, never crashes
-            lines.append(f"   {name:<10} {_short(exc)}")
+            lines.append(f"   {name:<14} {_short(exc)}")
     return lines
 
 

@@ -45,3 +45,4 @@ from .nystrom import *  # noqa: F401,F403
 from .retention import *  # noqa: F401,F403
 from .delta_rule import *  # noqa: F401,F403
 from .ssd import *  # noqa: F401,F403
+from .gated_delta import *  # noqa: F401,F403

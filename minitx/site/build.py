@@ -110,6 +110,10 @@ COURSE = [
      "duality.",
      ["minitx/attention/retention.py", "minitx/attention/delta_rule.py",
       "minitx/attention/ssd.py", "notebooks/05_attention_and_recurrence.py"]),
+    ("Attention as recurrence, gated",
+     "From the delta rule to gated DeltaNet and Kimi Delta Attention: the memory decays, "
+     "per head or per key channel, before each delta-rule write.",
+     ["minitx/attention/gated_delta.py"]),
     ("Tiled flash attention in NumPy",
      "Exact attention in O(N) memory: the online softmax; which code computes attention; "
      "then what every efficient variant costs and gives up, measured.",
