@@ -1,0 +1,430 @@
+r"""One decoder for today's families — Llama, Mistral, Qwen, Gemma, OLMo — each a handful of
+switches on GPT-2.
+
+GPT-2's decoder, for tokens t at positions m, with the blocks' residual stream h:
+
+$$
+h_0 = W_E[t] + P[m], \qquad
+h \leftarrow h + \operatorname{Attn}(\operatorname{LN}_1 h), \qquad
+h \leftarrow h + \operatorname{MLP}(\operatorname{LN}_2 h), \qquad
+\text{logits} = \operatorname{LN}_f(h_L)\, W_E^\top
+$$
+
+What changed since, each one switch of ``DecoderConfig`` (its reason in brackets):
+
+- ``norm="rmsnorm"``: RMSNorm instead of LayerNorm (cheaper; centring did not help), Gemma's
+  (1 + w) and the float16 rounding order by ``norm_unit_offset`` / ``norm_scale_in_float32``
+  (``nn/decoder_layers.py``).
+- ``mlp="swiglu" | "geglu"``: a gated MLP (better loss per parameter); ``"moe"`` a mixture of
+  experts (``nn/moe.py``).
+- ``qkv_bias``, ``o_bias``, ``mlp_bias``: biases per projection (most families drop them;
+  Qwen2 keeps q, k, v's).
+- ``positions="rope"``: rotary positions inside attention instead of a learned table P (scores
+  depend on offsets; longer contexts by scaling the frequencies, ``nn/rotary.py``).
+- ``num_kv_heads``: grouped-query attention (a smaller KV cache; below).
+- ``qk_norm="head" | "proj"``: RMSNorm on each head's q and k (Qwen3, Gemma 3) or on the
+  whole projected q and k (OLMo 2), before the rotation (keeps the logits from growing).
+- ``norm_placement="post" | "sandwich"``: OLMo 2 normalises each sublayer's output inside the
+  residual, h + Norm(F(h)); Gemma 3 normalises its input and output, h + Norm(F(Norm h))
+  (steadier training).
+- ``sliding_window``, ``layer_types``: local layers see only the last W tokens (Mistral all
+  layers, Gemma 3 five of every six), so their KV cache is bounded.
+- ``embed_scale``: Gemma multiplies the embeddings by √E; ``query_pre_attn_scalar`` replaces
+  D in the scale 1/√D; ``final_logit_softcap`` c·tanh(z/c) on the logits;
+  ``attn_logit_softcap`` the same on the scores (Gemma 2; HF's Gemma 3 does not apply it).
+- ``tie_embeddings``: the head reuses W_E (GPT-2, Gemma) or has its own (Llama 3 8B, Qwen 7B).
+
+Attention of one layer, with G = H/Hkv query heads sharing each key/value head (GQA), the
+rotation R_m of ``nn/rotary.py``, scale s = 1/√D (or 1/√query_pre_attn_scalar), and the
+window W (∞ for a full layer):
+
+$$
+o_i^{(h)} = \sum_{j:\; i - W < j \le i}
+\operatorname{softmax}_j\!\bigl(s\, (R_i q_i^{(h)}) \cdot (R_j k_j^{(\lfloor h/G \rfloor)})\bigr)
+\, v_j^{(\lfloor h/G \rfloor)}
+$$
+
+The cache keeps rotated keys (as HuggingFace's does), so a key is rotated once, at its own
+position; a sliding layer's cache (``WindowKVCache``) keeps only the last W − 1 tokens.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .. import backend, validate
+from ..attention import KVCache, WindowKVCache, cached_length
+from ..attention.base import hookable_attention, hooked_heads
+from ..autograd.grad_mode import no_grad
+from ..autograd.tensor import Tensor
+from ..nn import init
+from ..nn.decoder_layers import DecoderRMSNorm, DenseMLP, GatedMLP, softcap
+from ..nn.hooks import HookedModel, HookPoint
+from ..nn.layers import Embedding, LayerNorm, Linear
+from ..nn.module import Module, ModuleList
+from ..nn.positional import LearnedPositionalEmbedding
+from ..nn.rotary import Rotary, check_rope
+from ..ops.activation import softmax
+from ..ops.indexing import masked_fill
+from ..ops.linalg import linear, matmul
+from ..ops.sdpa import attention_scores, merge_heads, repeat_kv, split_heads
+from .common import AttentionMaps, token_ids
+from .gpt import sample_next
+
+# The mixture-of-experts layer lives in its own module; a tree without it still builds every
+# dense family, and ``mlp="moe"`` then says what is missing.
+try:
+    from ..nn.moe import MoE
+except ImportError:  # pragma: no cover - depends on the tree
+    MoE = None
+
+__all__ = ["DecoderConfig", "Decoder", "DecoderBlock", "DecoderAttention", "NORMS", "MLPS",
+           "PLACEMENTS", "POSITIONS", "QK_NORMS", "LAYER_TYPES"]
+
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu", "geglu", "moe")
+PLACEMENTS = ("pre", "post", "sandwich")
+POSITIONS = ("rope", "learned", "none")
+QK_NORMS = (None, "head", "proj")
+LAYER_TYPES = ("full", "sliding")
+
+
+@validate.catch_unknown_options     # DecoderConfig(n_heads=4): "... did you mean 'num_heads'?"
+@dataclass
+class DecoderConfig:
+    """The switches of ``Decoder`` (module docstring). Defaults: a small Llama.
+
+    Sizes: ``vocab_size`` V, ``hidden_size`` E, ``num_layers`` L, ``num_heads`` H,
+    ``num_kv_heads`` Hkv (default H), ``head_dim`` D (default E/H), ``ffn_hidden`` F (the
+    MLP's width; default 4E for "gelu", else ⌈8E/3⌉ rounded up to a multiple of 8).
+    ``rope``/``local_rope``: HuggingFace ``rope_parameters`` dicts for full and sliding
+    layers (``local_rope`` None: the same). ``layer_types``: "full" or "sliding" per layer
+    (None: all "sliding" when ``sliding_window`` is set, else all "full").
+    ``gelu_approximate``: the tanh form of GELU for "gelu" and "geglu". MoE: ``num_experts``,
+    ``top_k`` and ``moe_options`` (passed to ``nn.moe.MoE``).
+    """
+
+    vocab_size: int = 256
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = None
+    head_dim: int = None
+    ffn_hidden: int = None
+    norm: str = "rmsnorm"
+    norm_eps: float = 1e-6
+    norm_unit_offset: bool = False
+    norm_scale_in_float32: bool = False
+    norm_placement: str = "pre"
+    norm_bias: bool = False
+    mlp: str = "swiglu"
+    gelu_approximate: bool = True
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    positions: str = "rope"
+    max_position: int = 2048
+    rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    local_rope: dict = None
+    qk_norm: str = None
+    sliding_window: int = None
+    layer_types: tuple = None
+    query_pre_attn_scalar: float = None
+    attn_logit_softcap: float = None
+    embed_scale: bool = False
+    final_logit_softcap: float = None
+    tie_embeddings: bool = True
+    num_experts: int = None
+    top_k: int = None
+    moe_options: dict = field(default_factory=dict)
+
+
+def _checked(c: DecoderConfig) -> DecoderConfig:
+    """Every switch checked, the defaults (Hkv, D, F, layer types) filled in."""
+    who = "DecoderConfig"
+    for name, options in (("norm", NORMS), ("mlp", MLPS), ("norm_placement", PLACEMENTS),
+                          ("positions", POSITIONS), ("qk_norm", QK_NORMS)):
+        validate.choice(getattr(c, name), name, options, owner=who)
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "max_position"):
+        validate.positive_int(getattr(c, name), name, owner=who)
+    c.num_kv_heads = c.num_heads if c.num_kv_heads is None else \
+        validate.positive_int(c.num_kv_heads, "num_kv_heads", owner=who)
+    if c.num_heads % c.num_kv_heads:
+        raise validate.OptionError(f"{who}: num_heads ({c.num_heads}) must be divisible by "
+                                   f"num_kv_heads ({c.num_kv_heads})")
+    if c.head_dim is None and c.hidden_size % c.num_heads:
+        raise validate.OptionError(f"{who}: hidden_size ({c.hidden_size}) must be divisible by "
+                                   f"num_heads ({c.num_heads}), or head_dim given")
+    c.head_dim = c.hidden_size // c.num_heads if c.head_dim is None else \
+        validate.positive_int(c.head_dim, "head_dim", owner=who)
+    if c.ffn_hidden is None:
+        c.ffn_hidden = 4 * c.hidden_size if c.mlp == "gelu" else \
+            8 * -(-(8 * c.hidden_size) // 24)
+    validate.positive_int(c.ffn_hidden, "ffn_hidden", owner=who)
+    # Which layers slide: given per layer, or all of them when a window is set.
+    if c.sliding_window is not None:
+        validate.positive_int(c.sliding_window, "sliding_window", owner=who)
+    if c.layer_types is None:
+        c.layer_types = ("sliding" if c.sliding_window else "full",) * c.num_layers
+    c.layer_types = tuple(c.layer_types)
+    if len(c.layer_types) != c.num_layers or not set(c.layer_types) <= set(LAYER_TYPES):
+        raise validate.OptionError(f"{who}: layer_types must give 'full' or 'sliding' for each "
+                                   f"of the {c.num_layers} layers, got {c.layer_types!r}")
+    if "sliding" in c.layer_types and c.sliding_window is None:
+        raise validate.OptionError(f"{who}: layer_types has 'sliding' layers but "
+                                   "sliding_window is None")
+    c.rope = check_rope(c.rope, owner=f"{who}.rope")
+    if c.local_rope is not None:
+        c.local_rope = check_rope(c.local_rope, owner=f"{who}.local_rope")
+    for name in ("query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap"):
+        if getattr(c, name) is not None:
+            validate.positive_real(getattr(c, name), name, owner=who)
+    if c.mlp == "moe" and (c.num_experts is None or c.top_k is None):
+        raise validate.OptionError(f"{who}: mlp='moe' needs num_experts and top_k")
+    return c
+
+
+def _norm(c: DecoderConfig, dim: int):
+    """The family's normalisation over the last axis of size ``dim``."""
+    if c.norm == "layernorm":
+        return LayerNorm(dim, eps=c.norm_eps, bias=c.norm_bias)
+    return DecoderRMSNorm(dim, eps=c.norm_eps, unit_offset=c.norm_unit_offset,
+                          scale_in_float32=c.norm_scale_in_float32)
+
+
+def _mlp(c: DecoderConfig):
+    """The family's MLP: GPT-2's, a gated one (SwiGLU, GeGLU), or a mixture of experts."""
+    gelu = "gelu_tanh" if c.gelu_approximate else "gelu"
+    if c.mlp == "gelu":
+        return DenseMLP(c.hidden_size, c.ffn_hidden, gelu, bias=c.mlp_bias)
+    if c.mlp in ("swiglu", "geglu"):
+        act = "silu" if c.mlp == "swiglu" else gelu
+        return GatedMLP(c.hidden_size, c.ffn_hidden, act, bias=c.mlp_bias)
+    if MoE is None:
+        raise validate.OptionError("DecoderConfig: mlp='moe' needs minitx.nn.moe, which this "
+                                   "tree does not have")
+    return MoE(c.hidden_size, c.ffn_hidden, c.num_experts, c.top_k, **c.moe_options)
+
+
+class DecoderAttention(Module):
+    """Causal self-attention of one decoder layer (module docstring's formula), full or
+    sliding. x (B, N, E) → (B, N, E); H query heads of D dims, Hkv key/value heads.
+
+    Linear layers ``q_proj`` (E → H·D), ``k_proj``/``v_proj`` (E → Hkv·D), ``o_proj``
+    (H·D → E); ``q_norm``/``k_norm`` with ``qk_norm``. ``forward(x, kv_cache=None)``: with a
+    cache, x's tokens follow the cached ones. Hook points as the registry's variants
+    (TransformerLens's names, heads as (B, N, H, D)): ``hook_q``/``hook_k``/``hook_v``
+    (after QK-norm, before the rotation), ``hook_rot_q``/``hook_rot_k``,
+    ``hook_attn_scores``/``hook_pattern`` (B, H, Nq, Nk), ``hook_z``. Time O(B·H·N·Nk·D),
+    Nk ≤ W with a window.
+    """
+
+    def __init__(self, c: DecoderConfig, sliding: bool = False):
+        super().__init__()
+        e, h, hkv, d = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = h, hkv, d
+        self.q_proj = Linear(e, h * d, bias=c.qkv_bias)
+        self.k_proj = Linear(e, hkv * d, bias=c.qkv_bias)
+        self.v_proj = Linear(e, hkv * d, bias=c.qkv_bias)
+        self.o_proj = Linear(h * d, e, bias=c.o_bias)
+        # QK-norm: per head over D (Qwen3, Gemma 3) or over the whole projection (OLMo 2).
+        self.qk_norm = c.qk_norm
+        if c.qk_norm is not None:
+            self.q_norm = _norm(c, d if c.qk_norm == "head" else h * d)
+            self.k_norm = _norm(c, d if c.qk_norm == "head" else hkv * d)
+        # A sliding layer sees W keys and may have its own rotary base (Gemma 3's local layers).
+        self.window = c.sliding_window if sliding else None
+        rope = c.local_rope if sliding and c.local_rope is not None else c.rope
+        self.rotary = Rotary(d, rope) if c.positions == "rope" else None
+        self.scale = 1.0 / math.sqrt(c.query_pre_attn_scalar or d)
+        self.logit_softcap = c.attn_logit_softcap
+        for name in ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+    def new_cache(self):
+        """A ``WindowKVCache`` for a sliding layer (bounded), else a ``KVCache``."""
+        return KVCache() if self.window is None else WindowKVCache(self.window)
+
+    def _allowed(self, offset, n, first, nk, xp, always=False):
+        """(Nq, Nk) bool, True = may attend: causal, and within the window; None when plain
+        bottom-right causality says it (full layer, keys from position 0) unless ``always``."""
+        if self.window is None and first == 0 and not always:
+            return None
+        qpos = xp.arange(offset, offset + n)[:, None]
+        kpos = xp.arange(first, first + nk)[None, :]
+        allowed = kpos <= qpos
+        if self.window is not None:
+            allowed &= kpos > qpos - self.window                  # the last W positions
+        return allowed
+
+    def _softcapped(self, q, k, v, allowed):
+        # Capped scores: the cap goes on before the mask (a masked −∞ would be capped to −c).
+        s = softcap(attention_scores(q, k, scale=self.scale, enable_gqa=True),
+                    self.logit_softcap)
+        s = self.hook_attn_scores(masked_fill(s, ~allowed, -math.inf))
+        p = self.hook_pattern(softmax(s, axis=-1))
+        return matmul(p, repeat_kv(v, self.num_heads))
+
+    def forward(self, x, kv_cache=None):
+        b, n, _ = x.shape
+        xp = backend.get_array_module(x.data)
+        offset = 0 if kv_cache is None else len(kv_cache)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.qk_norm == "proj":                                     # OLMo 2: (B, N, H·D)
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = split_heads(q, self.num_heads)                              # (B, H, N, D)
+        k, v = split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads)
+        if self.qk_norm == "head":                                     # Qwen3, Gemma 3: over D
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (hooked_heads(hk, t) for hk, t in
+                   ((self.hook_q, q), (self.hook_k, k), (self.hook_v, v)))
+        # Rotate at the tokens' own positions (after the cached ones), then cache the keys.
+        if self.rotary is not None:
+            pos = xp.arange(offset, offset + n)
+            q = hooked_heads(self.hook_rot_q, self.rotary.rotate(q, pos))
+            k = hooked_heads(self.hook_rot_k, self.rotary.rotate(k, pos))
+        first = 0
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)                               # (B, Hkv, Nk, D)
+            first = getattr(kv_cache, "first_position", 0)
+        capped = self.logit_softcap is not None
+        allowed = self._allowed(offset, n, first, k.shape[2], xp, always=capped)
+        if capped:
+            z = self._softcapped(q, k, v, allowed)
+        else:
+            z, _ = hookable_attention(self, q, k, v, scale=self.scale, causal=allowed is None,
+                                      mask=allowed)
+        return self.o_proj(merge_heads(hooked_heads(self.hook_z, z)))  # (B, N, E)
+
+    def extra_repr(self) -> str:
+        return (f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, window={self.window}, qk_norm={self.qk_norm!r}")
+
+
+class DecoderBlock(Module):
+    """One layer: attention then MLP, each in the residual stream, normalised as
+    ``norm_placement`` says. x (B, N, E) → (B, N, E).
+
+    "pre" (GPT-2, Llama): h + F(ln(h)) with ``ln1``, ``ln2``; "post" (OLMo 2): h + ln(F(h))
+    with ``ln1_post``, ``ln2_post``; "sandwich" (Gemma 3): h + ln_post(F(ln(h))), all four.
+    Hook points (TransformerLens's): ``hook_resid_pre``, ``hook_attn_out``,
+    ``hook_resid_mid``, ``hook_mlp_out``, ``hook_resid_post``.
+    """
+
+    def __init__(self, c: DecoderConfig, sliding: bool = False):
+        super().__init__()
+        e = c.hidden_size
+        before = c.norm_placement in ("pre", "sandwich")
+        after = c.norm_placement in ("post", "sandwich")
+        self.ln1 = _norm(c, e) if before else None
+        self.attn = DecoderAttention(c, sliding)
+        self.ln1_post = _norm(c, e) if after else None
+        self.ln2 = _norm(c, e) if before else None
+        self.mlp = _mlp(c)
+        self.ln2_post = _norm(c, e) if after else None
+        for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+    @staticmethod
+    def _maybe(norm, x):
+        return x if norm is None else norm(x)
+
+    def forward(self, x, kv_cache=None):
+        x = self.hook_resid_pre(x)
+        a = self._maybe(self.ln1_post, self.attn(self._maybe(self.ln1, x), kv_cache))
+        x = self.hook_resid_mid(x + self.hook_attn_out(a))
+        m = self._maybe(self.ln2_post, self.mlp(self._maybe(self.ln2, x)))
+        return self.hook_resid_post(x + self.hook_mlp_out(m))
+
+
+class Decoder(Module, AttentionMaps, HookedModel):
+    """A decoder-only language model whose family is its ``DecoderConfig`` (module docstring).
+
+    ``forward(idx (B, N) ints, kv_caches=None)`` → logits (B, N, V). ``new_caches()`` gives
+    one cache per layer (bounded for sliding layers); with caches, the tokens follow the
+    cached ones. ``generate(idx, max_new_tokens, temperature=0)`` decodes through them
+    (greedy at temperature 0).
+
+    Parameters: ``embed.weight`` (V, E), ``pos_embed.weight`` (learned positions),
+    ``blocks.{i}.ln1/ln1_post/ln2/ln2_post.weight``,
+    ``blocks.{i}.attn.q_proj/k_proj/v_proj/o_proj.*``, ``blocks.{i}.attn.q_norm/k_norm.weight``,
+    ``blocks.{i}.mlp.gate_proj/up_proj/down_proj.*``, ``ln_final.weight``, and
+    ``unembed.weight`` (V, E) when untied. Initialisation as GPT-2: N(0, 0.02²), residual
+    outputs N(0, 0.02²/(2L)), zero biases, unit gains. Hook points under TransformerLens's
+    names: ``hook_embed`` (after Gemma's √E), ``blocks.{i}.…``, ``ln_final.hook_normalized``.
+    """
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        c = self.config = _checked(config)
+        self.embed = Embedding(c.vocab_size, c.hidden_size)
+        self.hook_embed = HookPoint()
+        self.pos_embed = LearnedPositionalEmbedding(c.max_position, c.hidden_size) \
+            if c.positions == "learned" else None
+        self.blocks = ModuleList([DecoderBlock(c, t == "sliding") for t in c.layer_types])
+        self.ln_final = _norm(c, c.hidden_size)
+        self.unembed = None if c.tie_embeddings else \
+            Linear(c.hidden_size, c.vocab_size, bias=False)
+        self._init_weights()
+
+    def _init_weights(self):
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                init.zeros_(p)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.config.num_layers))
+            elif len(p.shape) == 2:
+                init.normal_(p, 0.0, 0.02)
+
+    def new_caches(self):
+        """One empty cache per layer: ``WindowKVCache`` for sliding ones, else ``KVCache``."""
+        return [b.attn.new_cache() for b in self.blocks]
+
+    def forward(self, idx, kv_caches=None):
+        tokens = token_ids(idx)
+        n = tokens.shape[1]
+        offset = cached_length(kv_caches, len(self.blocks), owner="Decoder")
+        # Embed; Gemma scales by √E (in the model's dtype) so embeddings match the residual's size.
+        x = self.embed(tokens)                                          # (B, N, E)
+        if self.config.embed_scale:
+            x = x * math.sqrt(self.config.hidden_size)
+        x = self.hook_embed(x)
+        if self.pos_embed is not None:
+            if offset + n > self.config.max_position:
+                raise ValueError(f"Decoder: {offset + n} positions exceed max_position="
+                                 f"{self.config.max_position}")
+            x = x + self.pos_embed.positions(n, offset)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if kv_caches is None else kv_caches[i])
+        # Final norm, then the head (W_E when tied), then Gemma's soft-cap on the logits.
+        x = self.ln_final(x)
+        w = self.embed.weight if self.unembed is None else self.unembed.weight
+        logits = linear(x, w)                                           # (B, N, V)
+        if self.config.final_logit_softcap is not None:
+            logits = softcap(logits, self.config.final_logit_softcap)
+        return logits
+
+    def generate(self, idx, max_new_tokens: int, temperature: float = 0.0, top_k: int = None,
+                 use_cache: bool = True):
+        """Extend idx (B, T) by ``max_new_tokens`` tokens; returns an int Tensor (B, T + n).
+
+        ``temperature=0`` (default) is greedy (HuggingFace's ``do_sample=False``); otherwise
+        softmax(logits/temperature) sampling among the ``top_k`` most likely. With
+        ``use_cache`` the prompt runs once and each step feeds only the newest token through
+        the per-layer caches (the same logits as a full forward over all tokens)."""
+        who = "Decoder.generate"
+        tokens = token_ids(idx).copy()
+        if tokens.shape[1] == 0:
+            raise ValueError(f"{who}: idx is empty: the first new token needs a prompt")
+        max_new_tokens = validate.nonnegative_int(max_new_tokens, "max_new_tokens", owner=who)
+        xp = backend.get_array_module(tokens)
+        caches = self.new_caches() if use_cache else None
+        with no_grad():
+            for step in range(max_new_tokens):
+                if caches is None:
+                    logits = self(tokens)
+                else:
+                    logits = self(tokens if step == 0 else tokens[:, -1:], kv_caches=caches)
+                nxt = sample_next(logits.data[:, -1, :], temperature, top_k)    # (B, 1)
+                tokens = xp.concatenate([tokens, nxt.astype(tokens.dtype)], axis=1)
+        return Tensor(tokens)
