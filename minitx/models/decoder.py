@@ -100,7 +100,8 @@ class DecoderConfig:
     ``rope``/``local_rope``: HuggingFace ``rope_parameters`` dicts for full and sliding
     layers (``local_rope`` None: the same). ``layer_types``: "full" or "sliding" per layer
     (None: all "sliding" when ``sliding_window`` is set, else all "full").
-    ``gelu_approximate``: the tanh form of GELU for "gelu" and "geglu". MoE: ``num_experts``,
+    ``gelu_approximate``: the tanh form of GELU for "gelu" and "geglu". ``padding_idx``: the
+    embedding row that gets no gradient (PyTorch's, as HF's checkpoints set it). MoE: ``num_experts``,
     ``top_k`` and ``moe_options`` (passed to ``nn.moe.MoE``).
     """
 
@@ -134,6 +135,7 @@ class DecoderConfig:
     embed_scale: bool = False
     final_logit_softcap: float = None
     tie_embeddings: bool = True
+    padding_idx: int = None
     num_experts: int = None
     top_k: int = None
     moe_options: dict = field(default_factory=dict)
@@ -357,7 +359,7 @@ class Decoder(Module, AttentionMaps, HookedModel):
     def __init__(self, config: DecoderConfig):
         super().__init__()
         c = self.config = _checked(config)
-        self.embed = Embedding(c.vocab_size, c.hidden_size)
+        self.embed = Embedding(c.vocab_size, c.hidden_size, padding_idx=c.padding_idx)
         self.hook_embed = HookPoint()
         self.pos_embed = LearnedPositionalEmbedding(c.max_position, c.hidden_size) \
             if c.positions == "learned" else None

@@ -1,0 +1,182 @@
+"""Today's decoders loaded by ``minitx.pretrained.load`` against ``transformers`` (the test-only
+oracle), family by family, on tiny random checkpoints (``decoder_util.py``): logits in float64
+and float32, greedy tokens, cached decoding, a training step's gradients, and the refusals.
+
+Tolerances. float64 logits within 1e-5 of HF's, relative to the largest: even in a float64
+model HF computes its RMSNorms and rotary tables in float32, which moves its own logits by
+about 1e-7–1e-6 (3e-7 to 6e-7 measured here); minitx computes in float64 throughout, and its
+cached decoding equals its full forward to 1e-10. float32 logits within 1e-4 (1e-6 measured).
+"""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
+transformers = pytest.importorskip("transformers", reason="needs transformers (the oracle)")
+
+import minitx  # noqa: E402
+import minitx.pretrained as pt  # noqa: E402
+from decoder_util import CASES, tiny_decoder  # noqa: E402
+from minitx.ops.loss import cross_entropy  # noqa: E402
+from minitx.ops.shape import reshape  # noqa: E402
+
+IDS = np.random.default_rng(0).integers(3, 97, (2, 11))     # 11 tokens: past the window of 4
+IDS[0, 3] = 0                                               # the padding row gets no gradient
+TOL = {"float64": 1e-5, "float32": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("decoders")
+
+
+def hf_model(folder, dtype="float64"):
+    m = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    return m.double() if dtype == "float64" else m
+
+
+def relative(a, b):
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_logits_match_transformers(root, case, dtype):
+    folder = tiny_decoder(root, case)
+    model, tok = pt.load(folder, dtype=dtype, tokenizer=False)
+    assert tok is None
+    with torch.no_grad():
+        ref = hf_model(folder, dtype)(torch.tensor(IDS)).logits.numpy()
+    logits = model(IDS)
+    assert logits.dtype == np.dtype(dtype) and logits.shape == ref.shape
+    assert relative(logits.numpy(), ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_greedy_tokens_match_transformers_generate(root, case):
+    folder = tiny_decoder(root, case)
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    prompt = IDS[:, :5]
+    with torch.no_grad():
+        # the prompt holds pad_token_id: HF would mask it unless told that every token counts
+        ref = hf_model(folder).generate(torch.tensor(prompt), max_new_tokens=9,
+                                        attention_mask=torch.ones(prompt.shape, dtype=int),
+                                        do_sample=False, eos_token_id=None).numpy()
+    out = model.generate(prompt, max_new_tokens=9).numpy()
+    assert ref.shape == out.shape == (2, 14)
+    assert np.array_equal(out, ref)
+    assert np.array_equal(model.generate(prompt, 9, use_cache=False).numpy(), out)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cached_decoding_equals_the_full_forward(root, case):
+    model, _ = pt.load(tiny_decoder(root, case), dtype="float64", tokenizer=False)
+    full = model(IDS).numpy()
+    caches = model.new_caches()
+    steps = [model(IDS[:, :4], kv_caches=caches).numpy()]
+    steps += [model(IDS[:, i:i + 1], kv_caches=caches).numpy() for i in range(4, 11)]
+    assert relative(np.concatenate(steps, axis=1), full) <= 1e-10
+    # a sliding layer's cache is bounded by its window: W − 1 keys kept after 11 tokens
+    for block, cache in zip(model.blocks, caches):
+        assert len(cache) == 11
+        if block.attn.window is not None:
+            assert cache._k.shape[2] == block.attn.window - 1
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_training_step_has_torchs_gradients(root, case):
+    folder = tiny_decoder(root, case)
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    model.train()
+    ref = hf_model(folder).train()
+    # next-token cross-entropy over every position, in both libraries
+    out = ref(torch.tensor(IDS[:, :-1])).logits
+    torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]),
+                                      torch.tensor(IDS[:, 1:]).reshape(-1)).backward()
+    logits = model(IDS[:, :-1])
+    cross_entropy(reshape(logits, (-1, logits.shape[-1])), IDS[:, 1:].reshape(-1)).backward()
+    hf_grads = {k: p.grad.numpy() for k, p in ref.named_parameters() if p.grad is not None}
+    if model.config.tie_embeddings:
+        hf_grads.pop("lm_head.weight", None)       # the same tensor as the embedding
+    mapped = pt.decoder_state_from_hf(hf_grads, model)
+    mine = dict(model.named_parameters())
+    assert set(mapped) == set(mine)
+    for key, g in mapped.items():
+        assert relative(mine[key].grad.numpy(), g) <= 1e-5, key
+    if not model.config.tie_embeddings:        # (tied, the head's gradient reaches it)
+        assert not np.any(mine["embed.weight"].grad.numpy()[0])  # pad_token_id's row
+
+
+def test_the_window_is_applied(root):
+    """Mistral's window of 4 matters over 11 tokens: without it the logits move."""
+    model, _ = pt.load(tiny_decoder(root, "mistral"), dtype="float64", tokenizer=False)
+    windowed = model(IDS).numpy()
+    for block in model.blocks:
+        block.attn.window = None
+    assert relative(model(IDS).numpy(), windowed) > 1e-3
+
+
+# ---- refusals ---------------------------------------------------------------------------------
+
+def _copy(root, case, name):
+    dst = os.path.join(str(root), name)
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(tiny_decoder(root, case), dst)
+    return dst
+
+
+def _edit_config(folder, **changes):
+    path = os.path.join(folder, "config.json")
+    with open(path) as fh:
+        cfg = json.load(fh)
+    cfg.update(changes)
+    with open(path, "w") as fh:
+        json.dump(cfg, fh)
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}),
+     "rope_type 'dynamic' is not implemented"),
+    (dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "beta": 1.0}),
+     "does not take 'beta'"),
+    (dict(hidden_act="relu"), "hidden_act='relu' is not supported"),
+    (dict(some_new_switch=True), "'some_new_switch' are not known"),
+    (dict(quantization_config={"quant_method": "bitsandbytes"}), "quantization_config"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                           "partial_rotary_factor": 0.5}), "partial_rotary_factor=0.5"),
+])
+def test_config_options_that_change_the_maths_are_refused_by_name(root, changes, match):
+    folder = _copy(root, "llama", "bad-config")
+    _edit_config(folder, **changes)
+    with pytest.raises(ValueError, match=match):
+        pt.load(folder, tokenizer=False)
+
+
+def _edit_tensors(folder, fn):
+    from minitx.pretrained.safetensors import load_file, save_file
+    path = os.path.join(folder, "model.safetensors")
+    tensors = fn(dict(load_file(path)))
+    save_file(tensors, path)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda t: {k: v for k, v in t.items() if k != "model.layers.1.self_attn.k_proj.weight"},
+     r"missing tensor\(s\): model.layers.1.self_attn.k_proj.weight"),
+    (lambda t: {**t, "model.layers.0.mlp.extra.weight": np.zeros(3, np.float32)},
+     "unexpected tensor.*model.layers.0.mlp.extra.weight"),
+    (lambda t: {**t, "model.norm.weight": np.ones(31, np.float32)},
+     r"'model.norm.weight' has shape \(31,\), the model needs \(32,\)"),
+])
+def test_missing_extra_or_misshapen_tensors_are_refused_by_name(root, edit, match):
+    folder = _copy(root, "qwen3", "bad-tensors")
+    _edit_tensors(folder, edit)
+    with pytest.raises(ValueError, match=match):
+        pt.load(folder, tokenizer=False)
+
+
+def test_no_tokenizer_is_promised(root):
+    with pytest.raises(ValueError, match="tokenizer=False"):
+        pt.load(tiny_decoder(root, "olmo2"))
