@@ -8,8 +8,9 @@ Layout: ``multihead.py`` (MultiheadAttention, PyTorch's arguments and state-dict
 ``transformer.py`` (encoder/decoder layers and stacks), ``gpt.py`` (GPT, generation through a
 KV cache), ``seq2seq.py`` (the encoder–decoder Transformer), ``classifier.py``
 (EncoderClassifier), ``decoder.py`` (one decoder whose families — Llama, Mistral, Qwen,
-Gemma, OLMo — are configurations), ``common.py`` (token ids, attention maps). Every name is also importable
-from ``minitx.nn``, as in PyTorch (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``).
+Gemma, OLMo — are configurations), ``common.py`` (token ids, attention maps). Every name is
+also importable from ``minitx.nn``, as in PyTorch (``nn.MultiheadAttention``,
+``nn.TransformerEncoderLayer``).
 """
 from .multihead import *  # noqa: F401,F403
 from .transformer import *  # noqa: F401,F403

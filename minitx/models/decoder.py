@@ -101,8 +101,8 @@ class DecoderConfig:
     layers (``local_rope`` None: the same). ``layer_types``: "full" or "sliding" per layer
     (None: all "sliding" when ``sliding_window`` is set, else all "full").
     ``gelu_approximate``: the tanh form of GELU for "gelu" and "geglu". ``padding_idx``: the
-    embedding row that gets no gradient (PyTorch's, as HF's checkpoints set it). MoE: ``num_experts``,
-    ``top_k`` and ``moe_options`` (passed to ``nn.moe.MoE``).
+    embedding row that gets no gradient (PyTorch's, as HF's checkpoints set it). MoE:
+    ``num_experts``, ``top_k`` and ``moe_options`` (passed to ``nn.moe.MoE``).
     """
 
     vocab_size: int = 256

@@ -250,7 +250,8 @@ def decoder_state_from_hf(tensors: dict, model: Decoder, source: str = "checkpoi
                           f"needs {expected[name]} (as {name})")
         state[name] = value
     if extra:
-        _fail(source, f"unexpected tensor(s) for {getattr(model, 'config_source', 'the decoder')}: {', '.join(extra)}")
+        family = getattr(model, "config_source", "the decoder")
+        _fail(source, f"unexpected tensor(s) for {family}: {', '.join(extra)}")
     missing = sorted(set(expected) - set(state))
     if missing:
         names = {v: k for k, v in norms.items()}
