@@ -78,8 +78,8 @@ try:
 except ImportError:  # pragma: no cover - depends on the tree
     MoE = None
 
-__all__ = ["DecoderConfig", "Decoder", "DecoderBlock", "DecoderAttention", "NORMS", "MLPS",
-           "PLACEMENTS", "POSITIONS", "QK_NORMS", "LAYER_TYPES"]
+__all__ = ["DecoderConfig", "check_config", "Decoder", "DecoderBlock", "DecoderAttention",
+           "NORMS", "MLPS", "PLACEMENTS", "POSITIONS", "QK_NORMS", "LAYER_TYPES"]
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "geglu", "moe")
@@ -141,7 +141,7 @@ class DecoderConfig:
     moe_options: dict = field(default_factory=dict)
 
 
-def _checked(c: DecoderConfig) -> DecoderConfig:
+def check_config(c: DecoderConfig) -> DecoderConfig:
     """Every switch checked, the defaults (Hkv, D, F, layer types) filled in."""
     who = "DecoderConfig"
     for name, options in (("norm", NORMS), ("mlp", MLPS), ("norm_placement", PLACEMENTS),
@@ -358,7 +358,7 @@ class Decoder(Module, AttentionMaps, HookedModel):
 
     def __init__(self, config: DecoderConfig):
         super().__init__()
-        c = self.config = _checked(config)
+        c = self.config = check_config(config)
         self.embed = Embedding(c.vocab_size, c.hidden_size, padding_idx=c.padding_idx)
         self.hook_embed = HookPoint()
         self.pos_embed = LearnedPositionalEmbedding(c.max_position, c.hidden_size) \

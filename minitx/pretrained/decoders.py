@@ -39,14 +39,16 @@ extra or misshapen tensor is refused, naming it.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from .. import validate
-from ..models.decoder import Decoder, DecoderConfig
+from ..models.decoder import Decoder, DecoderConfig, check_config
 from ..nn.rotary import check_rope
 
 __all__ = ["FAMILIES", "IGNORED", "decoder_config", "decoder_state_from_hf",
-           "decoder_state_to_hf", "decoder_from_hf", "hf_norm_names"]
+           "decoder_state_to_hf", "decoder_from_hf", "hf_norm_names", "hf_config_dict"]
 
 # What each family fixes. The rest comes from config.json.
 FAMILIES = {
@@ -64,7 +66,7 @@ FAMILIES = {
 IGNORED = frozenset({
     "architectures", "model_type", "dtype", "torch_dtype", "transformers_version",
     "_name_or_path", "bos_token_id", "eos_token_id", "use_cache", "initializer_range",
-    "attention_dropout", "pretraining_tp", "max_position_embeddings", "tokenizer_class",
+    "attention_dropout", "pretraining_tp", "tokenizer_class",
     "output_attentions", "output_hidden_states", "return_dict", "max_window_layers",
     "use_sliding_window", "sliding_window_pattern", "_sliding_window_pattern",
     "attn_logit_softcapping",
@@ -181,14 +183,15 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
         query_pre_attn_scalar=cfg.get("query_pre_attn_scalar"),
         final_logit_softcap=cfg.get("final_logit_softcapping"),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", _TIED_DEFAULT.get(kind, False))),
-        padding_idx=cfg.get("pad_token_id"), **switches)
+        padding_idx=cfg.get("pad_token_id"),
+        max_position=cfg.get("max_position_embeddings", 2048), **switches)
     # Every key must have been read above or be known not to matter.
     read = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps", "mlp_bias",
             act_key, "rope_parameters", "rope_theta", "rope_scaling", "rope_local_base_freq",
             "partial_rotary_factor", "sliding_window", "layer_types", "attention_bias",
             "query_pre_attn_scalar", "final_logit_softcapping", "tie_word_embeddings",
-            "pad_token_id", *_REFUSED}
+            "pad_token_id", "max_position_embeddings", *_REFUSED}
     unknown = sorted(set(cfg) - read - IGNORED)
     if unknown:
         _fail(source, f"config.json key(s) {', '.join(map(repr, unknown))} are not known to "
@@ -295,3 +298,58 @@ def decoder_from_hf(cfg: dict, tensors: dict, source: str = "checkpoint",
     model.hf_config = dict(cfg)
     model.load_state_dict(decoder_state_from_hf(tensors, model, source))
     return model.eval()
+
+
+# ---- back: a Decoder's switches as a family's config.json ------------------------------------
+
+def _candidate(c: DecoderConfig, kind: str) -> dict:
+    """``c`` written as ``kind``'s config.json would hold it (checked by reading it back)."""
+    d = dict(model_type=kind, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+             intermediate_size=c.ffn_hidden, num_hidden_layers=c.num_layers,
+             num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+             head_dim=c.head_dim, rms_norm_eps=c.norm_eps, tie_word_embeddings=c.tie_embeddings,
+             pad_token_id=c.padding_idx, max_position_embeddings=c.max_position,
+             rope_parameters=dict(c.rope))
+    if kind == "gemma3_text":
+        d["hidden_activation"] = "gelu_pytorch_tanh" if c.gelu_approximate else "gelu"
+        d["rope_parameters"] = {"full_attention": dict(c.rope),
+                                "sliding_attention": dict(c.local_rope or c.rope)}
+        d.update(query_pre_attn_scalar=c.query_pre_attn_scalar or c.head_dim,
+                 final_logit_softcapping=c.final_logit_softcap)
+    else:
+        d["hidden_act"] = "silu"
+    if kind != "qwen2":
+        d["attention_bias"] = c.qkv_bias
+    if kind == "llama":
+        d["mlp_bias"] = c.mlp_bias
+    if kind == "mistral":
+        d["sliding_window"] = c.sliding_window
+    if kind in ("qwen2", "qwen3", "gemma3_text"):
+        d["sliding_window"] = c.sliding_window
+        d["layer_types"] = [f"{t}_attention" for t in c.layer_types]
+    if kind in ("qwen2", "qwen3"):
+        d["use_sliding_window"] = c.sliding_window is not None
+    return d
+
+
+def hf_config_dict(c: DecoderConfig, prefer: dict = None) -> dict:
+    """The config.json of the first family in ``FAMILIES`` that runs exactly ``c``: each
+    family's candidate is read back by ``decoder_config`` and must give ``c`` again.
+    ``prefer`` (the config.json a model was loaded from) is tried first, so token ids and
+    other ignored keys survive a round trip. ValueError when no family has these switches
+    (a decoder of minitx's own)."""
+    mine = dataclasses.asdict(c)
+    if mine["query_pre_attn_scalar"] == c.head_dim:
+        mine["query_pre_attn_scalar"] = None           # 1/√D either way
+    first = [] if prefer is None else [dict(prefer)]
+    for d in first + [_candidate(c, kind) for kind in FAMILIES]:
+        try:
+            back = dataclasses.asdict(check_config(decoder_config(d, "hf_config_dict")))
+        except validate.OptionError:
+            continue
+        if back["query_pre_attn_scalar"] == c.head_dim:
+            back["query_pre_attn_scalar"] = None
+        if back == mine:
+            return d
+    raise ValueError("hf_config_dict: no HuggingFace family runs this DecoderConfig (its "
+                     f"switches match none of {', '.join(FAMILIES)})")
