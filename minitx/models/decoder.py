@@ -32,6 +32,9 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
 - ``embed_scale``: Gemma multiplies the embeddings by √E; ``query_pre_attn_scalar`` replaces
   D in the scale 1/√D; ``final_logit_softcap`` c·tanh(z/c) on the logits;
   ``attn_logit_softcap`` the same on the scores (Gemma 2; HF's Gemma 3 does not apply it).
+- ``attn_sinks``: gpt-oss's learned sink logit σ_h per head, one more term in each row's
+  softmax with no value behind it, so a head may attend to nothing:
+  the weights become $e^{s_{ij}} / (e^{\sigma_h} + \sum_{j'} e^{s_{ij'}})$.
 - ``tie_embeddings``: the head reuses W_E (GPT-2, Gemma) or has its own (Llama 3 8B, Qwen 7B).
 
 Attention of one layer, with G = H/Hkv query heads sharing each key/value head (GQA), the
@@ -53,6 +56,8 @@ import math
 from dataclasses import dataclass, field
 
 from .. import backend, validate
+# The attention pieces are minitx's own: the caches, the hookable (fused or composed) softmax
+# attention, the head plumbing; the layers below are the nn blocks the families add.
 from ..attention import KVCache, WindowKVCache, cached_length
 from ..attention.base import hookable_attention, hooked_heads
 from ..autograd.grad_mode import no_grad
@@ -61,13 +66,15 @@ from ..nn import init
 from ..nn.decoder_layers import DecoderRMSNorm, DenseMLP, GatedMLP, softcap
 from ..nn.hooks import HookedModel, HookPoint
 from ..nn.layers import Embedding, LayerNorm, Linear
-from ..nn.module import Module, ModuleList
+from ..nn.module import Module, ModuleList, Parameter
 from ..nn.positional import LearnedPositionalEmbedding
+# RoPE's tables and scalings; the composed ops for soft-capped scores and sinks.
 from ..nn.rotary import Rotary, check_rope
 from ..ops.activation import softmax
-from ..ops.indexing import masked_fill
+from ..ops.indexing import getitem, masked_fill
 from ..ops.linalg import linear, matmul
 from ..ops.sdpa import attention_scores, merge_heads, repeat_kv, split_heads
+from ..ops.shape import broadcast_to, concatenate, reshape
 from .common import AttentionMaps, token_ids
 from .gpt import sample_next
 
@@ -105,6 +112,7 @@ class DecoderConfig:
     ``num_experts``, ``top_k`` and ``moe_options`` (passed to ``nn.moe.MoE``).
     """
 
+    # sizes
     vocab_size: int = 256
     hidden_size: int = 64
     num_layers: int = 2
@@ -112,30 +120,37 @@ class DecoderConfig:
     num_kv_heads: int = None
     head_dim: int = None
     ffn_hidden: int = None
+    # the norms: kind, details, where they sit
     norm: str = "rmsnorm"
     norm_eps: float = 1e-6
     norm_unit_offset: bool = False
     norm_scale_in_float32: bool = False
     norm_placement: str = "pre"
     norm_bias: bool = False
+    # the MLP and the biases
     mlp: str = "swiglu"
     gelu_approximate: bool = True
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
+    # positions
     positions: str = "rope"
     max_position: int = 2048
     rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     local_rope: dict = None
+    # attention: QK-norm, windows, the scale, soft-cap, learned sinks
     qk_norm: str = None
     sliding_window: int = None
     layer_types: tuple = None
     query_pre_attn_scalar: float = None
     attn_logit_softcap: float = None
+    attn_sinks: bool = False
+    # embeddings and head
     embed_scale: bool = False
     final_logit_softcap: float = None
     tie_embeddings: bool = True
     padding_idx: int = None
+    # mixture of experts (mlp="moe")
     num_experts: int = None
     top_k: int = None
     moe_options: dict = field(default_factory=dict)
@@ -149,6 +164,7 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
         validate.choice(getattr(c, name), name, options, owner=who)
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "max_position"):
         validate.positive_int(getattr(c, name), name, owner=who)
+    # heads: Hkv divides H; D defaults to E/H; F to GPT-2's 4E or a gated MLP's ≈ 8E/3
     c.num_kv_heads = c.num_heads if c.num_kv_heads is None else \
         validate.positive_int(c.num_kv_heads, "num_kv_heads", owner=who)
     if c.num_heads % c.num_kv_heads:
@@ -175,6 +191,7 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     if "sliding" in c.layer_types and c.sliding_window is None:
         raise validate.OptionError(f"{who}: layer_types has 'sliding' layers but "
                                    "sliding_window is None")
+    # rope dicts by HF's rules; the Gemma and MoE numbers positive or present
     c.rope = check_rope(c.rope, owner=f"{who}.rope")
     if c.local_rope is not None:
         c.local_rope = check_rope(c.local_rope, owner=f"{who}.local_rope")
@@ -213,7 +230,8 @@ class DecoderAttention(Module):
     sliding. x (B, N, E) → (B, N, E); H query heads of D dims, Hkv key/value heads.
 
     Linear layers ``q_proj`` (E → H·D), ``k_proj``/``v_proj`` (E → Hkv·D), ``o_proj``
-    (H·D → E); ``q_norm``/``k_norm`` with ``qk_norm``. ``forward(x, kv_cache=None)``: with a
+    (H·D → E); ``q_norm``/``k_norm`` with ``qk_norm``; ``sinks`` (H,) with ``attn_sinks``
+    (``hook_pattern`` then shows rows summing to less than 1). ``forward(x, kv_cache=None)``: with a
     cache, x's tokens follow the cached ones. Hook points as the registry's variants
     (TransformerLens's names, heads as (B, N, H, D)): ``hook_q``/``hook_k``/``hook_v``
     (after QK-norm, before the rotation), ``hook_rot_q``/``hook_rot_k``,
@@ -240,6 +258,11 @@ class DecoderAttention(Module):
         self.rotary = Rotary(d, rope) if c.positions == "rope" else None
         self.scale = 1.0 / math.sqrt(c.query_pre_attn_scalar or d)
         self.logit_softcap = c.attn_logit_softcap
+        # gpt-oss: a learned logit per head that takes a share of each row's softmax
+        if c.attn_sinks:
+            self.sinks = Parameter(backend.xp().zeros((h,), dtype=backend.default_float()))
+        else:
+            self.register_parameter("sinks", None)
         for name in ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z"):
             setattr(self, f"hook_{name}", HookPoint())
 
@@ -259,18 +282,30 @@ class DecoderAttention(Module):
             allowed &= kpos > qpos - self.window                  # the last W positions
         return allowed
 
-    def _softcapped(self, q, k, v, allowed):
-        # Capped scores: the cap goes on before the mask (a masked −∞ would be capped to −c).
-        s = softcap(attention_scores(q, k, scale=self.scale, enable_gqa=True),
-                    self.logit_softcap)
+    def _composed(self, q, k, v, allowed):
+        """Attention written out, for what the fused op does not do: the soft-cap goes on
+        before the mask (a masked −∞ would be capped to −c); a sink is one more softmax
+        column, with no value behind it."""
+        s = attention_scores(q, k, scale=self.scale, enable_gqa=True)      # (B, H, Nq, Nk)
+        if self.logit_softcap is not None:
+            s = softcap(s, self.logit_softcap)
         s = self.hook_attn_scores(masked_fill(s, ~allowed, -math.inf))
-        p = self.hook_pattern(softmax(s, axis=-1))
-        return matmul(p, repeat_kv(v, self.num_heads))
+        if self.sinks is None:
+            p = softmax(s, axis=-1)
+        else:
+            # softmax over [s_i1 … s_iNk, σ_h], then the sink's column dropped
+            b, h, nq, nk = s.shape
+            sink = broadcast_to(reshape(self.sinks, (1, h, 1, 1)), (b, h, nq, 1))
+            p = getitem(softmax(concatenate([s, sink], axis=-1), axis=-1),
+                        (slice(None), slice(None), slice(None), slice(0, nk)))
+        p = self.hook_pattern(p)                                           # rows sum ≤ 1
+        return matmul(p, repeat_kv(v, self.num_heads))                     # (B, H, Nq, D)
 
     def forward(self, x, kv_cache=None):
         b, n, _ = x.shape
         xp = backend.get_array_module(x.data)
         offset = 0 if kv_cache is None else len(kv_cache)
+        # Project, QK-norm (over the projection, or per head once split), then the hooks.
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.qk_norm == "proj":                                     # OLMo 2: (B, N, H·D)
             q, k = self.q_norm(q), self.k_norm(k)
@@ -289,10 +324,11 @@ class DecoderAttention(Module):
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)                               # (B, Hkv, Nk, D)
             first = getattr(kv_cache, "first_position", 0)
-        capped = self.logit_softcap is not None
-        allowed = self._allowed(offset, n, first, k.shape[2], xp, always=capped)
-        if capped:
-            z = self._softcapped(q, k, v, allowed)
+        # The mask; the fused (or hook-composed) attention unless a cap or sinks need scores.
+        written_out = self.logit_softcap is not None or self.sinks is not None
+        allowed = self._allowed(offset, n, first, k.shape[2], xp, always=written_out)
+        if written_out:
+            z = self._composed(q, k, v, allowed)
         else:
             z, _ = hookable_attention(self, q, k, v, scale=self.scale, causal=allowed is None,
                                       mask=allowed)
@@ -316,6 +352,7 @@ class DecoderBlock(Module):
     def __init__(self, c: DecoderConfig, sliding: bool = False):
         super().__init__()
         e = c.hidden_size
+        # Norms before each sublayer (pre, sandwich), after it (post, sandwich), or both.
         before = c.norm_placement in ("pre", "sandwich")
         after = c.norm_placement in ("post", "sandwich")
         self.ln1 = _norm(c, e) if before else None
@@ -331,6 +368,7 @@ class DecoderBlock(Module):
     def _maybe(norm, x):
         return x if norm is None else norm(x)
 
+    # h + [ln_post] F([ln] h), twice: attention, then the MLP; absent norms are skipped.
     def forward(self, x, kv_cache=None):
         x = self.hook_resid_pre(x)
         a = self._maybe(self.ln1_post, self.attn(self._maybe(self.ln1, x), kv_cache))
@@ -359,6 +397,7 @@ class Decoder(Module, AttentionMaps, HookedModel):
     def __init__(self, config: DecoderConfig):
         super().__init__()
         c = self.config = check_config(config)
+        # Embeddings (positions only when learned), the blocks, the final norm, the head.
         self.embed = Embedding(c.vocab_size, c.hidden_size, padding_idx=c.padding_idx)
         self.hook_embed = HookPoint()
         self.pos_embed = LearnedPositionalEmbedding(c.max_position, c.hidden_size) \
@@ -369,6 +408,7 @@ class Decoder(Module, AttentionMaps, HookedModel):
             Linear(c.hidden_size, c.vocab_size, bias=False)
         self._init_weights()
 
+    # GPT-2's initialisation; norms and sinks keep theirs (gains 1, Gemma's w 0, sinks 0).
     def _init_weights(self):
         for name, p in self.named_parameters():
             if name.endswith("bias"):
@@ -420,6 +460,7 @@ class Decoder(Module, AttentionMaps, HookedModel):
             raise ValueError(f"{who}: idx is empty: the first new token needs a prompt")
         max_new_tokens = validate.nonnegative_int(max_new_tokens, "max_new_tokens", owner=who)
         xp = backend.get_array_module(tokens)
+        # Step 0 runs the prompt; each later step one token, through the caches if any.
         caches = self.new_caches() if use_cache else None
         with no_grad():
             for step in range(max_new_tokens):

@@ -129,6 +129,7 @@ class GatedMLP(Module):
         super().__init__()
         self.activation = activation
         self.act = _activation(activation, "GatedMLP")
+        # three matrices: the gate and the up projection side by side, then down
         self.gate_proj = Linear(dim, hidden, bias=bias)
         self.up_proj = Linear(dim, hidden, bias=bias)
         self.down_proj = Linear(hidden, dim, bias=bias)
@@ -136,6 +137,7 @@ class GatedMLP(Module):
         self.hook_pre_linear = HookPoint()
         self.hook_post = HookPoint()
 
+    # φ(gate) ⊙ up, elementwise: the gate decides how much of each hidden unit passes.
     def forward(self, x):
         gate = self.hook_pre(self.gate_proj(x))                          # (…, F)
         up = self.hook_pre_linear(self.up_proj(x))                       # (…, F)

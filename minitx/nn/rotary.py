@@ -80,6 +80,7 @@ def check_rope(rope: dict, owner: str = "rope") -> dict:
     if not isinstance(rope, dict):
         raise validate.OptionError(f"{owner}: rope must be a dict like HuggingFace's "
                                    f"rope_parameters, got {type(rope).__name__}")
+    # a known type, then only the keys it reads, then the ones it cannot do without
     rope = dict(rope)
     kind = rope.setdefault("rope_type", "default")
     if kind not in ROPE_TYPES:
@@ -132,6 +133,7 @@ def rope_frequencies(head_dim: int, rope: dict = None):
         def turns_dim(beta):
             return dim * math.log(old / (beta * 2 * math.pi)) / (2 * math.log(theta))
 
+        # the ramp γ runs from the fast dim to the slow one (rounded outward by default)
         low, high = turns_dim(fast), turns_dim(slow)
         if rope.get("truncate", True):
             low, high = math.floor(low), math.ceil(high)
@@ -139,6 +141,7 @@ def rope_frequencies(head_dim: int, rope: dict = None):
         high = high + 0.001 if low == high else high           # no zero-width ramp
         gamma = np.clip((np.arange(dim // 2) - low) / (high - low), 0, 1)
         omega = gamma * omega / s + (1 - gamma) * omega
+        # a: given, or YaRN's temperature (a ratio of two when mscale_all_dim is set)
         a = rope.get("attention_factor")
         if a is None:
             m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")

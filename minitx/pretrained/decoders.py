@@ -104,6 +104,7 @@ def _rope_dict(rope, cfg, kind, source, where="rope_parameters"):
 def _ropes(cfg, kind, source):
     """(rope of full layers, rope of sliding layers or None) from rope_parameters, or the
     older rope_theta / rope_scaling (and Gemma's rope_local_base_freq)."""
+    # transformers 5 writes rope_parameters (per layer type for Gemma 3)
     params = cfg.get("rope_parameters")
     theta, local_theta = _DEFAULT_THETA.get(kind, (10000.0, None))
     if params and kind == "gemma3_text" and "full_attention" in params:
@@ -111,6 +112,7 @@ def _ropes(cfg, kind, source):
                 _rope_dict(params["sliding_attention"], cfg, kind, source))
     if params:
         return _rope_dict(params, cfg, kind, source), None
+    # older checkpoints: rope_theta and rope_scaling; Gemma's scaling is for global layers
     rope = {"rope_theta": cfg.get("rope_theta", theta), **(cfg.get("rope_scaling") or {})}
     if "partial_rotary_factor" in cfg:
         rope["partial_rotary_factor"] = cfg["partial_rotary_factor"]
@@ -130,6 +132,8 @@ def _layer_types(cfg, kind, n, source):
         return window, None
     if kind in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
         window = None
+    # layer_types when written; else derived as HF derives it (Gemma: every 6th is global;
+    # Qwen: layers from max_window_layers on slide)
     types = cfg.get("layer_types")
     if types is None and kind == "gemma3_text":
         period = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6))
@@ -139,6 +143,7 @@ def _layer_types(cfg, kind, n, source):
         first = cfg.get("max_window_layers", 28)
         types = ["sliding_attention" if window is not None and i >= first else
                  "full_attention" for i in range(n)]
+    # HF's names to minitx's, and a sliding layer needs a window
     names = {"full_attention": "full", "sliding_attention": "sliding"}
     if not set(types) <= set(names):
         _fail(source, f"layer_types may hold only {sorted(names)}, got {sorted(set(types))}")
@@ -166,6 +171,7 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
     if act not in _ACTIVATIONS or not act.startswith(gated_by):
         _fail(source, f"{act_key}={act!r} is not supported for {kind} (minitx runs "
                       f"{'silu' if gated_by == 'silu' else 'gelu, gelu_pytorch_tanh'})")
+    # positions, windows, biases; then the switches, the family's row on top
     rope, local_rope = _ropes(cfg, kind, source)
     n = cfg["num_hidden_layers"]
     window, types = _layer_types(cfg, kind, n, source)
@@ -173,6 +179,7 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
     switches = dict(FAMILIES[kind])
     switches.setdefault("qkv_bias", bias)
     switches.setdefault("o_bias", bias)
+    # HF's names → the switches (the sizes, eps, rope, windows, Gemma's numbers, the tying)
     c = DecoderConfig(
         vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], num_layers=n,
         num_heads=cfg["num_attention_heads"], num_kv_heads=cfg.get("num_key_value_heads"),
@@ -217,6 +224,7 @@ def _to_minitx(key, norms):
            "lm_head.weight": "unembed.weight"}
     if key in top:
         return top[key]
+    # model.layers.{i}.<module>.…: attention and MLP keep their inner names, norms are renamed
     parts = key.split(".")
     if parts[:2] != ["model", "layers"] or len(parts) < 5 or not parts[2].isdigit():
         return None
@@ -235,6 +243,7 @@ def decoder_state_from_hf(tensors: dict, model: Decoder, source: str = "checkpoi
     have, one it needs that is missing, or one of the wrong shape raises, naming it."""
     norms = hf_norm_names(model.config.norm_placement)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    # each HF tensor: renamed, then it must be one the model has, of the model's shape
     state, extra = {}, []
     for key, value in tensors.items():
         name = _to_minitx(key, norms)
@@ -252,6 +261,7 @@ def decoder_state_from_hf(tensors: dict, model: Decoder, source: str = "checkpoi
             _fail(source, f"tensor {key!r} has shape {tuple(np.shape(value))}, the model "
                           f"needs {expected[name]} (as {name})")
         state[name] = value
+    # nothing left over, nothing missing
     if extra:
         family = getattr(model, "config_source", "the decoder")
         _fail(source, f"unexpected tensor(s) for {family}: {', '.join(extra)}")
@@ -310,6 +320,7 @@ def _candidate(c: DecoderConfig, kind: str) -> dict:
              head_dim=c.head_dim, rms_norm_eps=c.norm_eps, tie_word_embeddings=c.tie_embeddings,
              pad_token_id=c.padding_idx, max_position_embeddings=c.max_position,
              rope_parameters=dict(c.rope))
+    # what only some families write: Gemma's activation, ropes and numbers; biases; windows
     if kind == "gemma3_text":
         d["hidden_activation"] = "gelu_pytorch_tanh" if c.gelu_approximate else "gelu"
         d["rope_parameters"] = {"full_attention": dict(c.rope),
@@ -318,6 +329,7 @@ def _candidate(c: DecoderConfig, kind: str) -> dict:
                  final_logit_softcapping=c.final_logit_softcap)
     else:
         d["hidden_act"] = "silu"
+    # Qwen2's q, k, v biases are fixed; the others write one switch for all four
     if kind != "qwen2":
         d["attention_bias"] = c.qkv_bias
     if kind == "llama":

@@ -28,14 +28,15 @@ SWITCHES = dict(
     pattern=st.sampled_from(["all", "alternate"]),
     positions=st.sampled_from(["rope", "learned", "none"]),
     caps=st.booleans(),
+    sinks=st.booleans(),
     tie=st.booleans(),
     bias=st.booleans(),
 )
 
 
 def _config(norm="rmsnorm", mlp="swiglu", norm_placement="pre", qk_norm=None, num_kv_heads=2,
-            head_dim=None, window=None, pattern="all", positions="rope", caps=False, tie=True,
-            bias=False):
+            head_dim=None, window=None, pattern="all", positions="rope", caps=False, sinks=False,
+            tie=True, bias=False):
     types = None
     if window is not None and pattern == "alternate":
         types = ("sliding", "full")
@@ -45,7 +46,7 @@ def _config(norm="rmsnorm", mlp="swiglu", norm_placement="pre", qk_norm=None, nu
         sliding_window=window, layer_types=types, positions=positions, tie_embeddings=tie,
         qkv_bias=bias, o_bias=bias, mlp_bias=bias, norm_bias=bias,
         attn_logit_softcap=2.0 if caps else None, final_logit_softcap=4.0 if caps else None,
-        embed_scale=caps, query_pre_attn_scalar=5.0 if caps else None,
+        embed_scale=caps, query_pre_attn_scalar=5.0 if caps else None, attn_sinks=sinks,
         rope={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 4}
         if caps else {"rope_type": "default", "rope_theta": 100.0})
 
@@ -287,19 +288,21 @@ def _attention_reference(model, ids):
             s = c.attn_logit_softcap * np.tanh(s / c.attn_logit_softcap)
         i, j = np.indices((n, n))
         s = np.where((j <= i) & (j > i - w), s, -np.inf)
-        e = np.exp(s - s.max(-1, keepdims=True))
-        out[:, hh] = (e / e.sum(-1, keepdims=True)) @ v[:, g]
+        e = np.exp(s)
+        sink = np.exp(p["blocks.0.attn.sinks"][hh]) if c.attn_sinks else 0.0
+        out[:, hh] = (e / (e.sum(-1, keepdims=True) + sink)) @ v[:, g]
     return out.reshape(n, -1) @ p["blocks.0.attn.o_proj.weight"].T
 
 
-@pytest.mark.parametrize("window,cap,scalar", [(None, None, None), (3, None, None),
-                                               (2, 1.5, 7.0), (None, 0.5, None)])
-def test_attention_is_the_docstring_formula(window, cap, scalar):
+@pytest.mark.parametrize("window,cap,scalar,sinks", [
+    (None, None, None, False), (3, None, None, False), (2, 1.5, 7.0, False),
+    (None, 0.5, None, False), (None, None, None, True), (3, 2.0, None, True)])
+def test_attention_is_the_docstring_formula(window, cap, scalar, sinks):
     minitx.manual_seed(1)
     model = Decoder(DecoderConfig(
         vocab_size=31, hidden_size=16, num_heads=4, num_kv_heads=2, sliding_window=window,
         attn_logit_softcap=cap, query_pre_attn_scalar=scalar, embed_scale=cap is not None,
-        rope={"rope_theta": 50.0})).to(dtype="float64")
+        attn_sinks=sinks, rope={"rope_theta": 50.0})).to(dtype="float64")
     for p in model.parameters():
         p.copy_(np.random.default_rng(2).standard_normal(p.shape) * 0.5)
     seen = {}
@@ -311,10 +314,15 @@ def test_attention_is_the_docstring_formula(window, cap, scalar):
 
 def test_a_decoder_block_gradient_checks():
     minitx.manual_seed(2)
-    c = _config(norm_placement="sandwich", qk_norm="head", window=2, caps=True, bias=True)
+    c = _config(norm_placement="sandwich", qk_norm="head", window=2, caps=True, bias=True,
+                sinks=True)
     model = Decoder(c).to(dtype="float64")
     x = np.random.default_rng(3).standard_normal((1, 5, 16))
     minitx.gradcheck(lambda t: model.blocks[0](t), (tensor(x, requires_grad=True),), fast=True)
+    # and through the sink logits themselves (gradcheck perturbs the parameter in place)
+    sinks = model.blocks[0].attn.sinks
+    sinks.copy_(np.array([0.5, -1.0, 2.0, 0.0]))
+    minitx.gradcheck(lambda s: model.blocks[0](tensor(x)), (sinks,))
 
 
 def test_generate_is_greedy_through_the_caches():
