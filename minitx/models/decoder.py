@@ -109,7 +109,10 @@ class DecoderConfig:
     (None: all "sliding" when ``sliding_window`` is set, else all "full").
     ``gelu_approximate``: the tanh form of GELU for "gelu" and "geglu". ``padding_idx``: the
     embedding row that gets no gradient (PyTorch's, as HF's checkpoints set it). MoE:
-    ``num_experts``, ``top_k`` and ``moe_options`` (passed to ``nn.moe.MoE``).
+    ``num_experts``, ``top_k``, ``expert_hidden`` (each expert's width; default F) and
+    ``moe_options``, passed as ``nn.moe.MoE(E, expert_hidden, num_experts, top_k,
+    **moe_options)``; ``dense_layers``: layer indices that keep a dense SwiGLU of width F
+    (DeepSeek-V3's first layers, Qwen3-MoE's ``mlp_only_layers``).
     """
 
     # sizes
@@ -153,6 +156,8 @@ class DecoderConfig:
     # mixture of experts (mlp="moe")
     num_experts: int = None
     top_k: int = None
+    expert_hidden: int = None
+    dense_layers: tuple = ()
     moe_options: dict = field(default_factory=dict)
 
 
@@ -200,6 +205,11 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
             validate.positive_real(getattr(c, name), name, owner=who)
     if c.mlp == "moe" and (c.num_experts is None or c.top_k is None):
         raise validate.OptionError(f"{who}: mlp='moe' needs num_experts and top_k")
+    c.expert_hidden = c.ffn_hidden if c.expert_hidden is None else \
+        validate.positive_int(c.expert_hidden, "expert_hidden", owner=who)
+    c.dense_layers = tuple(validate.integer(i, "dense_layers", minimum=0,
+                                            maximum=c.num_layers - 1, owner=who)
+                           for i in c.dense_layers)
     return c
 
 
@@ -211,18 +221,19 @@ def _norm(c: DecoderConfig, dim: int):
                           scale_in_float32=c.norm_scale_in_float32)
 
 
-def _mlp(c: DecoderConfig):
-    """The family's MLP: GPT-2's, a gated one (SwiGLU, GeGLU), or a mixture of experts."""
+def _mlp(c: DecoderConfig, index: int = 0):
+    """Layer ``index``'s MLP: GPT-2's, a gated one (SwiGLU, GeGLU), or a mixture of experts
+    (a dense SwiGLU in the ``dense_layers`` of an MoE model)."""
     gelu = "gelu_tanh" if c.gelu_approximate else "gelu"
     if c.mlp == "gelu":
         return DenseMLP(c.hidden_size, c.ffn_hidden, gelu, bias=c.mlp_bias)
-    if c.mlp in ("swiglu", "geglu"):
-        act = "silu" if c.mlp == "swiglu" else gelu
+    if c.mlp in ("swiglu", "geglu") or index in c.dense_layers:
+        act = gelu if c.mlp == "geglu" else "silu"
         return GatedMLP(c.hidden_size, c.ffn_hidden, act, bias=c.mlp_bias)
     if MoE is None:
         raise validate.OptionError("DecoderConfig: mlp='moe' needs minitx.nn.moe, which this "
                                    "tree does not have")
-    return MoE(c.hidden_size, c.ffn_hidden, c.num_experts, c.top_k, **c.moe_options)
+    return MoE(c.hidden_size, c.expert_hidden, c.num_experts, c.top_k, **c.moe_options)
 
 
 class DecoderAttention(Module):
@@ -349,7 +360,7 @@ class DecoderBlock(Module):
     ``hook_resid_mid``, ``hook_mlp_out``, ``hook_resid_post``.
     """
 
-    def __init__(self, c: DecoderConfig, sliding: bool = False):
+    def __init__(self, c: DecoderConfig, sliding: bool = False, index: int = 0):
         super().__init__()
         e = c.hidden_size
         # Norms before each sublayer (pre, sandwich), after it (post, sandwich), or both.
@@ -359,7 +370,7 @@ class DecoderBlock(Module):
         self.attn = DecoderAttention(c, sliding)
         self.ln1_post = _norm(c, e) if after else None
         self.ln2 = _norm(c, e) if before else None
-        self.mlp = _mlp(c)
+        self.mlp = _mlp(c, index)
         self.ln2_post = _norm(c, e) if after else None
         for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
             setattr(self, f"hook_{name}", HookPoint())
@@ -402,7 +413,8 @@ class Decoder(Module, AttentionMaps, HookedModel):
         self.hook_embed = HookPoint()
         self.pos_embed = LearnedPositionalEmbedding(c.max_position, c.hidden_size) \
             if c.positions == "learned" else None
-        self.blocks = ModuleList([DecoderBlock(c, t == "sliding") for t in c.layer_types])
+        self.blocks = ModuleList([DecoderBlock(c, t == "sliding", i)
+                                  for i, t in enumerate(c.layer_types)])
         self.ln_final = _norm(c, c.hidden_size)
         self.unembed = None if c.tie_embeddings else \
             Linear(c.hidden_size, c.vocab_size, bias=False)

@@ -369,3 +369,32 @@ def test_hook_points_carry_transformerlens_names():
 def test_bad_switches_are_refused_by_name(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Decoder(DecoderConfig(**kwargs))
+
+
+def test_mlp_moe_builds_the_mixture_of_experts_the_interface_names(monkeypatch):
+    """``mlp="moe"`` builds ``nn.moe.MoE(E, expert_hidden, num_experts, top_k,
+    **moe_options)`` in every layer but the ``dense_layers``, which keep a SwiGLU of width F
+    (a stand-in MoE records its arguments: the real one is tested in its own file)."""
+    import minitx.models.decoder as decoder
+    built = []
+
+    class StandIn(minitx.nn.Module):
+        def __init__(self, dim, hidden, num_experts, top_k, **options):
+            super().__init__()
+            built.append((dim, hidden, num_experts, top_k, options))
+            self.inner = GatedMLP(dim, hidden)
+
+        def forward(self, x):
+            return self.inner(x)
+
+    monkeypatch.setattr(decoder, "MoE", StandIn)
+    model = Decoder(DecoderConfig(vocab_size=31, hidden_size=16, num_layers=3, mlp="moe",
+                                  ffn_hidden=40, expert_hidden=8, num_experts=4, top_k=2,
+                                  dense_layers=(0,), moe_options={"norm_topk_prob": True}))
+    assert built == [(16, 8, 4, 2, {"norm_topk_prob": True})] * 2
+    dense = model.blocks[0].mlp
+    assert isinstance(dense, GatedMLP) and dense.up_proj.out_features == 40
+    assert all(isinstance(b.mlp, StandIn) for b in model.blocks[1:])
+    assert model(IDS).shape == (2, 9, 31)
+    with pytest.raises(ValueError, match="dense_layers"):
+        Decoder(DecoderConfig(mlp="moe", num_experts=4, top_k=2, dense_layers=(5,)))
