@@ -2,7 +2,8 @@
 (``nn/decoder_layers.py``, ``nn/rotary.py``, ``attention/kv_cache.py``'s ``WindowKVCache``):
 each block against its formula written out in NumPy, float64 gradient checks, every switch
 combination causal and decoding through its caches as the full forward does, and bad options
-refused by name. Equality with HuggingFace's models is ``tests/oracles/test_pretrained_decoders.py``.
+refused by name. Equality with HuggingFace's models is
+``tests/oracles/test_pretrained_decoders.py``.
 """
 import math
 
