@@ -236,6 +236,23 @@ def _mlp(c: DecoderConfig, index: int = 0):
     return MoE(c.hidden_size, c.expert_hidden, c.num_experts, c.top_k, **c.moe_options)
 
 
+def _keep_mask(attention_mask, shape, xp):
+    """HuggingFace's ``attention_mask`` (B, cached + N), 1 = token, 0 = padding (ints, bools or
+    0/1 floats) as a bool array on ``xp``; None when absent or when it keeps every key."""
+    if attention_mask is None:
+        return None
+    m = xp.asarray(attention_mask.data if isinstance(attention_mask, Tensor) else
+                   attention_mask)
+    if tuple(m.shape) != tuple(shape):
+        raise ValueError(f"Decoder: attention_mask must have shape {tuple(shape)} (batch, "
+                         f"cached + new tokens), got {tuple(m.shape)}")
+    if m.dtype != bool and (m.dtype.kind not in "iuf" or not bool(((m == 0) | (m == 1)).all())):
+        raise ValueError("Decoder: attention_mask must hold only 0 (padding) and 1 (token), "
+                         "HuggingFace's convention; it is not an additive bias")
+    m = m != 0
+    return None if bool(m.all()) else m
+
+
 class DecoderAttention(Module):
     """Causal self-attention of one decoder layer (module docstring's formula), full or
     sliding. x (B, N, E) → (B, N, E); H query heads of D dims, Hkv key/value heads.
@@ -312,7 +329,8 @@ class DecoderAttention(Module):
         p = self.hook_pattern(p)                                           # rows sum ≤ 1
         return matmul(p, repeat_kv(v, self.num_heads))                     # (B, H, Nq, D)
 
-    def forward(self, x, kv_cache=None):
+    def forward(self, x, kv_cache=None, keep=None):
+        """x (B, N, E) → (B, N, E); ``keep`` (B, cached + N) bool, False = a padding key."""
         b, n, _ = x.shape
         xp = backend.get_array_module(x.data)
         offset = 0 if kv_cache is None else len(kv_cache)
@@ -337,7 +355,10 @@ class DecoderAttention(Module):
             first = getattr(kv_cache, "first_position", 0)
         # The mask; the fused (or hook-composed) attention unless a cap or sinks need scores.
         written_out = self.logit_softcap is not None or self.sinks is not None
-        allowed = self._allowed(offset, n, first, k.shape[2], xp, always=written_out)
+        allowed = self._allowed(offset, n, first, k.shape[2], xp,
+                                always=written_out or keep is not None)
+        if keep is not None:                    # padding keys: (Nq, Nk) & (B, 1, 1, Nk)
+            allowed = allowed & keep[:, None, None, first:first + k.shape[2]]
         if written_out:
             z = self._composed(q, k, v, allowed)
         else:
@@ -380,9 +401,9 @@ class DecoderBlock(Module):
         return x if norm is None else norm(x)
 
     # h + [ln_post] F([ln] h), twice: attention, then the MLP; absent norms are skipped.
-    def forward(self, x, kv_cache=None):
+    def forward(self, x, kv_cache=None, keep=None):
         x = self.hook_resid_pre(x)
-        a = self._maybe(self.ln1_post, self.attn(self._maybe(self.ln1, x), kv_cache))
+        a = self._maybe(self.ln1_post, self.attn(self._maybe(self.ln1, x), kv_cache, keep))
         x = self.hook_resid_mid(x + self.hook_attn_out(a))
         m = self._maybe(self.ln2_post, self.mlp(self._maybe(self.ln2, x)))
         return self.hook_resid_post(x + self.hook_mlp_out(m))
@@ -391,9 +412,11 @@ class DecoderBlock(Module):
 class Decoder(Module, AttentionMaps, HookedModel):
     """A decoder-only language model whose family is its ``DecoderConfig`` (module docstring).
 
-    ``forward(idx (B, N) ints, kv_caches=None)`` → logits (B, N, V). ``new_caches()`` gives
-    one cache per layer (bounded for sliding layers); with caches, the tokens follow the
-    cached ones. ``generate(idx, max_new_tokens, temperature=0)`` decodes through them
+    ``forward(idx (B, N) ints, kv_caches=None, attention_mask=None)`` → logits (B, N, V).
+    ``new_caches()`` gives one cache per layer (bounded for sliding layers); with caches, the
+    tokens follow the cached ones. ``attention_mask`` (B, cached + N) is HuggingFace's, 1 =
+    token, 0 = padding: padding keys are never attended to; positions stay 0 … N − 1 (HF's
+    forward does the same), and rows of padding queries are meaningless. ``generate(idx, max_new_tokens, temperature=0)`` decodes through them
     (greedy at temperature 0).
 
     Parameters: ``embed.weight`` (V, E), ``pos_embed.weight`` (learned positions),
@@ -434,10 +457,12 @@ class Decoder(Module, AttentionMaps, HookedModel):
         """One empty cache per layer: ``WindowKVCache`` for sliding ones, else ``KVCache``."""
         return [b.attn.new_cache() for b in self.blocks]
 
-    def forward(self, idx, kv_caches=None):
+    def forward(self, idx, kv_caches=None, attention_mask=None):
         tokens = token_ids(idx)
         n = tokens.shape[1]
         offset = cached_length(kv_caches, len(self.blocks), owner="Decoder")
+        keep = _keep_mask(attention_mask, (tokens.shape[0], offset + n),
+                          backend.get_array_module(self.embed.weight.data))
         # Embed; Gemma scales by √E (in the model's dtype) so embeddings match the residual's size.
         x = self.embed(tokens)                                          # (B, N, E)
         if self.config.embed_scale:
@@ -449,7 +474,7 @@ class Decoder(Module, AttentionMaps, HookedModel):
                                  f"{self.config.max_position}")
             x = x + self.pos_embed.positions(n, offset)
         for i, block in enumerate(self.blocks):
-            x = block(x, None if kv_caches is None else kv_caches[i])
+            x = block(x, None if kv_caches is None else kv_caches[i], keep)
         # Final norm, then the head (W_E when tied), then Gemma's soft-cap on the logits.
         x = self.ln_final(x)
         w = self.embed.weight if self.unembed is None else self.unembed.weight

@@ -399,3 +399,20 @@ def test_mlp_moe_builds_the_mixture_of_experts_the_interface_names(monkeypatch):
     assert model(IDS).shape == (2, 9, 31)
     with pytest.raises(ValueError, match="dense_layers"):
         Decoder(DecoderConfig(mlp="moe", num_experts=4, top_k=2, dense_layers=(5,)))
+
+
+def test_attention_mask_hides_padding_keys_and_bad_masks_are_refused():
+    model = _model(window=3, pattern="alternate")
+    mask = np.ones_like(IDS)
+    mask[1, :3] = 0                                     # row 1 left-padded by three
+    padded = model(IDS, attention_mask=mask).numpy()
+    # row 1's real tokens read only real keys: changing the padding tokens changes nothing
+    other = IDS.copy()
+    other[1, :3] = (other[1, :3] + 5) % 31
+    np.testing.assert_allclose(model(other, attention_mask=mask).numpy()[1, 3:],
+                               padded[1, 3:], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(padded[0], model(IDS).numpy()[0], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"attention_mask must have shape \(2, 9\)"):
+        model(IDS, attention_mask=mask[:, :5])
+    with pytest.raises(ValueError, match="not an additive bias"):
+        model(IDS, attention_mask=np.where(mask == 1, 0.0, -np.inf))

@@ -121,6 +121,31 @@ def test_the_window_is_applied(root):
     assert relative(model(IDS).numpy(), windowed) > 1e-3
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("case", ["gemma3_text", "mistral", "qwen3"])
+def test_padding_keys_are_masked_as_transformers_masks_them(root, case, side):
+    """attention_mask (1 = token, 0 = padding) as HF's forward reads it: padding keys hidden,
+    positions 0 … N − 1; logits at padding positions mean nothing to either library. Also
+    through the caches, the mask growing with the tokens."""
+    folder = tiny_decoder(root, case)
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    mask = np.ones_like(IDS)
+    mask[0, :4] = 0 if side == "left" else 1
+    mask[0, -3:] = 0 if side == "right" else 1
+    with torch.no_grad():
+        ref = hf_model(folder)(torch.tensor(IDS), attention_mask=torch.tensor(mask)).logits
+    real = mask.astype(bool)
+    mine = model(IDS, attention_mask=mask).numpy()
+    assert relative(mine[real], ref.numpy()[real]) <= TOL["float64"]
+    if side == "left":                       # without the mask, row 0 would read the padding
+        assert relative(model(IDS).numpy()[real], mine[real]) > 1e-3
+    caches = model.new_caches()
+    steps = [model(IDS[:, :5], kv_caches=caches, attention_mask=mask[:, :5]).numpy()]
+    steps += [model(IDS[:, i:i + 1], kv_caches=caches, attention_mask=mask[:, :i + 1]).numpy()
+              for i in range(5, 11)]
+    assert relative(np.concatenate(steps, axis=1)[real], mine[real]) <= 1e-10
+
+
 # ---- refusals ---------------------------------------------------------------------------------
 
 def _copy(root, case, name):
