@@ -416,8 +416,9 @@ class Decoder(Module, AttentionMaps, HookedModel):
     ``new_caches()`` gives one cache per layer (bounded for sliding layers); with caches, the
     tokens follow the cached ones. ``attention_mask`` (B, cached + N) is HuggingFace's, 1 =
     token, 0 = padding: padding keys are never attended to; positions stay 0 … N − 1 (HF's
-    forward does the same), and rows of padding queries are meaningless. ``generate(idx, max_new_tokens, temperature=0)`` decodes through them
-    (greedy at temperature 0).
+    forward does the same), and rows of padding queries are meaningless.
+    ``generate(idx, max_new_tokens, temperature=0)`` decodes through the caches (greedy at
+    temperature 0).
 
     Parameters: ``embed.weight`` (V, E), ``pos_embed.weight`` (learned positions),
     ``blocks.{i}.ln1/ln1_post/ln2/ln2_post.weight``,
