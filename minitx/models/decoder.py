@@ -52,6 +52,7 @@ position; a sliding layer's cache (``WindowKVCache``) keeps only the last W − 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -85,8 +86,9 @@ try:
 except ImportError:  # pragma: no cover - depends on the tree
     MoE = None
 
-__all__ = ["DecoderConfig", "check_config", "Decoder", "DecoderBlock", "DecoderAttention",
-           "NORMS", "MLPS", "PLACEMENTS", "POSITIONS", "QK_NORMS", "LAYER_TYPES"]
+__all__ = ["DecoderConfig", "check_config", "count_parameters", "Decoder", "DecoderBlock",
+           "DecoderAttention", "NORMS", "MLPS", "PLACEMENTS", "POSITIONS", "QK_NORMS",
+           "LAYER_TYPES"]
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "geglu", "moe")
@@ -211,6 +213,34 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
                                             maximum=c.num_layers - 1, owner=who)
                            for i in c.dense_layers)
     return c
+
+
+def count_parameters(config: DecoderConfig) -> dict:
+    """{"total", "embedding", "non_embedding"}: the parameters of ``Decoder(config)``,
+    counted from the configuration alone (no model is built, so real sizes cost nothing).
+    "embedding" is the token table (and the untied head); dense MLPs only (an MoE model's
+    count belongs to ``nn.moe``)."""
+    c = check_config(dataclasses.replace(config))
+    if c.mlp == "moe":
+        raise validate.OptionError("count_parameters: mlp='moe' is counted by nn.moe")
+    e, h, hkv, d, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.ffn_hidden
+    per_dim = 2 if c.norm == "layernorm" and c.norm_bias else 1       # gain (and bias)
+    norm = e * per_dim
+    # attention: four projections (+ biases), QK-norm gains, sinks
+    attn = 2 * e * h * d + 2 * e * hkv * d
+    attn += (h + 2 * hkv) * d * c.qkv_bias + e * c.o_bias + h * c.attn_sinks
+    if c.qk_norm is not None:
+        attn += per_dim * (2 * d if c.qk_norm == "head" else (h + hkv) * d)
+    # the MLP: three matrices when gated, two for GPT-2's, biases on each output
+    mats = 2 if c.mlp == "gelu" else 3
+    mlp = mats * e * f + ((mats - 1) * f + e) * c.mlp_bias
+    norms_per_layer = 4 if c.norm_placement == "sandwich" else 2
+    layer = attn + mlp + norms_per_layer * norm
+    embedding = c.vocab_size * e * (1 if c.tie_embeddings else 2)
+    positions = c.max_position * e if c.positions == "learned" else 0
+    non_embedding = c.num_layers * layer + norm + positions
+    return {"total": embedding + non_embedding, "embedding": embedding,
+            "non_embedding": non_embedding}
 
 
 def _norm(c: DecoderConfig, dim: int):

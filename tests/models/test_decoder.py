@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 import minitx
 from minitx.attention import KVCache, WindowKVCache
-from minitx.models import Decoder, DecoderConfig
+from minitx.models import Decoder, DecoderConfig, count_parameters
 from minitx.nn.decoder_layers import DecoderRMSNorm, DenseMLP, GatedMLP, softcap
 from minitx.nn.rotary import Rotary, apply_rotary, rope_frequencies
 from support import assert_close, tensor, to_host
@@ -416,3 +416,12 @@ def test_attention_mask_hides_padding_keys_and_bad_masks_are_refused():
         model(IDS, attention_mask=mask[:, :5])
     with pytest.raises(ValueError, match="not an additive bias"):
         model(IDS, attention_mask=np.where(mask == 1, 0.0, -np.inf))
+
+
+@settings(max_examples=15, deadline=None)
+@given(**SWITCHES)
+def test_count_parameters_counts_what_the_model_has(**switches):
+    model = _model(**switches)
+    count = count_parameters(model.config)
+    assert count["total"] == sum(p.size for p in model.parameters())
+    assert count["embedding"] == model.embed.weight.size * (1 if model.unembed is None else 2)
