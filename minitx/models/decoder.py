@@ -90,6 +90,7 @@ __all__ = ["DecoderConfig", "check_config", "count_parameters", "Decoder", "Deco
            "DecoderAttention", "NORMS", "MLPS", "PLACEMENTS", "POSITIONS", "QK_NORMS",
            "LAYER_TYPES"]
 
+# Each switch's values (DecoderConfig's docstring and the module docstring say what each does).
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "geglu", "moe")
 PLACEMENTS = ("pre", "post", "sandwich")
