@@ -360,8 +360,9 @@ class DecoderAttention(Module):
         p = self.hook_pattern(p)                                           # rows sum ≤ 1
         return matmul(p, repeat_kv(v, self.num_heads))                     # (B, H, Nq, D)
 
-    def forward(self, x, kv_cache=None, keep=None):
-        """x (B, N, E) → (B, N, E); ``keep`` (B, cached + N) bool, False = a padding key."""
+    def forward(self, x, kv_cache=None, keep=None, positions=None):
+        """x (B, N, E) → (B, N, E); ``keep`` (B, cached + N) bool, False = a padding key;
+        ``positions`` (B, N) the rotary positions (default: cached … cached + N − 1)."""
         b, n, _ = x.shape
         xp = backend.get_array_module(x.data)
         offset = 0 if kv_cache is None else len(kv_cache)
@@ -377,7 +378,7 @@ class DecoderAttention(Module):
                    ((self.hook_q, q), (self.hook_k, k), (self.hook_v, v)))
         # Rotate at the tokens' own positions (after the cached ones), then cache the keys.
         if self.rotary is not None:
-            pos = xp.arange(offset, offset + n)
+            pos = xp.arange(offset, offset + n) if positions is None else positions
             q = hooked_heads(self.hook_rot_q, self.rotary.rotate(q, pos))
             k = hooked_heads(self.hook_rot_k, self.rotary.rotate(k, pos))
         first = 0
@@ -432,9 +433,10 @@ class DecoderBlock(Module):
         return x if norm is None else norm(x)
 
     # h + [ln_post] F([ln] h), twice: attention, then the MLP; absent norms are skipped.
-    def forward(self, x, kv_cache=None, keep=None):
+    def forward(self, x, kv_cache=None, keep=None, positions=None):
         x = self.hook_resid_pre(x)
-        a = self._maybe(self.ln1_post, self.attn(self._maybe(self.ln1, x), kv_cache, keep))
+        a = self._maybe(self.ln1_post, self.attn(self._maybe(self.ln1, x), kv_cache, keep,
+                                                 positions))
         x = self.hook_resid_mid(x + self.hook_attn_out(a))
         m = self._maybe(self.ln2_post, self.mlp(self._maybe(self.ln2, x)))
         return self.hook_resid_post(x + self.hook_mlp_out(m))
@@ -489,12 +491,19 @@ class Decoder(Module, AttentionMaps, HookedModel):
         """One empty cache per layer: ``WindowKVCache`` for sliding ones, else ``KVCache``."""
         return [b.attn.new_cache() for b in self.blocks]
 
-    def forward(self, idx, kv_caches=None, attention_mask=None):
+    def forward(self, idx, kv_caches=None, attention_mask=None, position_ids=None):
         tokens = token_ids(idx)
         n = tokens.shape[1]
         offset = cached_length(kv_caches, len(self.blocks), owner="Decoder")
-        keep = _keep_mask(attention_mask, (tokens.shape[0], offset + n),
-                          backend.get_array_module(self.embed.weight.data))
+        xp = backend.get_array_module(self.embed.weight.data)
+        keep = _keep_mask(attention_mask, (tokens.shape[0], offset + n), xp)
+        if position_ids is not None:
+            position_ids = token_ids(position_ids, "position_ids")
+            if tuple(position_ids.shape) != tuple(tokens.shape) or self.pos_embed is not None:
+                raise ValueError(f"Decoder: position_ids must be (B, N) = {tuple(tokens.shape)}"
+                                 f" with rotary or no positions, got "
+                                 f"{tuple(position_ids.shape)} (positions="
+                                 f"{self.config.positions!r})")
         # Embed; Gemma scales by √E (in the model's dtype) so embeddings match the residual's size.
         x = self.embed(tokens)                                          # (B, N, E)
         if self.config.embed_scale:
@@ -506,7 +515,7 @@ class Decoder(Module, AttentionMaps, HookedModel):
                                  f"{self.config.max_position}")
             x = x + self.pos_embed.positions(n, offset)
         for i, block in enumerate(self.blocks):
-            x = block(x, None if kv_caches is None else kv_caches[i], keep)
+            x = block(x, None if kv_caches is None else kv_caches[i], keep, position_ids)
         # Final norm, then the head (W_E when tied), then Gemma's soft-cap on the logits.
         x = self.ln_final(x)
         w = self.embed.weight if self.unembed is None else self.unembed.weight
@@ -516,27 +525,36 @@ class Decoder(Module, AttentionMaps, HookedModel):
         return logits
 
     def generate(self, idx, max_new_tokens: int, temperature: float = 0.0, top_k: int = None,
-                 use_cache: bool = True):
+                 use_cache: bool = True, attention_mask=None):
         """Extend idx (B, T) by ``max_new_tokens`` tokens; returns an int Tensor (B, T + n).
 
         ``temperature=0`` (default) is greedy (HuggingFace's ``do_sample=False``); otherwise
         softmax(logits/temperature) sampling among the ``top_k`` most likely. With
         ``use_cache`` the prompt runs once and each step feeds only the newest token through
-        the per-layer caches (the same logits as a full forward over all tokens)."""
+        the per-layer caches (the same logits as a full forward over all tokens).
+        ``attention_mask`` (B, T), 1 = token, 0 = padding, for prompts of different lengths
+        padded on the left: the padding is never attended to and each row's positions count
+        its real tokens only (HuggingFace's ``generate`` does the same)."""
         who = "Decoder.generate"
         tokens = token_ids(idx).copy()
         if tokens.shape[1] == 0:
             raise ValueError(f"{who}: idx is empty: the first new token needs a prompt")
         max_new_tokens = validate.nonnegative_int(max_new_tokens, "max_new_tokens", owner=who)
         xp = backend.get_array_module(tokens)
+        keep = _keep_mask(attention_mask, tokens.shape, xp)             # None: no padding
         # Step 0 runs the prompt; each later step one token, through the caches if any.
         caches = self.new_caches() if use_cache else None
         with no_grad():
             for step in range(max_new_tokens):
-                if caches is None:
-                    logits = self(tokens)
+                new = slice(None) if caches is None or step == 0 else slice(-1, None)
+                if keep is None:
+                    logits = self(tokens[:, new], kv_caches=caches)
                 else:
-                    logits = self(tokens if step == 0 else tokens[:, -1:], kv_caches=caches)
+                    # a row's positions count its real tokens; padding sits at 1, as in HF
+                    pos = xp.where(keep, xp.cumsum(keep, axis=1) - 1, 1)
+                    logits = self(tokens[:, new], kv_caches=caches, attention_mask=keep,
+                                  position_ids=pos[:, new])
+                    keep = xp.concatenate([keep, xp.ones((len(keep), 1), dtype=bool)], axis=1)
                 nxt = sample_next(logits.data[:, -1, :], temperature, top_k)    # (B, 1)
                 tokens = xp.concatenate([tokens, nxt.astype(tokens.dtype)], axis=1)
         return Tensor(tokens)

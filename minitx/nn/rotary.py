@@ -165,7 +165,8 @@ def apply_rotary(x, cos, sin, rotary_dim: int):
 class Rotary:
     """The rotary table of one kind of layer: ``Rotary(head_dim, rope)``.
 
-    ``rotate(x, positions)`` rotates x (B, H, N, D) (a Tensor) at ``positions`` (N,) ints;
+    ``rotate(x, positions)`` rotates x (B, H, N, D) (a Tensor) at ``positions``, (N,) ints
+    or (B, N) (each batch row its own, as left-padded prompts need);
     ``omega`` (R/2,), ``attention_factor`` a and ``rotary_dim`` R are the module docstring's.
     The angles are formed in float64 and cast to x's dtype.
     """
@@ -177,14 +178,17 @@ class Rotary:
                                                                               self.rope)
 
     def tables(self, positions, dtype):
-        """(cos, sin), each (N, R/2): a·cos(m ω_i), a·sin(m ω_i), on the positions' device."""
+        """(cos, sin), each (…, N, R/2): a·cos(m ω_i), a·sin(m ω_i) for positions (…, N), on
+        the positions' device."""
         xp = get_array_module(positions)
-        angles = xp.asarray(positions, dtype="float64")[:, None] * xp.asarray(self.omega)
+        angles = xp.asarray(positions, dtype="float64")[..., None] * xp.asarray(self.omega)
         a = self.attention_factor
         return (a * xp.cos(angles)).astype(dtype), (a * xp.sin(angles)).astype(dtype)
 
     def rotate(self, x, positions):
         cos, sin = self.tables(positions, x.dtype)
+        if cos.ndim == 3:                      # one row of positions per batch row: (B, 1, N, ·)
+            cos, sin = cos[:, None], sin[:, None]
         return apply_rotary(x, cos, sin, self.rotary_dim)
 
     def __repr__(self) -> str:

@@ -146,6 +146,29 @@ def test_padding_keys_are_masked_as_transformers_masks_them(root, case, side):
     assert relative(np.concatenate(steps, axis=1)[real], mine[real]) <= 1e-10
 
 
+@pytest.mark.parametrize("case", ["gemma3_text", "llama-yarn", "olmo2"])
+def test_left_padded_prompts_generate_transformers_tokens(root, case):
+    """Prompts of different lengths, padded on the left, in one batch: HF's generate counts
+    each row's positions from its first real token; so does Decoder.generate."""
+    folder = tiny_decoder(root, case)
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    prompt = IDS[:, :6].copy()
+    mask = np.ones_like(prompt)
+    mask[0, :3] = 0
+    prompt[0, :3] = 0                                        # pad_token_id
+    with torch.no_grad():
+        ref = hf_model(folder).generate(torch.tensor(prompt), max_new_tokens=7,
+                                        attention_mask=torch.tensor(mask), do_sample=False,
+                                        eos_token_id=None).numpy()
+    out = model.generate(prompt, 7, attention_mask=mask).numpy()
+    assert np.array_equal(out, ref)
+    assert np.array_equal(model.generate(prompt, 7, attention_mask=mask,
+                                         use_cache=False).numpy(), out)
+    # row 1 has no padding: the same tokens as when it is generated alone
+    alone = model.generate(prompt[1:], 7).numpy()
+    assert np.array_equal(out[1:], alone)
+
+
 # ---- refusals ---------------------------------------------------------------------------------
 
 def _copy(root, case, name):
