@@ -43,6 +43,15 @@ CASES = {
                                             "rope_theta": 1000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}})),
     "olmo2": ("olmo2", dict(rms_norm_eps=0.02)),
+    # every layer dense (first_k_dense_replace = 2): multi-head latent attention with a q
+    # latent, interleaved rotary dims and YaRN's mscale on the scale
+    "deepseek_v3": ("deepseek_v3", dict(
+        num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6,
+        qk_rope_head_dim=4, v_head_dim=5, first_k_dense_replace=2, n_routed_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=16, n_group=2, topk_group=1,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 500.0,
+                         "original_max_position_embeddings": 16, "mscale": 0.8,
+                         "mscale_all_dim": 0.9})),
 }
 
 _BUILT = {}
@@ -55,6 +64,7 @@ def hf_config(case):
     cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
            "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
            "gemma3_text": transformers.Gemma3TextConfig,
+           "deepseek_v3": transformers.DeepseekV3Config,
            "olmo2": transformers.Olmo2Config}[kind]
     return cls(**extra)
 

@@ -1,5 +1,5 @@
-r"""One decoder for today's families — Llama, Mistral, Qwen, Gemma, OLMo — each a handful of
-switches on GPT-2.
+r"""One decoder for today's families — Llama, Mistral, Qwen, Gemma, OLMo, DeepSeek — each a
+handful of switches on GPT-2.
 
 GPT-2's decoder, for tokens t at positions m, with the blocks' residual stream h:
 
@@ -21,7 +21,9 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
   Qwen2 keeps q, k, v's).
 - ``positions="rope"``: rotary positions inside attention instead of a learned table P (scores
   depend on offsets; longer contexts by scaling the frequencies, ``nn/rotary.py``).
-- ``num_kv_heads``: grouped-query attention (a smaller KV cache; below).
+- ``num_kv_heads``: grouped-query attention (a smaller KV cache; below); ``attention="mla"``
+  DeepSeek's multi-head latent attention (a cache of one latent per token,
+  ``LatentDecoderAttention``).
 - ``qk_norm="head" | "proj"``: RMSNorm on each head's q and k (Qwen3, Gemma 3) or on the
   whole projected q and k (OLMo 2), before the rotation (keeps the logits from growing).
 - ``norm_placement="post" | "sandwich"``: OLMo 2 normalises each sublayer's output inside the
@@ -87,8 +89,8 @@ except ImportError:  # pragma: no cover - depends on the tree
     MoE = None
 
 __all__ = ["DecoderConfig", "check_config", "count_parameters", "Decoder", "DecoderBlock",
-           "DecoderAttention", "NORMS", "MLPS", "PLACEMENTS", "POSITIONS", "QK_NORMS",
-           "LAYER_TYPES"]
+           "DecoderAttention", "LatentDecoderAttention", "NORMS", "MLPS", "PLACEMENTS",
+           "POSITIONS", "QK_NORMS", "LAYER_TYPES", "ATTENTIONS"]
 
 # Each switch's values (DecoderConfig's docstring and the module docstring say what each does).
 NORMS = ("layernorm", "rmsnorm")
@@ -96,6 +98,7 @@ MLPS = ("gelu", "swiglu", "geglu", "moe")
 PLACEMENTS = ("pre", "post", "sandwich")
 POSITIONS = ("rope", "learned", "none")
 QK_NORMS = (None, "head", "proj")
+ATTENTIONS = ("gqa", "mla")
 LAYER_TYPES = ("full", "sliding")
 
 
@@ -144,7 +147,8 @@ class DecoderConfig:
     max_position: int = 2048
     rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     local_rope: dict = None
-    # attention: QK-norm, windows, the scale, soft-cap, learned sinks
+    # attention: its kind, QK-norm, windows, the scale, soft-cap, learned sinks
+    attention: str = "gqa"
     qk_norm: str = None
     sliding_window: int = None
     layer_types: tuple = None
@@ -156,6 +160,13 @@ class DecoderConfig:
     final_logit_softcap: float = None
     tie_embeddings: bool = True
     padding_idx: int = None
+    # multi-head latent attention (attention="mla")
+    q_lora_rank: int = None
+    kv_lora_rank: int = None
+    qk_nope_head_dim: int = None
+    qk_rope_head_dim: int = None
+    v_head_dim: int = None
+    rope_interleave: bool = False
     # mixture of experts (mlp="moe")
     num_experts: int = None
     top_k: int = None
@@ -168,7 +179,8 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     """Every switch checked, the defaults (Hkv, D, F, layer types) filled in."""
     who = "DecoderConfig"
     for name, options in (("norm", NORMS), ("mlp", MLPS), ("norm_placement", PLACEMENTS),
-                          ("positions", POSITIONS), ("qk_norm", QK_NORMS)):
+                          ("positions", POSITIONS), ("qk_norm", QK_NORMS),
+                          ("attention", ATTENTIONS)):
         validate.choice(getattr(c, name), name, options, owner=who)
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "max_position"):
         validate.positive_int(getattr(c, name), name, owner=who)
@@ -208,6 +220,17 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
             validate.positive_real(getattr(c, name), name, owner=who)
     if c.mlp == "moe" and (c.num_experts is None or c.top_k is None):
         raise validate.OptionError(f"{who}: mlp='moe' needs num_experts and top_k")
+    # MLA's sizes; DeepSeek's attention has none of the other attention switches
+    if c.attention == "mla":
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            validate.positive_int(getattr(c, name), name, owner=f"{who} (attention='mla')")
+        if c.q_lora_rank is not None:
+            validate.positive_int(c.q_lora_rank, "q_lora_rank", owner=who)
+        if c.positions != "rope" or "sliding" in c.layer_types or c.qk_norm or c.attn_sinks \
+                or c.attn_logit_softcap:
+            raise validate.OptionError(f"{who}: attention='mla' is DeepSeek's: rope positions, "
+                                       "full layers, no QK-norm, sinks or soft-cap")
+    # the experts' width (default F), and the layers that stay dense
     c.expert_hidden = c.ffn_hidden if c.expert_hidden is None else \
         validate.positive_int(c.expert_hidden, "expert_hidden", owner=who)
     c.dense_layers = tuple(validate.integer(i, "dense_layers", minimum=0,
@@ -232,6 +255,12 @@ def count_parameters(config: DecoderConfig) -> dict:
     attn += (h + 2 * hkv) * d * c.qkv_bias + e * c.o_bias + h * c.attn_sinks
     if c.qk_norm is not None:
         attn += per_dim * (2 * d if c.qk_norm == "head" else (h + hkv) * d)
+    if c.attention == "mla":                  # latents: q (optional) and kv, then expanded
+        dn, dr, dv, r, ql = (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
+                             c.kv_lora_rank, c.q_lora_rank)
+        q = e * h * (dn + dr) if ql is None else (e + 1 + h * (dn + dr)) * ql + ql * c.qkv_bias
+        attn = (q + e * (r + dr) + (r + dr) * c.qkv_bias + r * per_dim + r * h * (dn + dv)
+                + h * dv * e + e * c.o_bias)
     # the MLP: three matrices when gated, two for GPT-2's, biases on each output
     mats = 2 if c.mlp == "gelu" else 3
     mlp = mats * e * f + ((mats - 1) * f + e) * c.mlp_bias
@@ -403,6 +432,115 @@ class DecoderAttention(Module):
                 f"head_dim={self.head_dim}, window={self.window}, qk_norm={self.qk_norm!r}")
 
 
+class LatentDecoderAttention(Module):
+    r"""Multi-head latent attention (DeepSeek-V2/V3): keys and values come from one small
+    latent per token, and the cache keeps the latent, not the keys and values.
+
+    Each token's x is compressed to c = Norm(W_a^{kv} x) (``kv_lora_rank`` r numbers) plus
+    one rotary key k^R (``qk_rope_head_dim`` dims, shared by every head). Head h's key is
+    [W^K_h c, R k^R], its value W^V_h c; its query [q^C_h, R q^R_h] comes from x directly
+    or through a low-rank q latent (``q_lora_rank``). With D_n = ``qk_nope_head_dim``,
+    D_r = ``qk_rope_head_dim``:
+
+    $$
+    s_{ij} = \frac{q^C_{h,i} \cdot W^K_h c_j + (R_i q^R_{h,i}) \cdot (R_j k^R_j)}
+    {\sqrt{D_n + D_r}}, \qquad o_{h,i} = \sum_j \operatorname{softmax}_j(s_{ij})\, W^V_h c_j
+    $$
+
+    The cache (a ``KVCache`` holding (c, R k^R), (B, 1, L, r) and (B, 1, L, D_r)) costs
+    r + D_r numbers per token and layer instead of 2·H·D. ``rope_interleave``: the rotary
+    dims are stored as interleaved pairs (DeepSeek's checkpoints) and read as two halves.
+    YaRN's ``mscale_all_dim`` multiplies the scale by its temperature squared, as DeepSeek
+    does. Linear layers as HF names them: ``q_proj`` or ``q_a_proj``/``q_a_layernorm``/
+    ``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj`` (the
+    latents' norms use eps 1e-6, as HF's). Hook points: ``hook_q``, ``hook_k``, ``hook_v``
+    (B, N, H, ·), ``hook_latent`` c (B, N, r), ``hook_attn_scores``, ``hook_pattern``,
+    ``hook_z``. Time O(B·H·N·Nk·(D_n + D_r)) plus O(B·Nk·r·H·(D_n + D_v)) to expand the
+    latents.
+    """
+
+    def __init__(self, c: DecoderConfig):
+        super().__init__()
+        e, h = c.hidden_size, c.num_heads
+        dn, dr, dv, r = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
+        self.num_heads, self.dims = h, (dn, dr, dv, r)
+        self.window = None
+        # queries: straight from x, or through a normalised low-rank latent
+        if c.q_lora_rank is None:
+            self.q_proj = Linear(e, h * (dn + dr), bias=False)
+        else:
+            self.q_a_proj = Linear(e, c.q_lora_rank, bias=c.qkv_bias)
+            self.q_a_layernorm = _norm(dataclasses.replace(c, norm_eps=1e-6), c.q_lora_rank)
+            self.q_b_proj = Linear(c.q_lora_rank, h * (dn + dr), bias=False)
+        # keys and values: the latent c and the shared rotary key, then c expanded per head
+        self.kv_a_proj_with_mqa = Linear(e, r + dr, bias=c.qkv_bias)
+        self.kv_a_layernorm = _norm(dataclasses.replace(c, norm_eps=1e-6), r)
+        self.kv_b_proj = Linear(r, h * (dn + dv), bias=False)
+        self.o_proj = Linear(h * dv, e, bias=c.o_bias)
+        self.rotary = Rotary(dr, c.rope)
+        self.interleaved = c.rope_interleave
+        # 1/√(D_n + D_r), times YaRN's temperature squared when mscale_all_dim is set
+        scale = 1.0 / math.sqrt(dn + dr)
+        m_all = c.rope.get("mscale_all_dim")
+        if c.rope["rope_type"] != "default" and m_all:
+            scale *= _yarn_temperature(c.rope["factor"], m_all) ** 2
+        self.scale = scale
+        for name in ("q", "k", "v", "latent", "attn_scores", "pattern", "z"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+    def new_cache(self):
+        """The latent cache: a ``KVCache`` of (c, R k^R) per token."""
+        return KVCache()
+
+    def _rotate(self, x, pos):
+        if self.interleaved:                   # pairs (0, 1), (2, 3) … as two halves
+            x = concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+        return self.rotary.rotate(x, pos)
+
+    def forward(self, x, kv_cache=None, keep=None, positions=None):
+        """x (B, N, E) → (B, N, E); ``keep`` and ``positions`` as ``DecoderAttention``'s."""
+        b, n, _ = x.shape
+        h, (dn, dr, dv, r) = self.num_heads, self.dims
+        xp = backend.get_array_module(x.data)
+        offset = 0 if kv_cache is None else len(kv_cache)
+        pos = xp.arange(offset, offset + n) if positions is None else positions
+        # queries (B, H, N, D_n + D_r), split into the plain part and the rotary part
+        q = self.q_proj(x) if hasattr(self, "q_proj") else \
+            self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = split_heads(q, h)
+        q_pass, q_rot = q[..., :dn], self._rotate(q[..., dn:], pos)
+        # this step's latents c (B, 1, N, r) and rotary keys (B, 1, N, D_r), then the cache
+        ckv = self.kv_a_proj_with_mqa(x)                                  # (B, N, r + D_r)
+        latent = self.hook_latent(self.kv_a_layernorm(ckv[..., :r]))
+        latent = reshape(latent, (b, 1, n, r))
+        k_rot = self._rotate(reshape(ckv[..., r:], (b, 1, n, dr)), pos)
+        if kv_cache is not None:
+            latent, k_rot = kv_cache.append(latent, k_rot)                # (B, 1, L, ·)
+        # expand the latents per head: keys [W^K c, R k^R], values W^V c
+        nk = latent.shape[2]
+        kv = split_heads(reshape(self.kv_b_proj(latent), (b, nk, h * (dn + dv))), h)
+        k = concatenate([kv[..., :dn], broadcast_to(k_rot, (b, h, nk, dr))], axis=-1)
+        q = concatenate([q_pass, q_rot], axis=-1)
+        q, k, v = (hooked_heads(hk, t) for hk, t in
+                   ((self.hook_q, q), (self.hook_k, k), (self.hook_v, kv[..., dn:])))
+        allowed = None
+        if keep is not None:
+            allowed = causal_allowed(offset, n, nk, xp) & keep[:, None, None, :]
+        z, _ = hookable_attention(self, q, k, v, scale=self.scale, causal=allowed is None,
+                                  mask=allowed)
+        return self.o_proj(merge_heads(hooked_heads(self.hook_z, z)))   # (B, N, E)
+
+
+def causal_allowed(offset, n, nk, xp):
+    """(N, Nk) bool: query i (at offset + i) may see key j ≤ offset + i."""
+    return xp.arange(nk)[None, :] <= xp.arange(offset, offset + n)[:, None]
+
+
+def _yarn_temperature(scale, mscale):
+    # YaRN's 0.1·m·ln s + 1 (nn/rotary.py), which DeepSeek also applies to the scale
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
 class DecoderBlock(Module):
     """One layer: attention then MLP, each in the residual stream, normalised as
     ``norm_placement`` says. x (B, N, E) → (B, N, E).
@@ -420,7 +558,8 @@ class DecoderBlock(Module):
         before = c.norm_placement in ("pre", "sandwich")
         after = c.norm_placement in ("post", "sandwich")
         self.ln1 = _norm(c, e) if before else None
-        self.attn = DecoderAttention(c, sliding)
+        self.attn = LatentDecoderAttention(c) if c.attention == "mla" else \
+            DecoderAttention(c, sliding)
         self.ln1_post = _norm(c, e) if after else None
         self.ln2 = _norm(c, e) if before else None
         self.mlp = _mlp(c, index)

@@ -1,4 +1,5 @@
-"""HuggingFace's decoder families — Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2 — read into
+"""HuggingFace's decoder families — Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2 and
+DeepSeek-V3 (its dense layers and multi-head latent attention, for now) — read into
 minitx's one ``Decoder``: each family is a row of switches, its ``config.json`` translated
 key by key, its tensors renamed by one table.
 
@@ -60,7 +61,17 @@ FAMILIES = {
                   norm_scale_in_float32=True),
     "gemma3_text": dict(mlp="geglu", qk_norm="head", norm_placement="sandwich",
                         norm_unit_offset=True, norm_scale_in_float32=True, embed_scale=True),
+    "deepseek_v3": dict(mlp="moe", attention="mla"),
 }
+
+# DeepSeek-V3's keys: multi-head latent attention's sizes, and the MoE's, by HF's names.
+_MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+             "v_head_dim", "rope_interleave")
+_MOE_KEYS = {"n_routed_experts": "num_experts", "num_experts_per_tok": "top_k",
+             "moe_intermediate_size": "expert_hidden"}
+# the router's options: translated once nn.moe runs them (until then an MoE layer is refused)
+_ROUTER_KEYS = ("n_shared_experts", "routed_scaling_factor", "n_group", "topk_group",
+                "norm_topk_prob", "topk_method", "scoring_func")
 
 # config.json keys that do not change the forward pass (docs/decoders.md gives each reason).
 IGNORED = frozenset({
@@ -69,7 +80,7 @@ IGNORED = frozenset({
     "attention_dropout", "pretraining_tp", "tokenizer_class",
     "output_attentions", "output_hidden_states", "return_dict", "max_window_layers",
     "use_sliding_window", "sliding_window_pattern", "_sliding_window_pattern",
-    "attn_logit_softcapping",
+    "attn_logit_softcapping", "qk_head_dim", "num_nextn_predict_layers", "output_router_logits",
 })
 
 # What a key that changes the maths must hold for minitx to run the family as HF does.
@@ -126,7 +137,7 @@ def _ropes(cfg, kind, source):
 def _layer_types(cfg, kind, n, source):
     """(sliding_window, layer_types) as the family's HF model reads them."""
     window = cfg.get("sliding_window")
-    if kind in ("llama", "olmo2"):
+    if kind in ("llama", "olmo2", "deepseek_v3"):
         return None, None
     if kind == "mistral":                      # one window for every layer, or none
         return window, None
@@ -167,7 +178,7 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
     # The activation: SiLU gates SwiGLU; Gemma's GeGLU takes GELU, tanh or exact.
     act_key = "hidden_activation" if kind == "gemma3_text" else "hidden_act"
     act = cfg.get(act_key, "gelu_pytorch_tanh" if kind == "gemma3_text" else "silu")
-    gated_by = "silu" if FAMILIES[kind]["mlp"] == "swiglu" else "gelu"
+    gated_by = "gelu" if FAMILIES[kind]["mlp"] == "geglu" else "silu"
     if act not in _ACTIVATIONS or not act.startswith(gated_by):
         _fail(source, f"{act_key}={act!r} is not supported for {kind} (minitx runs "
                       f"{'silu' if gated_by == 'silu' else 'gelu, gelu_pytorch_tanh'})")
@@ -179,6 +190,8 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
     switches = dict(FAMILIES[kind])
     switches.setdefault("qkv_bias", bias)
     switches.setdefault("o_bias", bias)
+    if kind == "deepseek_v3":
+        switches.update(_deepseek(cfg, n, source))
     # HF's names → the switches (the sizes, eps, rope, windows, Gemma's numbers, the tying)
     c = DecoderConfig(
         vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], num_layers=n,
@@ -198,13 +211,28 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
             act_key, "rope_parameters", "rope_theta", "rope_scaling", "rope_local_base_freq",
             "partial_rotary_factor", "sliding_window", "layer_types", "attention_bias",
             "query_pre_attn_scalar", "final_logit_softcapping", "tie_word_embeddings",
-            "pad_token_id", "max_position_embeddings", *_REFUSED}
+            "pad_token_id", "max_position_embeddings", *_REFUSED, "first_k_dense_replace",
+            *_MLA_KEYS, *_MOE_KEYS, *_ROUTER_KEYS}
     unknown = sorted(set(cfg) - read - IGNORED)
     if unknown:
         _fail(source, f"config.json key(s) {', '.join(map(repr, unknown))} are not known to "
                       f"minitx's {kind} translation (neither read nor known not to change the "
                       "forward); refused rather than ignored")
     return c
+
+
+def _deepseek(cfg, n, source):
+    """DeepSeek-V3's switches: MLA's sizes, the dense first layers, the experts' sizes."""
+    first = cfg.get("first_k_dense_replace", 3)
+    if first < n:
+        _fail(source, f"deepseek_v3: layers {first} … {n - 1} are mixtures of experts, whose "
+                      f"router options ({', '.join(k for k in _ROUTER_KEYS if k in cfg)}) "
+                      "minitx does not translate yet; only checkpoints whose "
+                      "first_k_dense_replace covers every layer load")
+    out = {"dense_layers": tuple(range(n)), "rope_interleave": cfg.get("rope_interleave", True)}
+    out.update({k: cfg[k] for k in _MLA_KEYS[:-1] if k in cfg})
+    out.update({name: cfg[k] for k, name in _MOE_KEYS.items() if k in cfg})
+    return out
 
 
 def hf_norm_names(placement: str) -> dict:
@@ -334,6 +362,7 @@ def _candidate(c: DecoderConfig, kind: str) -> dict:
         d["attention_bias"] = c.qkv_bias
     if kind == "llama":
         d["mlp_bias"] = c.mlp_bias
+    # windows as each family writes them; DeepSeek's latent sizes and experts
     if kind == "mistral":
         d["sliding_window"] = c.sliding_window
     if kind in ("qwen2", "qwen3", "gemma3_text"):
@@ -341,6 +370,11 @@ def _candidate(c: DecoderConfig, kind: str) -> dict:
         d["layer_types"] = [f"{t}_attention" for t in c.layer_types]
     if kind in ("qwen2", "qwen3"):
         d["use_sliding_window"] = c.sliding_window is not None
+    if kind == "deepseek_v3":
+        d.update({k: getattr(c, k) for k in _MLA_KEYS},
+                 first_k_dense_replace=len(c.dense_layers),
+                 n_routed_experts=c.num_experts, num_experts_per_tok=c.top_k,
+                 moe_intermediate_size=c.expert_hidden)
     return d
 
 

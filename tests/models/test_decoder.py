@@ -425,3 +425,40 @@ def test_count_parameters_counts_what_the_model_has(**switches):
     count = count_parameters(model.config)
     assert count["total"] == sum(p.size for p in model.parameters())
     assert count["embedding"] == model.embed.weight.size * (1 if model.unembed is None else 2)
+
+
+@settings(max_examples=10, deadline=None)
+@given(q_lora=st.sampled_from([None, 6]), interleave=st.booleans(), bias=st.booleans(),
+       yarn=st.booleans())
+def test_latent_attention_is_causal_caches_latents_and_counts(q_lora, interleave, bias, yarn):
+    """attention="mla": causal, decoding through the latent cache as the full forward does,
+    the cache holding r + D_r numbers per token, and count_parameters exact. (Equality with
+    HF's DeepSeek-V3 is tests/oracles/test_pretrained_decoders.py.)"""
+    minitx.manual_seed(4)
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4,
+            "mscale_all_dim": 1.0} if yarn else {"rope_type": "default", "rope_theta": 50.0}
+    model = Decoder(DecoderConfig(
+        vocab_size=31, hidden_size=16, num_heads=4, attention="mla", q_lora_rank=q_lora,
+        kv_lora_rank=5, qk_nope_head_dim=3, qk_rope_head_dim=4, v_head_dim=2,
+        rope_interleave=interleave, qkv_bias=bias, o_bias=bias, rope=rope)).to(dtype="float64")
+    for p in model.parameters():
+        p.copy_(np.random.default_rng(5).standard_normal(p.shape) * 0.4)
+    assert count_parameters(model.config)["total"] == sum(p.size for p in model.parameters())
+    full = model(IDS).numpy()
+    changed = IDS.copy()
+    changed[:, 5:] = (changed[:, 5:] + 3) % 31
+    np.testing.assert_allclose(model(changed).numpy()[:, :5], full[:, :5], rtol=1e-12,
+                               atol=1e-12)
+    caches = model.new_caches()
+    steps = [model(IDS[:, :4], kv_caches=caches).numpy()]
+    steps += [model(IDS[:, i:i + 1], kv_caches=caches).numpy() for i in range(4, 9)]
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-10, atol=1e-12)
+    assert caches[0].keys.shape == (2, 1, 9, 5) and caches[0].values.shape == (2, 1, 9, 4)
+
+
+def test_latent_attention_refuses_what_deepseek_does_not_have():
+    with pytest.raises(ValueError, match="kv_lora_rank"):
+        Decoder(DecoderConfig(attention="mla"))
+    with pytest.raises(ValueError, match="attention='mla' is DeepSeek's"):
+        Decoder(DecoderConfig(attention="mla", kv_lora_rank=4, qk_nope_head_dim=2,
+                              qk_rope_head_dim=2, v_head_dim=2, qk_norm="head"))

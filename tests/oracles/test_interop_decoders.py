@@ -17,7 +17,8 @@ from support import to_host  # noqa: E402
 IDS = np.random.default_rng(1).integers(3, 97, (2, 11))
 HF_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-            "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+            "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
+            "deepseek_v3": "DeepseekV3ForCausalLM"}
 
 
 @pytest.fixture(scope="module")
