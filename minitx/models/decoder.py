@@ -51,6 +51,17 @@ $$
 
 The cache keeps rotated keys (as HuggingFace's does), so a key is rotated once, at its own
 position; a sliding layer's cache (``WindowKVCache``) keeps only the last W − 1 tokens.
+
+Multi-head latent attention (DeepSeek-V2/V3, ``attention="mla"``) compresses each token to a
+normalised latent c_j = Norm(W^{KV}_a x_j) of r numbers and one rotary key k^R_j shared by
+every head; head h's key is [W^K_h c_j, R_j k^R_j] and its value W^V_h c_j, so the cache
+keeps (c_j, R_j k^R_j), r + D_r numbers per token, instead of 2·H·D:
+
+$$
+s_{ij} = \frac{q^C_{h,i} \cdot W^K_h c_j + (R_i q^R_{h,i}) \cdot (R_j k^R_j)}
+{\sqrt{D_n + D_r}}, \qquad o_{h,i} = \sum_{j \le i} \operatorname{softmax}_j(s_{ij})\,
+W^V_h c_j
+$$
 """
 from __future__ import annotations
 
@@ -433,22 +444,14 @@ class DecoderAttention(Module):
 
 
 class LatentDecoderAttention(Module):
-    r"""Multi-head latent attention (DeepSeek-V2/V3): keys and values come from one small
+    """Multi-head latent attention (DeepSeek-V2/V3): keys and values come from one small
     latent per token, and the cache keeps the latent, not the keys and values.
 
-    Each token's x is compressed to c = Norm(W_a^{kv} x) (``kv_lora_rank`` r numbers) plus
-    one rotary key k^R (``qk_rope_head_dim`` dims, shared by every head). Head h's key is
-    [W^K_h c, R k^R], its value W^V_h c; its query [q^C_h, R q^R_h] comes from x directly
-    or through a low-rank q latent (``q_lora_rank``). With D_n = ``qk_nope_head_dim``,
-    D_r = ``qk_rope_head_dim``:
-
-    $$
-    s_{ij} = \frac{q^C_{h,i} \cdot W^K_h c_j + (R_i q^R_{h,i}) \cdot (R_j k^R_j)}
-    {\sqrt{D_n + D_r}}, \qquad o_{h,i} = \sum_j \operatorname{softmax}_j(s_{ij})\, W^V_h c_j
-    $$
-
-    The cache (a ``KVCache`` holding (c, R k^R), (B, 1, L, r) and (B, 1, L, D_r)) costs
-    r + D_r numbers per token and layer instead of 2·H·D. ``rope_interleave``: the rotary
+    The formula is the module docstring's last. Sizes: r = ``kv_lora_rank``,
+    D_n = ``qk_nope_head_dim``, D_r = ``qk_rope_head_dim``, D_v = ``v_head_dim``; the query
+    comes from x directly or through a low-rank q latent (``q_lora_rank``). The cache (a
+    ``KVCache`` holding (c, R k^R), (B, 1, L, r) and (B, 1, L, D_r)) costs r + D_r numbers
+    per token and layer instead of 2·H·D. ``rope_interleave``: the rotary
     dims are stored as interleaved pairs (DeepSeek's checkpoints) and read as two halves.
     YaRN's ``mscale_all_dim`` multiplies the scale by its temperature squared, as DeepSeek
     does. Linear layers as HF names them: ``q_proj`` or ``q_a_proj``/``q_a_layernorm``/
