@@ -117,6 +117,21 @@ def test_a_training_step_has_torchs_gradients(root, case):
         assert not np.any(mine["embed.weight"].grad.numpy()[0])  # pad_token_id's row
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hook_points_hold_what_transformers_calls_the_hidden_states(root, case):
+    """``hook_embed`` is HF's first hidden state (Gemma's √E included) and each block's
+    ``hook_resid_post`` the next (HF's last one is after the final norm)."""
+    folder = tiny_decoder(root, case)
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    with torch.no_grad():
+        states = hf_model(folder)(torch.tensor(IDS), output_hidden_states=True).hidden_states
+    _, cache = model.run_with_cache(IDS)
+    assert relative(cache["hook_embed"].numpy(), states[0].numpy()) <= TOL["float64"]
+    for i in range(len(model.blocks) - 1):
+        mine = cache[f"blocks.{i}.hook_resid_post"].numpy()
+        assert relative(mine, states[i + 1].numpy()) <= TOL["float64"], i
+
+
 def test_the_window_is_applied(root):
     """Mistral's window of 4 matters over 11 tokens: without it the logits move."""
     model, _ = pt.load(tiny_decoder(root, "mistral"), dtype="float64", tokenizer=False)
