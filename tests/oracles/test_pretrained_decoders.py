@@ -132,6 +132,48 @@ def test_hook_points_hold_what_transformers_calls_the_hidden_states(root, case):
         assert relative(mine, states[i + 1].numpy()) <= TOL["float64"], i
 
 
+def test_gpt_oss_attention_with_sinks_equals_transformers():
+    """gpt-oss's attention — a learned sink per head, biases on every projection, YaRN
+    without truncation, sliding and full layers alternating — against HF's GptOss (eager
+    attention, every parameter redrawn) whose experts are then zeroed, so each MLP adds
+    nothing (the mixture of experts is ``nn.moe``'s, tested there); minitx's Decoder has
+    gpt-oss's attention switches and a zeroed dense MLP."""
+    from decoder_util import randomize
+    from minitx.models import Decoder, DecoderConfig
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+            "rope_theta": 500.0, "truncate": False, "beta_fast": 32.0, "beta_slow": 1.0}
+    cfg = transformers.GptOssConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=4, rms_norm_eps=0.05, max_position_embeddings=64,
+        layer_types=["sliding_attention", "full_attention"], rope_parameters=dict(rope))
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager",
+                                                        experts_implementation="eager")
+    randomize(ref, torch, seed=11)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if ".mlp.experts." in name:
+                p.zero_()
+    ref = ref.double().eval()
+    model = Decoder(DecoderConfig(
+        vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+        ffn_hidden=16, norm_eps=0.05, qkv_bias=True, o_bias=True, attn_sinks=True,
+        sliding_window=4, layer_types=("sliding", "full"), rope=rope,
+        tie_embeddings=False)).to(dtype="float64")
+    hf_state = {k: v.numpy() for k, v in ref.state_dict().items()}
+    names = pt.decoder_state_to_hf({k: k for k in model.state_dict()}, model)
+    model.load_state_dict({mine: np.zeros(model.state_dict()[mine].shape) if ".mlp." in mine
+                           else hf_state[theirs] for theirs, mine in names.items()})
+    with torch.no_grad():
+        expected = ref(torch.tensor(IDS)).logits.numpy()
+    assert relative(model(IDS).numpy(), expected) <= TOL["float64"]
+    # the sinks matter: without them the logits move
+    for block in model.blocks:
+        block.attn.sinks.copy_(np.full(4, -np.inf))
+    assert relative(model(IDS).numpy(), expected) > 1e-3
+
+
 def test_the_window_is_applied(root):
     """Mistral's window of 4 matters over 11 tokens: without it the logits move."""
     model, _ = pt.load(tiny_decoder(root, "mistral"), dtype="float64", tokenizer=False)
