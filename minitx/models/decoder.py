@@ -83,7 +83,7 @@ from ..nn.layers import Embedding, LayerNorm, Linear
 from ..nn.module import Module, ModuleList, Parameter
 from ..nn.positional import LearnedPositionalEmbedding
 # RoPE's tables and scalings; the composed ops for soft-capped scores and sinks.
-from ..nn.rotary import Rotary, check_rope
+from ..nn.rotary import Rotary, check_rope, yarn_mscale
 from ..ops.activation import softmax
 from ..ops.indexing import getitem, masked_fill
 from ..ops.linalg import linear, matmul
@@ -330,8 +330,8 @@ class DecoderAttention(Module):
 
     Linear layers ``q_proj`` (E → H·D), ``k_proj``/``v_proj`` (E → Hkv·D), ``o_proj``
     (H·D → E); ``q_norm``/``k_norm`` with ``qk_norm``; ``sinks`` (H,) with ``attn_sinks``
-    (``hook_pattern`` then shows rows summing to less than 1). ``forward(x, kv_cache=None)``: with a
-    cache, x's tokens follow the cached ones. Hook points as the registry's variants
+    (``hook_pattern`` then shows rows summing to less than 1). With a cache, x's tokens
+    follow the cached ones. Hook points as the registry's variants
     (TransformerLens's names, heads as (B, N, H, D)): ``hook_q``/``hook_k``/``hook_v``
     (after QK-norm, before the rotation), ``hook_rot_q``/``hook_rot_k``,
     ``hook_attn_scores``/``hook_pattern`` (B, H, Nq, Nk), ``hook_z``. Time O(B·H·N·Nk·D),
@@ -486,7 +486,7 @@ class LatentDecoderAttention(Module):
         scale = 1.0 / math.sqrt(dn + dr)
         m_all = c.rope.get("mscale_all_dim")
         if c.rope["rope_type"] != "default" and m_all:
-            scale *= _yarn_temperature(c.rope["factor"], m_all) ** 2
+            scale *= yarn_mscale(c.rope["factor"], m_all) ** 2
         self.scale = scale
         for name in ("q", "k", "v", "latent", "attn_scores", "pattern", "z"):
             setattr(self, f"hook_{name}", HookPoint())
@@ -528,20 +528,15 @@ class LatentDecoderAttention(Module):
                    ((self.hook_q, q), (self.hook_k, k), (self.hook_v, kv[..., dn:])))
         allowed = None
         if keep is not None:
-            allowed = causal_allowed(offset, n, nk, xp) & keep[:, None, None, :]
+            allowed = _causal_allowed(offset, n, nk, xp) & keep[:, None, None, :]
         z, _ = hookable_attention(self, q, k, v, scale=self.scale, causal=allowed is None,
                                   mask=allowed)
         return self.o_proj(merge_heads(hooked_heads(self.hook_z, z)))   # (B, N, E)
 
 
-def causal_allowed(offset, n, nk, xp):
+def _causal_allowed(offset, n, nk, xp):
     """(N, Nk) bool: query i (at offset + i) may see key j ≤ offset + i."""
     return xp.arange(nk)[None, :] <= xp.arange(offset, offset + n)[:, None]
-
-
-def _yarn_temperature(scale, mscale):
-    # YaRN's 0.1·m·ln s + 1 (nn/rotary.py), which DeepSeek also applies to the scale
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
 class DecoderBlock(Module):

@@ -58,7 +58,8 @@ from .. import validate
 from ..backend import get_array_module
 from ..ops.shape import concatenate
 
-__all__ = ["ROPE_TYPES", "check_rope", "rope_frequencies", "Rotary", "apply_rotary"]
+__all__ = ["ROPE_TYPES", "check_rope", "rope_frequencies", "yarn_mscale", "Rotary",
+           "apply_rotary"]
 
 # rope_type → the keys it reads besides rope_type, rope_theta and partial_rotary_factor.
 ROPE_TYPES = {
@@ -97,8 +98,8 @@ def check_rope(rope: dict, owner: str = "rope") -> dict:
     return rope
 
 
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    # YaRN's temperature term, 0.1·m·ln s + 1 (1 when nothing is stretched).
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's temperature term, 0.1·m·ln s + 1 (1 when nothing is stretched, s ≤ 1)."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
@@ -145,8 +146,8 @@ def rope_frequencies(head_dim: int, rope: dict = None):
         a = rope.get("attention_factor")
         if a is None:
             m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
-            a = _yarn_mscale(s, m) / _yarn_mscale(s, m_all) if m and m_all else \
-                _yarn_mscale(s)
+            a = yarn_mscale(s, m) / yarn_mscale(s, m_all) if m and m_all else \
+                yarn_mscale(s)
     return omega, float(a), dim
 
 

@@ -401,8 +401,10 @@ def test_mlp_moe_builds_the_mixture_of_experts_the_interface_names(monkeypatch):
         Decoder(DecoderConfig(mlp="moe", num_experts=4, top_k=2, dense_layers=(5,)))
 
 
-def test_attention_mask_hides_padding_keys_and_bad_masks_are_refused():
-    model = _model(window=3, pattern="alternate")
+@pytest.mark.parametrize("written_out", [False, True])
+def test_attention_mask_hides_padding_keys_and_bad_masks_are_refused(written_out):
+    # written_out: soft-caps and sinks, the composed path (padding query rows give zeros)
+    model = _model(window=3, pattern="alternate", caps=written_out, sinks=written_out)
     mask = np.ones_like(IDS)
     mask[1, :3] = 0                                     # row 1 left-padded by three
     padded = model(IDS, attention_mask=mask).numpy()
@@ -412,6 +414,7 @@ def test_attention_mask_hides_padding_keys_and_bad_masks_are_refused():
     np.testing.assert_allclose(model(other, attention_mask=mask).numpy()[1, 3:],
                                padded[1, 3:], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(padded[0], model(IDS).numpy()[0], rtol=1e-12, atol=1e-12)
+    assert np.all(np.isfinite(padded))
     with pytest.raises(ValueError, match=r"attention_mask must have shape \(2, 9\)"):
         model(IDS, attention_mask=mask[:, :5])
     with pytest.raises(ValueError, match="not an additive bias"):

@@ -184,7 +184,7 @@ def test_the_window_is_applied(root):
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
-@pytest.mark.parametrize("case", ["gemma3_text", "mistral", "qwen3"])
+@pytest.mark.parametrize("case", ["gemma3_text", "mistral", "qwen3", "deepseek_v3"])
 def test_padding_keys_are_masked_as_transformers_masks_them(root, case, side):
     """attention_mask (1 = token, 0 = padding) as HF's forward reads it: padding keys hidden,
     positions 0 … N − 1; logits at padding positions mean nothing to either library. Also
@@ -208,7 +208,7 @@ def test_padding_keys_are_masked_as_transformers_masks_them(root, case, side):
     assert relative(np.concatenate(steps, axis=1)[real], mine[real]) <= 1e-10
 
 
-@pytest.mark.parametrize("case", ["gemma3_text", "llama-yarn", "olmo2"])
+@pytest.mark.parametrize("case", ["gemma3_text", "llama-yarn", "olmo2", "deepseek_v3"])
 def test_left_padded_prompts_generate_transformers_tokens(root, case):
     """Prompts of different lengths, padded on the left, in one batch: HF's generate counts
     each row's positions from its first real token; so does Decoder.generate."""
