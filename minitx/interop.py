@@ -19,6 +19,9 @@ nn.GPT                                   ``TorchGPT`` (built here: the same bloc
 pretrained.BertModel                     transformers.BertModel
 pretrained.GPT2Model                     transformers.GPT2LMHeadModel (GPT2Model too,
                                          for ``from_torch``)
+models.Decoder                           the ``transformers`` ``…ForCausalLM`` of the family
+                                         whose switches it has (Llama, Mistral, Qwen2,
+                                         Qwen3, Gemma 3, OLMo 2; ``pretrained.decoders``)
 =======================================  =================================================
 
 The PyTorch side is an ordinary module, so training can go on there — on GPUs, with
@@ -36,7 +39,10 @@ import numpy as np
 
 from . import functional as F
 from . import nn                      # minitx.nn, with the models under their torch.nn names
+from .models.decoder import Decoder
 from .pretrained import BertModel, GPT2Model, bert_state_to_hf, gpt2_state_to_hf
+from .pretrained.decoders import (FAMILIES as DECODER_FAMILIES, decoder_from_hf,
+                                  decoder_state_to_hf, hf_config_dict)
 from .pretrained.common import gelu_tanh
 
 __all__ = ["to_torch", "from_torch"]
@@ -282,10 +288,16 @@ def to_torch(module):
         config = _transformers().GPT2Config(**dataclasses.asdict(module.config))
         out = _transformers().GPT2LMHeadModel(config)
         state = gpt2_state_to_hf(state, module.config)
+    elif isinstance(module, Decoder):
+        # the family whose config.json, read back, gives these very switches
+        t = _transformers()
+        cfg = hf_config_dict(module.config, getattr(module, "hf_config", None))
+        out = t.AutoModelForCausalLM.from_config(t.AutoConfig.for_model(**cfg))
+        state = decoder_state_to_hf(state, module)
     else:
         raise ValueError(f"to_torch: no PyTorch counterpart for {name}; supported: "
                          "MultiheadAttention, TransformerEncoder(Layer), "
-                         "TransformerDecoder(Layer), GPT, pretrained BertModel, GPT2Model")
+                         "TransformerDecoder(Layer), GPT, pretrained BertModel, GPT2Model, Decoder")
     return _load_into_torch(out, state, module)
 
 
@@ -320,6 +332,13 @@ def from_torch(module):
         cls = BertModel if type(module).__name__ == "BertModel" else GPT2Model
         dtype = next(v.dtype for v in state.values() if v.dtype.kind == "f")
         out = cls.from_hf(cfg, state, source=type(module).__name__, dtype=dtype)
+        out.train(bool(module.training))
+        return out
+    elif getattr(getattr(module, "config", None), "model_type", None) in DECODER_FAMILIES:
+        # a …ForCausalLM of a decoder family: its config.json as save_pretrained writes it
+        dtype = next(v.dtype for v in state.values() if v.dtype.kind == "f")
+        out = decoder_from_hf(module.config.to_diff_dict(), state,
+                              source=type(module).__name__, dtype=dtype)
         out.train(bool(module.training))
         return out
     else:

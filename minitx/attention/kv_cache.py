@@ -7,6 +7,9 @@ O(t²·D). With Nq new queries and Nk cached keys the causal mask is bottom-righ
 (query i sits at position Nk − Nq + i), which is what ``scaled_dot_product_attention`` does.
 
 - ``KVCache``: one contiguous buffer per layer, (B, Hkv, capacity, D), grown by doubling.
+- ``WindowKVCache``: for sliding-window layers (Mistral, Gemma's local layers): a query at
+  position p sees only keys p − W + 1 … p, so the cache keeps the last W − 1 tokens and its
+  memory is bounded by the window, however long the text grows.
 - ``PagedKVCache``: vLLM's idea (Kwon et al. 2023, "PagedAttention"): memory is a pool of
   fixed-size pages (num_pages, page_size, Hkv, D); each sequence owns a *block table* (the list
   of its pages), pages come from a free list and go back when the sequence is freed, so
@@ -21,7 +24,7 @@ from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import device_of, get_array_module, to_device_of, xp as active_xp
 
-__all__ = ["KVCache", "PagedKVCache", "PagedCacheView", "cached_length"]
+__all__ = ["KVCache", "WindowKVCache", "PagedKVCache", "PagedCacheView", "cached_length"]
 
 
 def _raw(x):
@@ -136,6 +139,55 @@ class KVCache:
         self._v[:, :, self.length: needed] = v
         self.offset, self.length = self.length, needed
         return self.keys, self.values
+
+
+class WindowKVCache:
+    """The cache of a sliding-window layer: at most ``window − 1`` past tokens are kept.
+
+    ``append(k, v)`` with k (B, Hkv, n, D), v (B, Hkv, n, Dv) returns the kept keys and the n
+    new ones, (B, Hkv, ≤ W − 1 + n, D) Tensors, then drops all but the last W − 1: a later
+    query at position p ≥ length needs keys > p − W only. ``len(cache)`` is the number of
+    tokens seen (the next token's position), ``first_position`` the position of the first key
+    the last ``append`` returned. Memory O(B·Hkv·(W + n)·D); each append copies O(W + n).
+    """
+
+    def __init__(self, window: int):
+        self.window = validate.positive_int(window, "window", owner="WindowKVCache")
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything cached."""
+        self._k = self._v = None
+        self.length = 0
+        self.offset = 0             # position of the first token of the last append
+        self.first_position = 0     # position of the first key the last append returned
+
+    def __len__(self) -> int:
+        return self.length
+
+    def append(self, k, v):
+        """Add k (B, Hkv, n, D), v (B, Hkv, n, Dv); return the kept and the new (k, v)."""
+        k, v = _raw(k), _raw(v)
+        n = k.shape[2] if k.ndim == 4 else 0
+        if k.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3]:
+            raise ValueError(f"WindowKVCache.append: k and v must be (B, Hkv, n, D) with the "
+                             f"same first three dims, got k {tuple(k.shape)}, v "
+                             f"{tuple(v.shape)}")
+        if self._k is not None:
+            k, v = to_device_of(k, self._k), to_device_of(v, self._k)
+            if k.shape[:2] != self._k.shape[:2] or k.shape[3] != self._k.shape[3]:
+                raise ValueError(f"WindowKVCache.append: expected k of shape (B, Hkv, n, D) = "
+                                 f"{self._k.shape[:2] + ('n', self._k.shape[3])}, got "
+                                 f"{tuple(k.shape)}")
+            xp = get_array_module(k)
+            k = xp.concatenate([self._k, k], axis=2)
+            v = xp.concatenate([self._v, v], axis=2)
+        # The returned keys end at the newest token; keep only the W − 1 a later query can see.
+        self.offset, self.length = self.length, self.length + n
+        self.first_position = self.length - k.shape[2]
+        start = max(k.shape[2] - (self.window - 1), 0)
+        self._k, self._v = k[:, :, start:].copy(), v[:, :, start:].copy()
+        return Tensor._wrap(k), Tensor._wrap(v)
 
 
 class PagedKVCache:

@@ -14,7 +14,11 @@ their tokenizers, in minitx's own modules.
 - "bert" → ``BertModel`` (``model(input_ids, attention_mask=…, token_type_ids=…)`` →
   last hidden state (B, N, E)) and a ``WordPieceTokenizer``;
 - "gpt2" → ``GPT2Model`` (``model(input_ids, attention_mask=…)`` → logits (B, N, V);
-  ``model.generate``) and a ``ByteLevelBPETokenizer``.
+  ``model.generate``) and a ``ByteLevelBPETokenizer``;
+- "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2", "deepseek_v3" (dense layers
+  only, for now) → ``minitx.models.Decoder``
+  (``model(ids)`` → logits (B, N, V); ``model.generate``), configured by
+  ``minitx.pretrained.decoders``; no tokenizer yet (pass ``tokenizer=False``).
 
 Weights come only from ``*.safetensors`` files (sharded ones through
 ``model.safetensors.index.json``), read and validated by ``minitx.pretrained.safetensors``;
@@ -39,6 +43,8 @@ from ..autograd.tensor import Tensor
 # (HuggingFace ↔ minitx).
 from .bert import BertConfig, BertModel, bert_state_from_hf, bert_state_to_hf
 from .bpe import ByteLevelBPETokenizer
+from .decoders import FAMILIES as DECODER_FAMILIES
+from .decoders import decoder_from_hf, decoder_state_from_hf, decoder_state_to_hf
 from .gpt2 import GPT2Config, GPT2Model, gpt2_state_from_hf, gpt2_state_to_hf
 from .safetensors import (PICKLE_SUFFIXES, SafetensorsError, UnsafeCheckpointError,
                           load_file, refuse_pickle)
@@ -47,7 +53,8 @@ from .wordpiece import WordPieceTokenizer
 __all__ = ["load", "load_weights", "mean_pool", "FAMILIES", "BertConfig", "BertModel",
            "GPT2Config", "GPT2Model", "WordPieceTokenizer", "ByteLevelBPETokenizer",
            "SafetensorsError", "UnsafeCheckpointError", "bert_state_from_hf",
-           "bert_state_to_hf", "gpt2_state_from_hf", "gpt2_state_to_hf"]
+           "bert_state_to_hf", "gpt2_state_from_hf", "gpt2_state_to_hf", "DECODER_FAMILIES",
+           "decoder_from_hf", "decoder_state_from_hf", "decoder_state_to_hf"]
 
 # model_type in config.json → (model class, tokenizer class, config key of the position limit)
 FAMILIES = {
@@ -113,9 +120,10 @@ def load(folder, dtype=None, tokenizer: bool = True):
     folder = os.fspath(folder)
     config = _read_config(folder)
     kind = config.get("model_type")
-    if kind not in FAMILIES:
+    if kind not in FAMILIES and kind not in DECODER_FAMILIES:
         raise ValueError(f"{os.path.join(folder, 'config.json')}: model_type {kind!r} is not "
-                         f"supported; minitx.pretrained loads: {', '.join(sorted(FAMILIES))}")
+                         f"supported; minitx.pretrained loads: "
+                         f"{', '.join(sorted([*FAMILIES, *DECODER_FAMILIES]))}")
     # Checkpoints may hold bf16/f16, but the model computes in float32 or float64: the weights
     # are widened exactly on load.
     target = np.dtype("float32" if dtype is None else dtype)
@@ -123,8 +131,14 @@ def load(folder, dtype=None, tokenizer: bool = True):
         raise TypeError(f"load: dtype must be float32 or float64, got {target}")
     # Weights → the family's key mapping → a model in eval mode; the tokenizer's length limit
     # is the model's position table.
-    model_cls, tok_cls, positions_key = FAMILIES[kind]
     tensors = load_weights(folder, dtype=target)
+    # Today's decoders: one Decoder, the family a row of switches (decoders.py).
+    if kind in DECODER_FAMILIES:
+        if tokenizer:
+            raise ValueError(f"load: minitx has no tokenizer for model_type {kind!r} yet; pass "
+                             "tokenizer=False and tokenize with the family's own tokenizer")
+        return decoder_from_hf(config, tensors, source=folder, dtype=target), None
+    model_cls, tok_cls, positions_key = FAMILIES[kind]
     model = model_cls.from_hf(config, tensors, source=folder, dtype=target)
     model.eval()
     tok = None

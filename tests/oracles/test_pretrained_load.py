@@ -53,10 +53,12 @@ def edit_config(folder, **changes):
 
 
 def test_unknown_model_type_lists_the_supported(bert_folder, tmp_path):
-    folder = copy_folder(bert_folder, tmp_path / "llama")
-    edit_config(folder, model_type="llama")
-    with pytest.raises(ValueError, match=r"llama.config\.json: model_type 'llama' is not "
-                                         r"supported; minitx\.pretrained loads: bert, gpt2"):
+    folder = copy_folder(bert_folder, tmp_path / "mamba")
+    edit_config(folder, model_type="mamba")
+    with pytest.raises(ValueError, match=r"mamba.config\.json: model_type 'mamba' is not "
+                                         r"supported; minitx\.pretrained loads: bert, "
+                                         r"deepseek_v3, gemma3_text, gpt2, llama, mistral, "
+                                         r"olmo2, qwen2, qwen3"):
         pt.load(folder)
 
 

@@ -1,0 +1,697 @@
+r"""One decoder for today's families — Llama, Mistral, Qwen, Gemma, OLMo, DeepSeek — each a
+handful of switches on GPT-2.
+
+GPT-2's decoder, for tokens t at positions m, with the blocks' residual stream h:
+
+$$
+h_0 = W_E[t] + P[m], \qquad
+h \leftarrow h + \operatorname{Attn}(\operatorname{LN}_1 h), \qquad
+h \leftarrow h + \operatorname{MLP}(\operatorname{LN}_2 h), \qquad
+\text{logits} = \operatorname{LN}_f(h_L)\, W_E^\top
+$$
+
+What changed since, each one switch of ``DecoderConfig`` (its reason in brackets):
+
+- ``norm="rmsnorm"``: RMSNorm instead of LayerNorm (cheaper; centring did not help), Gemma's
+  (1 + w) and the float16 rounding order by ``norm_unit_offset`` / ``norm_scale_in_float32``
+  (``nn/decoder_layers.py``).
+- ``mlp="swiglu" | "geglu"``: a gated MLP (better loss per parameter); ``"moe"`` a mixture of
+  experts (``nn/moe.py``).
+- ``qkv_bias``, ``o_bias``, ``mlp_bias``: biases per projection (most families drop them;
+  Qwen2 keeps q, k, v's).
+- ``positions="rope"``: rotary positions inside attention instead of a learned table P (scores
+  depend on offsets; longer contexts by scaling the frequencies, ``nn/rotary.py``).
+- ``num_kv_heads``: grouped-query attention (a smaller KV cache; below); ``attention="mla"``
+  DeepSeek's multi-head latent attention (a cache of one latent per token,
+  ``LatentDecoderAttention``).
+- ``qk_norm="head" | "proj"``: RMSNorm on each head's q and k (Qwen3, Gemma 3) or on the
+  whole projected q and k (OLMo 2), before the rotation (keeps the logits from growing).
+- ``norm_placement="post" | "sandwich"``: OLMo 2 normalises each sublayer's output inside the
+  residual, h + Norm(F(h)); Gemma 3 normalises its input and output, h + Norm(F(Norm h))
+  (steadier training).
+- ``sliding_window``, ``layer_types``: local layers see only the last W tokens (Mistral all
+  layers, Gemma 3 five of every six), so their KV cache is bounded.
+- ``embed_scale``: Gemma multiplies the embeddings by √E; ``query_pre_attn_scalar`` replaces
+  D in the scale 1/√D; ``final_logit_softcap`` c·tanh(z/c) on the logits;
+  ``attn_logit_softcap`` the same on the scores (Gemma 2; HF's Gemma 3 does not apply it).
+- ``attn_sinks``: gpt-oss's learned sink logit σ_h per head, one more term in each row's
+  softmax with no value behind it, so a head may attend to nothing:
+  the weights become $e^{s_{ij}} / (e^{\sigma_h} + \sum_{j'} e^{s_{ij'}})$.
+- ``tie_embeddings``: the head reuses W_E (GPT-2, Gemma) or has its own (Llama 3 8B, Qwen 7B).
+
+Attention of one layer, with G = H/Hkv query heads sharing each key/value head (GQA), the
+rotation R_m of ``nn/rotary.py``, scale s = 1/√D (or 1/√query_pre_attn_scalar), and the
+window W (∞ for a full layer):
+
+$$
+o_i^{(h)} = \sum_{j:\; i - W < j \le i}
+\operatorname{softmax}_j\!\bigl(s\, (R_i q_i^{(h)}) \cdot (R_j k_j^{(\lfloor h/G \rfloor)})\bigr)
+\, v_j^{(\lfloor h/G \rfloor)}
+$$
+
+The cache keeps rotated keys (as HuggingFace's does), so a key is rotated once, at its own
+position; a sliding layer's cache (``WindowKVCache``) keeps only the last W − 1 tokens.
+
+Multi-head latent attention (DeepSeek-V2/V3, ``attention="mla"``) compresses each token to a
+normalised latent c_j = Norm(W^{KV}_a x_j) of r numbers and one rotary key k^R_j shared by
+every head; head h's key is [W^K_h c_j, R_j k^R_j] and its value W^V_h c_j, so the cache
+keeps (c_j, R_j k^R_j), r + D_r numbers per token, instead of 2·H·D:
+
+$$
+s_{ij} = \frac{q^C_{h,i} \cdot W^K_h c_j + (R_i q^R_{h,i}) \cdot (R_j k^R_j)}
+{\sqrt{D_n + D_r}}, \qquad o_{h,i} = \sum_{j \le i} \operatorname{softmax}_j(s_{ij})\,
+W^V_h c_j
+$$
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from .. import backend, validate
+# The attention pieces are minitx's own: the caches, the hookable (fused or composed) softmax
+# attention, the head plumbing; the layers below are the nn blocks the families add.
+from ..attention import KVCache, WindowKVCache, cached_length
+from ..attention.base import hookable_attention, hooked_heads
+from ..autograd.grad_mode import no_grad
+from ..autograd.tensor import Tensor
+from ..nn import init
+from ..nn.decoder_layers import DecoderRMSNorm, DenseMLP, GatedMLP, softcap
+from ..nn.hooks import HookedModel, HookPoint
+from ..nn.layers import Embedding, LayerNorm, Linear
+from ..nn.module import Module, ModuleList, Parameter
+from ..nn.positional import LearnedPositionalEmbedding
+# RoPE's tables and scalings; the composed ops for soft-capped scores and sinks.
+from ..nn.rotary import Rotary, check_rope, yarn_mscale
+from ..ops.activation import softmax
+from ..ops.indexing import getitem, masked_fill
+from ..ops.linalg import linear, matmul
+from ..ops.sdpa import attention_scores, merge_heads, repeat_kv, split_heads
+from ..ops.shape import broadcast_to, concatenate, reshape
+from .common import AttentionMaps, token_ids
+from .gpt import sample_next
+
+# The mixture-of-experts layer lives in its own module; a tree without it still builds every
+# dense family, and ``mlp="moe"`` then says what is missing.
+try:
+    from ..nn.moe import MoE
+except ImportError:  # pragma: no cover - depends on the tree
+    MoE = None
+
+__all__ = ["DecoderConfig", "check_config", "count_parameters", "Decoder", "DecoderBlock",
+           "DecoderAttention", "LatentDecoderAttention", "NORMS", "MLPS", "PLACEMENTS",
+           "POSITIONS", "QK_NORMS", "LAYER_TYPES", "ATTENTIONS"]
+
+# Each switch's values (DecoderConfig's docstring and the module docstring say what each does).
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu", "geglu", "moe")
+PLACEMENTS = ("pre", "post", "sandwich")
+POSITIONS = ("rope", "learned", "none")
+QK_NORMS = (None, "head", "proj")
+ATTENTIONS = ("gqa", "mla")
+LAYER_TYPES = ("full", "sliding")
+
+
+@validate.catch_unknown_options     # DecoderConfig(n_heads=4): "... did you mean 'num_heads'?"
+@dataclass
+class DecoderConfig:
+    """The switches of ``Decoder`` (module docstring). Defaults: a small Llama.
+
+    Sizes: ``vocab_size`` V, ``hidden_size`` E, ``num_layers`` L, ``num_heads`` H,
+    ``num_kv_heads`` Hkv (default H), ``head_dim`` D (default E/H), ``ffn_hidden`` F (the
+    MLP's width; default 4E for "gelu", else ⌈8E/3⌉ rounded up to a multiple of 8).
+    ``rope``/``local_rope``: HuggingFace ``rope_parameters`` dicts for full and sliding
+    layers (``local_rope`` None: the same). ``layer_types``: "full" or "sliding" per layer
+    (None: all "sliding" when ``sliding_window`` is set, else all "full").
+    ``gelu_approximate``: the tanh form of GELU for "gelu" and "geglu". ``padding_idx``: the
+    embedding row that gets no gradient (PyTorch's, as HF's checkpoints set it). MoE:
+    ``num_experts``, ``top_k``, ``expert_hidden`` (each expert's width; default F) and
+    ``moe_options``, passed as ``nn.moe.MoE(E, expert_hidden, num_experts, top_k,
+    **moe_options)``; ``dense_layers``: layer indices that keep a dense SwiGLU of width F
+    (DeepSeek-V3's first layers, Qwen3-MoE's ``mlp_only_layers``).
+    """
+
+    # sizes
+    vocab_size: int = 256
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = None
+    head_dim: int = None
+    ffn_hidden: int = None
+    # the norms: kind, details, where they sit
+    norm: str = "rmsnorm"
+    norm_eps: float = 1e-6
+    norm_unit_offset: bool = False
+    norm_scale_in_float32: bool = False
+    norm_placement: str = "pre"
+    norm_bias: bool = False
+    # the MLP and the biases
+    mlp: str = "swiglu"
+    gelu_approximate: bool = True
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    # positions
+    positions: str = "rope"
+    max_position: int = 2048
+    rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    local_rope: dict = None
+    # attention: its kind, QK-norm, windows, the scale, soft-cap, learned sinks
+    attention: str = "gqa"
+    qk_norm: str = None
+    sliding_window: int = None
+    layer_types: tuple = None
+    query_pre_attn_scalar: float = None
+    attn_logit_softcap: float = None
+    attn_sinks: bool = False
+    # embeddings and head
+    embed_scale: bool = False
+    final_logit_softcap: float = None
+    tie_embeddings: bool = True
+    padding_idx: int = None
+    # multi-head latent attention (attention="mla")
+    q_lora_rank: int = None
+    kv_lora_rank: int = None
+    qk_nope_head_dim: int = None
+    qk_rope_head_dim: int = None
+    v_head_dim: int = None
+    rope_interleave: bool = False
+    # mixture of experts (mlp="moe")
+    num_experts: int = None
+    top_k: int = None
+    expert_hidden: int = None
+    dense_layers: tuple = ()
+    moe_options: dict = field(default_factory=dict)
+
+
+def check_config(c: DecoderConfig) -> DecoderConfig:
+    """Every switch checked, the defaults (Hkv, D, F, layer types) filled in."""
+    who = "DecoderConfig"
+    for name, options in (("norm", NORMS), ("mlp", MLPS), ("norm_placement", PLACEMENTS),
+                          ("positions", POSITIONS), ("qk_norm", QK_NORMS),
+                          ("attention", ATTENTIONS)):
+        validate.choice(getattr(c, name), name, options, owner=who)
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "max_position"):
+        validate.positive_int(getattr(c, name), name, owner=who)
+    # heads: Hkv divides H; D defaults to E/H; F to GPT-2's 4E or a gated MLP's ≈ 8E/3
+    c.num_kv_heads = c.num_heads if c.num_kv_heads is None else \
+        validate.positive_int(c.num_kv_heads, "num_kv_heads", owner=who)
+    if c.num_heads % c.num_kv_heads:
+        raise validate.OptionError(f"{who}: num_heads ({c.num_heads}) must be divisible by "
+                                   f"num_kv_heads ({c.num_kv_heads})")
+    if c.head_dim is None and c.hidden_size % c.num_heads:
+        raise validate.OptionError(f"{who}: hidden_size ({c.hidden_size}) must be divisible by "
+                                   f"num_heads ({c.num_heads}), or head_dim given")
+    c.head_dim = c.hidden_size // c.num_heads if c.head_dim is None else \
+        validate.positive_int(c.head_dim, "head_dim", owner=who)
+    if c.ffn_hidden is None:
+        c.ffn_hidden = 4 * c.hidden_size if c.mlp == "gelu" else \
+            8 * -(-(8 * c.hidden_size) // 24)
+    validate.positive_int(c.ffn_hidden, "ffn_hidden", owner=who)
+    # Which layers slide: given per layer, or all of them when a window is set.
+    if c.sliding_window is not None:
+        validate.positive_int(c.sliding_window, "sliding_window", owner=who)
+    if c.layer_types is None:
+        c.layer_types = ("sliding" if c.sliding_window else "full",) * c.num_layers
+    c.layer_types = tuple(c.layer_types)
+    if len(c.layer_types) != c.num_layers or not set(c.layer_types) <= set(LAYER_TYPES):
+        raise validate.OptionError(f"{who}: layer_types must give 'full' or 'sliding' for each "
+                                   f"of the {c.num_layers} layers, got {c.layer_types!r}")
+    if "sliding" in c.layer_types and c.sliding_window is None:
+        raise validate.OptionError(f"{who}: layer_types has 'sliding' layers but "
+                                   "sliding_window is None")
+    # rope dicts by HF's rules; the Gemma and MoE numbers positive or present
+    c.rope = check_rope(c.rope, owner=f"{who}.rope")
+    if c.local_rope is not None:
+        c.local_rope = check_rope(c.local_rope, owner=f"{who}.local_rope")
+    for name in ("query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap"):
+        if getattr(c, name) is not None:
+            validate.positive_real(getattr(c, name), name, owner=who)
+    if c.mlp == "moe" and (c.num_experts is None or c.top_k is None):
+        raise validate.OptionError(f"{who}: mlp='moe' needs num_experts and top_k")
+    # MLA's sizes; DeepSeek's attention has none of the other attention switches
+    if c.attention == "mla":
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            validate.positive_int(getattr(c, name), name, owner=f"{who} (attention='mla')")
+        if c.q_lora_rank is not None:
+            validate.positive_int(c.q_lora_rank, "q_lora_rank", owner=who)
+        if c.positions != "rope" or "sliding" in c.layer_types or c.qk_norm or c.attn_sinks \
+                or c.attn_logit_softcap:
+            raise validate.OptionError(f"{who}: attention='mla' is DeepSeek's: rope positions, "
+                                       "full layers, no QK-norm, sinks or soft-cap")
+    # the experts' width (default F), and the layers that stay dense
+    c.expert_hidden = c.ffn_hidden if c.expert_hidden is None else \
+        validate.positive_int(c.expert_hidden, "expert_hidden", owner=who)
+    c.dense_layers = tuple(validate.integer(i, "dense_layers", minimum=0,
+                                            maximum=c.num_layers - 1, owner=who)
+                           for i in c.dense_layers)
+    return c
+
+
+def count_parameters(config: DecoderConfig) -> dict:
+    """{"total", "embedding", "non_embedding"}: the parameters of ``Decoder(config)``,
+    counted from the configuration alone (no model is built, so real sizes cost nothing).
+    "embedding" is the token table (and the untied head); dense MLPs only (an MoE model's
+    count belongs to ``nn.moe``)."""
+    c = check_config(dataclasses.replace(config))
+    if c.mlp == "moe":
+        raise validate.OptionError("count_parameters: mlp='moe' is counted by nn.moe")
+    e, h, hkv, d, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.ffn_hidden
+    per_dim = 2 if c.norm == "layernorm" and c.norm_bias else 1       # gain (and bias)
+    norm = e * per_dim
+    # attention: four projections (+ biases), QK-norm gains, sinks
+    attn = 2 * e * h * d + 2 * e * hkv * d
+    attn += (h + 2 * hkv) * d * c.qkv_bias + e * c.o_bias + h * c.attn_sinks
+    if c.qk_norm is not None:
+        attn += per_dim * (2 * d if c.qk_norm == "head" else (h + hkv) * d)
+    if c.attention == "mla":                  # latents: q (optional) and kv, then expanded
+        dn, dr, dv, r, ql = (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
+                             c.kv_lora_rank, c.q_lora_rank)
+        q = e * h * (dn + dr) if ql is None else (e + 1 + h * (dn + dr)) * ql + ql * c.qkv_bias
+        attn = (q + e * (r + dr) + (r + dr) * c.qkv_bias + r * per_dim + r * h * (dn + dv)
+                + h * dv * e + e * c.o_bias)
+    # the MLP: three matrices when gated, two for GPT-2's, biases on each output
+    mats = 2 if c.mlp == "gelu" else 3
+    mlp = mats * e * f + ((mats - 1) * f + e) * c.mlp_bias
+    norms_per_layer = 4 if c.norm_placement == "sandwich" else 2
+    layer = attn + mlp + norms_per_layer * norm
+    embedding = c.vocab_size * e * (1 if c.tie_embeddings else 2)
+    positions = c.max_position * e if c.positions == "learned" else 0
+    non_embedding = c.num_layers * layer + norm + positions
+    return {"total": embedding + non_embedding, "embedding": embedding,
+            "non_embedding": non_embedding}
+
+
+def _norm(c: DecoderConfig, dim: int):
+    """The family's normalisation over the last axis of size ``dim``."""
+    if c.norm == "layernorm":
+        return LayerNorm(dim, eps=c.norm_eps, bias=c.norm_bias)
+    return DecoderRMSNorm(dim, eps=c.norm_eps, unit_offset=c.norm_unit_offset,
+                          scale_in_float32=c.norm_scale_in_float32)
+
+
+def _mlp(c: DecoderConfig, index: int = 0):
+    """Layer ``index``'s MLP: GPT-2's, a gated one (SwiGLU, GeGLU), or a mixture of experts
+    (a dense SwiGLU in the ``dense_layers`` of an MoE model)."""
+    gelu = "gelu_tanh" if c.gelu_approximate else "gelu"
+    if c.mlp == "gelu":
+        return DenseMLP(c.hidden_size, c.ffn_hidden, gelu, bias=c.mlp_bias)
+    if c.mlp in ("swiglu", "geglu") or index in c.dense_layers:
+        act = gelu if c.mlp == "geglu" else "silu"
+        return GatedMLP(c.hidden_size, c.ffn_hidden, act, bias=c.mlp_bias)
+    if MoE is None:
+        raise validate.OptionError("DecoderConfig: mlp='moe' needs minitx.nn.moe, which this "
+                                   "tree does not have")
+    return MoE(c.hidden_size, c.expert_hidden, c.num_experts, c.top_k, **c.moe_options)
+
+
+def _keep_mask(attention_mask, shape, xp):
+    """HuggingFace's ``attention_mask`` (B, cached + N), 1 = token, 0 = padding (ints, bools or
+    0/1 floats) as a bool array on ``xp``; None when absent or when it keeps every key."""
+    if attention_mask is None:
+        return None
+    m = xp.asarray(attention_mask.data if isinstance(attention_mask, Tensor) else
+                   attention_mask)
+    if tuple(m.shape) != tuple(shape):
+        raise ValueError(f"Decoder: attention_mask must have shape {tuple(shape)} (batch, "
+                         f"cached + new tokens), got {tuple(m.shape)}")
+    if m.dtype != bool and (m.dtype.kind not in "iuf" or not bool(((m == 0) | (m == 1)).all())):
+        raise ValueError("Decoder: attention_mask must hold only 0 (padding) and 1 (token), "
+                         "HuggingFace's convention; it is not an additive bias")
+    m = m != 0
+    return None if bool(m.all()) else m
+
+
+class DecoderAttention(Module):
+    """Causal self-attention of one decoder layer (module docstring's formula), full or
+    sliding. x (B, N, E) → (B, N, E); H query heads of D dims, Hkv key/value heads.
+
+    Linear layers ``q_proj`` (E → H·D), ``k_proj``/``v_proj`` (E → Hkv·D), ``o_proj``
+    (H·D → E); ``q_norm``/``k_norm`` with ``qk_norm``; ``sinks`` (H,) with ``attn_sinks``
+    (``hook_pattern`` then shows rows summing to less than 1). With a cache, x's tokens
+    follow the cached ones. Hook points as the registry's variants
+    (TransformerLens's names, heads as (B, N, H, D)): ``hook_q``/``hook_k``/``hook_v``
+    (after QK-norm, before the rotation), ``hook_rot_q``/``hook_rot_k``,
+    ``hook_attn_scores``/``hook_pattern`` (B, H, Nq, Nk), ``hook_z``. Time O(B·H·N·Nk·D),
+    Nk ≤ W with a window.
+    """
+
+    def __init__(self, c: DecoderConfig, sliding: bool = False):
+        super().__init__()
+        e, h, hkv, d = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = h, hkv, d
+        self.q_proj = Linear(e, h * d, bias=c.qkv_bias)
+        self.k_proj = Linear(e, hkv * d, bias=c.qkv_bias)
+        self.v_proj = Linear(e, hkv * d, bias=c.qkv_bias)
+        self.o_proj = Linear(h * d, e, bias=c.o_bias)
+        # QK-norm: per head over D (Qwen3, Gemma 3) or over the whole projection (OLMo 2).
+        self.qk_norm = c.qk_norm
+        if c.qk_norm is not None:
+            self.q_norm = _norm(c, d if c.qk_norm == "head" else h * d)
+            self.k_norm = _norm(c, d if c.qk_norm == "head" else hkv * d)
+        # A sliding layer sees W keys and may have its own rotary base (Gemma 3's local layers).
+        self.window = c.sliding_window if sliding else None
+        rope = c.local_rope if sliding and c.local_rope is not None else c.rope
+        self.rotary = Rotary(d, rope) if c.positions == "rope" else None
+        self.scale = 1.0 / math.sqrt(c.query_pre_attn_scalar or d)
+        self.logit_softcap = c.attn_logit_softcap
+        # gpt-oss: a learned logit per head that takes a share of each row's softmax
+        if c.attn_sinks:
+            self.sinks = Parameter(backend.xp().zeros((h,), dtype=backend.default_float()))
+        else:
+            self.register_parameter("sinks", None)
+        for name in ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+    def new_cache(self):
+        """A ``WindowKVCache`` for a sliding layer (bounded), else a ``KVCache``."""
+        return KVCache() if self.window is None else WindowKVCache(self.window)
+
+    def _allowed(self, offset, n, first, nk, xp, always=False):
+        """(Nq, Nk) bool, True = may attend: causal, and within the window; None when plain
+        bottom-right causality says it (full layer, keys from position 0) unless ``always``."""
+        if self.window is None and first == 0 and not always:
+            return None
+        qpos = xp.arange(offset, offset + n)[:, None]
+        kpos = xp.arange(first, first + nk)[None, :]
+        allowed = kpos <= qpos
+        if self.window is not None:
+            allowed &= kpos > qpos - self.window                  # the last W positions
+        return allowed
+
+    def _composed(self, q, k, v, allowed):
+        """Attention written out, for what the fused op does not do: the soft-cap goes on
+        before the mask (a masked −∞ would be capped to −c); a sink is one more softmax
+        column, with no value behind it."""
+        s = attention_scores(q, k, scale=self.scale, enable_gqa=True)      # (B, H, Nq, Nk)
+        if self.logit_softcap is not None:
+            s = softcap(s, self.logit_softcap)
+        s = self.hook_attn_scores(masked_fill(s, ~allowed, -math.inf))
+        if self.sinks is None:
+            p = softmax(s, axis=-1)
+        else:
+            # softmax over [s_i1 … s_iNk, σ_h], then the sink's column dropped
+            b, h, nq, nk = s.shape
+            sink = broadcast_to(reshape(self.sinks, (1, h, 1, 1)), (b, h, nq, 1))
+            p = getitem(softmax(concatenate([s, sink], axis=-1), axis=-1),
+                        (slice(None), slice(None), slice(None), slice(0, nk)))
+        p = self.hook_pattern(p)                                           # rows sum ≤ 1
+        return matmul(p, repeat_kv(v, self.num_heads))                     # (B, H, Nq, D)
+
+    def forward(self, x, kv_cache=None, keep=None, positions=None):
+        """x (B, N, E) → (B, N, E); ``keep`` (B, cached + N) bool, False = a padding key;
+        ``positions`` (B, N) the rotary positions (default: cached … cached + N − 1)."""
+        b, n, _ = x.shape
+        xp = backend.get_array_module(x.data)
+        offset = 0 if kv_cache is None else len(kv_cache)
+        # Project, QK-norm (over the projection, or per head once split), then the hooks.
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.qk_norm == "proj":                                     # OLMo 2: (B, N, H·D)
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = split_heads(q, self.num_heads)                              # (B, H, N, D)
+        k, v = split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads)
+        if self.qk_norm == "head":                                     # Qwen3, Gemma 3: over D
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (hooked_heads(hk, t) for hk, t in
+                   ((self.hook_q, q), (self.hook_k, k), (self.hook_v, v)))
+        # Rotate at the tokens' own positions (after the cached ones), then cache the keys.
+        if self.rotary is not None:
+            pos = xp.arange(offset, offset + n) if positions is None else positions
+            q = hooked_heads(self.hook_rot_q, self.rotary.rotate(q, pos))
+            k = hooked_heads(self.hook_rot_k, self.rotary.rotate(k, pos))
+        first = 0
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)                               # (B, Hkv, Nk, D)
+            first = getattr(kv_cache, "first_position", 0)
+        # The mask; the fused (or hook-composed) attention unless a cap or sinks need scores.
+        written_out = self.logit_softcap is not None or self.sinks is not None
+        allowed = self._allowed(offset, n, first, k.shape[2], xp,
+                                always=written_out or keep is not None)
+        if keep is not None:                    # padding keys: (Nq, Nk) & (B, 1, 1, Nk)
+            allowed = allowed & keep[:, None, None, first:first + k.shape[2]]
+        if written_out:
+            z = self._composed(q, k, v, allowed)
+        else:
+            z, _ = hookable_attention(self, q, k, v, scale=self.scale, causal=allowed is None,
+                                      mask=allowed)
+        return self.o_proj(merge_heads(hooked_heads(self.hook_z, z)))  # (B, N, E)
+
+    def extra_repr(self) -> str:
+        return (f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, window={self.window}, qk_norm={self.qk_norm!r}")
+
+
+class LatentDecoderAttention(Module):
+    """Multi-head latent attention (DeepSeek-V2/V3): keys and values come from one small
+    latent per token, and the cache keeps the latent, not the keys and values.
+
+    The formula is the module docstring's last. Sizes: r = ``kv_lora_rank``,
+    D_n = ``qk_nope_head_dim``, D_r = ``qk_rope_head_dim``, D_v = ``v_head_dim``; the query
+    comes from x directly or through a low-rank q latent (``q_lora_rank``). The cache (a
+    ``KVCache`` holding (c, R k^R), (B, 1, L, r) and (B, 1, L, D_r)) costs r + D_r numbers
+    per token and layer instead of 2·H·D. ``rope_interleave``: the rotary
+    dims are stored as interleaved pairs (DeepSeek's checkpoints) and read as two halves.
+    YaRN's ``mscale_all_dim`` multiplies the scale by its temperature squared, as DeepSeek
+    does. Linear layers as HF names them: ``q_proj`` or ``q_a_proj``/``q_a_layernorm``/
+    ``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj`` (the
+    latents' norms use eps 1e-6, as HF's). Hook points: ``hook_q``, ``hook_k``, ``hook_v``
+    (B, N, H, ·), ``hook_latent`` c (B, N, r), ``hook_attn_scores``, ``hook_pattern``,
+    ``hook_z``. Time O(B·H·N·Nk·(D_n + D_r)) plus O(B·Nk·r·H·(D_n + D_v)) to expand the
+    latents.
+    """
+
+    def __init__(self, c: DecoderConfig):
+        super().__init__()
+        e, h = c.hidden_size, c.num_heads
+        dn, dr, dv, r = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
+        self.num_heads, self.dims = h, (dn, dr, dv, r)
+        self.window = None
+        # queries: straight from x, or through a normalised low-rank latent
+        if c.q_lora_rank is None:
+            self.q_proj = Linear(e, h * (dn + dr), bias=False)
+        else:
+            self.q_a_proj = Linear(e, c.q_lora_rank, bias=c.qkv_bias)
+            self.q_a_layernorm = _norm(dataclasses.replace(c, norm_eps=1e-6), c.q_lora_rank)
+            self.q_b_proj = Linear(c.q_lora_rank, h * (dn + dr), bias=False)
+        # keys and values: the latent c and the shared rotary key, then c expanded per head
+        self.kv_a_proj_with_mqa = Linear(e, r + dr, bias=c.qkv_bias)
+        self.kv_a_layernorm = _norm(dataclasses.replace(c, norm_eps=1e-6), r)
+        self.kv_b_proj = Linear(r, h * (dn + dv), bias=False)
+        self.o_proj = Linear(h * dv, e, bias=c.o_bias)
+        self.rotary = Rotary(dr, c.rope)
+        self.interleaved = c.rope_interleave
+        # 1/√(D_n + D_r), times YaRN's temperature squared when mscale_all_dim is set
+        scale = 1.0 / math.sqrt(dn + dr)
+        m_all = c.rope.get("mscale_all_dim")
+        if c.rope["rope_type"] != "default" and m_all:
+            scale *= yarn_mscale(c.rope["factor"], m_all) ** 2
+        self.scale = scale
+        for name in ("q", "k", "v", "latent", "attn_scores", "pattern", "z"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+    def new_cache(self):
+        """The latent cache: a ``KVCache`` of (c, R k^R) per token."""
+        return KVCache()
+
+    def _rotate(self, x, pos):
+        if self.interleaved:                   # pairs (0, 1), (2, 3) … as two halves
+            x = concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+        return self.rotary.rotate(x, pos)
+
+    def forward(self, x, kv_cache=None, keep=None, positions=None):
+        """x (B, N, E) → (B, N, E); ``keep`` and ``positions`` as ``DecoderAttention``'s."""
+        b, n, _ = x.shape
+        h, (dn, dr, dv, r) = self.num_heads, self.dims
+        xp = backend.get_array_module(x.data)
+        offset = 0 if kv_cache is None else len(kv_cache)
+        pos = xp.arange(offset, offset + n) if positions is None else positions
+        # queries (B, H, N, D_n + D_r), split into the plain part and the rotary part
+        q = self.q_proj(x) if hasattr(self, "q_proj") else \
+            self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = split_heads(q, h)
+        q_pass, q_rot = q[..., :dn], self._rotate(q[..., dn:], pos)
+        # this step's latents c (B, 1, N, r) and rotary keys (B, 1, N, D_r), then the cache
+        ckv = self.kv_a_proj_with_mqa(x)                                  # (B, N, r + D_r)
+        latent = self.hook_latent(self.kv_a_layernorm(ckv[..., :r]))
+        latent = reshape(latent, (b, 1, n, r))
+        k_rot = self._rotate(reshape(ckv[..., r:], (b, 1, n, dr)), pos)
+        if kv_cache is not None:
+            latent, k_rot = kv_cache.append(latent, k_rot)                # (B, 1, L, ·)
+        # expand the latents per head: keys [W^K c, R k^R], values W^V c
+        nk = latent.shape[2]
+        kv = split_heads(reshape(self.kv_b_proj(latent), (b, nk, h * (dn + dv))), h)
+        k = concatenate([kv[..., :dn], broadcast_to(k_rot, (b, h, nk, dr))], axis=-1)
+        q = concatenate([q_pass, q_rot], axis=-1)
+        q, k, v = (hooked_heads(hk, t) for hk, t in
+                   ((self.hook_q, q), (self.hook_k, k), (self.hook_v, kv[..., dn:])))
+        allowed = None
+        if keep is not None:
+            allowed = _causal_allowed(offset, n, nk, xp) & keep[:, None, None, :]
+        z, _ = hookable_attention(self, q, k, v, scale=self.scale, causal=allowed is None,
+                                  mask=allowed)
+        return self.o_proj(merge_heads(hooked_heads(self.hook_z, z)))   # (B, N, E)
+
+
+def _causal_allowed(offset, n, nk, xp):
+    """(N, Nk) bool: query i (at offset + i) may see key j ≤ offset + i."""
+    return xp.arange(nk)[None, :] <= xp.arange(offset, offset + n)[:, None]
+
+
+class DecoderBlock(Module):
+    """One layer: attention then MLP, each in the residual stream, normalised as
+    ``norm_placement`` says. x (B, N, E) → (B, N, E).
+
+    "pre" (GPT-2, Llama): h + F(ln(h)) with ``ln1``, ``ln2``; "post" (OLMo 2): h + ln(F(h))
+    with ``ln1_post``, ``ln2_post``; "sandwich" (Gemma 3): h + ln_post(F(ln(h))), all four.
+    Hook points (TransformerLens's): ``hook_resid_pre``, ``hook_attn_out``,
+    ``hook_resid_mid``, ``hook_mlp_out``, ``hook_resid_post``.
+    """
+
+    def __init__(self, c: DecoderConfig, sliding: bool = False, index: int = 0):
+        super().__init__()
+        e = c.hidden_size
+        # Norms before each sublayer (pre, sandwich), after it (post, sandwich), or both.
+        before = c.norm_placement in ("pre", "sandwich")
+        after = c.norm_placement in ("post", "sandwich")
+        self.ln1 = _norm(c, e) if before else None
+        self.attn = LatentDecoderAttention(c) if c.attention == "mla" else \
+            DecoderAttention(c, sliding)
+        self.ln1_post = _norm(c, e) if after else None
+        self.ln2 = _norm(c, e) if before else None
+        self.mlp = _mlp(c, index)
+        self.ln2_post = _norm(c, e) if after else None
+        for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+    @staticmethod
+    def _maybe(norm, x):
+        return x if norm is None else norm(x)
+
+    # h + [ln_post] F([ln] h), twice: attention, then the MLP; absent norms are skipped.
+    def forward(self, x, kv_cache=None, keep=None, positions=None):
+        x = self.hook_resid_pre(x)
+        a = self._maybe(self.ln1_post, self.attn(self._maybe(self.ln1, x), kv_cache, keep,
+                                                 positions))
+        x = self.hook_resid_mid(x + self.hook_attn_out(a))
+        m = self._maybe(self.ln2_post, self.mlp(self._maybe(self.ln2, x)))
+        return self.hook_resid_post(x + self.hook_mlp_out(m))
+
+
+class Decoder(Module, AttentionMaps, HookedModel):
+    """A decoder-only language model whose family is its ``DecoderConfig`` (module docstring).
+
+    ``forward(idx (B, N) ints, kv_caches=None, attention_mask=None)`` → logits (B, N, V).
+    ``new_caches()`` gives one cache per layer (bounded for sliding layers); with caches, the
+    tokens follow the cached ones. ``attention_mask`` (B, cached + N) is HuggingFace's, 1 =
+    token, 0 = padding: padding keys are never attended to; positions stay 0 … N − 1 (HF's
+    forward does the same), and rows of padding queries are meaningless.
+    ``generate(idx, max_new_tokens, temperature=0)`` decodes through the caches (greedy at
+    temperature 0).
+
+    Parameters: ``embed.weight`` (V, E), ``pos_embed.weight`` (learned positions),
+    ``blocks.{i}.ln1/ln1_post/ln2/ln2_post.weight``,
+    ``blocks.{i}.attn.q_proj/k_proj/v_proj/o_proj.*``, ``blocks.{i}.attn.q_norm/k_norm.weight``,
+    ``blocks.{i}.mlp.gate_proj/up_proj/down_proj.*``, ``ln_final.weight``, and
+    ``unembed.weight`` (V, E) when untied. Initialisation as GPT-2: N(0, 0.02²), residual
+    outputs N(0, 0.02²/(2L)), zero biases, unit gains. Hook points under TransformerLens's
+    names: ``hook_embed`` (after Gemma's √E), ``blocks.{i}.…``, ``ln_final.hook_normalized``.
+    """
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        c = self.config = check_config(config)
+        # Embeddings (positions only when learned), the blocks, the final norm, the head.
+        self.embed = Embedding(c.vocab_size, c.hidden_size, padding_idx=c.padding_idx)
+        self.hook_embed = HookPoint()
+        self.pos_embed = LearnedPositionalEmbedding(c.max_position, c.hidden_size) \
+            if c.positions == "learned" else None
+        self.blocks = ModuleList([DecoderBlock(c, t == "sliding", i)
+                                  for i, t in enumerate(c.layer_types)])
+        self.ln_final = _norm(c, c.hidden_size)
+        self.unembed = None if c.tie_embeddings else \
+            Linear(c.hidden_size, c.vocab_size, bias=False)
+        self._init_weights()
+
+    # GPT-2's initialisation; norms and sinks keep theirs (gains 1, Gemma's w 0, sinks 0).
+    def _init_weights(self):
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                init.zeros_(p)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                init.normal_(p, 0.0, 0.02 / math.sqrt(2 * self.config.num_layers))
+            elif len(p.shape) == 2:
+                init.normal_(p, 0.0, 0.02)
+
+    def new_caches(self):
+        """One empty cache per layer: ``WindowKVCache`` for sliding ones, else ``KVCache``."""
+        return [b.attn.new_cache() for b in self.blocks]
+
+    def forward(self, idx, kv_caches=None, attention_mask=None, position_ids=None):
+        tokens = token_ids(idx)
+        n = tokens.shape[1]
+        offset = cached_length(kv_caches, len(self.blocks), owner="Decoder")
+        xp = backend.get_array_module(self.embed.weight.data)
+        keep = _keep_mask(attention_mask, (tokens.shape[0], offset + n), xp)
+        if position_ids is not None:
+            position_ids = token_ids(position_ids, "position_ids")
+            if tuple(position_ids.shape) != tuple(tokens.shape) or self.pos_embed is not None:
+                raise ValueError(f"Decoder: position_ids must be (B, N) = {tuple(tokens.shape)}"
+                                 f" with rotary or no positions, got "
+                                 f"{tuple(position_ids.shape)} (positions="
+                                 f"{self.config.positions!r})")
+        # Embed; Gemma scales by √E (in the model's dtype) so embeddings match the residual's size.
+        x = self.embed(tokens)                                          # (B, N, E)
+        if self.config.embed_scale:
+            x = x * math.sqrt(self.config.hidden_size)
+        x = self.hook_embed(x)
+        if self.pos_embed is not None:
+            if offset + n > self.config.max_position:
+                raise ValueError(f"Decoder: {offset + n} positions exceed max_position="
+                                 f"{self.config.max_position}")
+            x = x + self.pos_embed.positions(n, offset)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if kv_caches is None else kv_caches[i], keep, position_ids)
+        # Final norm, then the head (W_E when tied), then Gemma's soft-cap on the logits.
+        x = self.ln_final(x)
+        w = self.embed.weight if self.unembed is None else self.unembed.weight
+        logits = linear(x, w)                                           # (B, N, V)
+        if self.config.final_logit_softcap is not None:
+            logits = softcap(logits, self.config.final_logit_softcap)
+        return logits
+
+    def generate(self, idx, max_new_tokens: int, temperature: float = 0.0, top_k: int = None,
+                 use_cache: bool = True, attention_mask=None):
+        """Extend idx (B, T) by ``max_new_tokens`` tokens; returns an int Tensor (B, T + n).
+
+        ``temperature=0`` (default) is greedy (HuggingFace's ``do_sample=False``); otherwise
+        softmax(logits/temperature) sampling among the ``top_k`` most likely. With
+        ``use_cache`` the prompt runs once and each step feeds only the newest token through
+        the per-layer caches (the same logits as a full forward over all tokens).
+        ``attention_mask`` (B, T), 1 = token, 0 = padding, for prompts of different lengths
+        padded on the left: the padding is never attended to and each row's positions count
+        its real tokens only (HuggingFace's ``generate`` does the same)."""
+        who = "Decoder.generate"
+        tokens = token_ids(idx).copy()
+        if tokens.shape[1] == 0:
+            raise ValueError(f"{who}: idx is empty: the first new token needs a prompt")
+        max_new_tokens = validate.nonnegative_int(max_new_tokens, "max_new_tokens", owner=who)
+        xp = backend.get_array_module(tokens)
+        keep = _keep_mask(attention_mask, tokens.shape, xp)             # None: no padding
+        # Step 0 runs the prompt; each later step one token, through the caches if any.
+        caches = self.new_caches() if use_cache else None
+        with no_grad():
+            for step in range(max_new_tokens):
+                new = slice(None) if caches is None or step == 0 else slice(-1, None)
+                if keep is None:
+                    logits = self(tokens[:, new], kv_caches=caches)
+                else:
+                    # a row's positions count its real tokens; padding sits at 1, as in HF
+                    pos = xp.where(keep, xp.cumsum(keep, axis=1) - 1, 1)
+                    logits = self(tokens[:, new], kv_caches=caches, attention_mask=keep,
+                                  position_ids=pos[:, new])
+                    keep = xp.concatenate([keep, xp.ones((len(keep), 1), dtype=bool)], axis=1)
+                nxt = sample_next(logits.data[:, -1, :], temperature, top_k)    # (B, 1)
+                tokens = xp.concatenate([tokens, nxt.astype(tokens.dtype)], axis=1)
+        return Tensor(tokens)

@@ -1,0 +1,95 @@
+"""Tiny random HuggingFace decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2) for the
+parity tests, built with ``transformers`` itself and saved with ``save_pretrained``.
+
+Each case is a config small enough to run in a fraction of a second — 2 layers, E = 32,
+4 query heads sharing 2 key/value heads, V = 97 — with what makes its family differ switched
+on: a sliding window of 4 (shorter than the test's 11 tokens), local and global layers, a
+head dim other than E/H, each rope scaling, biases, tied or untied embeddings. Every
+parameter is redrawn at random (norm gains too, as 1 + noise, or noise for Gemma's
+zero-centred ones), so no weight keeps a default 0 or 1 and a mis-mapped tensor cannot hide.
+The oracle packages are test-only: callers skip with ``pytest.importorskip`` first.
+"""
+from __future__ import annotations
+
+import os
+
+# eps far above its usual 1e-6: a wrong eps, or eps in the wrong place, moves the logits by
+# far more than the tests' tolerance instead of by about 1e-6.
+SIZES = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+             bos_token_id=1, eos_token_id=2, pad_token_id=0, rms_norm_eps=0.05)
+
+# case name → (model_type, extra config). The rope variants ride on Llama, whose HF model
+# reads every rope_type minitx implements.
+CASES = {
+    "llama": ("llama", dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=True)),
+    "llama-linear": ("llama", dict(rope_parameters={"rope_type": "linear", "factor": 4.0,
+                                                    "rope_theta": 500.0})),
+    "llama-llama3": ("llama", dict(rope_parameters={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16, "rope_theta": 500.0})),
+    "llama-yarn": ("llama", dict(rope_parameters={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+        "rope_theta": 500.0})),
+    "mistral": ("mistral", dict(sliding_window=4)),
+    "qwen2": ("qwen2", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)),
+    "qwen3": ("qwen3", dict(head_dim=16, rope_parameters={
+        "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8,
+        "rope_theta": 1000.0})),
+    "gemma3_text": ("gemma3_text", dict(
+        head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+        query_pre_attn_scalar=24, final_logit_softcapping=3.0,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                            "rope_theta": 1000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}})),
+    "olmo2": ("olmo2", dict(rms_norm_eps=0.02)),
+    # every layer dense (first_k_dense_replace = 2): multi-head latent attention with a q
+    # latent, interleaved rotary dims and YaRN's mscale on the scale
+    "deepseek_v3": ("deepseek_v3", dict(
+        num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6,
+        qk_rope_head_dim=4, v_head_dim=5, first_k_dense_replace=2, n_routed_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=16, n_group=2, topk_group=1,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 500.0,
+                         "original_max_position_embeddings": 16, "mscale": 0.8,
+                         "mscale_all_dim": 0.9})),
+}
+
+_BUILT = {}
+
+
+def hf_config(case):
+    import transformers
+    kind, extra = CASES[case]
+    extra = {**SIZES, **extra}
+    cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+           "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+           "gemma3_text": transformers.Gemma3TextConfig,
+           "deepseek_v3": transformers.DeepseekV3Config,
+           "olmo2": transformers.Olmo2Config}[kind]
+    return cls(**extra)
+
+
+def randomize(model, torch, seed, scale=0.3):
+    """Every parameter redrawn: gains 1 + noise (Gemma's stored g − 1: noise), the rest noise."""
+    g = torch.Generator().manual_seed(seed)
+    gemma = "gemma" in type(model).__name__.lower()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=p.dtype) * scale
+            gain = name.endswith("norm.weight") and not gemma
+            p.copy_(1.0 + noise if gain else noise)
+
+
+def tiny_decoder(root, case):
+    """Path of a folder holding the random tiny model of ``case`` (built once per session)."""
+    if case in _BUILT:
+        return _BUILT[case]
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config(case))
+    randomize(model, torch, seed=sorted(CASES).index(case))
+    folder = os.path.join(str(root), f"tiny-{case}")
+    model.save_pretrained(folder)
+    _BUILT[case] = folder
+    return folder
