@@ -6,3 +6,12 @@
 from .schedules import CosineAnnealingLR, LambdaLR, LRScheduler, StepLR
 
 __all__ = ["LRScheduler", "LambdaLR", "StepLR", "CosineAnnealingLR"]
+
+
+def __getattr__(name):
+    """PyTorch's other schedulers (``OneCycleLR``, ``ReduceLROnPlateau`` …) are not here: the
+    error names what is, and that ``LambdaLR`` writes any schedule of the step."""
+    raise AttributeError(
+        f"module 'minitx.optim.lr_scheduler' has no attribute {name!r}; its schedulers are "
+        f"{', '.join(__all__[1:])} (and minitx.optim.warmup_cosine, inverse_sqrt_warmup); any "
+        "schedule of the step is LambdaLR(optimizer, lambda step: factor)")

@@ -244,6 +244,11 @@ def test_lr_scheduler_offers_pytorchs_classes():
     assert lrs == pytest.approx([0.1, 0.05, 0.1 / 3, 0.025])
 
 
+def test_a_scheduler_minitx_does_without_names_lambda_lr():
+    with pytest.raises(AttributeError, match=r"'OneCycleLR'.*CosineAnnealingLR.*LambdaLR\("):
+        optim.lr_scheduler.OneCycleLR  # noqa: B018
+
+
 @pytest.mark.parametrize("name,kwargs", [
     ("CosineAnnealingLR", {"T_max": 7, "eta_min": 0.01}),
     ("CosineAnnealingLR", {"T_max": 1}),
