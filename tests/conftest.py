@@ -4,6 +4,8 @@
 - The hypothesis profiles "ci" (25 examples, no deadline; the default, so property tests stay
   fast and are not flaky on a busy machine) and "thorough" (200 examples), chosen with
   ``MINITX_HYPOTHESIS_PROFILE``.
+- ``MINITX_RECORD_SKIPPED=PATH``: the run writes the node ids of the tests it skipped to PATH,
+  for CI's second pass (``.ci/run``; at the end of this file).
 
 The test helpers live in ``support.py`` (``from support import tensor, qkv, assert_close,
 ...``), with the rule every test follows: inputs are built as NumPy arrays on the host and
