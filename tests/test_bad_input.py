@@ -334,7 +334,7 @@ def test_gpt_forward_on_an_empty_batch_of_positions():
      "float64(2, 3)"),
     (lambda: F.take_along_axis(tensor(np.ones((2, 3))), np.array([[5]]), axis=1),
      "TakeAlongAxis", "float64(2, 3)"),
-    (lambda: F.pad(tensor(np.ones((2, 3))), ((1, 1),)), "Pad", "float64(2, 3)"),
+    (lambda: F.pad(tensor(np.ones((2, 3))), 1, value="a"), "Pad", "float64(2, 3)"),
 ])
 def test_an_error_inside_an_op_names_the_op_and_its_inputs(call, op, shapes):
     """NumPy's own error (a ``__cause__``) is re-raised as "Op: <NumPy's words> (inputs: …)";

@@ -27,8 +27,6 @@ construction.
 """
 from __future__ import annotations
 
-import difflib
-
 from .. import validate
 from ..backend import get_array_module, host_xp
 from ..nn.hooks import HookPoint
@@ -57,9 +55,7 @@ class _Registry(dict):
     """{name: attention class}; an unknown name raises a KeyError naming the close ones."""
 
     def __missing__(self, name):
-        close = difflib.get_close_matches(str(name), list(self), n=3)
-        raise KeyError(f"no attention variant named {name!r}"
-                       + (f"; did you mean {' or '.join(map(repr, close))}?" if close else "")
+        raise KeyError(f"no attention variant named {name!r}" + validate.did_you_mean(name, self)
                        + f" (registered: {', '.join(sorted(self))})")
 
 

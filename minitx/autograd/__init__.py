@@ -15,12 +15,13 @@ from .gradcheck import GradcheckError, gradcheck
 from .checkpoint import checkpoint
 from .anomaly import AnomalyError, detect_anomaly, is_anomaly_enabled, set_detect_anomaly
 from .versions import SavedArrayModified
-from .factories import (arange, full, full_like, ones, ones_like, rand, randn, randn_like,
-                        zeros, zeros_like)
+from .factories import (arange, full, full_like, ones, ones_like, rand, randint, randn,
+                        randn_like, zeros, zeros_like)
 
 # minitx/__init__.py re-exports most of these at the top level (minitx.tensor, minitx.no_grad)
 __all__ = ["Tensor", "tensor", "Function", "Context", "backward", "topological_order",
            "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled", "gradcheck",
            "GradcheckError", "checkpoint", "detect_anomaly", "set_detect_anomaly",
            "is_anomaly_enabled", "AnomalyError", "SavedArrayModified", "zeros", "ones", "full",
-           "rand", "randn", "arange", "zeros_like", "ones_like", "full_like", "randn_like"]
+           "rand", "randn", "randint", "arange", "zeros_like", "ones_like", "full_like",
+           "randn_like"]

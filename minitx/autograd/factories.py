@@ -15,8 +15,8 @@ import numbers
 from .. import backend, validate
 from .tensor import Tensor
 
-__all__ = ["zeros", "ones", "full", "rand", "randn", "arange", "zeros_like", "ones_like",
-           "full_like", "randn_like"]
+__all__ = ["zeros", "ones", "full", "rand", "randn", "randint", "arange", "zeros_like",
+           "ones_like", "full_like", "randn_like"]
 
 
 def _shape(shape, who: str) -> tuple:
@@ -70,6 +70,28 @@ def randn(*shape, dtype=None, requires_grad: bool = False) -> Tensor:
     draws = backend.rng().standard_normal(_shape(shape, "randn"))     # host, then device
     return _make(backend.xp().asarray(draws.astype(_float_dtype(dtype, "randn"))),
                  requires_grad, "randn")
+
+
+def randint(low=0, high=None, size=None, *, dtype=None, requires_grad: bool = False) -> Tensor:
+    """Uniform integers in [low, high) of shape ``size`` (int64 unless ``dtype``), PyTorch's
+    ``randint``: ``randint(high, size)``, ``randint(low, high, size)``, or by keyword
+    (``randint(10, size=(2, 3))``). ``size`` is a tuple, as PyTorch takes it. The draws come
+    from minitx's generator (``manual_seed``), so they differ from PyTorch's."""
+    if size is None and isinstance(high, (tuple, list)):       # randint(high, size)
+        low, high, size = 0, low, high
+    elif high is None and size is not None:                     # randint(high, size=size)
+        low, high = 0, low
+    if high is None or size is None:
+        raise validate.OptionError("randint: needs high and size: randint(high, size) or "
+                                   f"randint(low, high, size), got low={low!r}, high={high!r}, "
+                                   f"size={size!r}")
+    low = validate.integer(low, "low", owner="randint")
+    high = validate.integer(high, "high", minimum=low + 1, owner="randint",
+                            expected=f"an int > low ({low})")
+    size = _shape((size,) if isinstance(size, (tuple, list)) else (size,), "randint")
+    draws = backend.rng().integers(low, high, size=size)               # host, then device
+    return _make(backend.xp().asarray(draws.astype(_dtype(dtype, "int64"))), requires_grad,
+                 "randint")
 
 
 def _float_dtype(dtype, who: str):

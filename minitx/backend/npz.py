@@ -1,5 +1,5 @@
 """Reading and writing ``.npz`` checkpoints safely (``Module.save``/``load``,
-``minitx.save_checkpoint``): host files, host arrays.
+``minitx.save_checkpoint``, ``minitx.save``/``load`` of a state dict): host files, host arrays.
 
 Reading: NumPy's ``np.load`` with ``allow_pickle=False`` never unpickles, but it reports a broken
 file in its own words and allocates an entry before it knows the file holds it. ``read_npz``
@@ -28,7 +28,10 @@ import zipfile
 import numpy
 from numpy.lib import format as npy
 
-__all__ = ["CheckpointError", "read_npz", "temporary_path", "write_npz"]
+# the package's one device -> host transfer (backend/__init__.py defines it, then imports us)
+from . import to_host
+
+__all__ = ["CheckpointError", "read_npz", "temporary_path", "write_npz", "save", "load"]
 
 
 class CheckpointError(ValueError):
@@ -160,3 +163,38 @@ def _write_archive(fh, arrays: dict) -> None:
         for name, array in arrays.items():
             with zf.open(name + ".npy", mode="w", force_zip64=True) as entry:
                 npy.write_array(entry, array, allow_pickle=False)
+
+
+# --- PyTorch's torch.save / torch.load, for a state dict ----------------------------------------
+
+def save(state_dict, f) -> str:
+    """``minitx.save(model.state_dict(), path)``: a state dict (a mapping of names to arrays or
+    Tensors) written to ``path`` as an ``.npz`` archive, atomically (``write_npz``), in its
+    order. PyTorch's ``torch.save`` pickles any object; this writes plain arrays only, so
+    ``load`` never unpickles. Returns ``path`` (no suffix is added)."""
+    if not hasattr(state_dict, "items") or not callable(state_dict.items):
+        kind = type(state_dict).__name__
+        raise TypeError(
+            f"save: expects a state dict (a mapping of names to arrays), got {kind}; for a "
+            "module write minitx.save(model.state_dict(), path) or model.save(path), for a "
+            "training run (model, optimizer, schedule, step) minitx.save_checkpoint")
+    for name in state_dict:
+        if not isinstance(name, str):
+            raise TypeError(f"save: state dict keys must be strings (names), got {name!r}")
+    return write_npz(f, {name: to_host(value) for name, value in state_dict.items()})
+
+
+def load(f, map_location=None, *, weights_only: bool = True) -> dict:
+    """``minitx.load(path)``: the state dict ``save`` wrote, as {name: NumPy array} in its
+    order (read safely: ``read_npz``), ready for ``model.load_state_dict``, which copies each
+    array onto the module's device. ``map_location`` may be None or "cpu" (the arrays are
+    read to the host, PyTorch's ``map_location="cpu"``); ``weights_only`` may only be True
+    (PyTorch's default since 2.6): nothing is ever unpickled."""
+    if map_location not in (None, "cpu"):
+        raise ValueError(f"load: map_location must be None or 'cpu' (the arrays are read to "
+                         f"the host; load_state_dict moves them to the module's device), got "
+                         f"{map_location!r}")
+    if weights_only is not True:
+        raise ValueError("load: weights_only must be True: minitx reads plain arrays and "
+                         f"never unpickles, got {weights_only!r}")
+    return read_npz(f)

@@ -175,9 +175,7 @@ class GPT(Module, AttentionMaps, HookedModel):
                                  f"{c.position!r} attention variant; attention must be 'mha' "
                                  f"or {c.position!r}, got {c.attention!r}")
             name = c.position
-        if name not in REGISTRY:
-            raise ValueError(f"GPTConfig.attention must be one of {sorted(REGISTRY)}, "
-                             f"got {name!r}")
+        validate.choice(name, "attention", sorted(REGISTRY), owner="GPTConfig")
         # Embeddings: tokens always; positions are added here only when learned (GPT-2's wpe) or
         # sinusoidal, the other schemes live in the attention.
         self.config = c

@@ -268,26 +268,78 @@ def split(x, indices_or_sections, axis: int = 0):
     return [x[lead + (slice(lo, hi),)] for lo, hi in zip(edges[:-1], edges[1:])]
 
 
+def _pad_pairs(pad_width, ndim: int) -> tuple:
+    """NumPy's ``pad_width`` as one (before, after) pair of ints per axis: ``np.pad`` broadcasts
+    it to shape (ndim, 2), so ``n``, ``(n,)``, ``(before, after)``, ``((before, after),)``,
+    ``((n0,), (n1,), ...)`` and ``((b0, a0), (b1, a1), ...)`` are all accepted."""
+    def fail():
+        raise OptionError(
+            f"pad: pad_width must be NumPy's: an int, (before, after) for every axis, or one "
+            f"(before, after) pair per axis ({ndim} here), each >= 0, got {pad_width!r}. "
+            f"PyTorch's F.pad(x, (left, right, top, bottom)) lists the last axis first; here "
+            f"that is ((0, 0), ..., (top, bottom), (left, right))")
+
+    def is_int(v):
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    if getattr(pad_width, "ndim", None) == 0:                     # a 0-d NumPy array
+        pad_width = pad_width.item()
+    rows = [[pad_width]] if is_int(pad_width) else None          # shape () -> one row
+    if rows is None:
+        if isinstance(pad_width, (str, bytes)) or not hasattr(pad_width, "__iter__"):
+            fail()
+        items = list(pad_width)
+        if items and all(is_int(v) for v in items):
+            rows = [items]                                        # (n,) or (before, after)
+        elif items and all(hasattr(v, "__iter__") and not isinstance(v, (str, bytes))
+                           for v in items):
+            rows = [list(v) for v in items]
+        else:
+            fail()
+    if len(rows) not in (1, ndim) or any(len(r) not in (1, 2) or not all(is_int(v) for v in r)
+                                         for r in rows):
+        fail()
+    pairs = [(int(r[0]), int(r[-1])) for r in rows]               # (n,) means (n, n)
+    if any(v < 0 for pair in pairs for v in pair):
+        fail()
+    return tuple(pairs * ndim if len(pairs) == 1 else pairs)
+
+
 def pad(x, pad_width, value: float = 0.0):
-    """Constant padding; ``pad_width`` is NumPy's ((before, after), ...) per axis, or an int."""
-    ndim = len(x.shape)
-    if isinstance(pad_width, numbers.Integral):
-        pad_width = ((pad_width, pad_width),) * ndim
-    pad_width = tuple((int(a), int(b)) for a, b in pad_width)
-    if len(pad_width) != ndim:
-        raise ValueError(f"pad_width needs one (before, after) pair per axis ({ndim}), "
-                         f"got {len(pad_width)}")
-    return Pad.apply(x, pad_width, value)
+    """Constant padding with NumPy's ``pad_width`` (``np.pad(a, pad_width,
+    constant_values=value)``): an int pads every axis by that much on both sides,
+    ``(before, after)`` pads every axis so, ``((b0, a0), (b1, a1), ...)`` gives one pair per
+    axis (and ``(n,)``, ``((n0,), (n1,), ...)``, ``((before, after),)``, every shape NumPy
+    broadcasts to (ndim, 2)). Not PyTorch's ``F.pad`` tuple, which lists the last axis first
+    and pads only the axes it names: ``F.pad(x, (0, 1))`` here pads *every* axis with 0
+    before and 1 after; PyTorch's meaning, for the last axis only, is
+    ``pad(x, ((0, 0),) * (x.ndim - 1) + ((0, 1),))``.
+
+    x: (n_0, …, n_k) → (n_0 + b_0 + a_0, …). Backward: the gradient of the interior region.
+    """
+    return Pad.apply(x, _pad_pairs(pad_width, len(x.shape)), value)
 
 
-def tril(x, k: int = 0):
-    """Lower triangle of the last two axes (elements with column − row ≤ k), the rest zero."""
-    return Triangle.apply(x, k, True)
+def _diagonal(k, diagonal, who: str) -> int:
+    """NumPy's ``k`` or PyTorch's ``diagonal=`` (the same offset), not both."""
+    if diagonal is not None:
+        if k != 0:
+            raise OptionError(f"{who}: pass k= or its PyTorch spelling diagonal=, not both "
+                              f"(got k={k!r} and diagonal={diagonal!r})")
+        k = diagonal
+    return integer(k, "k", owner=who)
 
 
-def triu(x, k: int = 0):
-    """Upper triangle of the last two axes (column − row ≥ k), the rest zero."""
-    return Triangle.apply(x, k, False)
+def tril(x, k: int = 0, *, diagonal: int = None):
+    """Lower triangle of the last two axes (elements with column − row ≤ k), the rest zero.
+    ``diagonal=`` is PyTorch's name of ``k`` (``torch.tril(x, diagonal=1)``)."""
+    return Triangle.apply(x, _diagonal(k, diagonal, "tril"), True)
+
+
+def triu(x, k: int = 0, *, diagonal: int = None):
+    """Upper triangle of the last two axes (column − row ≥ k), the rest zero.
+    ``diagonal=`` is PyTorch's name of ``k``."""
+    return Triangle.apply(x, _diagonal(k, diagonal, "triu"), False)
 
 
 def flip(x, axis=None):

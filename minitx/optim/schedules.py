@@ -21,6 +21,12 @@ Schedules (b = base lr, w = warmup_steps, T = total_steps, s = step):
                           the lr rises linearly for w steps, peaks at n = w, then decays as
                           1/√n. It ignores the optimizer's lr.)
     LambdaLR:             b · lr_lambda(s)
+    StepLR:               b · γ^⌊s / step_size⌋
+    CosineAnnealingLR:    η_min + (b − η_min) · ½ (1 + cos(π s / T_max))
+                          (PyTorch's closed form; past T_max the cosine rises again, as there)
+
+``minitx.optim.lr_scheduler`` offers ``LambdaLR``, ``StepLR`` and ``CosineAnnealingLR`` under
+PyTorch's module path (``torch.optim.lr_scheduler``).
 """
 from __future__ import annotations
 
@@ -30,8 +36,8 @@ from typing import Callable, Sequence
 from .. import validate
 from .optimizers import Optimizer
 
-__all__ = ["LRScheduler", "LambdaLR", "WarmupCosine", "InverseSqrtWarmup", "warmup_cosine",
-           "inverse_sqrt_warmup"]
+__all__ = ["LRScheduler", "LambdaLR", "StepLR", "CosineAnnealingLR", "WarmupCosine",
+           "InverseSqrtWarmup", "warmup_cosine", "inverse_sqrt_warmup"]
 
 
 def _require_optimizer(optimizer, sched: str) -> None:
@@ -100,6 +106,34 @@ class LambdaLR(LRScheduler):
         factors = [validate.nonnegative_real(f(self.last_epoch), f"lr_lambda({self.last_epoch})",
                                              owner="LambdaLR") for f in self.lr_lambdas]
         return [base * factor for base, factor in zip(self.base_lrs, factors)]
+
+
+class StepLR(LRScheduler):
+    """PyTorch's ``StepLR(optimizer, step_size, gamma=0.1)``: the lr times ``gamma`` every
+    ``step_size`` steps (formula in the module docstring)."""
+
+    def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1):
+        self.step_size = validate.integer(step_size, "step_size", minimum=1, owner="StepLR")
+        self.gamma = validate.nonnegative_real(gamma, "gamma", owner="StepLR")
+        super().__init__(optimizer)
+
+    def lr_at(self, step: int, base_lr: float) -> float:
+        return base_lr * self.gamma ** (step // self.step_size)
+
+
+class CosineAnnealingLR(LRScheduler):
+    """PyTorch's ``CosineAnnealingLR(optimizer, T_max, eta_min=0.0)``: a half cosine from the
+    base lr down to ``eta_min`` over ``T_max`` steps (formula in the module docstring; no
+    warm-up: ``warmup_cosine`` has one)."""
+
+    def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0):  # noqa: N803
+        self.T_max = validate.integer(T_max, "T_max", minimum=1, owner="CosineAnnealingLR")
+        self.eta_min = validate.nonnegative_real(eta_min, "eta_min", owner="CosineAnnealingLR")
+        super().__init__(optimizer)
+
+    def lr_at(self, step: int, base_lr: float) -> float:
+        cosine = 0.5 * (1.0 + math.cos(math.pi * step / self.T_max))
+        return self.eta_min + (base_lr - self.eta_min) * cosine
 
 
 class WarmupCosine(LRScheduler):

@@ -16,8 +16,8 @@ import numpy as np
 
 from ..backend import to_host
 
-__all__ = ["have_matplotlib", "text_heatmap", "heatmap", "heatmap_grid", "line_plot",
-           "text_line_plot", "render_mask", "SHADES", "layer_head_figure"]
+__all__ = ["have_matplotlib", "notebook_pyplot", "text_heatmap", "heatmap", "heatmap_grid",
+           "line_plot", "text_line_plot", "render_mask", "SHADES", "layer_head_figure"]
 
 SHADES = " ░▒▓█"
 
@@ -31,6 +31,17 @@ def have_matplotlib() -> bool:
     except Exception:
         return False
     return True
+
+
+def notebook_pyplot(notebook: str):
+    """``matplotlib.pyplot`` for a notebook (``plt = notebook_pyplot("01_….py")``, in Jupyter
+    or run as a script). Without matplotlib the notebook stops before its first cell's work
+    with one line naming the extra to install, and no traceback (``SystemExit``)."""
+    if not have_matplotlib():
+        raise SystemExit(f"{notebook} draws its figures with matplotlib, which is not "
+                         f"installed here: pip install \".[viz]\" (or \".[docs]\")")
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (the [viz] extra, only here)
+    return plt
 
 
 def _plt():

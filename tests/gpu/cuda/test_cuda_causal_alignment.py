@@ -61,6 +61,7 @@ def _run_case(emu_lib, Nq, Nk, dtype, D=32, seed=0, Hq=2, Hkv=1, lengths=None):
         assert np.all(lse[:, :, : Nq - Nk] == -np.inf)
 
 
+@pytest.mark.slow
 @settings(max_examples=6, derandomize=True, deadline=None)
 @given(pair=PAIRS)
 @example(pair=(5, 300))
@@ -69,6 +70,7 @@ def test_causal_far_from_square_float32(emu_lib, pair):
     _run_case(emu_lib, *pair, "float32")
 
 
+@pytest.mark.slow
 @settings(max_examples=4, derandomize=True, deadline=None)
 @given(pair=PAIRS)
 @example(pair=(5, 300))

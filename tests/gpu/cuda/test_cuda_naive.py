@@ -12,6 +12,7 @@ the naive kernels accumulate in fp32 over the same lengths. Rows that see no key
 exact zeros (o, dq) and lse = -inf, and keys no row sees exact zeros in dk and dv.
 """
 import numpy as np
+import pytest
 from hypothesis import example, given, settings, strategies as st
 
 import cuda_emu_harness as H
@@ -22,6 +23,7 @@ TIMEOUT = 180.0
 HEAD_DIMS = st.sampled_from([1, 8, 32, 40, 64, 100, 128])   # 32/64/128 compiled, others padded
 
 
+@pytest.mark.slow
 @settings(max_examples=14, derandomize=True, deadline=None)
 @given(Nq=st.integers(1, 300), Nk=st.integers(1, 300), D=HEAD_DIMS,
        Dv=st.one_of(st.none(), HEAD_DIMS), heads=st.sampled_from([(2, 2), (4, 2), (4, 1)]),

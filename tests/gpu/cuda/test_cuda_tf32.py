@@ -148,6 +148,7 @@ HEAD_DIMS = st.sampled_from([1, 8, 32, 40, 64, 100, 128])   # 32/64/128 compiled
 
 # Sizes up to 100: a 64-row block and a part of the next, several key tiles (16 to 64 keys), and
 # an emulated run short enough for CI (every mma is a rendezvous of 32 threads, three per product)
+@pytest.mark.slow
 @settings(max_examples=4, derandomize=True, deadline=None)
 @given(Nq=st.integers(1, 100), Nk=st.integers(1, 100), D=HEAD_DIMS,
        Dv=st.one_of(st.none(), HEAD_DIMS), heads=st.sampled_from([(2, 2), (4, 2), (2, 1)]),
@@ -171,6 +172,7 @@ def test_tf32_matches_the_float64_reference(emu_lib, Nq, Nk, D, Dv, heads, causa
                            causal, masking, scale, seed, timeout=TIMEOUT)
 
 
+@pytest.mark.slow
 def test_plain_tf32_fails_the_bound(emu_lib, single_tf32_lib):
     """Without the split's two small products (one tf32 product per multiply) the same case
     that passes with them is rejected: the fp32 bound is tight enough to see the split."""
@@ -181,6 +183,7 @@ def test_plain_tf32_fails_the_bound(emu_lib, single_tf32_lib):
         H.check_float32_kernel(single_tf32_lib, "tf32", *case, timeout=TIMEOUT)
 
 
+@pytest.mark.slow
 def test_tf32_is_deterministic_across_schedules(emu_lib):
     """Every output element has one writer (no atomics): bitwise equal under any schedule and
     any landing order of the cp.async copies."""
