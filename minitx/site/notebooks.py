@@ -179,12 +179,28 @@ def read_notebook(path) -> nbformat.NotebookNode:
     return nb
 
 
+def _cache_file(path, source: str, quick: bool, seed: int, cache_dir) -> pathlib.Path:
+    return pathlib.Path(cache_dir) / f"{path.stem}-{_cache_key(source, quick, seed)[:24]}.ipynb"
+
+
+def cached_notebook(path, *, quick: bool, seed: int = 0, cache_dir=None):
+    """The execution of ``path`` kept in ``cache_dir`` by an earlier build with the same source
+    text, ``quick`` and ``seed`` (see ``execute_notebook``), or None when there is none."""
+    if cache_dir is None:
+        return None
+    path = pathlib.Path(path)
+    cached = _cache_file(path, path.read_text(encoding="utf-8"), quick, seed, cache_dir)
+    if not cached.exists():
+        return None
+    return nbformat.read(str(cached), as_version=nbformat.NO_CONVERT)
+
+
 def execute_notebook(path, *, quick: bool, seed: int = 0, cache_dir=None,
                      timeout: int = 600) -> nbformat.NotebookNode:
     """Execute the jupytext percent notebook at ``path`` top to bottom; return it with outputs.
 
     ``quick``/``seed`` reach the notebook as ``MINITX_QUICK``/``MINITX_SEED``. ``timeout`` is
-    the limit in seconds for each cell. With ``cache_dir`` the executed notebook is kept there,
+    the limit in seconds for each cell (``site --cell-timeout``). With ``cache_dir`` the executed notebook is kept there,
     keyed by sha256(source text, quick, seed), and a later call with the same key reads it back
     instead of executing (the key does not cover minitx's own source: use a fresh folder per
     build or test session).
@@ -197,7 +213,7 @@ def execute_notebook(path, *, quick: bool, seed: int = 0, cache_dir=None,
     cached = None
     if cache_dir is not None:
         cache_dir = pathlib.Path(cache_dir)
-        cached = cache_dir / f"{path.stem}-{_cache_key(source, quick, seed)[:24]}.ipynb"
+        cached = _cache_file(path, source, quick, seed, cache_dir)
         if cached.exists():
             return nbformat.read(str(cached), as_version=nbformat.NO_CONVERT)
 
@@ -220,6 +236,10 @@ def execute_notebook(path, *, quick: bool, seed: int = 0, cache_dir=None,
                 f"in cell {index}:\n    {_first_lines(nb.cells[index].source)}"
             error = getattr(exc, "ename", None)
             summary = f"{error}: {exc.evalue}" if error else f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, CellTimeoutError):
+                summary += (f"\n(each cell may run {timeout} s: a slow or busy machine can "
+                            "raise it with --cell-timeout SECONDS, or build with --notebooks "
+                            "reuse|skip)")
             raise NotebookExecutionError(
                 f"notebook {path.name} (quick={bool(quick)}, seed={seed}) failed {where}\n"
                 f"{summary}") from exc

