@@ -202,8 +202,8 @@ def execute_notebook(path, *, quick: bool, seed: int = 0, cache_dir=None,
     ``quick``/``seed`` reach the notebook as ``MINITX_QUICK``/``MINITX_SEED``. ``timeout`` is
     the limit in seconds for each cell (``site --cell-timeout``). With ``cache_dir`` the
     executed notebook is kept there, keyed by sha256(source text, quick, seed), and a later call
-    with the same key reads it back instead of executing (the key does not cover minitx's own source: use a fresh folder per
-    build or test session).
+    with the same key reads it back instead of executing (the key does not cover minitx's own
+    source: use a fresh folder per build or test session).
 
     Raises ``NotebookExecutionError`` naming the notebook, the failing cell (its first lines)
     and the error when a cell raises, runs out of time, or kills the kernel.
