@@ -350,7 +350,10 @@ def cmd_bench(args) -> int:
         sizes.append(n)
         n *= 2
     print(f"bench: forward pass, B = 1, E = {args.embed}, H = {args.heads}; N = "
-          f"{', '.join(map(str, sizes))}; variants {', '.join(names)}")
+          f"{', '.join(map(str, sizes))}; variants {', '.join(names)}\n"
+          "time: the best of 5 timed loops after a warm-up call, as timeit measures (a first, "
+          "cold call pays for caches and allocation; the best loop is the least disturbed by "
+          "other processes)")
     rows = bench_rows(names, sizes, args.embed, args.heads)
     print("\n".join(bench_table(rows, sizes)))
     for r in rows:
@@ -417,14 +420,19 @@ def build_parser():
                         help="array backend (default: $MINITX_BACKEND or numpy)")
     sub = parser.add_subparsers(dest="command")
     p = sub.add_parser("tour", help="the guided tour (the default)")
-    p.add_argument("--n", type=int, default=1024, help="sequence length for the timing column")
+    p.add_argument("--n", type=int, default=1024,
+                   help="sequence length N of the time and memory columns (default 1024)")
     p = sub.add_parser("bench", help="time and memory versus N for chosen variants")
     p.add_argument("--variants", default=DEFAULT_BENCH, type=variant_list,
                    help=f"comma-separated registry names (default {DEFAULT_BENCH})")
-    p.add_argument("--min-n", type=int, default=128)
-    p.add_argument("--max-n", type=int, default=2048)
-    p.add_argument("--embed", type=int, default=32)
-    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--min-n", type=int, default=128,
+                   help="the smallest sequence length N timed (default 128); N doubles from "
+                        "it up to --max-n")
+    p.add_argument("--max-n", type=int, default=2048,
+                   help="the largest sequence length N timed (default 2048)")
+    p.add_argument("--embed", type=int, default=32,
+                   help="embedding width E of each layer (default 32)")
+    p.add_argument("--heads", type=int, default=2, help="number of heads H (default 2)")
     p.add_argument("--out", default="minitx_out/bench", help="folder for the plots")
     p = sub.add_parser("train", help="run an example task: " + ", ".join(EXAMPLES),
                        description="Runs examples/<task>.py (shipped inside the installed "
@@ -434,7 +442,9 @@ def build_parser():
     p.add_argument("task_args", nargs=argparse.REMAINDER,
                    help="the example's own options (`train TASK --help` lists them)")
     p = sub.add_parser("patterns", help="text pictures of sparse attention patterns")
-    p.add_argument("--n", type=int, default=16)
+    p.add_argument("--n", type=int, default=16,
+                   help="sequence length N: each picture is N × N, query rows by key columns "
+                        "(default 16)")
     p.add_argument("--variants", default=None, type=variant_list,
                    help="comma-separated registry names")
     p = sub.add_parser("doctor", help="backend, NumPy/CuPy versions, GPU, nvcc, and the "
