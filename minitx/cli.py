@@ -15,6 +15,7 @@ The helpers ``add_common_args`` and ``setup_run`` give every example the same
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import runpy
@@ -300,8 +301,9 @@ def cmd_patterns(args) -> int:
     return 0
 
 
-def bench_rows(names, sizes, embed=32, heads=2, batch=1, on_row=None):
-    """[{variant, n, time_s, peak_bytes, error}] — forward time and traced peak memory."""
+def bench_rows(names, sizes, embed=32, heads=2, batch=1, on_row=None, threads=1):
+    """[{variant, n, time_s, peak_bytes, error}] — forward time (``tour.time_call`` with
+    ``threads`` compute threads; None: as configured) and traced peak memory."""
     rows = []
     for name in names:
         cls = REGISTRY.get(name)
@@ -312,7 +314,7 @@ def bench_rows(names, sizes, embed=32, heads=2, batch=1, on_row=None):
             else:
                 try:
                     row["time_s"], row["peak_bytes"] = _time_and_memory(cls, n, embed, heads,
-                                                                        batch)
+                                                                        batch, threads)
                 except Exception as exc:  # noqa: BLE001
                     row["error"] = _short(exc)
             rows.append(row)
@@ -342,6 +344,21 @@ def bench_table(rows, sizes) -> list:
     return lines
 
 
+def _count(text) -> int:
+    """An argparse type: a whole number >= 0."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def threads_said(threads) -> str:
+    if not threads:
+        return "as many threads as BLAS and MINITX_THREADS give"
+    blas = "" if importlib.util.find_spec("threadpoolctl") else \
+        " (BLAS threads unchanged: threadpoolctl, the [fast] extra, is not installed)"
+    return f"{threads} compute thread{'s' * (threads != 1)}{blas}"
+
+
 def cmd_bench(args) -> int:
     names = args.variants
     sizes = []
@@ -353,8 +370,8 @@ def cmd_bench(args) -> int:
           f"{', '.join(map(str, sizes))}; variants {', '.join(names)}\n"
           "time: the best of 5 timed loops after a warm-up call, as timeit measures (a first, "
           "cold call pays for caches and allocation; the best loop is the least disturbed by "
-          "other processes)")
-    rows = bench_rows(names, sizes, args.embed, args.heads)
+          f"other processes), on {threads_said(args.threads)}")
+    rows = bench_rows(names, sizes, args.embed, args.heads, threads=args.threads or None)
     print("\n".join(bench_table(rows, sizes)))
     for r in rows:
         if r["error"]:
@@ -433,6 +450,10 @@ def build_parser():
     p.add_argument("--embed", type=int, default=32,
                    help="embedding width E of each layer (default 32)")
     p.add_argument("--heads", type=int, default=2, help="number of heads H (default 2)")
+    p.add_argument("--threads", type=_count, default=1,
+                   help="BLAS and minitx threads while timing (default 1: figures that repeat "
+                        "on a busy machine, where threads waiting for each other make one run "
+                        "10-100x slower than the next; 0: as configured, every core)")
     p.add_argument("--out", default="minitx_out/bench", help="folder for the plots")
     p = sub.add_parser("train", help="run an example task: " + ", ".join(EXAMPLES),
                        description="Runs examples/<task>.py (shipped inside the installed "

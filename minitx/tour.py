@@ -14,8 +14,10 @@ Sections (each a function returning lines of text, so tests and the CLI can call
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
+import os
 import textwrap
 import time
 import tracemalloc
@@ -200,15 +202,44 @@ def time_call(call, repeat: int = 5, loop_seconds: float = 0.02) -> float:
     return best
 
 
-def _time_and_memory(cls, n, embed, heads, batch=1):
-    """(seconds per forward, as ``time_call`` measures it; peak bytes ``tracemalloc`` traces
-    in one forward) of variant ``cls`` at length ``n``, in float32 under ``no_grad``."""
+@contextlib.contextmanager
+def compute_threads(n):
+    """BLAS and minitx's own worker threads (``MINITX_THREADS``) at ``n`` while inside; None
+    leaves both as they are. BLAS is limited through ``threadpoolctl`` (the [fast] extra);
+    without it only minitx's threads are. Why time on one thread: on a busy machine, threads
+    that wait for each other's descheduled siblings make one loop 10–100× slower than the next,
+    and no number of repeats recovers the figure."""
+    if n is None:
+        yield
+        return
+    before = os.environ.get("MINITX_THREADS")
+    os.environ["MINITX_THREADS"] = str(n)
+    try:
+        try:
+            from threadpoolctl import threadpool_limits  # noqa: PLC0415 - optional extra
+        except ImportError:
+            yield
+        else:
+            with threadpool_limits(limits=n, user_api="blas"):
+                yield
+    finally:
+        if before is None:
+            del os.environ["MINITX_THREADS"]
+        else:
+            os.environ["MINITX_THREADS"] = before
+
+
+def _time_and_memory(cls, n, embed, heads, batch=1, threads=1):
+    """(seconds per forward, as ``time_call`` measures it with ``threads`` compute threads,
+    see ``compute_threads``; peak bytes ``tracemalloc`` traces in one forward) of variant
+    ``cls`` at length ``n``, in float32 under ``no_grad``."""
     layer = cls(embed, heads, **_init_options(cls, n))
     layer.eval()
     x = minitx.tensor(np.random.default_rng(3).standard_normal((batch, n, embed)),
                       dtype="float32")
     with minitx.no_grad():
-        elapsed = time_call(lambda: layer(x))
+        with compute_threads(threads):
+            elapsed = time_call(lambda: layer(x))
         was_tracing = tracemalloc.is_tracing()
         if not was_tracing:
             tracemalloc.start()
@@ -282,9 +313,9 @@ def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) ->
             f"{'O_ref':<22} {'time':>9} {'peak mem':>10}")
     lines = [f"3. Every registered attention variant (forward at N = {n:,}, B = 1, E = {embed}, "
              f"H = {heads};",
-             "   gradcheck in float64 on N = 6, along a random direction per input; time: the "
-             "best of 5 timed",
-             "   loops after a warm-up call, as timeit measures)", "", head,
+             "   gradcheck in float64 on N = 6, along a random direction per input; time: one "
+             "thread, the best",
+             "   of 5 timed loops after a warm-up call, as timeit measures)", "", head,
              "   " + "-" * (len(head) - 3)]
     notes = []
     for r in rows:

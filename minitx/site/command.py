@@ -26,9 +26,11 @@ def missing_tools(names=DOCS_EXTRA) -> list:
 
 
 # What --help says a build costs, measured on an idle 2-core x86-64 machine (NumPy's BLAS).
-BUILD_TIMES = ("How long: a quick build (--quick) takes about 40 s on a 2-core machine, a full "
-               "build about 100 s; most of it is the proofs and executing the notebooks. With "
-               "--cache DIR a rebuild reuses the executed notebooks.")
+BUILD_TIMES = ("How long: on an idle 2-core machine a quick build (--quick) takes about 40 s, "
+               "a full build about 100 s; most of it is the proofs and executing the "
+               "notebooks. A busy machine can take many times as long: --notebooks skip builds "
+               "without executing them, --cache DIR keeps executions for --notebooks reuse, "
+               "and --cell-timeout raises the limit of one cell.")
 
 
 def add_parser(sub):

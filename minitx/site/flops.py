@@ -20,10 +20,12 @@ The convention (the usual one for counting FLOPs):
   output element; a reduction (``sum``, ``max``): one per input element.
 
 An exp counts as one, like an add: the count proves how work *grows* with N, not how long it
-takes. Arrays the code creates from nothing (``zeros``) are not counted until work is done on
-them; an operation between two arrays neither of which descends from a counted one would be
-missed, so ``count_call`` checks that the call's output is still ``Counted`` — a count that lost
-track of the work raises instead of returning a small number.
+takes. While counting, NumPy's constructors (``empty``, ``zeros``, ``ones``, ``full``, ``eye``,
+``arange``) make ``Counted`` arrays too, so a buffer filled tile by tile keeps counting. An
+operation between two arrays neither of which descends from a counted one (say, after an
+``asarray`` that drops the subclass) would still be missed, so ``count_call`` checks that the
+call's output is ``Counted`` — a count that lost track of the work raises instead of
+returning a small number.
 """
 from __future__ import annotations
 
@@ -164,14 +166,31 @@ class Counted(np.ndarray):
         return _wrap(result)
 
 
+# NumPy's constructors, made to return ``Counted`` arrays while counting: a buffer the code
+# fills tile by tile (``out = xp.empty(…); out[i] = …``) holds counted work, and work done on
+# it later is counted too. The code looks them up on the module (``xp.empty``) at each call.
+_MADE = ("empty", "zeros", "ones", "full", "eye", "arange")
+
+
+def _counted_maker(make):
+    def made(*args, **kwargs):
+        return _wrap(make(*args, **kwargs))
+    return made
+
+
 @contextlib.contextmanager
 def _counting_on():
     if _total["on"]:
         raise RuntimeError("counting: already counting (counts do not nest)")
     _total.update(flops=0, on=True)
+    originals = {name: getattr(np, name) for name in _MADE}
     try:
+        for name, make in originals.items():
+            setattr(np, name, _counted_maker(make))
         yield
     finally:
+        for name, make in originals.items():
+            setattr(np, name, make)
         _total["on"] = False
 
 

@@ -234,9 +234,10 @@ def _growth(proof, run, sizes, power, time_power):
     proof.time, proof.memory, proof.flops = _measure(run, sizes)
     ns = ", ".join(map(str, sizes))
     square = {1: "", 2: "²"}
-    proof.check(f"work exponent p (counted floating-point operations ∝ N^p, N = {ns}; stated "
-                f"time O(N{square[time_power]}))", exponent(proof.flops), LIMIT[time_power],
-                fmt="{:.2f}")
+    last = exponent(proof.flops[-2:])    # the slope where the leading term weighs most
+    proof.check(f"work exponent p (counted floating-point operations ∝ N^p, N = {ns}; "
+                f"{last:.2f} between the two largest; stated time O(N{square[time_power]}))",
+                exponent(proof.flops), LIMIT[time_power], fmt="{:.2f}")
     proof.check(f"memory exponent p (peak traced bytes ∝ N^p, N = {ns}; stated O(N"
                 f"{square[power]}))", exponent(proof.memory), LIMIT[power],
                 fmt="{:.2f}", measured=True)     # its verdict is steady; its last digit may move
