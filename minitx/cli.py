@@ -370,7 +370,8 @@ def cmd_bench(args) -> int:
           f"{', '.join(map(str, sizes))}; variants {', '.join(names)}\n"
           "time: the best of 5 timed loops after a warm-up call, as timeit measures (a first, "
           "cold call pays for caches and allocation; the best loop is the least disturbed by "
-          f"other processes), on {threads_said(args.threads)}")
+          f"other processes), on {threads_said(args.threads)}"
+          f"{'; CPU time: it leaves out waits for a core' if args.threads == 1 else ''}")
     rows = bench_rows(names, sizes, args.embed, args.heads, threads=args.threads or None)
     print("\n".join(bench_table(rows, sizes)))
     for r in rows:
@@ -451,9 +452,10 @@ def build_parser():
                    help="embedding width E of each layer (default 32)")
     p.add_argument("--heads", type=int, default=2, help="number of heads H (default 2)")
     p.add_argument("--threads", type=_count, default=1,
-                   help="BLAS and minitx threads while timing (default 1: figures that repeat "
-                        "on a busy machine, where threads waiting for each other make one run "
-                        "10-100x slower than the next; 0: as configured, every core)")
+                   help="BLAS and minitx threads while timing (default 1: the CPU time of one "
+                        "thread, figures that repeat on a busy machine, where the wall clock "
+                        "and threads waiting for each other make one run 10-100x slower than "
+                        "the next; 0: as configured, every core, timed by the wall clock)")
     p.add_argument("--out", default="minitx_out/bench", help="folder for the plots")
     p = sub.add_parser("train", help="run an example task: " + ", ".join(EXAMPLES),
                        description="Runs examples/<task>.py (shipped inside the installed "

@@ -178,27 +178,29 @@ def _reference_error(cls, embed=16, heads=2, n=32):
     return f"{err:.1e} {label}"
 
 
-def time_call(call, repeat: int = 5, loop_seconds: float = 0.02) -> float:
+def time_call(call, repeat: int = 5, loop_seconds: float = 0.02, clock=time.perf_counter):
     """Seconds one ``call()`` takes, measured as ``timeit`` measures: one warm-up call first (a
     first call pays for caches, lazy imports and the allocator growing), then ``repeat`` timed
     loops of ``number`` calls each, ``number`` doubled until one loop lasts ``loop_seconds``;
     returns the best loop's time per call — the one least disturbed by other processes (the
-    spread of the others is noise from the machine, never from the code)."""
+    spread of the others is noise from the machine, never from the code). ``clock``: the
+    wall clock, or ``time.process_time`` for the CPU time this process used (see
+    ``_time_and_memory``)."""
     call()
     number = 1
     while True:
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(number):
             call()
-        if time.perf_counter() - t0 >= loop_seconds or number >= 1024:
+        if clock() - t0 >= loop_seconds or number >= 1024:
             break
         number *= 2
     best = float("inf")
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(number):
             call()
-        best = min(best, (time.perf_counter() - t0) / number)
+        best = min(best, (clock() - t0) / number)
     return best
 
 
@@ -230,16 +232,22 @@ def compute_threads(n):
 
 
 def _time_and_memory(cls, n, embed, heads, batch=1, threads=1):
-    """(seconds per forward, as ``time_call`` measures it with ``threads`` compute threads,
-    see ``compute_threads``; peak bytes ``tracemalloc`` traces in one forward) of variant
-    ``cls`` at length ``n``, in float32 under ``no_grad``."""
+    """(seconds per forward, as ``time_call`` measures it with ``threads`` compute threads —
+    see ``compute_threads`` — in CPU time on one thread, else wall-clock; peak bytes
+    ``tracemalloc`` traces in one forward) of variant ``cls`` at length ``n``, in float32
+    under ``no_grad``."""
     layer = cls(embed, heads, **_init_options(cls, n))
     layer.eval()
     x = minitx.tensor(np.random.default_rng(3).standard_normal((batch, n, embed)),
                       dtype="float32")
+    # On one thread the CPU time the process used is the time the work takes, and it leaves
+    # out the time spent waiting for a core: on a busy machine the wall clock of a 5 ms call
+    # reads anything from 5 to 50 ms, its CPU time 5 ms. On several threads only the wall
+    # clock says how long the caller waits.
+    clock = time.process_time if threads == 1 else time.perf_counter
     with minitx.no_grad():
         with compute_threads(threads):
-            elapsed = time_call(lambda: layer(x))
+            elapsed = time_call(lambda: layer(x), clock=clock)
         was_tracing = tracemalloc.is_tracing()
         if not was_tracing:
             tracemalloc.start()
@@ -313,9 +321,9 @@ def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) ->
             f"{'O_ref':<22} {'time':>9} {'peak mem':>10}")
     lines = [f"3. Every registered attention variant (forward at N = {n:,}, B = 1, E = {embed}, "
              f"H = {heads};",
-             "   gradcheck in float64 on N = 6, along a random direction per input; time: one "
-             "thread, the best",
-             "   of 5 timed loops after a warm-up call, as timeit measures)", "", head,
+             "   gradcheck in float64 on N = 6, along a random direction per input; time: CPU "
+             "time on one thread,",
+             "   the best of 5 timed loops after a warm-up call, as timeit measures)", "", head,
              "   " + "-" * (len(head) - 3)]
     notes = []
     for r in rows:

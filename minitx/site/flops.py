@@ -201,7 +201,11 @@ def count_call(call, *tensors):
     each is viewed as ``Counted`` for the call and given back its plain array afterwards.
     Raises ``CountLost`` when the call's output (a Tensor or array) is not ``Counted``.
     """
-    saved = [(t, t.data) for t in tensors if isinstance(getattr(t, "data", None), np.ndarray)]
+    foreign = [type(t.data).__name__ for t in tensors if not isinstance(t.data, np.ndarray)]
+    if foreign:
+        raise TypeError(f"count_call counts work on NumPy arrays, got {', '.join(foreign)} (the "
+                        "site computes on NumPy: minitx.set_backend('numpy'))")
+    saved = [(t, t.data) for t in tensors]
     try:
         for t, data in saved:
             t.data = data.view(Counted)
@@ -214,7 +218,7 @@ def count_call(call, *tensors):
     outs = out if isinstance(out, (tuple, list)) else (out,)
     for o in outs:
         array = o if isinstance(o, np.ndarray) else getattr(o, "data", None)  # a Tensor's
-        if isinstance(array, np.ndarray) and not isinstance(array, Counted):
+        if array is not None and not isinstance(array, Counted):
             raise CountLost("counting: the call's output is a plain array, so some of its work "
                             "was done outside the count")
     return flops

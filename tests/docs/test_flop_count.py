@@ -18,6 +18,15 @@ from minitx.site.flops import Counted, CountLost, count_call
 dims = st.integers(1, 9)
 
 
+@pytest.fixture(autouse=True)
+def on_numpy():
+    """The site counts on NumPy whatever the backend (``build.numpy_backend``); so do these."""
+    before = minitx.get_backend()
+    minitx.set_backend("numpy")
+    yield
+    minitx.set_backend(before)
+
+
 def _counted(*shapes, seed=0):
     g = np.random.default_rng(seed)
     return [g.standard_normal(s).view(Counted) for s in shapes]
@@ -82,3 +91,12 @@ def test_a_count_that_lost_track_of_the_work_raises():
         count_call(lambda: np.asarray(x) @ np.asarray(x))      # a plain array escapes
     with pytest.raises(RuntimeError, match="do not nest"):
         count_call(lambda: count_call(lambda: x + 1))
+    with pytest.raises(CountLost, match="outside the count"):
+        count_call(lambda: 2 * minitx.tensor(np.ones(3)))     # a Tensor made of plain data
+
+
+def test_only_numpy_arrays_are_counted():
+    class Device:                     # a stand-in for a Tensor whose data lives elsewhere
+        data = [1.0, 2.0]
+    with pytest.raises(TypeError, match="counts work on NumPy arrays, got list"):
+        count_call(lambda: None, Device())

@@ -712,6 +712,19 @@ def test_printed_lines_render_the_same_however_the_kernel_split_them():
     assert a.count('<pre class="nb-out">') == 3 and '<pre class="nb-out">a\nb\nc\n</pre>' in a
 
 
+def test_two_executions_of_notebook_05_render_the_same_page(notebook_cache):
+    """Its printed lines reach the kernel's client in a different number of messages from run
+    to run; the page merges them, so two executions give the same bytes."""
+    from minitx.site import notebooks as nbs
+    path = next(p for p in nbs.notebook_paths() if p.name.startswith("05_"))
+    first = nbs.execute_notebook(path, quick=True, seed=0, cache_dir=notebook_cache)
+    again = nbs.execute_notebook(path, quick=True, seed=0)            # no cache: run again
+    rel = f"notebooks/{path.name}"
+    a, b = (MEASURED.sub("", site_build.notebook_html(nb, Renderer(rel), rel))
+            for nb in (first, again))
+    assert a == b
+
+
 def test_the_index_counts_its_pages_one_way(site):
     index = _read(os.path.join(site, "index.html"))
     course = int(re.search(r"the course: (\d+) pages", index).group(1))
