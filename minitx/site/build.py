@@ -386,11 +386,11 @@ def _meta(page, known, seed, commit):
 
 CLOCK_NOTE = (
     "Growth is proven by the counts: floating-point operations counted from the shapes of "
-    "every product and element-wise step, and the bytes tracemalloc traces. The wall-clock "
-    "plot (the best of 3 calls, on this machine, during this build) shows what one call costs "
-    "here and now; it cannot show how the cost grows: at these N a call's fixed overhead "
-    "(Python, allocation) and the machine's other work weigh as much as the arithmetic, and a "
-    "rerun draws a different line.")
+    "every product and element-wise step, and the bytes tracemalloc traces. The time plot "
+    "(CPU time on one thread, the best of 3 loops after a warm-up, on this machine during "
+    "this build) shows what one call costs here; it cannot show how the cost grows: at these "
+    "N a call's fixed overhead (Python, allocation) weighs as much as the arithmetic, and "
+    "caches and other processes move it from one build to the next.")
 
 
 def _proof_html(proof) -> str:
@@ -417,7 +417,7 @@ def _proof_html(proof) -> str:
         plots.append("<!--measured-->" + svg_plot({"peak traced memory": proof.memory}, "N",
                                                   "bytes", unit="B") + "<!--/measured-->")
     if proof.time:
-        plots.append("<!--measured-->" + svg_plot({"wall-clock, measured": proof.time}, "N",
+        plots.append("<!--measured-->" + svg_plot({"CPU time, measured": proof.time}, "N",
                                                   "seconds", unit="s") + "<!--/measured-->")
     if proof.budget:
         plots.append(svg_plot({"output error": [(b, e) for b, e in proof.budget if e > 0]},

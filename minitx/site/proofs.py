@@ -41,7 +41,7 @@ from minitx.attention import REGISTRY, causal_pattern, dense_attention_array
 from minitx.autograd.gradcheck import GradcheckError
 from minitx.backend import to_device
 from minitx.metrics import APPROX_BUDGETS, approx_distances
-from minitx.tour import _init_options
+from minitx.tour import _init_options, compute_threads, time_call
 
 from .flops import count_call
 
@@ -160,20 +160,16 @@ def _gradient(proof, fn, arrays, limit=1e-6):
 
 def _measure(run, sizes, repeats=3):
     """[(N, seconds)], [(N, peak bytes)], [(N, FLOPs)] of ``run(N)``, a call whose
-    ``.tensors`` are the Tensors it reads: the best of ``repeats`` timings after one warm-up
-    call, the peak memory traced during one more call, and the floating-point operations of
+    ``.tensors`` are the Tensors it reads: its CPU time on one thread as the tour and bench
+    measure it (``tour.time_call``: the best of ``repeats`` loops after a warm-up call), the
+    peak memory traced during one more call, and the floating-point operations of
     one call of the reference code (``minitx.using_config(fast=False)``), counted
     (``flops.count_call``)."""
     times, memory, flops = [], [], []
     for n in sizes:
         call = run(n)
-        call()
-        best = float("inf")
-        for _ in range(repeats):       # the fastest of a few: the least disturbed by others
-            t0 = time.perf_counter()
-            call()
-            best = min(best, time.perf_counter() - t0)
-        times.append((n, best))
+        with compute_threads(1):       # the CPU time of one thread: no waits for a core
+            times.append((n, time_call(call, repeat=repeats, clock=time.process_time)))
         gc.collect()                   # no garbage of earlier calls freed inside this one:
         gc.disable()                   # the same peak whatever ran before
         was_tracing = tracemalloc.is_tracing()
