@@ -133,11 +133,21 @@ def _cache_key(source: str, quick: bool, seed: int) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+# One compute thread in the kernel (BLAS and minitx's own, ``MINITX_THREADS``): the notebooks'
+# matrices are small, so threads gain little on an idle machine — and on a busy one, threads
+# waiting for their descheduled siblings made notebook 03's training cell run 20 times as long
+# (a quick build's 15 s cell took 300 s), past the cell time limit.
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "MINITX_THREADS": "1"}
+
+
 def _kernel_env(quick: bool, seed: int) -> dict[str, str]:
     """The caller's environment plus the notebook settings. Plots: matplotlib's non-GUI inline
     backend, which ipykernel turns into embedded PNGs (plain ``Agg`` would draw nothing into the
-    notebook). The notebooks run on NumPy, so a site built anywhere shows the same numbers."""
+    notebook). The notebooks run on NumPy, so a site built anywhere shows the same numbers, and
+    on one compute thread (``ONE_THREAD``)."""
     env = dict(os.environ)
+    env.update(ONE_THREAD)
     env.update({
         "MINITX_QUICK": "1" if quick else "0",
         "MINITX_SEED": str(int(seed)),

@@ -123,11 +123,13 @@ def test_cell_error_names_notebook_cell_and_error(tmp_path):
 def test_settings_reach_the_kernel_and_cache_is_reused(tmp_path, monkeypatch):
     path = _write(tmp_path, "env.py",
                   "# %%\nimport os, minitx\n"
-                  "print(os.environ['MINITX_QUICK'], os.environ['MINITX_SEED'], minitx.__file__)\n")
+                  "print(os.environ['MINITX_QUICK'], os.environ['MINITX_SEED'], minitx.__file__,"
+                  " os.environ['OPENBLAS_NUM_THREADS'], os.environ['MINITX_THREADS'])\n")
     cache = tmp_path / "cache"
     nb = nbs.execute_notebook(path, quick=False, seed=7, cache_dir=cache)
-    quick, seed, where = nb.cells[0].outputs[0].text.split()
+    quick, seed, where, blas, threads = nb.cells[0].outputs[0].text.split()
     assert (quick, seed) == ("0", "7")
+    assert blas == threads == "1"                     # one compute thread: see ONE_THREAD
     assert pathlib.Path(where).resolve() == pathlib.Path(nbs.minitx.__file__).resolve()
     assert len(list(cache.glob("env-*.ipynb"))) == 1
 
