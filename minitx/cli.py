@@ -366,12 +366,13 @@ def cmd_bench(args) -> int:
     while n <= args.max_n:
         sizes.append(n)
         n *= 2
+    cpu_time = args.threads == 1 and minitx.get_backend() != "cupy"   # see tour.time_call
     print(f"bench: forward pass, B = 1, E = {args.embed}, H = {args.heads}; N = "
           f"{', '.join(map(str, sizes))}; variants {', '.join(names)}\n"
           "time: the best of 5 timed loops after a warm-up call, as timeit measures (a first, "
           "cold call pays for caches and allocation; the best loop is the least disturbed by "
           f"other processes), on {threads_said(args.threads)}"
-          f"{'; CPU time: it leaves out waits for a core' if args.threads == 1 else ''}")
+          f"{'; CPU time: it leaves out waits for a core' if cpu_time else ''}")
     rows = bench_rows(names, sizes, args.embed, args.heads, threads=args.threads or None)
     print("\n".join(bench_table(rows, sizes)))
     for r in rows:

@@ -244,10 +244,18 @@ def _time_and_memory(cls, n, embed, heads, batch=1, threads=1):
     # out the time spent waiting for a core: on a busy machine the wall clock of a 5 ms call
     # reads anything from 5 to 50 ms, its CPU time 5 ms. On several threads only the wall
     # clock says how long the caller waits.
-    clock = time.process_time if threads == 1 else time.perf_counter
+    # On a GPU the host's CPU time says nothing of the device's work: there the wall clock,
+    # each call waiting for its result (one element read back).
+    on_gpu = minitx.get_backend() == "cupy"
+    clock = time.process_time if threads == 1 and not on_gpu else time.perf_counter
+
+    def call():
+        y = layer(x)
+        if on_gpu:
+            to_host(y.data.reshape(-1)[:1])
     with minitx.no_grad():
-        with compute_threads(threads):
-            elapsed = time_call(lambda: layer(x), clock=clock)
+        with compute_threads(None if on_gpu else threads):
+            elapsed = time_call(call, clock=clock)
         was_tracing = tracemalloc.is_tracing()
         if not was_tracing:
             tracemalloc.start()
