@@ -167,6 +167,11 @@ def _measure(run, sizes, repeats=3):
     (``flops.count_call``)."""
     times, memory, flops = [], [], []
     for n in sizes:
+        # counted first, on a call just made: a layer that draws at each call (hashing,
+        # clustering) draws the same numbers in every build, however many calls the timing took
+        fresh = run(n)
+        with minitx.using_config(fast=False):   # the code the course shows
+            flops.append((n, count_call(fresh, *fresh.tensors)))
         call = run(n)
         with compute_threads(1):       # the CPU time of one thread: no waits for a core
             times.append((n, time_call(call, repeat=repeats, clock=time.process_time)))
@@ -183,8 +188,6 @@ def _measure(run, sizes, repeats=3):
             if not was_tracing:
                 tracemalloc.stop()
             gc.enable()
-        with minitx.using_config(fast=False):   # the code the course shows
-            flops.append((n, count_call(call, *call.tensors)))
     return times, memory, flops
 
 
