@@ -15,6 +15,7 @@ The helpers ``add_common_args`` and ``setup_run`` give every example the same
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import runpy
@@ -300,8 +301,9 @@ def cmd_patterns(args) -> int:
     return 0
 
 
-def bench_rows(names, sizes, embed=32, heads=2, batch=1, on_row=None):
-    """[{variant, n, time_s, peak_bytes, error}] — forward time and traced peak memory."""
+def bench_rows(names, sizes, embed=32, heads=2, batch=1, on_row=None, threads=1):
+    """[{variant, n, time_s, peak_bytes, error}] — forward time (``tour.time_call`` with
+    ``threads`` compute threads; None: as configured) and traced peak memory."""
     rows = []
     for name in names:
         cls = REGISTRY.get(name)
@@ -312,7 +314,7 @@ def bench_rows(names, sizes, embed=32, heads=2, batch=1, on_row=None):
             else:
                 try:
                     row["time_s"], row["peak_bytes"] = _time_and_memory(cls, n, embed, heads,
-                                                                        batch)
+                                                                        batch, threads)
                 except Exception as exc:  # noqa: BLE001
                     row["error"] = _short(exc)
             rows.append(row)
@@ -342,6 +344,21 @@ def bench_table(rows, sizes) -> list:
     return lines
 
 
+def _count(text) -> int:
+    """An argparse type: a whole number >= 0."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def threads_said(threads) -> str:
+    if not threads:
+        return "as many threads as BLAS and MINITX_THREADS give"
+    blas = "" if importlib.util.find_spec("threadpoolctl") else \
+        " (BLAS threads unchanged: threadpoolctl, the [fast] extra, is not installed)"
+    return f"{threads} compute thread{'s' * (threads != 1)}{blas}"
+
+
 def cmd_bench(args) -> int:
     names = args.variants
     sizes = []
@@ -349,9 +366,14 @@ def cmd_bench(args) -> int:
     while n <= args.max_n:
         sizes.append(n)
         n *= 2
+    cpu_time = args.threads == 1 and minitx.get_backend() != "cupy"   # see tour.time_call
     print(f"bench: forward pass, B = 1, E = {args.embed}, H = {args.heads}; N = "
-          f"{', '.join(map(str, sizes))}; variants {', '.join(names)}")
-    rows = bench_rows(names, sizes, args.embed, args.heads)
+          f"{', '.join(map(str, sizes))}; variants {', '.join(names)}\n"
+          "time: the best of 5 timed loops after a warm-up call, as timeit measures (a first, "
+          "cold call pays for caches and allocation; the best loop is the least disturbed by "
+          f"other processes), on {threads_said(args.threads)}"
+          f"{'; CPU time: it leaves out waits for a core' if cpu_time else ''}")
+    rows = bench_rows(names, sizes, args.embed, args.heads, threads=args.threads or None)
     print("\n".join(bench_table(rows, sizes)))
     for r in rows:
         if r["error"]:
@@ -417,14 +439,24 @@ def build_parser():
                         help="array backend (default: $MINITX_BACKEND or numpy)")
     sub = parser.add_subparsers(dest="command")
     p = sub.add_parser("tour", help="the guided tour (the default)")
-    p.add_argument("--n", type=int, default=1024, help="sequence length for the timing column")
+    p.add_argument("--n", type=int, default=1024,
+                   help="sequence length N of the time and memory columns (default 1024)")
     p = sub.add_parser("bench", help="time and memory versus N for chosen variants")
     p.add_argument("--variants", default=DEFAULT_BENCH, type=variant_list,
                    help=f"comma-separated registry names (default {DEFAULT_BENCH})")
-    p.add_argument("--min-n", type=int, default=128)
-    p.add_argument("--max-n", type=int, default=2048)
-    p.add_argument("--embed", type=int, default=32)
-    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--min-n", type=int, default=128,
+                   help="the smallest sequence length N timed (default 128); N doubles from "
+                        "it up to --max-n")
+    p.add_argument("--max-n", type=int, default=2048,
+                   help="the largest sequence length N timed (default 2048)")
+    p.add_argument("--embed", type=int, default=32,
+                   help="embedding width E of each layer (default 32)")
+    p.add_argument("--heads", type=int, default=2, help="number of heads H (default 2)")
+    p.add_argument("--threads", type=_count, default=1,
+                   help="BLAS and minitx threads while timing (default 1: the CPU time of one "
+                        "thread, figures that repeat on a busy machine, where the wall clock "
+                        "and threads waiting for each other make one run 10-100x slower than "
+                        "the next; 0: as configured, every core, timed by the wall clock)")
     p.add_argument("--out", default="minitx_out/bench", help="folder for the plots")
     p = sub.add_parser("train", help="run an example task: " + ", ".join(EXAMPLES),
                        description="Runs examples/<task>.py (shipped inside the installed "
@@ -434,7 +466,9 @@ def build_parser():
     p.add_argument("task_args", nargs=argparse.REMAINDER,
                    help="the example's own options (`train TASK --help` lists them)")
     p = sub.add_parser("patterns", help="text pictures of sparse attention patterns")
-    p.add_argument("--n", type=int, default=16)
+    p.add_argument("--n", type=int, default=16,
+                   help="sequence length N: each picture is N × N, query rows by key columns "
+                        "(default 16)")
     p.add_argument("--variants", default=None, type=variant_list,
                    help="comma-separated registry names")
     p = sub.add_parser("doctor", help="backend, NumPy/CuPy versions, GPU, nvcc, and the "

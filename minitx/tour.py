@@ -14,8 +14,10 @@ Sections (each a function returning lines of text, so tests and the CLI can call
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
+import os
 import textwrap
 import time
 import tracemalloc
@@ -176,15 +178,84 @@ def _reference_error(cls, embed=16, heads=2, n=32):
     return f"{err:.1e} {label}"
 
 
-def _time_and_memory(cls, n, embed, heads, batch=1):
+def time_call(call, repeat: int = 5, loop_seconds: float = 0.02, clock=time.perf_counter):
+    """Seconds one ``call()`` takes, measured as ``timeit`` measures: one warm-up call first (a
+    first call pays for caches, lazy imports and the allocator growing), then ``repeat`` timed
+    loops of ``number`` calls each, ``number`` doubled until one loop lasts ``loop_seconds``;
+    returns the best loop's time per call — the one least disturbed by other processes (the
+    spread of the others is noise from the machine, never from the code). ``clock``: the
+    wall clock, or ``time.process_time`` for the CPU time this process used (see
+    ``_time_and_memory``)."""
+    call()
+    number = 1
+    while True:
+        t0 = clock()
+        for _ in range(number):
+            call()
+        if clock() - t0 >= loop_seconds or number >= 1024:
+            break
+        number *= 2
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = clock()
+        for _ in range(number):
+            call()
+        best = min(best, (clock() - t0) / number)
+    return best
+
+
+@contextlib.contextmanager
+def compute_threads(n):
+    """BLAS and minitx's own worker threads (``MINITX_THREADS``) at ``n`` while inside; None
+    leaves both as they are. BLAS is limited through ``threadpoolctl`` (the [fast] extra);
+    without it only minitx's threads are. Why time on one thread: on a busy machine, threads
+    that wait for each other's descheduled siblings make one loop 10–100× slower than the next,
+    and no number of repeats recovers the figure."""
+    if n is None:
+        yield
+        return
+    before = os.environ.get("MINITX_THREADS")
+    os.environ["MINITX_THREADS"] = str(n)
+    try:
+        try:
+            from threadpoolctl import threadpool_limits  # noqa: PLC0415 - optional extra
+        except ImportError:
+            yield
+        else:
+            with threadpool_limits(limits=n, user_api="blas"):
+                yield
+    finally:
+        if before is None:
+            del os.environ["MINITX_THREADS"]
+        else:
+            os.environ["MINITX_THREADS"] = before
+
+
+def _time_and_memory(cls, n, embed, heads, batch=1, threads=1):
+    """(seconds per forward, as ``time_call`` measures it with ``threads`` compute threads —
+    see ``compute_threads`` — in CPU time on one thread, else wall-clock; peak bytes
+    ``tracemalloc`` traces in one forward) of variant ``cls`` at length ``n``, in float32
+    under ``no_grad``."""
     layer = cls(embed, heads, **_init_options(cls, n))
     layer.eval()
     x = minitx.tensor(np.random.default_rng(3).standard_normal((batch, n, embed)),
                       dtype="float32")
+    # On one thread the CPU time the process used is the time the work takes, and it leaves
+    # out the time spent waiting for a core: on a busy machine the wall clock of a 5 ms call
+    # reads anything from 5 to 50 ms, its CPU time 5 ms. On several threads only the wall
+    # clock says how long the caller waits.
+    # On a GPU the host's CPU time says nothing of the device's work: there the wall clock,
+    # each call waiting for its result (one element read back).
+    on_gpu = minitx.get_backend() == "cupy"
+    clock = time.process_time if threads == 1 and not on_gpu else time.perf_counter
+
+    def call():
+        y = layer(x)
+        if on_gpu:
+            to_host(y.data.reshape(-1)[:1])
     with minitx.no_grad():
-        t0 = time.perf_counter()
-        layer(x)
-        elapsed = time.perf_counter() - t0
+        with compute_threads(None if on_gpu else threads):
+            elapsed = time_call(call, clock=clock)
         was_tracing = tracemalloc.is_tracing()
         if not was_tracing:
             tracemalloc.start()
@@ -258,7 +329,9 @@ def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) ->
             f"{'O_ref':<22} {'time':>9} {'peak mem':>10}")
     lines = [f"3. Every registered attention variant (forward at N = {n:,}, B = 1, E = {embed}, "
              f"H = {heads};",
-             "   gradcheck in float64 on N = 6, along a random direction per input)", "", head,
+             "   gradcheck in float64 on N = 6, along a random direction per input; time: CPU "
+             "time on one thread,",
+             "   the best of 5 timed loops after a warm-up call, as timeit measures)", "", head,
              "   " + "-" * (len(head) - 3)]
     notes = []
     for r in rows:

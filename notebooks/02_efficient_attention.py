@@ -107,7 +107,9 @@ plt.show()
 
 # %% [markdown]
 # Times on a small shared machine are noisy: read the slopes, not the last digit. Peak memory
-# is not noisy — the same passes allocate the same buffers every time:
+# is steadier — the same passes allocate the same buffers every time, so its slopes hold from
+# run to run — but not byte-exact: the traced peak moves by a few hundred bytes with what the
+# allocator freed and kept before, so this cell is marked as measured too:
 
 # %% tags=["measured"]
 print(f"{'variant':<10}" + "".join(f"{'N=' + str(n):>10}" for n in SIZES) + f"{'mem p':>8}")

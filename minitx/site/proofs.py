@@ -10,12 +10,15 @@ For each key op and each registered attention variant:
   ``reference`` for score variants; exact softmax attention for the approximations
   (``minitx.metrics``), except Reformer (shared-QK attention under its no-self rule) — and
   Routing, whose windows within clusters approximate exact attention only as clusters → 1;
-- **growth**, proven by a count, never by a clock: the peak memory ``tracemalloc`` traces
-  (the bytes the forward allocates: the same on a busy machine and an idle one) over a few N,
-  and the fitted exponent p of bytes ∝ N^p against the limit the *stated* complexity sets
-  (≤ 1.4 where the docstring's memory term is linear in N, ≤ 2.4 where it is N²). The forward
-  time is drawn too, and its exponent printed, but labelled *illustrative*: it describes this
-  machine at this moment, so no verdict rests on it;
+- **growth**, proven by counts, never by a clock: the floating-point operations of the forward,
+  counted from the shapes of every matrix product and element-wise step it performs
+  (``flops.py``: the same on a busy machine and an idle one), and the peak memory
+  ``tracemalloc`` traces (the bytes the forward allocates), over a few N. The fitted exponent p
+  of each (count ∝ N^p) is checked against the limit the *stated* complexity sets (≤ 1.4
+  where the docstring's time or memory term is linear in N, ≤ 2.4 where it is N²). The
+  forward's wall-clock time is drawn too, fenced as measured and judged by nothing: at these
+  N a call's fixed overhead and the machine's other work dominate the clock, so it shows what
+  one call costs here and now, not how the cost grows;
 - **budget**: for the approximations, the error against budget (features, rank, rounds,
   clusters) — it must fall as the budget grows;
 - **identities**: a variant may state its own (``identities()``: the absorbed form equals the
@@ -38,7 +41,9 @@ from minitx.attention import REGISTRY, causal_pattern, dense_attention_array
 from minitx.autograd.gradcheck import GradcheckError
 from minitx.backend import to_device
 from minitx.metrics import APPROX_BUDGETS, approx_distances
-from minitx.tour import _init_options
+from minitx.tour import _init_options, compute_threads, time_call
+
+from .flops import count_call
 
 __all__ = ["Proof", "ProofFailure", "Sizes", "op_proofs", "variant_proof", "all_proofs",
            "OP_PAGES"]
@@ -71,6 +76,7 @@ class Proof:
     anchor: str                             # the section it sits beside
     lines: list = field(default_factory=list)   # (claim, value, threshold, passed, measured)
     time: list = field(default_factory=list)    # [(N, seconds)]
+    flops: list = field(default_factory=list)   # [(N, counted floating-point operations)]
     memory: list = field(default_factory=list)  # [(N, bytes)]
     budget: list = field(default_factory=list)  # [(budget, error)]
     budget_label: str = ""
@@ -84,6 +90,8 @@ class Proof:
         """
         passed = bool(np.isfinite(value) and (value <= limit if below else value >= limit))
         rel = "≤" if below else "≥"
+        if fmt == "{:.1e}" and _whole(value) and _whole(limit) and limit >= 1:
+            fmt = "{:,.0f}"            # a count (cache entries, numbers per token): as a count
         self.lines.append((claim, fmt.format(value), f"{rel} {fmt.format(limit)}", passed,
                            measured))
         if not passed:
@@ -94,6 +102,10 @@ class Proof:
         """A verdict with no number (``gradcheck``: pass), or — ``measured`` — a number that
         describes this machine and moment: it is labelled *illustrative* and never judged."""
         self.lines.append((claim, value, "illustrative" if measured else "", True, measured))
+
+
+def _whole(x) -> bool:
+    return bool(np.isfinite(x)) and float(x).is_integer()
 
 
 def _host(x):
@@ -147,18 +159,22 @@ def _gradient(proof, fn, arrays, limit=1e-6):
 # ---- growth -------------------------------------------------------------------------------
 
 def _measure(run, sizes, repeats=3):
-    """[(N, seconds)], [(N, peak bytes)] of ``run(N)()``: the best of ``repeats`` timings after
-    one warm-up call, and the peak memory traced during one more call."""
-    times, memory = [], []
+    """[(N, seconds)], [(N, peak bytes)], [(N, FLOPs)] of ``run(N)``, a call whose
+    ``.tensors`` are the Tensors it reads: its CPU time on one thread as the tour and bench
+    measure it (``tour.time_call``: the best of ``repeats`` loops after a warm-up call), the
+    peak memory traced during one more call, and the floating-point operations of
+    one call of the reference code (``minitx.using_config(fast=False)``), counted
+    (``flops.count_call``)."""
+    times, memory, flops = [], [], []
     for n in sizes:
+        # counted first, on a call just made: a layer that draws at each call (hashing,
+        # clustering) draws the same numbers in every build, however many calls the timing took
+        fresh = run(n)
+        with minitx.using_config(fast=False):   # the code the course shows
+            flops.append((n, count_call(fresh, *fresh.tensors)))
         call = run(n)
-        call()
-        best = float("inf")
-        for _ in range(repeats):       # the fastest of a few: the least disturbed by others
-            t0 = time.perf_counter()
-            call()
-            best = min(best, time.perf_counter() - t0)
-        times.append((n, best))
+        with compute_threads(1):       # the CPU time of one thread: no waits for a core
+            times.append((n, time_call(call, repeat=repeats, clock=time.process_time)))
         gc.collect()                   # no garbage of earlier calls freed inside this one:
         gc.disable()                   # the same peak whatever ran before
         was_tracing = tracemalloc.is_tracing()
@@ -172,7 +188,7 @@ def _measure(run, sizes, repeats=3):
             if not was_tracing:
                 tracemalloc.stop()
             gc.enable()
-    return times, memory
+    return times, memory, flops
 
 
 def exponent(points) -> float:
@@ -191,21 +207,38 @@ def stated_memory_power(complexity: str) -> int:
     return 2 if any(t in memory for t in ("N²", "N^2", "/l", "N·N")) else 1
 
 
-# The limit on the fitted memory exponent for each stated power: the slack covers the fixed
-# costs (parameters, small buffers) that flatten the fit at small N, and never admits the
-# next power.
-MEMORY_LIMIT = {1: 1.4, 2: 2.4}
+def stated_time_power(complexity: str) -> int:
+    """The power of N in the time term of a stated complexity (the text before "memory"), at
+    fixed window, features, rank, buckets and stride: 2 when it holds N², a stride's N/l, or a
+    factor that grows with N beside another (N·(L + N)), else 1 (N log N counts as 1: the limit's
+    slack holds its log).
+
+    ``"time O(B·H·N²·D), memory O(B·H·N)"`` → 2; ``"time O(B·H·N·m·D), …"`` → 1."""
+    time_term = complexity.split("memory", 1)[0]
+    return 2 if any(t in time_term for t in ("N²", "N^2", "/l", "N·N", "+ N)")) else 1
+
+
+# The limit on a fitted exponent (of counted FLOPs or traced bytes) for each stated power: the
+# slack covers the fixed costs (parameters, small buffers, the projections' O(N) work) that
+# flatten the fit at small N, and never admits the next power.
+LIMIT = {1: 1.4, 2: 2.4}
+MEMORY_LIMIT = LIMIT
 OP_MEMORY_POWER = {"scaled_dot_product_attention": 2, "flash_attention": 1}
+OP_TIME_POWER = {"scaled_dot_product_attention": 2, "flash_attention": 2}
 
 
-def _growth(proof, run, sizes, power):
-    proof.time, proof.memory = _measure(run, sizes)
+def _growth(proof, run, sizes, power, time_power):
+    """Count, trace and time ``run`` over ``sizes``; check the counted-FLOPs exponent against
+    the stated time power and the traced-memory exponent against the stated memory power."""
+    proof.time, proof.memory, proof.flops = _measure(run, sizes)
     ns = ", ".join(map(str, sizes))
-    tail = proof.time[-3:]               # the largest sizes: where the asymptotics show
-    proof.report(f"time exponent p (time ∝ N^p, N = {', '.join(str(n) for n, _ in tail)}; "
-                 "best of 3)", f"{exponent(tail):.2f}", measured=True)
+    square = {1: "", 2: "²"}
+    last = exponent(proof.flops[-2:])    # the slope where the leading term weighs most
+    proof.check(f"work exponent p (counted floating-point operations ∝ N^p, N = {ns}; "
+                f"{last:.2f} between the two largest; stated time O(N{square[time_power]}))",
+                exponent(proof.flops), LIMIT[time_power], fmt="{:.2f}")
     proof.check(f"memory exponent p (peak traced bytes ∝ N^p, N = {ns}; stated O(N"
-                f"{'²' if power == 2 else ''}))", exponent(proof.memory), MEMORY_LIMIT[power],
+                f"{square[power]}))", exponent(proof.memory), LIMIT[power],
                 fmt="{:.2f}", measured=True)     # its verdict is steady; its last digit may move
 
 
@@ -276,9 +309,10 @@ def op_proofs(sizes: Sizes, seed: int) -> list:
 
             def call():
                 with minitx.no_grad():
-                    fn(*t)
+                    return fn(*t)
+            call.tensors = t
             return call
-        _growth(p, run, sizes.growth, OP_MEMORY_POWER[name])
+        _growth(p, run, sizes.growth, OP_MEMORY_POWER[name], OP_TIME_POWER[name])
 
     p = new("layer_norm")
     w, b = g.standard_normal(5), g.standard_normal(5)
@@ -391,9 +425,11 @@ def variant_proof(name: str, sizes: Sizes, seed: int) -> Proof:
 
         def call():
             with minitx.no_grad():
-                lay(x)
+                return lay(x)
+        call.tensors = [x, *lay.parameters(), *(b for b in lay.buffers() if b is not None)]
         return call
-    _growth(proof, run, sizes.growth, stated_memory_power(cls.complexity))
+    _growth(proof, run, sizes.growth, stated_memory_power(cls.complexity),
+            stated_time_power(cls.complexity))
     for claim, value, limit in (cls.identities(seed) if hasattr(cls, "identities") else ()):
         proof.check(claim, float(value), float(limit))
     proof.note = (proof.note + " " if proof.note else "") + f"Stated complexity: {cls.complexity}."

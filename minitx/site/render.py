@@ -315,7 +315,13 @@ _COLOURS = ("#1f5fa8", "#c2410c", "#15803d", "#7e22ce", "#b45309")
 
 
 def _nice(v: float, unit: str = "") -> str:
-    """A tick label: integers as written, bytes in B/KiB/MiB/GiB, seconds in s/ms/µs."""
+    """A tick label: integers as written, bytes in B/KiB/MiB/GiB, seconds in s/ms/µs, counts
+    ("n") in k/M/G."""
+    if unit == "n":
+        for scale, name in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
+            if abs(v) >= scale:
+                return f"{v / scale:.3g}{name}"
+        return f"{v:.0f}"
     if unit == "B":
         for scale, name in ((2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
             if abs(v) >= scale:
@@ -334,7 +340,8 @@ def svg_plot(series: dict, xlabel: str, ylabel: str, log=True, width=260, height
     """A small line plot as inline SVG, drawn by hand so the bytes depend only on the numbers.
 
     ``series``: {label: [(x, y), …]}; ``log``: both axes logarithmic (a power law is a line,
-    its slope the exponent); ``unit``: "B" or "s" writes the y ticks in KiB/MiB or ms/µs.
+    its slope the exponent); ``unit``: "B", "s" or "n" writes the y ticks in KiB/MiB, ms/µs or
+    k/M/G.
     """
     tx = (lambda v: float(np.log10(v))) if log else float
     pts = {k: [(tx(x), tx(max(y, 1e-30)) if log else float(y)) for x, y in v]

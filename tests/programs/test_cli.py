@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -171,3 +172,35 @@ def test_tour_function_survives_a_broken_variant():
         del REGISTRY["zz_broken"]
     text = "\n".join(lines)
     assert "zz_broken" in text and "error: RuntimeError: boom" in text
+
+
+def test_time_call_leaves_out_the_cold_call_and_reports_the_best_loop():
+    from minitx.tour import time_call
+    calls = []
+
+    def cold_then_fast():
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.3)              # a first call's caches and allocation
+    assert time_call(cold_then_fast, repeat=3, loop_seconds=0.001) < 0.05
+    assert len(calls) >= 1 + 3           # the warm-up call, then the timed loops
+
+
+def test_the_tour_and_bench_time_with_the_same_function(monkeypatch):
+    import minitx.tour as tour_mod
+    from minitx.cli import bench_rows
+    monkeypatch.setattr(tour_mod, "time_call", lambda call, **kw: (call(), 0.125)[1])
+    assert bench_rows(["mha"], [16])[0]["time_s"] == 0.125
+    assert tour_mod.variant_rows(["mha"], n=16)[0]["time_s"] == 0.125
+
+
+@pytest.mark.parametrize("command, options", [("bench", ("--min-n", "--max-n", "--embed",
+                                                        "--heads")),
+                                               ("patterns", ("--n",)), ("tour", ("--n",))])
+def test_every_size_option_says_what_it_sets(command, options):
+    from minitx.cli import build_parser
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    parser = sub.choices[command]
+    for action in parser._actions:
+        if set(action.option_strings) & set(options):
+            assert action.help and "(default" in action.help, action.dest

@@ -80,6 +80,19 @@ def test_char_gpt(tmp_path):
     _files_exist(r)
 
 
+def test_char_gpt_on_a_users_text_says_so_and_quotes_no_stdlib_figure(tmp_path):
+    text = tmp_path / "poem.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 40, encoding="utf-8")
+    r, out, _ = run_example("char_gpt", tmp_path, "--text", str(text))
+    banner = " ".join(out.split("corpus:", 1)[0].split())
+    assert "a character-level GPT on poem.txt" in banner
+    assert "standard library" not in banner and "stdlib" not in banner
+    for stdlib_figure in ("4.30", "1.94", "2.00", "4.56", "L0H3"):
+        assert stdlib_figure not in banner, stdlib_figure
+    assert f"characters of {text}" in out
+    assert r["sample"].startswith("the ")                 # the prompt: the text's first chars
+
+
 def test_lra_listops(tmp_path):
     r, out, _ = run_example("lra_listops", tmp_path)
     wanted = {"mha", "local", "linear", "performer", "linformer", "bigbird", "reformer", "nystrom",
