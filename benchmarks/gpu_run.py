@@ -122,6 +122,7 @@ CPU_ONLY_FIXTURES = {
     "tsan_exe": "the emulation harness under ThreadSanitizer",
     "broken_lib": "the emulation harness with a barrier removed",
     "single_tf32_lib": "the emulation harness with the 3xTF32 split's small products removed",
+    "chained_tf32_lib": "the emulation harness with the 3xTF32 partial sums removed",
     "ptxas_report": "nvcc/ptxas compiling every instantiation on the host",
 }
 # The dry run's handful of suite tests (found by file name anywhere under tests/).

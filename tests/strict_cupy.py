@@ -35,6 +35,9 @@ What it reproduces, each behaviour read from CuPy's source (github.com/cupy/cupy
   0-d device arrays too. ``x[basic] = host_array`` raises "non-scalar numpy.ndarray cannot be
   used for fill" (``_scatter_op`` refuses CPU arrays, gh-2079, through ``fill``); with an
   advanced (array) index the host values are converted.
+- A Python int operand outside [-2^63, 2^64) raises ``OverflowError`` ("Python int too large
+  to convert to C long", ``_scalar.pyx`` ``CScalar``: packed as int64, or uint64 from 2^63
+  on), even next to a float array that NumPy would cast it to.
 - ``iter`` / ``len`` of a 0-d array raise "iteration over a 0-d array" / "len() of unsized
   object"; there is no ``__index__`` (``range(x)`` fails); ``bool``/``int``/``float`` of a
   one-element array read it back (``.get()``).
@@ -168,6 +171,10 @@ class _Ufunc:
         for x in args:
             if x is not None and not isinstance(x, (ndarray,) + _SCALARS):
                 raise unsupported(x)
+            if type(x) is int and not -2 ** 63 <= x < 2 ** 64:
+                # _scalar.pyx: a Python int is packed as int64 (uint64 from 2^63 on) before
+                # the kernel's dtype is known, whatever the other operand's dtype
+                raise OverflowError("Python int too large to convert to C long")
 
     def __call__(self, *args, **kwargs):
         self._check(args + tuple(v for k, v in kwargs.items() if k in ("out", "where")))

@@ -210,9 +210,9 @@ def _tc_cfg(D):
 
 
 def _tf32_cfg(D):
-    streamed = 16 if D == 128 else 32   # dQ's key tiles and dK/dV's query tiles
-    return dict(rows=64, stride=D + 4, fwd_bn=32 if D == 128 else 64, dq_bn=streamed,
-                dkdv_bq=streamed)
+    streamed = 32 if D < 128 else None  # dQ's key tiles and dK/dV's query tiles
+    return dict(rows=64, stride=D + 4, fwd_bn=32 if D == 128 else 64, dq_bn=streamed or 16,
+                dkdv_bq=streamed or 8)
 
 
 def _simt_cfg(D):

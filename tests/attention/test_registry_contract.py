@@ -63,9 +63,15 @@ def test_gradcheck_attend(name, causal):
     for n in (1, 7):
         arrays = qkv(n, b=1, h=H, d=D, scale=0.7, seed=n)
         minitx.gradcheck(layer.attend, tuple(tensor(a, requires_grad=True) for a in arrays))
-    # N = 33: only q carries requires_grad (keeps the finite differences cheap).
+    # N = 33: only q carries requires_grad (keeps the finite differences cheap). On a device
+    # each forward is dozens of kernel launches (reformer's hashing, sorting and gathers: past
+    # 20 s for the 528 forwards of the element-by-element check on an H100), so there the check
+    # takes one random direction through q (gradcheck's fast mode, two forwards), which a wrong
+    # gradient passes only with probability zero; the host keeps the per-element check.
     q, k, v = qkv(33, b=1, h=H, d=D, scale=0.7, seed=33)
-    minitx.gradcheck(layer.attend, (tensor(q, requires_grad=True), tensor(k), tensor(v)))
+    q = tensor(q, requires_grad=True)
+    minitx.gradcheck(layer.attend, (q, tensor(k), tensor(v)),
+                     fast=not isinstance(q.data, np.ndarray))
 
 
 @pytest.mark.parametrize("name", NAMES)

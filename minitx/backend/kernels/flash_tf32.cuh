@@ -53,7 +53,9 @@ struct Tf32Cfg {
     static constexpr int kStride = D + 4;                // fp32 row stride
     static constexpr int kFwdBN = D == 128 ? 32 : 64;    // forward: keys per tile
     static constexpr int kDqBN = D == 128 ? 16 : 32;     // dQ: keys per tile (x 2)
-    static constexpr int kDkdvBQ = D == 128 ? 16 : 32;   // dK/dV: queries per tile (x 2)
+    // dK/dV: queries per tile (x 2); D = 128: two D-wide accumulators and the partial sums of
+    // warp_gemm_acc_kn_tf32 fit in 255 registers only with 8-query tiles
+    static constexpr int kDkdvBQ = D == 128 ? 8 : 32;
 };
 
 // Dynamic shared memory in bytes; kind 0 = fwd, 1 = dkdv, 2 = dq. Everything is fp32 (4 bytes).
@@ -71,6 +73,16 @@ __host__ __device__ constexpr int tf32_smem_bytes(int kind) {
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
     big = to_tf32(x);
     small = to_tf32(x - __int_as_float(int(big)));
+}
+
+// acc += x, rounded to nearest, issued in place among the mma (asm volatile keeps their order):
+// a group's partial sums are done with before the next group's chains begin.
+__device__ __forceinline__ void add_in_order(float& acc, float x) {
+#ifdef MINITX_EMULATION
+    acc += x;
+#else
+    asm volatile("add.rn.f32 %0, %0, %1;\n" : "+f"(acc) : "f"(x));
+#endif
 }
 
 // acc += A B in 3xTF32: three tensor-core products, the small ones first.
@@ -115,25 +127,47 @@ __device__ __forceinline__ void warp_gemm_nt_tf32(float (&acc)[NT][4], const flo
 //   P: 16 x 8KT as C fragments p[KT][4] (the scores' accumulators after the softmax, or dS),
 //   B: 8KT x 8NT fp32, rows b[k * sb + n] in shared memory ("[k][n]": V for P V).
 // The k order within each 8 keys is permuted (k t = key 2t, k t + 4 = key 2t + 1; top of file).
-template <int KT, int NT>
+//
+// Why the products are not simply chained through acc. A tensor core adds an mma's products to
+// its C operand and rounds the sum toward zero (Fasi, Higham, Mikaitis and Pranesh, "Numerical
+// behavior of NVIDIA tensor cores", 2021), so each mma shaves up to an ulp of acc off it, always
+// the same way. acc lives across the whole key (or query) loop, 3 N / 8 mmas at length N: a
+// bias of ~N ulps (dK, dV at N = 2048, D = 128, causal: 10-60x an fp32 sum's error, which grows
+// like sqrt(N)). So each call sums its 8KT keys into a fresh `part` and adds that to acc in one
+// fp32 add, rounded to nearest: the bias stays within one tile.
+// The n-tiles go in groups of G (at most): a group's independent mma chains keep the tensor
+// pipe busy, and only its partial sums are live at a time.
+template <int KT, int NT, int G = 4>
 __device__ __forceinline__ void warp_gemm_acc_kn_tf32(float (&acc)[NT][4], const float (&p)[KT][4],
                                                       const float* b, int sb) {
+    constexpr int NG = NT < G ? NT : G;
+    static_assert(NT % NG == 0, "whole groups of n-tiles");
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const float* bp = b + 2 * t * sb + g;
 #pragma unroll
-    for (int kt = 0; kt < KT; ++kt) {
-        unsigned ab[4], as[4];
-        split_tf32(p[kt][0], ab[0], as[0]);   // row g,     key 2t
-        split_tf32(p[kt][2], ab[1], as[1]);   // row g + 8, key 2t
-        split_tf32(p[kt][1], ab[2], as[2]);   // row g,     key 2t + 1
-        split_tf32(p[kt][3], ab[3], as[3]);   // row g + 8, key 2t + 1
-        const float* bp = b + (kt * 8 + 2 * t) * sb + g;
+    for (int n0 = 0; n0 < NT; n0 += NG) {
+        float part[NG][4];
+        zero(part);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            unsigned bb[2], bs[2];
-            split_tf32(bp[nt * 8], bb[0], bs[0]);        // key 2t,     col g
-            split_tf32(bp[sb + nt * 8], bb[1], bs[1]);   // key 2t + 1, col g
-            mma_3xtf32(acc[nt], ab, as, bb, bs);
+        for (int kt = 0; kt < KT; ++kt) {
+            unsigned ab[4], as[4];
+            split_tf32(p[kt][0], ab[0], as[0]);   // row g,     key 2t
+            split_tf32(p[kt][2], ab[1], as[1]);   // row g + 8, key 2t
+            split_tf32(p[kt][1], ab[2], as[2]);   // row g,     key 2t + 1
+            split_tf32(p[kt][3], ab[3], as[3]);   // row g + 8, key 2t + 1
+#pragma unroll
+            for (int j = 0; j < NG; ++j) {
+                const int col = (n0 + j) * 8;
+                unsigned bb[2], bs[2];
+                split_tf32(bp[kt * 8 * sb + col], bb[0], bs[0]);        // key 2t,     col g
+                split_tf32(bp[(kt * 8 + 1) * sb + col], bb[1], bs[1]);  // key 2t + 1, col g
+                mma_3xtf32(part[j], ab, as, bb, bs);
+            }
         }
+#pragma unroll
+        for (int j = 0; j < NG; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) add_in_order(acc[n0 + j][i], part[j][i]);
     }
 }
 

@@ -23,9 +23,10 @@ _FIXTURE_BUILDS = {
     "tsan_exe": ("tsan",),
     "broken_lib": ("broken",),
     "single_tf32_lib": ("single_tf32",),
+    "chained_tf32_lib": ("chained_tf32",),
     "ptxas_report": ("nvcc_sm_80", "nvcc_sm_90"),
 }
-_ORDER = ("emu", "nvcc_sm_80", "nvcc_sm_90", "tsan", "broken", "single_tf32")
+_ORDER = ("emu", "nvcc_sm_80", "nvcc_sm_90", "tsan", "broken", "single_tf32", "chained_tf32")
 
 
 # The files that compile the kernels or run them in the CPU emulation hand NumPy arrays to the
@@ -80,6 +81,12 @@ class _Builds:
                 fh.write(H.single_tf32_source(flash_cuda.kernel_source()))
             return H.build_shared(os.path.join(self.root, "libminitx_emu_single_tf32.so"),
                                   small=True, kernel_file=path)
+        if name == "chained_tf32":
+            path = os.path.join(self.root, "flash_attn_chained_tf32.cu")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(H.chained_tf32_source(flash_cuda.kernel_source()))
+            return H.build_shared(os.path.join(self.root, "libminitx_emu_chained_tf32.so"),
+                                  kernel_file=path)
         if name.startswith("nvcc_"):
             arch = name[len("nvcc_"):]
             wd = os.path.join(self.root, name)
@@ -130,6 +137,11 @@ def broken_lib(cuda_builds):
 @pytest.fixture(scope="session")
 def single_tf32_lib(cuda_builds):
     return cuda_builds.get("single_tf32")
+
+
+@pytest.fixture(scope="session")
+def chained_tf32_lib(cuda_builds):
+    return cuda_builds.get("chained_tf32")
 
 
 @pytest.fixture(scope="session")

@@ -80,6 +80,25 @@ def single_tf32_source(src: str) -> str:
     return src.replace(TF32_SMALL_TERMS, "    /* small products removed by the harness self-test */\n")
 
 
+# The 3xTF32 kernels' per-tile partial sums of P B (warp_gemm_acc_kn_tf32); without them every
+# mma chains through the long-lived accumulator, and its rounding toward zero drifts with N.
+TF32_PART_MMA = "                mma_3xtf32(part[j], ab, as, bb, bs);\n"
+TF32_PART_ADD = ("            for (int i = 0; i < 4; ++i) add_in_order(acc[n0 + j][i], "
+                 "part[j][i]);\n")
+
+
+def chained_tf32_source(src: str) -> str:
+    """The kernels with the 3xTF32 products of P B chained through the accumulator (no partial
+    sum per tile): the harness self-test that the long-chain check sees the tensor core's
+    rounding toward zero."""
+    for marker in (TF32_PART_MMA, TF32_PART_ADD):
+        n = src.count(marker)
+        if n != 1:
+            raise AssertionError(f"expected {marker!r} exactly once, found {n}")
+    src = src.replace(TF32_PART_MMA, "                mma_3xtf32(acc[n0 + j], ab, as, bb, bs);\n")
+    return src.replace(TF32_PART_ADD, "            ;   /* partial sums removed by the harness */\n")
+
+
 def broken_source(src: str) -> str:
     """The kernels (``flash_cuda.kernel_source()``, every file inlined) without the fp16
     forward's barrier after its K tile lands, and with the naive forward not rescaling its

@@ -331,14 +331,14 @@ def test_chosen_kernel(monkeypatch):
 
 def test_tf32_launch_plans_names_and_shared_memory():
     """The 3xTF32 family: 64 rows per block like the fp16 kernels, fp32 tiles with rows D + 4
-    floats apart (Tf32Cfg<D>: forward key tiles of 64, 32 at D = 128; dQ's key tiles and dK/dV's
-    query tiles of 32, 16 at D = 128, double buffered)."""
+    floats apart (Tf32Cfg<D>: forward key tiles of 64, 32 at D = 128; dQ's key tiles of 32, 16
+    at D = 128; dK/dV's query tiles of 32, 8 at D = 128; double buffered)."""
     p = fc.plan_launch("fwd", np.float32, B=2, H=3, Nq=130, Nk=5, D=64, causal=True, fam="tf32")
     assert (p.name, p.grid, p.smem) == ("flash_fwd_tf32<64, true>", (3, 6, 1),
                                         4 * (64 + 2 * 64) * 68)
     p = fc.plan_launch("bwd_dkdv", np.float32, B=1, H=2, Nq=5, Nk=129, D=128, fam="tf32")
     assert (p.name, p.grid, p.smem) == ("flash_bwd_dkdv_tf32<128, false>", (3, 2, 1),
-                                        4 * (128 + 4 * 16) * 132 + 4 * 4 * 16)
+                                        4 * (128 + 4 * 8) * 132 + 4 * 4 * 8)
     p = fc.plan_launch("bwd_dq", np.float32, B=1, H=1, Nq=64, Nk=500, D=32, fam="tf32")
     assert (p.name, p.grid, p.smem) == ("flash_bwd_dq_tf32<32, false>", (1, 1, 1),
                                         4 * (128 + 4 * 32) * 36)

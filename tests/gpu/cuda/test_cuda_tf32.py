@@ -225,3 +225,50 @@ def test_tf32_choice_launches_its_kernels(emu_lib):
     assert np.abs(o - o2).max() <= 1e-5 and np.abs(lse - lse2).max() <= 1e-5
     for a, b in zip(g_tf32, g_simt):
         assert np.abs(a - b).max() <= 1e-5 * max(np.abs(b).max(), 1.0)
+
+
+# ------------------------------------------------------------------ long loops
+def _long_loop_errors(lib, n):
+    """max |got - ref| / max |ref| of O over a loop of n keys (64 queries) and of dV over a
+    loop of n queries (64 keys), one head, D = 32. Both are sums of positive terms (v and dO
+    positive), the case where a one-sided rounding adds up; the backward gets the float64 o and
+    lse. (dQ and dK come out of the same product, warp_gemm_acc_kn_tf32, but through dS, whose
+    cancellation would blur what is measured here.)"""
+    rng = np.random.default_rng(3)
+    q, k = ((0.5 * rng.standard_normal((1, 1, m, 32))).astype(np.float32) for m in (64, n))
+    v = rng.uniform(0.5, 1.5, (1, 1, n, 32)).astype(np.float32)
+    o_ref = H.ref_forward(q, k, v)[0]
+    kb, qb = q, k                   # the backward's loop runs over n queries and 64 keys
+    vb = rng.uniform(0.5, 1.5, (1, 1, 64, 32)).astype(np.float32)
+    dob = rng.uniform(0.5, 1.5, (1, 1, n, 32)).astype(np.float32)
+    ob, lseb, _ = H.ref_forward(qb, kb, vb)
+    ob, lseb = ob.astype(np.float32), lseb.astype(np.float32)
+    dv_ref = H.ref_backward(qb, kb, vb, ob, dob)[2]
+
+    def work(launch, _lib):
+        o, _ = H.emu_forward(launch, q, k, v, kernel="tf32")
+        return o, H.emu_backward(launch, qb, kb, vb, ob, lseb, dob, kernel="tf32")[2]
+
+    o, dv = H.run_isolated(lib, work, timeout=TIMEOUT)
+    return {"o": float(np.abs(o - o_ref).max() / np.abs(o_ref).max()),
+            "dv": float(np.abs(dv - dv_ref).max() / np.abs(dv_ref).max())}
+
+
+# fp32's rounding to nearest keeps a sum of n terms within a few 2^-24 of it (its errors take
+# both signs); a tensor core's mma rounds toward zero, up to 2^-23 of the running sum each time,
+# and the kernels let such a chain run over one tile only: 3 mmas per 8 keys, at most 8 k-steps
+# (the forward's 64-key tile at D = 32), so 24 x 2^-23 ~ 2.9e-6 at worst. Chained over 512 keys
+# or queries (192 mmas) the same bias grows to ~2e-5 at worst, which the self-test must show.
+LONG_LOOP_BOUND = 24 * 2.0 ** -23
+
+
+def test_tf32_sums_stay_fp32_accurate_over_a_long_loop(emu_lib, chained_tf32_lib):
+    """O sums over 512 keys, dV over 512 queries: the kernels add each tile's partial sum to
+    their accumulators in fp32 (warp_gemm_acc_kn_tf32), so the tensor core's rounding toward
+    zero does not pile up along the loop. The emulated mma rounds as the hardware does
+    (emu/cuda_emu.h, mma_dot); the same kernels with every mma chained through the accumulator
+    exceed the bound by more than 2x."""
+    errs = _long_loop_errors(emu_lib, 512)
+    assert max(errs.values()) <= LONG_LOOP_BOUND, errs
+    chained = _long_loop_errors(chained_tf32_lib, 512)
+    assert min(chained.values()) > 2 * LONG_LOOP_BOUND, chained

@@ -42,6 +42,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <atomic>
 #include <barrier>
 #include <cmath>
@@ -322,8 +323,50 @@ inline int mma_tf32_a_row(int lane, int i) { return (lane >> 2) + (i & 1 ? 8 : 0
 inline int mma_tf32_a_col(int lane, int i) { return (lane & 3) + (i >= 2 ? 4 : 0); }
 inline int mma_tf32_b_row(int lane, int i) { return (lane & 3) + (i ? 4 : 0); }
 
+// How a tensor core adds the products of one mma to its accumulator. Measurements of the
+// hardware (Fasi, Higham, Mikaitis and Pranesh, "Numerical behavior of NVIDIA tensor cores",
+// PeerJ CS 2021) find the products exact, every term aligned to the largest one with the bits
+// shifted out cut off (no guard bits), and the sum normalized toward zero. Each mma therefore
+// loses up to an fp32 ulp of its largest term, always toward zero: a bias, not noise, so an
+// accumulator that an mma chain carries over thousands of k-steps drifts by thousands of ulps
+// (an fma chain's rounding to nearest grows only as the square root). 1 (the default) models
+// that; 0 is the ideal fma chain, kept to measure what the model changes.
+inline std::atomic<int> g_mma_truncates{1};
+inline void set_mma_truncates(int on) { g_mma_truncates.store(on); }
+
+// c + sum_k a[k] b[k] as the tensor core adds it (g_mma_truncates) or as an fma chain.
+inline float mma_dot(float c, const float* a, const float* b, int n) {
+    if (!g_mma_truncates.load(std::memory_order_relaxed)) {
+        float acc = c;
+        for (int kk = 0; kk < n; ++kk) acc = std::fma(a[kk], b[kk], acc);
+        return acc;
+    }
+    double terms[17];
+    terms[0] = c;
+    int emax = INT_MIN;
+    bool finite = std::isfinite(c);
+    for (int kk = 0; kk < n; ++kk) {
+        terms[kk + 1] = double(a[kk]) * double(b[kk]);   // exact: 11 (or 24) x 11 bits
+        finite = finite && std::isfinite(terms[kk + 1]);
+    }
+    if (!finite) {   // inf / NaN (e.g. shared memory nobody wrote) propagate as they would
+        double s = 0.0;
+        for (int kk = 0; kk <= n; ++kk) s += terms[kk];
+        return float(s);
+    }
+    for (int kk = 0; kk <= n; ++kk)
+        if (terms[kk] != 0.0) emax = std::max(emax, std::ilogb(terms[kk]));
+    if (emax == INT_MIN) return c;   // every term zero
+    const double ulp = std::ldexp(1.0, emax - 23);   // fp32 ulp of the largest term
+    double sum = 0.0;   // exact: at most 17 terms, each below 2^24 of these ulps
+    for (int kk = 0; kk <= n; ++kk) sum += std::trunc(terms[kk] / ulp) * ulp;
+    float r = float(sum);                             // to nearest, then toward zero
+    if (std::fabs(double(r)) > std::fabs(sum)) r = std::nextafter(r, 0.0f);
+    return r;
+}
+
 // d = A * B + c for one 16x8x8 tf32 tile; d may alias c. Products of two tf32 numbers are exact
-// in fp32 (11 x 11 significant bits), and the sum is an fma chain.
+// in fp32 (11 x 11 significant bits); their sum with c is mma_dot's.
 inline void mma_m16n8k8_f32_tf32(float d[4], const unsigned a[4], const unsigned b[2],
                                  const float c[4]) {
     std::uint64_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
@@ -339,9 +382,9 @@ inline void mma_m16n8k8_f32_tf32(float d[4], const unsigned a[4], const unsigned
     float out[4];
     for (int i = 0; i < 4; ++i) {
         const int r = mma_c_row(lane, i), col = mma_c_col(lane, i);
-        float acc = c[i];
-        for (int kk = 0; kk < 8; ++kk) acc = std::fma(A[r][kk], B[kk][col], acc);
-        out[i] = acc;
+        float bcol[8];
+        for (int kk = 0; kk < 8; ++kk) bcol[kk] = B[kk][col];
+        out[i] = mma_dot(c[i], A[r], bcol, 8);
     }
     for (int i = 0; i < 4; ++i) d[i] = out[i];
 }

@@ -62,6 +62,7 @@ extern "C" {
 
 int emu_set_yield_permille(int p) { emu::set_yield_permille(p); return 0; }
 int emu_set_seed(unsigned long long s) { emu::set_seed(s); return 0; }
+int emu_set_mma_truncates(int on) { emu::set_mma_truncates(on); return 0; }
 long long emu_arena_bytes() { return (long long)kArenaBytes; }
 
 // family: 0 simt, 1 tc, 3 tf32; kind: 0 fwd, 1 dkdv, 2 dq -> bytes of dynamic shared memory
