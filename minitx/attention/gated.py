@@ -168,8 +168,9 @@ class GatedAttention(AttentionBase):
         for name in ("q", "k", "v", "out"):
             getattr(head, f"{name}_proj").load_state_dict(
                 getattr(layer, f"{name}_proj").state_dict())
-        layer.gate_proj.weight.data[...] = hx.repeat(to_host(head.gate_proj.weight.data), 4, 0)
-        layer.gate_proj.bias.data[...] = hx.repeat(to_host(head.gate_proj.bias.data), 4, 0)
+        for p, q in ((layer.gate_proj.weight, head.gate_proj.weight),
+                     (layer.gate_proj.bias, head.gate_proj.bias)):
+            p.data = get_array_module(q.data).repeat(q.data, 4, axis=0)   # rows h·D … h·D + 3
         elementwise, headwise = layer(Tensor(x)).numpy(), head(Tensor(x)).numpy()
         # decoding one token at a time through a KVCache vs the full causal forward
         cache = layer.new_cache()
