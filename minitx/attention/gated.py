@@ -77,15 +77,20 @@ class GatedAttention(AttentionBase):
     Formula: Z = softmax(Q Kᵀ/√D + M) V per head, G = σ(X W_g) as (B, H, N, D) or
     (B, H, N, 1), Y = (Z ⊙ G) W_O.
 
+    $$
+    Y = \left( \mathrm{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}} + M \right) V
+    \odot \sigma(X W_g) \right) W_O
+    $$
+
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v, attn_mask=None,
     gate=None)``: q (B, H, Nq, D), k/v (B, Hkv, Nk, D), gate (B, H, Nq, D or 1) → Z ⊙ gate
-    (B, H, Nq, D) (no gate: Z, softmax attention). ``gate_proj`` maps E → E (elementwise)
+    (B, H, Nq, D) (no gate: Z, softmax attention). ``gate_linear`` maps E → E (elementwise)
     or E → H (headwise). Hooks (besides hook_q/k/v/z, z being the gated output): ``hook_gate``
     the gate G (B, N, H, D or 1) and ``hook_ungated`` Z (B, N, H, D), both replaceable;
     ``hook_attn_scores`` and ``hook_pattern`` the N × N maps.
 
     Options: ``gate`` ("elementwise", the default and Qwen3-Next's, or "headwise"),
-    ``causal`` (False), ``num_kv_heads``, ``bias`` (True; the projections', ``gate_proj``'s
+    ``causal`` (False), ``num_kv_heads``, ``bias`` (True; the projections', ``gate_linear``'s
     too). ``attn_mask`` bool or float; ``kv_cache`` a ``KVCache`` (decoding).
 
     Complexity: {complexity}; the gate adds O(B·N·E·E) (elementwise) or O(B·N·E·H).
@@ -94,7 +99,7 @@ class GatedAttention(AttentionBase):
     attention times its own gate (``identities``).
 
     Left out or different: Qwen3-Next makes the gate with the queries, as the second half of
-    each head's slice of a doubled q projection; minitx's ``gate_proj`` is that half on its
+    each head's slice of a doubled q projection; minitx's ``gate_linear`` is that half on its
     own (the same map: ``tests/oracles/test_torch_parity_gated.py`` loads one into the
     other). Qwen3-Next's RMSNorm of q and k and its partial RoPE are model switches, not
     part of this layer.
@@ -110,11 +115,12 @@ class GatedAttention(AttentionBase):
     supports_kv_cache = True
 
     def __init__(self, embed_dim, num_heads, causal=False, gate: str = "elementwise",
-                 bias: bool = True, **base):
-        super().__init__(embed_dim, num_heads, causal=causal, bias=bias, **base)
+                 **base):
+        super().__init__(embed_dim, num_heads, causal=causal, **base)
         self.gate = validate.choice(gate, "gate", GATES, owner="gated")
         self.gate_dim = self.head_dim if self.gate == "elementwise" else 1
-        self.gate_proj = Linear(embed_dim, self.num_heads * self.gate_dim, bias=bias)
+        bias = self.q_proj.bias is not None          # the projections' ``bias`` option
+        self.gate_linear = Linear(embed_dim, self.num_heads * self.gate_dim, bias=bias)
         self.scale = self.head_dim ** -0.5
         self.hook_attn_scores = HookPoint()   # (B, H, Nq, Nk) Q Kᵀ/√D + M
         self.hook_pattern = HookPoint()       # (B, H, Nq, Nk) the softmax
@@ -124,7 +130,7 @@ class GatedAttention(AttentionBase):
     def gates(self, x):
         """G = σ(x W_g): x (B, N, E) → (B, H, N, D) or (B, H, N, 1), through ``hook_gate``."""
         b, n, _ = x.shape
-        g = F.sigmoid(F.reshape(self.gate_proj(x), (b, n, self.num_heads, self.gate_dim)))
+        g = F.sigmoid(F.reshape(self.gate_linear(x), (b, n, self.num_heads, self.gate_dim)))
         return F.transpose(self.hook_gate(g), (0, 2, 1, 3))         # (B, H, N, D or 1)
 
     def attend(self, q, k, v, attn_mask=None, gate=None):
@@ -155,9 +161,10 @@ class GatedAttention(AttentionBase):
         layer = cls(8, 2, causal=True).to(dtype="float64").eval()
         out = layer(Tensor(x)).numpy()
         # by hand: mha of the same projections, times σ(x W_g), through W_O
-        w = {n: to_host(getattr(layer, f"{n}_proj").weight.data) for n in
-             ("q", "k", "v", "out", "gate")}
-        bias = {n: to_host(getattr(layer, f"{n}_proj").bias.data) for n in w}
+        maps = {n: getattr(layer, f"{n}_proj") for n in ("q", "k", "v", "out")}
+        maps["gate"] = layer.gate_linear
+        w = {n: to_host(m.weight.data) for n, m in maps.items()}
+        bias = {n: to_host(m.bias.data) for n, m in maps.items()}
         heads = [(x @ w[n].T + bias[n]).reshape(2, 11, 2, 4).transpose(0, 2, 1, 3)
                  for n in ("q", "k", "v")]
         z = dense_attention_array(*heads, causal_pattern(11))           # (B, H, N, D)
@@ -168,8 +175,8 @@ class GatedAttention(AttentionBase):
         for name in ("q", "k", "v", "out"):
             getattr(head, f"{name}_proj").load_state_dict(
                 getattr(layer, f"{name}_proj").state_dict())
-        for p, q in ((layer.gate_proj.weight, head.gate_proj.weight),
-                     (layer.gate_proj.bias, head.gate_proj.bias)):
+        for p, q in ((layer.gate_linear.weight, head.gate_linear.weight),
+                     (layer.gate_linear.bias, head.gate_linear.bias)):
             p.data = get_array_module(q.data).repeat(q.data, 4, axis=0)   # rows h·D … h·D + 3
         elementwise, headwise = layer(Tensor(x)).numpy(), head(Tensor(x)).numpy()
         # decoding one token at a time through a KVCache vs the full causal forward
@@ -229,8 +236,13 @@ class ForgettingAttention(AttentionBase):
     r"""Forgetting attention (FoX): softmax attention whose scores get the bias c_i − c_j, the
     log of the forget gates between key j and query i (the module docstring's second formula).
 
-    Formula: f_t = σ(w_hᵀ x_t + b_h) per head (``forget_proj``: E → H), c = cumsum(log f),
+    Formula: f_t = σ(w_hᵀ x_t + b_h) per head (``forget_linear``: E → H), c = cumsum(log f),
     S = Q Kᵀ/√D + (c_i − c_j) + M, O = softmax(S) V.
+
+    $$
+    O = \mathrm{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}} + c_i - c_j + M \right) V,
+    \quad c_t = \sum_{l \le t} \log \sigma(w_h^\top x_l + b_h)
+    $$
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v, log_forget=None)``:
     q (B, H, Nq, D), k/v (B, Hkv, Nk, D), log_forget (B, H, Nk) the keys' log f (None: all
@@ -241,7 +253,7 @@ class ForgettingAttention(AttentionBase):
 
     Options: ``causal`` (False; FoX is a decoder: ``causal=False`` uses the symmetric bias
     −|c_i − c_j|, minitx's extension), ``num_kv_heads``, ``bias`` (True, the q/k/v/out
-    projections'; ``forget_proj`` always has its bias b_h). Decoding: ``kv_cache`` a
+    projections'; ``forget_linear`` always has its bias b_h). Decoding: ``kv_cache`` a
     ``ForgetCache`` (``new_cache()``: keys, values and c).
 
     Complexity: {complexity} (the composed form: scores, bias and softmax are formed).
@@ -264,7 +276,7 @@ class ForgettingAttention(AttentionBase):
 
     def __init__(self, embed_dim, num_heads, causal=False, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
-        self.forget_proj = Linear(embed_dim, self.num_heads, bias=True)
+        self.forget_linear = Linear(embed_dim, self.num_heads, bias=True)
         self.scale = self.head_dim ** -0.5
         self.hook_forget = HookPoint()        # (B, H, N) log f
         self.hook_bias = HookPoint()          # (B, H, Nq, Nk) c_i − c_j
@@ -278,7 +290,7 @@ class ForgettingAttention(AttentionBase):
     def log_forget(self, x):
         """log f = log σ(x W_f + b) = −softplus(−(x W_f + b)): x (B, N, E) → (B, H, N),
         through ``hook_forget``."""
-        logits = F.transpose(self.forget_proj(x), (0, 2, 1))           # (B, H, N)
+        logits = F.transpose(self.forget_linear(x), (0, 2, 1))           # (B, H, N)
         return self.hook_forget(-F.softplus(-logits))
 
     def _attend(self, q, k, v, cum):

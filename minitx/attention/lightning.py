@@ -115,6 +115,11 @@ class LightningAttention(RecurrentAttention):
     O = (Q Kᵀ ⊙ Λ) V + (λ^i q_i) S₀, S = λ^c S₀ + (λ^{c−j} k_j)ᵀ V;
     λ_h = exp(−s_h), s_h = 2^{−8(h+1)/H} (× MiniMax's layer factor when ``num_layers`` given).
 
+    $$
+    o_t = \sum_{s \le t} \lambda_h^{\,t-s}\, (q_t \cdot k_s)\, v_s,
+    \qquad \lambda_h = e^{-s_h}, \quad s_h = 2^{-8(h+1)/H}
+    $$
+
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); the state S (B, H, D, D). Hook points (besides
     hook_q/k/v/z): ``hook_decay`` Λ (1, H, c, c) and ``hook_pattern`` Q Kᵀ ⊙ Λ (B, H, c, c),

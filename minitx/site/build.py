@@ -103,12 +103,14 @@ COURSE = [
      "What recent models changed: latent keys and values (MLA), the differential "
      "transformer, sigmoid attention, attention sinks.",
      ["minitx/attention/latent.py", "minitx/attention/differential.py",
-      "minitx/attention/sigmoid.py", "minitx/attention/sinks.py"]),
+      "minitx/attention/sigmoid.py", "minitx/attention/sinks.py",
+      "minitx/attention/gated.py"]),
     ("Attention as recurrence",
      "Linear attention read as a recurrent state: retention, the delta rule, state-space "
      "duality.",
      ["minitx/attention/retention.py", "minitx/attention/delta_rule.py",
-      "minitx/attention/ssd.py", "notebooks/05_attention_and_recurrence.py"]),
+      "minitx/attention/ssd.py", "minitx/attention/lightning.py",
+      "notebooks/05_attention_and_recurrence.py"]),
     ("Tiled flash attention in NumPy",
      "Exact attention in O(N) memory: the online softmax; which code computes attention; "
      "then what every efficient variant costs and gives up, measured.",

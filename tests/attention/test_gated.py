@@ -27,8 +27,10 @@ def build(name, causal=True, **options):
 
 
 def weights(layer, names):
-    return {n: (to_host(getattr(layer, f"{n}_proj").weight.data),
-                to_host(getattr(layer, f"{n}_proj").bias.data)) for n in names}
+    """{name: (W, b)} of the projections (q, k, v, out) and the gate maps (gate, forget)."""
+    maps = {n: getattr(layer, f"{n}_linear" if n in ("gate", "forget") else f"{n}_proj")
+            for n in names}
+    return {n: (to_host(m.weight.data), to_host(m.bias.data)) for n, m in maps.items()}
 
 
 def heads(x, w, b, h):
@@ -76,8 +78,8 @@ def test_gated_equals_its_numpy_formula(n, gate, causal, hkv, seed):
 
 
 def test_the_gate_has_the_shape_its_option_names():
-    assert build("gated").gate_proj.weight.shape == (E, E)                  # one per channel
-    assert build("gated", gate="headwise").gate_proj.weight.shape == (H, E)  # one per head
+    assert build("gated").gate_linear.weight.shape == (E, E)                  # one per channel
+    assert build("gated", gate="headwise").gate_linear.weight.shape == (H, E)  # one per head
 
 
 @pytest.mark.parametrize("gate", ["elementwise", "headwise"])
@@ -86,8 +88,8 @@ def test_gradcheck_of_the_gated_layer(gate, causal):
     """The gate's own gradient: x and the gate projection's weights, through the layer."""
     layer = build("gated", causal=causal, gate=gate)
     x = tensor(np.random.default_rng(1).standard_normal((1, 5, E)), requires_grad=True)
-    layer.gate_proj.weight.requires_grad = True
-    minitx.gradcheck(lambda a, w: layer(a), (x, layer.gate_proj.weight))
+    layer.gate_linear.weight.requires_grad = True
+    minitx.gradcheck(lambda a, w: layer(a), (x, layer.gate_linear.weight))
 
 
 def test_gradcheck_of_attend_with_a_gate():
@@ -196,8 +198,8 @@ def test_gradcheck_of_attend_with_forget_gates():
 def test_gradcheck_of_the_fox_layer():
     layer = build("fox")
     x = tensor(np.random.default_rng(12).standard_normal((1, 6, E)), requires_grad=True)
-    layer.forget_proj.weight.requires_grad = True
-    minitx.gradcheck(lambda a, w: layer(a), (x, layer.forget_proj.weight))
+    layer.forget_linear.weight.requires_grad = True
+    minitx.gradcheck(lambda a, w: layer(a), (x, layer.forget_linear.weight))
 
 
 def test_fox_refuses_what_it_cannot_take():

@@ -58,7 +58,7 @@ def test_gated_matches_qwen3_next_attention(num_kv_heads):
     # HF's q_proj rows are, per head, D query rows then D gate rows
     wq = hf.q_proj.weight.view(H, 2 * D, E)
     to_minitx(mine.q_proj, wq[:, :D].reshape(E, E))
-    to_minitx(mine.gate_proj, wq[:, D:].reshape(E, E))
+    to_minitx(mine.gate_linear, wq[:, D:].reshape(E, E))
     for name, theirs in (("k", hf.k_proj), ("v", hf.v_proj), ("out", hf.o_proj)):
         to_minitx(getattr(mine, f"{name}_proj"), theirs.weight)
     x = np.random.default_rng(1).standard_normal((2, 9, E))
@@ -74,7 +74,7 @@ def test_gated_matches_qwen3_next_attention(num_kv_heads):
     close(xm.grad, xt.grad)
     gq = hf.q_proj.weight.grad.view(H, 2 * D, E)
     close(mine.q_proj.weight.grad, gq[:, :D].reshape(E, E))
-    close(mine.gate_proj.weight.grad, gq[:, D:].reshape(E, E))
+    close(mine.gate_linear.weight.grad, gq[:, D:].reshape(E, E))
     close(mine.k_proj.weight.grad, hf.k_proj.weight.grad)
     close(mine.out_proj.weight.grad, hf.o_proj.weight.grad)
 
@@ -110,7 +110,7 @@ def torch_fox_layer(x, p, hkv):
 def test_fox_layer_matches_the_official_equations(num_kv_heads):
     minitx.manual_seed(0)
     mine = params_to_float64(REGISTRY["fox"](E, H, causal=True, num_kv_heads=num_kv_heads))
-    names = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj", "f": "forget_proj"}
+    names = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj", "f": "forget_linear"}
     p = {}
     for short, attr in names.items():
         lin = getattr(mine, attr)
