@@ -14,8 +14,8 @@ $$
 — linear attention (no softmax, no normalisation) with a constant decay λ ∈ (0, 1] per head:
 retention's map (``retention.py``) without its 1/√D, with MiniMax's decays. Causal linear
 attention needs a cumulative sum over the tokens, which is slow on a GPU when written as a
-scan; lightning attention splits the tokens into blocks of B and computes each block
-**intra** (masked, decayed Q Kᵀ V inside the block: O(B²) work, no scan) and **inter** (what
+scan; lightning attention splits the tokens into blocks of c and computes each block
+**intra** (masked, decayed Q Kᵀ V inside the block: O(c²) work, no scan) and **inter** (what
 the blocks before left, carried in the state S). For a block whose tokens are 1 … c (local
 positions) and the state S₀ after the blocks before it:
 
@@ -126,13 +126,15 @@ class LightningAttention(RecurrentAttention):
     replaceable (a call with either hook set runs as one block, c = N); ``hook_state`` the
     state after the last token.
 
-    Options: ``block`` (256, MiniMax's block length; any positive int), ``layer_index`` (0;
+    Options: ``block`` (64; MiniMax's models use 256; any positive int), ``layer_index`` (0;
     GPT fills it in) and ``num_layers`` (None: no layer factor; L: MiniMax's factor for layer
     ``layer_index`` of L), ``causal`` (False: the symmetric decay λ^{|i−j|}, minitx's
-    extension, one block), ``num_kv_heads``, ``bias``. Decoding:
+    extension, as the blocks run forward plus the blocks run backward less the diagonal),
+    ``num_kv_heads``, ``bias``. Decoding:
     ``forward(x, kv_cache=layer.new_cache())`` (a ``RecurrentState``, constant size).
 
-    Complexity: {complexity} with block B; decoding O(D²) per token and head.
+    Complexity: {complexity} with blocks of c = ``block`` tokens (one block, c = N, when a
+    decay or pattern hook is set); decoding O(D²) per token and head.
 
     Exactness: a different score function (no softmax; tested against its own dense formula,
     ``reference``; its block, recurrent and parallel forms against each other).
@@ -146,12 +148,12 @@ class LightningAttention(RecurrentAttention):
     (2025), "MiniMax-01: Scaling Foundation Models with Lightning Attention".
     """
 
-    complexity = "time O(B·H·N·(B + D)·D), memory O(B·H·N·B)"
+    complexity = "time O(B·H·N·(c + D)·D), memory O(B·H·N·(c + D))"
 
     kind = "score"
     model_options = ("layer_index",)
 
-    def __init__(self, embed_dim, num_heads, causal=False, block: int = 256,
+    def __init__(self, embed_dim, num_heads, causal=False, block: int = 64,
                  layer_index: int = 0, num_layers: int = None, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
         self.block = validate.positive_int(block, "block", owner="lightning")
@@ -194,15 +196,24 @@ class LightningAttention(RecurrentAttention):
     def attend(self, q, k, v):
         """q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D)."""
         check_heads(q, k, v, self.name)
+        h = q.shape[1]
+        k, v = repeat_kv(k, h), repeat_kv(v, h)
+        hooked = self.hook_decay.active or self.hook_pattern.active
         if self.causal:
             out, state = self.extend(q, k, v, None)
+        elif hooked:                        # one block, so the hooks see the whole Λ
+            out, state = lightning_block(q, k, v, self.slopes, causal=False,
+                                         hook_decay=self.hook_decay,
+                                         hook_pattern=self.hook_pattern)
         else:
-            h = q.shape[1]
-            hooked = self.hook_decay.active or self.hook_pattern.active
-            out, state = lightning_block(q, repeat_kv(k, h), repeat_kv(v, h), self.slopes,
-                                         causal=False,
-                                         hook_decay=self.hook_decay if hooked else None,
-                                         hook_pattern=self.hook_pattern if hooked else None)
+            # λ^{|i−j|} = (λ^{i−j} for j ≤ i) + (λ^{j−i} for j ≥ i) − (1 for j = i): the
+            # blocks run forward, then over the reversed tokens, and the diagonal counted
+            # twice is taken off once — O(N·B) memory, as in the causal form
+            back = get_array_module(q.data).arange(q.shape[2] - 1, -1, -1)
+            out, state = self.extend(q, k, v, None)
+            rev, _ = self.extend(q[:, :, back], k[:, :, back], v[:, :, back], None)
+            diagonal = (q * k).sum(axis=-1, keepdims=True) * v                 # (q_i·k_i) v_i
+            out = out + rev[:, :, back] - diagonal
         self.show_state(state)
         return out
 

@@ -61,15 +61,18 @@ def test_blocks_recurrence_and_loops_are_equal(n, block, seed):
     assert_close(out, rec, atol=1e-12, rtol=1e-12)
 
 
-def test_non_causal_is_the_symmetric_decay():
-    lay = layer(causal=False, block=3)
+@pytest.mark.parametrize("block", [1, 3, 8, 64])
+def test_non_causal_is_the_symmetric_decay(block):
+    """Blocks forward plus blocks over the reversed tokens, less the diagonal: λ^{|i−j|}."""
+    lay = layer(causal=False, block=block)
     q, k, v = qkv(8, seed=1)
     out = lay.attend(*(tensor(a) for a in (q, k, v)))
     assert_close(out, numpy_lightning(q, k, v, lay.decays, causal=False), atol=1e-12)
 
 
-def test_gradcheck_across_blocks():
-    lay = layer(block=3)                           # 8 tokens: blocks of 3, 3 and 2
+@pytest.mark.parametrize("causal", [True, False])
+def test_gradcheck_across_blocks(causal):
+    lay = layer(causal=causal, block=3)            # 8 tokens: blocks of 3, 3 and 2
     arrays = qkv(8, b=1, seed=2, scale=0.7)
     minitx.gradcheck(lay.attend, tuple(tensor(a, requires_grad=True) for a in arrays))
 
