@@ -51,10 +51,12 @@ from .kv_cache import KVCache
 
 __all__ = ["GatedAttention", "ForgettingAttention", "ForgetCache", "forget_bias"]
 
+# where ``gated``'s gate acts: one value per channel of each head, or one per head
 GATES = ("elementwise", "headwise")
 
 
 def _check_input(layer, x):
+    """x must be (B, N, E): the layer's own forward, so the base class's check is repeated."""
     if len(x.shape) != 3 or x.shape[-1] != layer.embed_dim:
         raise ValueError(f"{type(layer).__name__}: x must be (B, N, {layer.embed_dim}), got "
                          f"shape {tuple(x.shape)}")
@@ -110,6 +112,7 @@ class GatedAttention(AttentionBase):
 
     complexity = "time O(B·H·N²·D), memory O(B·H·N²)"
 
+    # attend without a gate is softmax attention itself; the gate comes from x, in forward
     kind = "exact"
     supports_attn_mask = True
     supports_kv_cache = True
@@ -118,6 +121,7 @@ class GatedAttention(AttentionBase):
                  **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
         self.gate = validate.choice(gate, "gate", GATES, owner="gated")
+        # W_g: E → H·D (a gate per channel) or E → H (a gate per head, broadcast over D)
         self.gate_dim = self.head_dim if self.gate == "elementwise" else 1
         bias = self.q_proj.bias is not None          # the projections' ``bias`` option
         self.gate_linear = Linear(embed_dim, self.num_heads * self.gate_dim, bias=bias)

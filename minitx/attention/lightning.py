@@ -81,6 +81,8 @@ def lightning_block(q, k, v, slopes, state=None, causal: bool = True, hook_decay
     ``causal=False`` (no state) uses Λ_ij = λ^{|i−j|} (minitx's extension). ``hook_decay``
     / ``hook_pattern``: HookPoints (or None) that see, and may replace, Λ (1, H, c, c) and
     Q Kᵀ ⊙ Λ. Time O(B·H·c·(c + D)·Dv), memory O(B·H·c²)."""
+    # Intra: the decay Λ of local distances i − j (0 above the diagonal when causal), then
+    # the masked, decayed products inside the block.
     c = q.shape[2]
     local = host_xp.arange(c)
     dist = local[:, None] - local[None, :]                                # i − j
@@ -94,6 +96,8 @@ def lightning_block(q, k, v, slopes, state=None, causal: bool = True, hook_decay
     if hook_pattern is not None:
         pattern = hook_pattern(pattern)
     out = F.matmul(pattern, v)                                           # intra
+    # The state this block leaves: each key decayed by its distance to the block's end; then
+    # inter: the state S₀ the blocks before left, read by each query at its distance i + 1.
     to_end = Tensor._wrap(_powers(slopes, c - 1 - local, q.data)[..., None])   # λ^{c−j}
     new_state = F.matmul(F.swapaxes(k * to_end, -1, -2), v)              # (B, H, D, Dv)
     if state is not None:
@@ -150,12 +154,14 @@ class LightningAttention(RecurrentAttention):
 
     complexity = "time O(B·H·N·(c + D)·D), memory O(B·H·N·(c + D))"
 
+    # no softmax: its own score function; GPT fills in the depth for MiniMax's layer factor
     kind = "score"
     model_options = ("layer_index",)
 
     def __init__(self, embed_dim, num_heads, causal=False, block: int = 64,
                  layer_index: int = 0, num_layers: int = None, **base):
         super().__init__(embed_dim, num_heads, causal=causal, **base)
+        # the block length c, and where the layer sits (MiniMax's decays depend on depth)
         self.block = validate.positive_int(block, "block", owner="lightning")
         self.num_layers = None if num_layers is None else \
             validate.positive_int(num_layers, "num_layers", owner="lightning")
@@ -251,6 +257,7 @@ class LightningAttention(RecurrentAttention):
             undecayed = lightning_block(q, k, v, host_xp.zeros(3))[0].numpy()
         qh, kh, vh = (to_host(t.data) for t in (q, k, v))
         linear = (qh @ kh.swapaxes(-1, -2) * host_xp.tri(13)) @ vh
+        # decoding token by token through the state vs the full forward in blocks of 4
         x = rng.standard_normal((1, 9, 12))
         layer.block = 4
         with no_grad():
@@ -258,6 +265,7 @@ class LightningAttention(RecurrentAttention):
             cache = layer.new_cache()
             steps = host_xp.concatenate([layer(Tensor(x[:, t:t + 1]), kv_cache=cache).numpy()
                                          for t in range(9)], axis=1)
+        # each an exact equality: only float64 rounding separates the two sides
         return [("blocks of 4 (intra + inter) − recurrent S_t = λS_{t−1} + k_tᵀv_t, max |Δ|",
                  float(host_xp.abs(blocks - recurrent).max()), 1e-12),
                 ("blocks of 4 − one block of 13 (the parallel form), max |Δ|",
