@@ -439,7 +439,8 @@ def _describe_options(layer):
 
 CACHE_VARIANTS = (("mha", {}), ("gqa", {"num_kv_heads": 2}), ("mqa", {}), ("mla", {}),
                   ("sink", {}), ("retention", {}), ("deltanet", {}), ("ssd", {}),
-                  ("gated_deltanet", {}), ("kda", {}))
+                  ("gated_deltanet", {}), ("kda", {}), ("gated", {}), ("fox", {}),
+                  ("lightning", {}))
 
 
 def cached_numbers(cache) -> int:
@@ -449,7 +450,7 @@ def cached_numbers(cache) -> int:
     elif hasattr(cache, "state"):                      # a recurrent state
         parts = (cache.state,)
     else:                                              # keys and values
-        parts = (cache.keys, cache.values)
+        parts = (cache.keys, cache.values, getattr(cache, "cumulative", None))  # FoX: + c
     return sum(int(np.prod(p.shape)) for p in parts if p is not None)
 
 

@@ -46,3 +46,5 @@ from .retention import *  # noqa: F401,F403
 from .delta_rule import *  # noqa: F401,F403
 from .ssd import *  # noqa: F401,F403
 from .gated_delta import *  # noqa: F401,F403
+from .gated import *  # noqa: F401,F403
+from .lightning import *  # noqa: F401,F403

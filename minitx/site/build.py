@@ -105,11 +105,16 @@ COURSE = [
      "transformer, sigmoid attention, attention sinks.",
      ["minitx/attention/latent.py", "minitx/attention/differential.py",
       "minitx/attention/sigmoid.py", "minitx/attention/sinks.py"]),
+    ("Softmax attention with a gate",
+     "Two 2025 gates: an output gate after the softmax (gated attention, Qwen3-Next) and a "
+     "forget gate on the scores (the Forgetting Transformer).",
+     ["minitx/attention/gated.py"]),
     ("Attention as recurrence",
      "Linear attention read as a recurrent state: retention, the delta rule, state-space "
-     "duality.",
+     "duality, lightning attention.",
      ["minitx/attention/retention.py", "minitx/attention/delta_rule.py",
-      "minitx/attention/ssd.py", "notebooks/05_attention_and_recurrence.py"]),
+      "minitx/attention/ssd.py", "minitx/attention/lightning.py",
+      "notebooks/05_attention_and_recurrence.py"]),
     ("Attention as recurrence, gated",
      "From the delta rule to gated DeltaNet and Kimi Delta Attention: the memory decays, "
      "per head or per key channel, before each delta-rule write.",
