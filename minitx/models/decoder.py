@@ -95,9 +95,9 @@ from .gpt import sample_next
 # The mixture-of-experts layer lives in its own module; a tree without it still builds every
 # dense family, and ``mlp="moe"`` then says what is missing.
 try:
-    from ..nn.moe import MoE
+    from ..nn.moe import MoE, load_balancing_loss
 except ImportError:  # pragma: no cover - depends on the tree
-    MoE = None
+    MoE = load_balancing_loss = None
 
 __all__ = ["DecoderConfig", "check_config", "count_parameters", "Decoder", "DecoderBlock",
            "DecoderAttention", "LatentDecoderAttention", "NORMS", "MLPS", "PLACEMENTS",
@@ -129,7 +129,8 @@ class DecoderConfig:
     ``num_experts``, ``top_k``, ``expert_hidden`` (each expert's width; default F) and
     ``moe_options``, passed as ``nn.moe.MoE(E, expert_hidden, num_experts, top_k,
     **moe_options)``; ``dense_layers``: layer indices that keep a dense SwiGLU of width F
-    (DeepSeek-V3's first layers, Qwen3-MoE's ``mlp_only_layers``).
+    (DeepSeek-V3's first layers, Qwen3-MoE's ``mlp_only_layers``); ``router_aux_loss_coef``:
+    the load-balancing loss's weight in a training loss (``Decoder.aux_loss``).
     """
 
     # sizes
@@ -184,6 +185,7 @@ class DecoderConfig:
     expert_hidden: int = None
     dense_layers: tuple = ()
     moe_options: dict = field(default_factory=dict)
+    router_aux_loss_coef: float = 0.0
 
 
 def check_config(c: DecoderConfig) -> DecoderConfig:
@@ -660,6 +662,24 @@ class Decoder(Module, AttentionMaps, HookedModel):
         if self.config.final_logit_softcap is not None:
             logits = softcap(logits, self.config.final_logit_softcap)
         return logits
+
+    def router_logits(self) -> list:
+        """Each mixture-of-experts layer's router logits (B·N, n) from the last forward, in
+        layer order (HuggingFace's ``output_router_logits``); [] for a dense model."""
+        return [b.mlp.router_logits for b in self.blocks
+                if MoE is not None and isinstance(b.mlp, MoE) and b.mlp.router_logits is not None]
+
+    def aux_loss(self, attention_mask=None):
+        """The load-balancing loss of the last forward, every MoE layer's tokens pooled
+        (``nn.moe.load_balancing_loss``, HuggingFace's ``aux_loss``); padding (0 in
+        ``attention_mask``) does not count. A training loss adds ``router_aux_loss_coef``
+        times it, as HF's does when given labels."""
+        logits = self.router_logits()
+        if not logits:
+            raise ValueError("Decoder.aux_loss: no mixture-of-experts layer has run (the "
+                             f"config has mlp={self.config.mlp!r}, or no forward yet)")
+        return load_balancing_loss(logits, self.config.num_experts, self.config.top_k,
+                                   attention_mask)
 
     def generate(self, idx, max_new_tokens: int, temperature: float = 0.0, top_k: int = None,
                  use_cache: bool = True, attention_mask=None):
