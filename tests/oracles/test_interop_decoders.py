@@ -18,7 +18,8 @@ IDS = np.random.default_rng(1).integers(3, 97, (2, 11))
 HF_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
-            "deepseek_v3": "DeepseekV3ForCausalLM"}
+            "deepseek_v3": "DeepseekV3ForCausalLM", "mixtral": "MixtralForCausalLM",
+            "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
 
 
 @pytest.fixture(scope="module")
