@@ -488,7 +488,7 @@ def decoder_state_from_hf(tensors: dict, model: Decoder, source: str = "checkpoi
             extra.append(origin.get(key, key))
             continue
         if tuple(np.shape(value)) != expected[name]:
-            _fail(source, f"tensor {origin.get(key, key)!r} gives shape "
+            _fail(source, f"tensor {origin.get(key, key)!r} has shape "
                           f"{tuple(np.shape(value))}, the model needs {expected[name]} "
                           f"(as {name})")
         state[name] = value
