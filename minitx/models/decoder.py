@@ -1,5 +1,5 @@
-r"""One decoder for today's families — Llama, Mistral, Qwen, Gemma, OLMo, DeepSeek — each a
-handful of switches on GPT-2.
+r"""One decoder for today's families — Llama, Mistral, Qwen, Gemma, OLMo, Mixtral, gpt-oss,
+DeepSeek — each a handful of switches on GPT-2.
 
 GPT-2's decoder, for tokens t at positions m, with the blocks' residual stream h:
 

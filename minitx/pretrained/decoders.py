@@ -1,6 +1,6 @@
-"""HuggingFace's decoder families — Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2 and
-DeepSeek-V3 (its dense layers and multi-head latent attention, for now) — read into
-minitx's one ``Decoder``: each family is a row of switches, its ``config.json`` translated
+"""HuggingFace's decoder families — Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2, and the
+mixtures of experts Qwen3-MoE, Mixtral, gpt-oss and DeepSeek-V3 — read into minitx's one
+``Decoder``: each family is a row of switches, its ``config.json`` translated
 key by key, its tensors renamed by one table.
 
     model, _ = minitx.pretrained.load("path/to/Qwen3-0.6B", dtype="float64", tokenizer=False)
@@ -12,8 +12,9 @@ placement, QK-norm, Gemma's details); the sizes, eps, rope, biases, windows and 
 from ``config.json`` (``decoder_config``). Every key of ``config.json`` is read, listed as
 not changing the forward (``IGNORED``, with the reason in docs/decoders.md), or refused by
 name: a rope_type minitx does not compute, an activation it does not have, bidirectional
-attention, quantisation. Adding a family is one more row; the mixture-of-experts families
-add ``mlp="moe"`` and the router's keys.
+attention, quantisation (MXFP4 by name). Adding a family is one more row; the
+mixture-of-experts families add ``mlp="moe"``, and ``_moe`` translates their router's and
+experts' keys into ``nn.moe.MoE``'s options (docs/moe.md).
 
 **The tensors** (``L.`` = ``model.layers.{i}.`` in HuggingFace, ``blocks.{i}.`` in minitx):
 
@@ -36,7 +37,10 @@ lm_head.weight (V, E)                        unembed.weight; when tied, absent o
 ===========================================  ================================================
 
 Both libraries store ``Linear`` weights as (out, in), so no tensor is transposed. A missing,
-extra or misshapen tensor is refused, naming it.
+extra or misshapen tensor is refused, naming it. The experts are the exception: minitx stacks
+them, (n, out, in) each; the files hold one matrix per expert (stacked on load), transformers
+5's modules a fused ``gate_up_proj``, gpt-oss's interleaved and transposed (docs/moe.md);
+``decoder_state_to_hf`` writes either spelling back.
 """
 from __future__ import annotations
 
