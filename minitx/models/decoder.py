@@ -100,8 +100,8 @@ except ImportError:  # pragma: no cover - depends on the tree
     MoE = load_balancing_loss = None
 
 __all__ = ["DecoderConfig", "check_config", "count_parameters", "kv_cache_bytes", "Decoder",
-           "DecoderBlock", "DecoderAttention", "LatentDecoderAttention", "NORMS", "MLPS", "PLACEMENTS",
-           "POSITIONS", "QK_NORMS", "LAYER_TYPES", "ATTENTIONS"]
+           "DecoderBlock", "DecoderAttention", "LatentDecoderAttention", "NORMS", "MLPS",
+           "PLACEMENTS", "POSITIONS", "QK_NORMS", "LAYER_TYPES", "ATTENTIONS"]
 
 # Each switch's values (DecoderConfig's docstring and the module docstring say what each does).
 NORMS = ("layernorm", "rmsnorm")

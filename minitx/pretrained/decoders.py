@@ -85,11 +85,11 @@ _ROUTER_KEYS = ("n_shared_experts", "routed_scaling_factor", "n_group", "topk_gr
                 "norm_topk_prob", "topk_method", "scoring_func")
 # HF's defaults, for a config.json that leaves a key out
 _MOE_DEFAULTS = {
-    "qwen3_moe": dict(router_aux_loss_coef=0.001, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
-                      norm_topk_prob=False, decoder_sparse_step=1),
+    "qwen3_moe": dict(router_aux_loss_coef=0.001, num_experts=128, num_experts_per_tok=8,
+                      moe_intermediate_size=768, norm_topk_prob=False, decoder_sparse_step=1),
     "mixtral": dict(router_aux_loss_coef=0.001, num_experts=8, num_experts_per_tok=2),
-    "gpt_oss": dict(router_aux_loss_coef=0.001, num_experts=128, num_experts_per_tok=4, swiglu_limit=7.0,
-                    swiglu_alpha=1.702),
+    "gpt_oss": dict(router_aux_loss_coef=0.001, num_experts=128, num_experts_per_tok=4,
+                    swiglu_limit=7.0, swiglu_alpha=1.702),
     "deepseek_v3": dict(num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
                         norm_topk_prob=True, first_k_dense_replace=3, n_group=8, topk_group=4,
                         routed_scaling_factor=2.5, n_shared_experts=1),
