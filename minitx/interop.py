@@ -292,7 +292,9 @@ def to_torch(module):
         # the family whose config.json, read back, gives these very switches
         t = _transformers()
         cfg = hf_config_dict(module.config, getattr(module, "hf_config", None))
-        out = t.AutoModelForCausalLM.from_config(t.AutoConfig.for_model(**cfg))
+        # HF's experts as a loop over experts: its grouped matmuls take no float64
+        moe = {"experts_implementation": "eager"} if module.config.mlp == "moe" else {}
+        out = t.AutoModelForCausalLM.from_config(t.AutoConfig.for_model(**cfg), **moe)
         state = decoder_state_to_hf(state, module)
     else:
         raise ValueError(f"to_torch: no PyTorch counterpart for {name}; supported: "

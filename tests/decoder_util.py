@@ -1,4 +1,5 @@
-"""Tiny random HuggingFace decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2) for the
+"""Tiny random HuggingFace decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2,
+DeepSeek-V3, and the mixtures of experts Mixtral, Qwen3-MoE, gpt-oss, DeepSeek-V3's) for the
 parity tests, built with ``transformers`` itself and saved with ``save_pretrained``.
 
 Each case is a config small enough to run in a fraction of a second — 2 layers, E = 32,
@@ -52,7 +53,30 @@ CASES = {
         rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 500.0,
                          "original_max_position_embeddings": 16, "mscale": 0.8,
                          "mscale_all_dim": 0.9})),
+    # the mixtures of experts (nn/moe.py), 4 to 8 experts of width 16, two chosen per token
+    "mixtral": ("mixtral", dict(intermediate_size=16, num_local_experts=4,
+                                num_experts_per_tok=2, sliding_window=4)),
+    # layer 1 dense (mlp_only_layers), the top-k renormalised, a head dim of its own
+    "qwen3_moe": ("qwen3_moe", dict(moe_intermediate_size=16, num_experts=4,
+                                    num_experts_per_tok=2, norm_topk_prob=True, head_dim=16,
+                                    mlp_only_layers=[1])),
+    # sinks, sliding and full layers alternating, clamped SwiGLU experts with biases, a router
+    # with a bias; YaRN without truncation
+    "gpt_oss": ("gpt_oss", dict(intermediate_size=16, num_local_experts=4,
+                                num_experts_per_tok=2, head_dim=8, sliding_window=4,
+                                rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                                 "original_max_position_embeddings": 16,
+                                                 "rope_theta": 500.0, "truncate": False,
+                                                 "beta_fast": 32.0, "beta_slow": 1.0})),
+    # layer 0 dense, layer 1 an MoE: sigmoid scores, 8 experts in 4 groups of which 2 are
+    # kept, the correction bias, 2 shared experts, the routed scaling factor
+    "deepseek_v3-moe": ("deepseek_v3", dict(
+        num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6,
+        qk_rope_head_dim=4, v_head_dim=5, first_k_dense_replace=1, n_routed_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=16, n_group=4, topk_group=2,
+        n_shared_experts=2, routed_scaling_factor=2.5, norm_topk_prob=True)),
 }
+MOE_CASES = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3-moe")
 
 _BUILT = {}
 
@@ -65,12 +89,15 @@ def hf_config(case):
            "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
            "gemma3_text": transformers.Gemma3TextConfig,
            "deepseek_v3": transformers.DeepseekV3Config,
-           "olmo2": transformers.Olmo2Config}[kind]
+           "olmo2": transformers.Olmo2Config, "mixtral": transformers.MixtralConfig,
+           "qwen3_moe": transformers.Qwen3MoeConfig, "gpt_oss": transformers.GptOssConfig}[kind]
     return cls(**extra)
 
 
 def randomize(model, torch, seed, scale=0.3):
-    """Every parameter redrawn: gains 1 + noise (Gemma's stored g − 1: noise), the rest noise."""
+    """Every parameter redrawn: gains 1 + noise (Gemma's stored g − 1: noise), the rest noise;
+    and DeepSeek-V3's buffer ``e_score_correction_bias`` (zeros by default), so that the
+    choice of experts depends on it."""
     g = torch.Generator().manual_seed(seed)
     gemma = "gemma" in type(model).__name__.lower()
     with torch.no_grad():
@@ -78,6 +105,9 @@ def randomize(model, torch, seed, scale=0.3):
             noise = torch.randn(p.shape, generator=g, dtype=p.dtype) * scale
             gain = name.endswith("norm.weight") and not gemma
             p.copy_(1.0 + noise if gain else noise)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=g, dtype=b.dtype) * scale)
 
 
 def tiny_decoder(root, case):

@@ -8,7 +8,8 @@ Layout: ``multihead.py`` (MultiheadAttention, PyTorch's arguments and state-dict
 ``transformer.py`` (encoder/decoder layers and stacks), ``gpt.py`` (GPT, generation through a
 KV cache), ``seq2seq.py`` (the encoder–decoder Transformer), ``classifier.py``
 (EncoderClassifier), ``decoder.py`` (one decoder whose families — Llama, Mistral, Qwen,
-Gemma, OLMo — are configurations), ``common.py`` (token ids, attention maps). Every name is
+Gemma, OLMo, Mixtral, gpt-oss, DeepSeek — are configurations), ``presets.py`` (real
+models' published configurations), ``common.py`` (token ids, attention maps). Every name is
 also importable from ``minitx.nn``, as in PyTorch (``nn.MultiheadAttention``,
 ``nn.TransformerEncoderLayer``).
 """
@@ -18,12 +19,14 @@ from .gpt import *  # noqa: F401,F403
 from .seq2seq import *  # noqa: F401,F403
 from .classifier import *  # noqa: F401,F403
 from .decoder import *  # noqa: F401,F403
+from .presets import *  # noqa: F401,F403
 from .multihead import __all__ as _multihead_all
 from .transformer import __all__ as _transformer_all
 from .gpt import __all__ as _gpt_all
 from .seq2seq import __all__ as _seq2seq_all
 from .classifier import __all__ as _classifier_all
 from .decoder import __all__ as _decoder_all
+from .presets import __all__ as _presets_all
 
 __all__ = [*_multihead_all, *_transformer_all, *_gpt_all, *_seq2seq_all, *_classifier_all,
-           *_decoder_all]
+           *_decoder_all, *_presets_all]

@@ -1,5 +1,5 @@
-r"""One decoder for today's families — Llama, Mistral, Qwen, Gemma, OLMo, DeepSeek — each a
-handful of switches on GPT-2.
+r"""One decoder for today's families — Llama, Mistral, Qwen, Gemma, OLMo, Mixtral, gpt-oss,
+DeepSeek — each a handful of switches on GPT-2.
 
 GPT-2's decoder, for tokens t at positions m, with the blocks' residual stream h:
 
@@ -95,13 +95,13 @@ from .gpt import sample_next
 # The mixture-of-experts layer lives in its own module; a tree without it still builds every
 # dense family, and ``mlp="moe"`` then says what is missing.
 try:
-    from ..nn.moe import MoE
+    from ..nn.moe import MoE, load_balancing_loss
 except ImportError:  # pragma: no cover - depends on the tree
-    MoE = None
+    MoE = load_balancing_loss = None
 
-__all__ = ["DecoderConfig", "check_config", "count_parameters", "Decoder", "DecoderBlock",
-           "DecoderAttention", "LatentDecoderAttention", "NORMS", "MLPS", "PLACEMENTS",
-           "POSITIONS", "QK_NORMS", "LAYER_TYPES", "ATTENTIONS"]
+__all__ = ["DecoderConfig", "check_config", "count_parameters", "kv_cache_bytes", "Decoder",
+           "DecoderBlock", "DecoderAttention", "LatentDecoderAttention", "NORMS", "MLPS",
+           "PLACEMENTS", "POSITIONS", "QK_NORMS", "LAYER_TYPES", "ATTENTIONS"]
 
 # Each switch's values (DecoderConfig's docstring and the module docstring say what each does).
 NORMS = ("layernorm", "rmsnorm")
@@ -129,7 +129,8 @@ class DecoderConfig:
     ``num_experts``, ``top_k``, ``expert_hidden`` (each expert's width; default F) and
     ``moe_options``, passed as ``nn.moe.MoE(E, expert_hidden, num_experts, top_k,
     **moe_options)``; ``dense_layers``: layer indices that keep a dense SwiGLU of width F
-    (DeepSeek-V3's first layers, Qwen3-MoE's ``mlp_only_layers``).
+    (DeepSeek-V3's first layers, Qwen3-MoE's ``mlp_only_layers``); ``router_aux_loss_coef``:
+    the load-balancing loss's weight in a training loss (``Decoder.aux_loss``).
     """
 
     # sizes
@@ -184,6 +185,7 @@ class DecoderConfig:
     expert_hidden: int = None
     dense_layers: tuple = ()
     moe_options: dict = field(default_factory=dict)
+    router_aux_loss_coef: float = 0.0
 
 
 def check_config(c: DecoderConfig) -> DecoderConfig:
@@ -251,13 +253,14 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
 
 
 def count_parameters(config: DecoderConfig) -> dict:
-    """{"total", "embedding", "non_embedding"}: the parameters of ``Decoder(config)``,
-    counted from the configuration alone (no model is built, so real sizes cost nothing).
-    "embedding" is the token table (and the untied head); dense MLPs only (an MoE model's
-    count belongs to ``nn.moe``)."""
+    """{"total", "embedding", "non_embedding", "active"}: the parameters of
+    ``Decoder(config)``, counted from the configuration alone (no model is built, so real
+    sizes cost nothing). "embedding" is the token table (and the untied head). "active" is
+    what one token uses: everything but the n − k routed experts it skips in each MoE layer
+    (router, k experts, shared expert, attention, norms, dense layers, the table and the
+    head); equal to "total" for a dense model. Buffers (DeepSeek-V3's correction bias) are
+    not parameters."""
     c = check_config(dataclasses.replace(config))
-    if c.mlp == "moe":
-        raise validate.OptionError("count_parameters: mlp='moe' is counted by nn.moe")
     e, h, hkv, d, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.ffn_hidden
     per_dim = 2 if c.norm == "layernorm" and c.norm_bias else 1       # gain (and bias)
     norm = e * per_dim
@@ -276,12 +279,42 @@ def count_parameters(config: DecoderConfig) -> dict:
     mats = 2 if c.mlp == "gelu" else 3
     mlp = mats * e * f + ((mats - 1) * f + e) * c.mlp_bias
     norms_per_layer = 4 if c.norm_placement == "sandwich" else 2
-    layer = attn + mlp + norms_per_layer * norm
+    layer = attn + norms_per_layer * norm
+    moe_layers = 0 if c.mlp != "moe" else c.num_layers - len(set(c.dense_layers))
+    moe, skipped = _count_moe(c) if moe_layers else (0, 0)
     embedding = c.vocab_size * e * (1 if c.tie_embeddings else 2)
     positions = c.max_position * e if c.positions == "learned" else 0
-    non_embedding = c.num_layers * layer + norm + positions
-    return {"total": embedding + non_embedding, "embedding": embedding,
-            "non_embedding": non_embedding}
+    non_embedding = (c.num_layers * layer + (c.num_layers - moe_layers) * mlp
+                     + moe_layers * moe + norm + positions)
+    total = embedding + non_embedding
+    return {"total": total, "embedding": embedding, "non_embedding": non_embedding,
+            "active": total - moe_layers * skipped}
+
+
+def _count_moe(c: DecoderConfig):
+    """(parameters of one MoE layer, those a token skips: its n − k unchosen experts)."""
+    o, e, i = c.moe_options, c.hidden_size, c.expert_hidden
+    expert = 3 * e * i + (2 * i + e) * bool(o.get("expert_bias"))
+    router = c.num_experts * (e + bool(o.get("router_bias")))
+    shared = o.get("shared_intermediate_size") or o.get("n_shared_experts", 0) * i
+    shared = 3 * e * shared + e * bool(o.get("shared_expert_gate"))
+    return router + c.num_experts * expert + shared, (c.num_experts - c.top_k) * expert
+
+
+def kv_cache_bytes(config: DecoderConfig, tokens: int = 1, bytes_per_number: int = 2) -> int:
+    """Bytes of the caches of every layer after ``tokens`` tokens (bfloat16 by default),
+    from the configuration alone: a full layer keeps 2·Hkv·D numbers per token (MHA when
+    Hkv = H, GQA below), a sliding layer at most its last W − 1 tokens (``WindowKVCache``),
+    an MLA layer its latent and rotary key, r + D_r."""
+    c = check_config(dataclasses.replace(config))
+    tokens = validate.nonnegative_int(tokens, "tokens", owner="kv_cache_bytes")
+    if c.attention == "mla":
+        per_layer = [tokens * (c.kv_lora_rank + c.qk_rope_head_dim)] * c.num_layers
+    else:
+        per_layer = [2 * c.num_kv_heads * c.head_dim *
+                     (min(tokens, c.sliding_window - 1) if t == "sliding" else tokens)
+                     for t in c.layer_types]
+    return sum(per_layer) * bytes_per_number
 
 
 def _norm(c: DecoderConfig, dim: int):
@@ -660,6 +693,24 @@ class Decoder(Module, AttentionMaps, HookedModel):
         if self.config.final_logit_softcap is not None:
             logits = softcap(logits, self.config.final_logit_softcap)
         return logits
+
+    def router_logits(self) -> list:
+        """Each mixture-of-experts layer's router logits (B·N, n) from the last forward, in
+        layer order (HuggingFace's ``output_router_logits``); [] for a dense model."""
+        return [b.mlp.router_logits for b in self.blocks
+                if MoE is not None and isinstance(b.mlp, MoE) and b.mlp.router_logits is not None]
+
+    def aux_loss(self, attention_mask=None):
+        """The load-balancing loss of the last forward, every MoE layer's tokens pooled
+        (``nn.moe.load_balancing_loss``, HuggingFace's ``aux_loss``); padding (0 in
+        ``attention_mask``) does not count. A training loss adds ``router_aux_loss_coef``
+        times it, as HF's does when given labels."""
+        logits = self.router_logits()
+        if not logits:
+            raise ValueError("Decoder.aux_loss: no mixture-of-experts layer has run (the "
+                             f"config has mlp={self.config.mlp!r}, or no forward yet)")
+        return load_balancing_loss(logits, self.config.num_experts, self.config.top_k,
+                                   attention_mask)
 
     def generate(self, idx, max_new_tokens: int, temperature: float = 0.0, top_k: int = None,
                  use_cache: bool = True, attention_mask=None):

@@ -1,6 +1,6 @@
-"""HuggingFace's decoder families — Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2 and
-DeepSeek-V3 (its dense layers and multi-head latent attention, for now) — read into
-minitx's one ``Decoder``: each family is a row of switches, its ``config.json`` translated
+"""HuggingFace's decoder families — Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2, and the
+mixtures of experts Qwen3-MoE, Mixtral, gpt-oss and DeepSeek-V3 — read into minitx's one
+``Decoder``: each family is a row of switches, its ``config.json`` translated
 key by key, its tensors renamed by one table.
 
     model, _ = minitx.pretrained.load("path/to/Qwen3-0.6B", dtype="float64", tokenizer=False)
@@ -12,8 +12,9 @@ placement, QK-norm, Gemma's details); the sizes, eps, rope, biases, windows and 
 from ``config.json`` (``decoder_config``). Every key of ``config.json`` is read, listed as
 not changing the forward (``IGNORED``, with the reason in docs/decoders.md), or refused by
 name: a rope_type minitx does not compute, an activation it does not have, bidirectional
-attention, quantisation. Adding a family is one more row; the mixture-of-experts families
-add ``mlp="moe"`` and the router's keys.
+attention, quantisation (MXFP4 by name). Adding a family is one more row; the
+mixture-of-experts families add ``mlp="moe"``, and ``_moe`` translates their router's and
+experts' keys into ``nn.moe.MoE``'s options (docs/moe.md).
 
 **The tensors** (``L.`` = ``model.layers.{i}.`` in HuggingFace, ``blocks.{i}.`` in minitx):
 
@@ -36,7 +37,10 @@ lm_head.weight (V, E)                        unembed.weight; when tied, absent o
 ===========================================  ================================================
 
 Both libraries store ``Linear`` weights as (out, in), so no tensor is transposed. A missing,
-extra or misshapen tensor is refused, naming it.
+extra or misshapen tensor is refused, naming it. The experts are the exception: minitx stacks
+them, (n, out, in) each; the files hold one matrix per expert (stacked on load), transformers
+5's modules a fused ``gate_up_proj``, gpt-oss's interleaved and transposed (docs/moe.md);
+``decoder_state_to_hf`` writes either spelling back.
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ import numpy as np
 
 from .. import validate
 from ..models.decoder import Decoder, DecoderConfig, check_config
+from ..nn.moe import MoE
 from ..nn.rotary import check_rope
 
 __all__ = ["FAMILIES", "IGNORED", "decoder_config", "decoder_state_from_hf",
@@ -62,16 +67,33 @@ FAMILIES = {
     "gemma3_text": dict(mlp="geglu", qk_norm="head", norm_placement="sandwich",
                         norm_unit_offset=True, norm_scale_in_float32=True, embed_scale=True),
     "deepseek_v3": dict(mlp="moe", attention="mla"),
+    # the mixtures of experts: which layers, which router, which experts (``_moe``)
+    "qwen3_moe": dict(mlp="moe", qk_norm="head"),
+    "mixtral": dict(mlp="moe"),
+    "gpt_oss": dict(mlp="moe", attn_sinks=True, norm_scale_in_float32=True),
 }
 
 # DeepSeek-V3's keys: multi-head latent attention's sizes, and the MoE's, by HF's names.
 _MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
              "v_head_dim", "rope_interleave")
-_MOE_KEYS = {"n_routed_experts": "num_experts", "num_experts_per_tok": "top_k",
-             "moe_intermediate_size": "expert_hidden"}
-# the router's options: translated once nn.moe runs them (until then an MoE layer is refused)
+# The mixtures of experts' keys, by HF's names (each family spells the expert count its way).
+_MOE_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "num_experts_per_tok",
+             "moe_intermediate_size", "first_k_dense_replace", "decoder_sparse_step",
+             "mlp_only_layers", "router_aux_loss_coef", "router_jitter_noise", "swiglu_limit",
+             "swiglu_alpha")
 _ROUTER_KEYS = ("n_shared_experts", "routed_scaling_factor", "n_group", "topk_group",
                 "norm_topk_prob", "topk_method", "scoring_func")
+# HF's defaults, for a config.json that leaves a key out
+_MOE_DEFAULTS = {
+    "qwen3_moe": dict(router_aux_loss_coef=0.001, num_experts=128, num_experts_per_tok=8,
+                      moe_intermediate_size=768, norm_topk_prob=False, decoder_sparse_step=1),
+    "mixtral": dict(router_aux_loss_coef=0.001, num_experts=8, num_experts_per_tok=2),
+    "gpt_oss": dict(router_aux_loss_coef=0.001, num_experts=128, num_experts_per_tok=4,
+                    swiglu_limit=7.0, swiglu_alpha=1.702),
+    "deepseek_v3": dict(num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
+                        norm_topk_prob=True, first_k_dense_replace=3, n_group=8, topk_group=4,
+                        routed_scaling_factor=2.5, n_shared_experts=1),
+}
 
 # config.json keys that do not change the forward pass (docs/decoders.md gives each reason).
 IGNORED = frozenset({
@@ -139,8 +161,10 @@ def _layer_types(cfg, kind, n, source):
     window = cfg.get("sliding_window")
     if kind in ("llama", "olmo2", "deepseek_v3"):
         return None, None
-    if kind == "mistral":                      # one window for every layer, or none
+    if kind in ("mistral", "mixtral"):         # one window for every layer, or none
         return window, None
+    if kind == "qwen3_moe":                    # HF's Qwen3-MoE: every layer, when switched on
+        return (window if cfg.get("use_sliding_window", False) else None), None
     if kind in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
         window = None
     # layer_types when written; else derived as HF derives it (Gemma: every 6th is global;
@@ -150,6 +174,8 @@ def _layer_types(cfg, kind, n, source):
         period = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6))
         types = ["sliding_attention" if (i + 1) % period else "full_attention"
                  for i in range(n)]
+    if types is None and kind == "gpt_oss":     # HF's default: sliding, full, sliding, …
+        types = ["full_attention" if i % 2 else "sliding_attention" for i in range(n)]
     if types is None and kind in ("qwen2", "qwen3"):
         first = cfg.get("max_window_layers", 28)
         types = ["sliding_attention" if window is not None and i >= first else
@@ -171,6 +197,11 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
     if kind not in FAMILIES:
         _fail(source, f"model_type {kind!r} is not a decoder family minitx loads "
                       f"({', '.join(sorted(FAMILIES))})")
+    quant = cfg.get("quantization_config") or {}
+    if quant.get("quant_method") == "mxfp4":
+        _fail(source, "quantization_config says MXFP4: the experts are stored as 4-bit blocks "
+                      "and scales (…_blocks, …_scales), which minitx does not dequantise; "
+                      "dequantise them to float tensors first (docs/moe.md)")
     for key, allowed in _REFUSED.items():
         if cfg.get(key) not in allowed:
             _fail(source, f"{key}={cfg[key]!r} changes the model and minitx does not "
@@ -191,12 +222,15 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
     switches.setdefault("qkv_bias", bias)
     switches.setdefault("o_bias", bias)
     if kind == "deepseek_v3":
-        switches.update(_deepseek(cfg, n, source))
+        switches.update({k: cfg[k] for k in _MLA_KEYS[:-1] if k in cfg},
+                        rope_interleave=cfg.get("rope_interleave", True))
+    if FAMILIES[kind]["mlp"] == "moe":
+        switches.update(_moe(cfg, kind, n, source))
     # HF's names → the switches (the sizes, eps, rope, windows, Gemma's numbers, the tying)
     c = DecoderConfig(
         vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], num_layers=n,
         num_heads=cfg["num_attention_heads"], num_kv_heads=cfg.get("num_key_value_heads"),
-        head_dim=cfg.get("head_dim"), ffn_hidden=cfg["intermediate_size"],
+        head_dim=cfg.get("head_dim"), ffn_hidden=cfg.get("intermediate_size"),
         norm_eps=cfg.get("rms_norm_eps", 1e-6), mlp_bias=bool(cfg.get("mlp_bias", False)),
         gelu_approximate=_ACTIVATIONS[act] is not False, rope=rope, local_rope=local_rope,
         sliding_window=window, layer_types=types,
@@ -211,8 +245,8 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
             act_key, "rope_parameters", "rope_theta", "rope_scaling", "rope_local_base_freq",
             "partial_rotary_factor", "sliding_window", "layer_types", "attention_bias",
             "query_pre_attn_scalar", "final_logit_softcapping", "tie_word_embeddings",
-            "pad_token_id", "max_position_embeddings", *_REFUSED, "first_k_dense_replace",
-            *_MLA_KEYS, *_MOE_KEYS, *_ROUTER_KEYS}
+            "pad_token_id", "max_position_embeddings", *_REFUSED, *_MLA_KEYS, *_MOE_KEYS,
+            *_ROUTER_KEYS}
     unknown = sorted(set(cfg) - read - IGNORED)
     if unknown:
         _fail(source, f"config.json key(s) {', '.join(map(repr, unknown))} are not known to "
@@ -221,18 +255,43 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
     return c
 
 
-def _deepseek(cfg, n, source):
-    """DeepSeek-V3's switches: MLA's sizes, the dense first layers, the experts' sizes."""
-    first = cfg.get("first_k_dense_replace", 3)
-    if first < n:
-        _fail(source, f"deepseek_v3: layers {first} … {n - 1} are mixtures of experts, whose "
-                      f"router options ({', '.join(k for k in _ROUTER_KEYS if k in cfg)}) "
-                      "minitx does not translate yet; only checkpoints whose "
-                      "first_k_dense_replace covers every layer load")
-    out = {"dense_layers": tuple(range(n)), "rope_interleave": cfg.get("rope_interleave", True)}
-    out.update({k: cfg[k] for k in _MLA_KEYS[:-1] if k in cfg})
-    out.update({name: cfg[k] for k, name in _MOE_KEYS.items() if k in cfg})
-    return out
+def _moe(cfg, kind, n, source):
+    """The mixture of experts' switches: which layers stay dense, the experts' sizes, and
+    ``nn.moe.MoE``'s options for the family's router and experts (docs/moe.md's table)."""
+    get = {**_MOE_DEFAULTS[kind], **{k: v for k, v in cfg.items() if v is not None}}.get
+    experts = get("n_routed_experts", get("num_local_experts", get("num_experts")))
+    if float(cfg.get("router_jitter_noise") or 0.0) != 0.0:
+        _fail(source, f"router_jitter_noise={cfg['router_jitter_noise']} (noise on the router's "
+                      "input while training) is not implemented; refused")
+    for key, allowed in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")):
+        if key in cfg and cfg[key] != allowed:
+            _fail(source, f"{key}={cfg[key]!r}: minitx's {kind} router is {allowed!r}; refused")
+    # the layers that keep a dense MLP of width intermediate_size
+    if kind == "deepseek_v3":
+        dense = tuple(range(min(get("first_k_dense_replace"), n)))
+    elif kind == "qwen3_moe":
+        only, step = set(get("mlp_only_layers") or ()), get("decoder_sparse_step")
+        dense = tuple(i for i in range(n) if i in only or (i + 1) % step)
+    else:
+        dense = ()
+    options = {}
+    if kind == "qwen3_moe":
+        options = dict(norm_topk_prob=bool(get("norm_topk_prob")))
+    elif kind == "gpt_oss":
+        options = dict(router="topk_softmax", router_bias=True, expert="clamped_swiglu",
+                       expert_bias=True, swiglu_limit=float(get("swiglu_limit")),
+                       swiglu_alpha=float(get("swiglu_alpha")))
+    elif kind == "deepseek_v3":
+        # norm_topk_prob may be written null; HF's ``if norm_topk_prob`` reads it as False
+        options = dict(router="sigmoid_grouped",
+                       norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                       n_group=get("n_group"), topk_group=get("topk_group"),
+                       routed_scaling_factor=float(get("routed_scaling_factor")),
+                       n_shared_experts=get("n_shared_experts"))
+    return {"num_experts": experts, "top_k": get("num_experts_per_tok"),
+            "expert_hidden": get("moe_intermediate_size", cfg.get("intermediate_size")),
+            "dense_layers": dense, "moe_options": options,
+            "router_aux_loss_coef": float(get("router_aux_loss_coef", 0.0))}
 
 
 def hf_norm_names(placement: str) -> dict:
@@ -266,11 +325,158 @@ def _to_minitx(key, norms):
     return None
 
 
+def _moe_layers(model) -> dict:
+    """{layer index: MoE block} of a decoder's mixture-of-experts layers."""
+    return {i: b.mlp for i, b in enumerate(model.blocks) if isinstance(b.mlp, MoE)}
+
+
+def _spelling(model) -> str:
+    """How HF writes this decoder's experts: "gpt_oss" (stacked, transposed, gate and up
+    interleaved) or "split" (per-expert matrices in the files, gate and up fused in
+    transformers 5's modules)."""
+    router = model.config.moe_options.get("router", "softmax")
+    return "gpt_oss" if router == "topk_softmax" else "split"
+
+
+_PER_EXPERT = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj", "gate_proj": "gate_proj",
+               "up_proj": "up_proj", "down_proj": "down_proj"}
+
+
+def _experts_from_hf(tensors: dict, model, source) -> tuple:
+    """HF's expert tensors (docs/moe.md: the files' per-expert matrices, or transformers 5's
+    fused ``gate_up_proj``; gpt-oss's interleaved, transposed ones) → minitx's stacked
+    tensors, under ``model.layers.{i}.mlp.<minitx name>``. Returns (tensors, {new key: the
+    HF key it came from}); every other key passes through."""
+    moe = _moe_layers(model)
+    gpt_oss = _spelling(model) == "gpt_oss"
+    out, origin, per_expert = {}, {}, {}
+    for key, value in tensors.items():
+        parts = key.split(".")
+        if parts[:2] != ["model", "layers"] or len(parts) < 5 or not parts[2].isdigit() \
+                or int(parts[2]) not in moe or parts[3] not in ("mlp", "block_sparse_moe"):
+            out[key] = value
+            continue
+        i, rest = int(parts[2]), ".".join(parts[4:])
+        if rest.endswith(("_blocks", "_scales")):
+            _fail(source, f"tensor {key!r} is MXFP4-quantised (4-bit blocks and scales); "
+                          "minitx reads float experts: dequantise them first (docs/moe.md)")
+        renamed = {}
+        if rest in ("gate.weight", "router.weight"):
+            renamed["router.weight"] = value
+        elif rest in ("router.bias", "gate.e_score_correction_bias"):
+            renamed["router." + rest.split(".")[1]] = value
+        elif rest.startswith("shared_experts."):
+            renamed["shared_expert." + rest.split(".", 1)[1]] = value
+        elif rest == "experts.gate_up_proj" and gpt_oss:      # (n, E, 2I), interleaved
+            v = np.asarray(value)
+            renamed["experts.gate_proj"] = v[:, :, 0::2].transpose(0, 2, 1)
+            renamed["experts.up_proj"] = v[:, :, 1::2].transpose(0, 2, 1)
+        elif rest == "experts.gate_up_proj_bias" and gpt_oss:
+            v = np.asarray(value)
+            renamed["experts.gate_proj_bias"] = v[:, 0::2]
+            renamed["experts.up_proj_bias"] = v[:, 1::2]
+        elif rest == "experts.gate_up_proj":                  # (n, 2I, E): gate rows, then up
+            v, half = np.asarray(value), moe[i].experts.intermediate_size
+            renamed["experts.gate_proj"], renamed["experts.up_proj"] = v[:, :half], v[:, half:]
+        elif rest == "experts.down_proj" and gpt_oss:         # (n, I, E)
+            renamed["experts.down_proj"] = np.asarray(value).transpose(0, 2, 1)
+        elif len(parts) == 8 and parts[4] == "experts" and parts[5].isdigit() \
+                and parts[6] in _PER_EXPERT and parts[7] == "weight":
+            per_expert[(i, _PER_EXPERT[parts[6]], int(parts[5]))] = (key, value)
+            continue
+        elif parts[3] == "mlp":
+            renamed[rest] = value        # down_proj(_bias), shared_expert(_gate).*, extras
+        else:
+            out[key] = value             # an unknown block_sparse_moe key: refused by name
+            continue
+        for name, v in renamed.items():
+            out[f"model.layers.{i}.mlp.{name}"] = v
+            origin[f"model.layers.{i}.mlp.{name}"] = key
+    # per-expert matrices: all n of each kind, stacked on a leading expert axis
+    for i, block in moe.items():
+        for kind in ("gate_proj", "up_proj", "down_proj"):
+            got = {j: kv for (li, k, j), kv in per_expert.items() if (li, k) == (i, kind)}
+            if not got:
+                continue
+            missing = sorted(set(range(block.num_experts)) - set(got))
+            extra = sorted(set(got) - set(range(block.num_experts)))
+            if missing or extra:
+                _fail(source, f"layer {i}: {kind} of expert(s) {missing} missing, or of "
+                              f"expert(s) {extra} beyond the {block.num_experts} experts")
+            shapes = {tuple(np.shape(v)) for _, v in got.values()}
+            if len(shapes) != 1:
+                _fail(source, f"layer {i}: the experts' {kind} tensors differ in shape: "
+                              f"{sorted(shapes)}")
+            name = f"model.layers.{i}.mlp.experts.{kind}"
+            out[name] = np.stack([np.asarray(got[j][1]) for j in range(block.num_experts)])
+            first = got[0][0].split(".")
+            origin[name] = ".".join(first[:5] + ["{j}"] + first[6:])
+    return out, origin
+
+
+def _experts_to_hf(state: dict, model, files: bool, kind: str) -> dict:
+    """The inverse of ``_experts_from_hf`` on {minitx key: array}: transformers 5's module
+    tensors (``files=False``, what ``load_state_dict`` of HF's model takes) or the
+    checkpoint files' per-expert matrices (``files=True``; Mixtral's ``block_sparse_moe``
+    w1, w3, w2). Keys of dense layers pass through."""
+    moe = _moe_layers(model)
+    gpt_oss = _spelling(model) == "gpt_oss"
+    out = {}
+    for name, value in state.items():
+        parts = name.split(".")
+        if parts[0] != "blocks" or int(parts[1]) not in moe or parts[2] != "mlp":
+            out[name] = value
+    for i in moe:
+        mine = {k[len(f"blocks.{i}.mlp."):]: v for k, v in state.items()
+                if k.startswith(f"blocks.{i}.mlp.")}
+        hf = {}
+        for key, v in mine.items():
+            if key == "router.weight":
+                hf["router.weight" if gpt_oss else "gate.weight"] = v
+            elif key == "router.bias":
+                hf["router.bias"] = v
+            elif key == "router.e_score_correction_bias":
+                hf["gate.e_score_correction_bias"] = v
+            elif key.startswith("shared_expert."):
+                hf["shared_experts." + key.split(".", 1)[1]] = v
+            elif not key.startswith("experts."):
+                hf[key] = v
+        gate, up, down = (mine.get(f"experts.{k}") for k in ("gate_proj", "up_proj",
+                                                              "down_proj"))
+        if gate is None:
+            pass
+        elif gpt_oss:                  # (n, E, 2I): gate in the even columns, up in the odd
+            g, u = np.asarray(gate).transpose(0, 2, 1), np.asarray(up).transpose(0, 2, 1)
+            both = np.empty(g.shape[:2] + (2 * g.shape[2],), dtype=g.dtype)
+            both[:, :, 0::2], both[:, :, 1::2] = g, u
+            gb, ub = (np.asarray(mine[f"experts.{k}_proj_bias"]) for k in ("gate", "up"))
+            bias = np.empty((gb.shape[0], 2 * gb.shape[1]), dtype=gb.dtype)
+            bias[:, 0::2], bias[:, 1::2] = gb, ub
+            hf.update({"experts.gate_up_proj": both, "experts.gate_up_proj_bias": bias,
+                       "experts.down_proj": np.asarray(down).transpose(0, 2, 1),
+                       "experts.down_proj_bias": mine["experts.down_proj_bias"]})
+        elif files:                    # one matrix per expert
+            names = ("w1", "w3", "w2") if kind == "mixtral" else \
+                ("gate_proj", "up_proj", "down_proj")
+            for ours, theirs in zip((gate, up, down), names):
+                for j, w in enumerate(np.asarray(ours)):
+                    hf[f"experts.{j}.{theirs}.weight"] = w
+        else:                          # transformers 5: (n, 2I, E), gate rows then up rows
+            hf["experts.gate_up_proj"] = np.concatenate([np.asarray(gate), np.asarray(up)],
+                                                        axis=1)
+            hf["experts.down_proj"] = down
+        block = "block_sparse_moe" if files and kind == "mixtral" else "mlp"
+        out.update({f"model.layers.{i}.{block}.{k}": v for k, v in hf.items()})
+    return out
+
+
 def decoder_state_from_hf(tensors: dict, model: Decoder, source: str = "checkpoint") -> dict:
     """{HF key: array} → {minitx key: array} for ``model``; a tensor the model does not
     have, one it needs that is missing, or one of the wrong shape raises, naming it."""
     norms = hf_norm_names(model.config.norm_placement)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    # the experts stacked first (docs/moe.md); errors name the HF key a tensor came from
+    tensors, origin = _experts_from_hf(tensors, model, source)
     # each HF tensor: renamed, then it must be one the model has, of the model's shape
     state, extra = {}, []
     for key, value in tensors.items():
@@ -283,11 +489,12 @@ def decoder_state_from_hf(tensors: dict, model: Decoder, source: str = "checkpoi
                               "config.json says tie_word_embeddings=true")
             continue
         if name not in expected:
-            extra.append(key)
+            extra.append(origin.get(key, key))
             continue
         if tuple(np.shape(value)) != expected[name]:
-            _fail(source, f"tensor {key!r} has shape {tuple(np.shape(value))}, the model "
-                          f"needs {expected[name]} (as {name})")
+            _fail(source, f"tensor {origin.get(key, key)!r} has shape "
+                          f"{tuple(np.shape(value))}, the model needs {expected[name]} "
+                          f"(as {name})")
         state[name] = value
     # nothing left over, nothing missing
     if extra:
@@ -315,11 +522,16 @@ def _to_hf(name, norms):
     raise ValueError(f"decoder_state_to_hf: unexpected minitx key {name!r}")
 
 
-def decoder_state_to_hf(state: dict, model: Decoder) -> dict:
+def decoder_state_to_hf(state: dict, model: Decoder, files: bool = False) -> dict:
     """The inverse of ``decoder_state_from_hf``: {minitx key: value} → {HF key: value}
-    (``lm_head.weight`` = ``embed.weight`` when tied and the embedding is given)."""
+    (``lm_head.weight`` = ``embed.weight`` when tied and the embedding is given). The experts
+    as transformers 5's modules hold them (``load_state_dict`` of HF's model), or with
+    ``files`` as its checkpoint files do, one matrix per expert (docs/moe.md)."""
     norms = {v: k for k, v in hf_norm_names(model.config.norm_placement).items()}
-    out = {_to_hf(name, norms): value for name, value in state.items()}
+    kind = getattr(model, "config_source", None)
+    state = _experts_to_hf(state, model, files, kind)
+    out = {name if name.startswith("model.") else _to_hf(name, norms): value
+           for name, value in state.items()}
     if model.config.tie_embeddings and "model.embed_tokens.weight" in out:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     return out
@@ -375,6 +587,25 @@ def _candidate(c: DecoderConfig, kind: str) -> dict:
                  first_k_dense_replace=len(c.dense_layers),
                  n_routed_experts=c.num_experts, num_experts_per_tok=c.top_k,
                  moe_intermediate_size=c.expert_hidden)
+    # the mixtures of experts: sizes, the router's and the experts' options, dense layers
+    o = c.moe_options
+    if kind == "deepseek_v3":
+        d.update({k: o.get(k) for k in ("n_group", "topk_group", "routed_scaling_factor",
+                                         "n_shared_experts", "norm_topk_prob")})
+    if kind in ("qwen3_moe", "mixtral", "gpt_oss"):
+        d.update(num_experts_per_tok=c.top_k, router_aux_loss_coef=c.router_aux_loss_coef)
+        d["num_experts" if kind == "qwen3_moe" else "num_local_experts"] = c.num_experts
+    if kind == "qwen3_moe":
+        d.update(moe_intermediate_size=c.expert_hidden, norm_topk_prob=o.get("norm_topk_prob"),
+                 mlp_only_layers=list(c.dense_layers), decoder_sparse_step=1,
+                 use_sliding_window=c.sliding_window is not None,
+                 sliding_window=c.sliding_window)
+    if kind == "mixtral":
+        d.update(intermediate_size=c.expert_hidden, sliding_window=c.sliding_window)
+    if kind == "gpt_oss":
+        d.update(intermediate_size=c.expert_hidden, sliding_window=c.sliding_window,
+                 layer_types=[f"{t}_attention" for t in c.layer_types],
+                 swiglu_limit=o.get("swiglu_limit"), swiglu_alpha=o.get("swiglu_alpha"))
     return d
 
 

@@ -18,7 +18,8 @@ IDS = np.random.default_rng(1).integers(3, 97, (2, 11))
 HF_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
-            "deepseek_v3": "DeepseekV3ForCausalLM"}
+            "deepseek_v3": "DeepseekV3ForCausalLM", "mixtral": "MixtralForCausalLM",
+            "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +59,24 @@ def test_a_decoder_no_family_has_is_refused():
     model = Decoder(DecoderConfig(vocab_size=50, hidden_size=32, norm="layernorm"))
     with pytest.raises(ValueError, match="no HuggingFace family runs this DecoderConfig"):
         interop.to_torch(model)
+
+
+@pytest.mark.parametrize("switches,family", [
+    (dict(ffn_hidden=16), "MixtralForCausalLM"),
+    (dict(ffn_hidden=24, qk_norm="head", dense_layers=(1,),
+          moe_options={"norm_topk_prob": False}), "Qwen3MoeForCausalLM"),
+])
+def test_a_mixture_of_experts_built_here_exports_to_its_family(switches, family):
+    """A Decoder of minitx's own with mlp="moe" becomes the HF family whose switches it
+    has (Mixtral: experts as wide as the config's intermediate_size; Qwen3-MoE: QK-norm and
+    dense layers), with the same logits."""
+    minitx.manual_seed(0)
+    model = Decoder(DecoderConfig(vocab_size=50, hidden_size=32, num_heads=4, num_kv_heads=2,
+                                  mlp="moe", num_experts=4, top_k=2, expert_hidden=16,
+                                  tie_embeddings=False, **switches)).to(dtype="float64")
+    theirs = interop.to_torch(model)
+    assert type(theirs).__name__ == family
+    with torch.no_grad():
+        ref = theirs(torch.tensor(IDS % 50)).logits.numpy()
+    assert np.abs(model(IDS % 50).numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
+    assert interop.from_torch(theirs).config == model.config

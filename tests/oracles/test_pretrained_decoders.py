@@ -36,7 +36,9 @@ def root(tmp_path_factory):
 
 
 def hf_model(folder, dtype="float64"):
-    m = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    # HF's grouped-matmul experts take no float64: its eager loop over experts does
+    m = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, experts_implementation="eager").eval()
     return m.double() if dtype == "float64" else m
 
 
@@ -108,8 +110,11 @@ def test_a_training_step_has_torchs_gradients(root, case):
     hf_grads = {k: p.grad.numpy() for k, p in ref.named_parameters() if p.grad is not None}
     if model.config.tie_embeddings:
         hf_grads.pop("lm_head.weight", None)       # the same tensor as the embedding
-    mapped = pt.decoder_state_from_hf(hf_grads, model)
+    # DeepSeek-V3's correction bias is a buffer, with no gradient: passed so the map is whole
+    buffers = {k: b.numpy() for k, b in ref.named_buffers() if "correction_bias" in k}
     mine = dict(model.named_parameters())
+    mapped = {k: g for k, g in pt.decoder_state_from_hf({**hf_grads, **buffers}, model).items()
+              if "correction_bias" not in k}
     assert set(mapped) == set(mine)
     for key, g in mapped.items():
         assert relative(mine[key].grad.numpy(), g) <= 1e-5, key
@@ -259,9 +264,6 @@ def _edit_config(folder, **changes):
     (dict(quantization_config={"quant_method": "bitsandbytes"}), "quantization_config"),
     (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                            "partial_rotary_factor": 0.5}), "partial_rotary_factor=0.5"),
-    (dict(model_type="deepseek_v3", first_k_dense_replace=1, kv_lora_rank=8,
-          qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4, n_shared_experts=1),
-     r"layers 1 … 1 are mixtures of experts, whose router options \(n_shared_experts\)"),
 ])
 def test_config_options_that_change_the_maths_are_refused_by_name(root, changes, match):
     folder = _copy(root, "llama", "bad-config")
