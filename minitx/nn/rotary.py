@@ -52,10 +52,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from .. import validate
-from ..backend import get_array_module
+from ..backend import get_array_module, host_xp
 from ..ops.shape import concatenate
 
 __all__ = ["ROPE_TYPES", "check_rope", "rope_frequencies", "yarn_mscale", "Rotary",
@@ -112,7 +110,7 @@ def rope_frequencies(head_dim: int, rope: dict = None):
     if dim <= 0 or dim % 2:
         raise validate.OptionError(f"rope: the rotated dims R = head_dim · partial_rotary_factor"
                                    f" must be a positive even int, got {dim}")
-    omega = theta ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)      # (R/2,)
+    omega = theta ** (-host_xp.arange(0, dim, 2, dtype=host_xp.float64) / dim)      # (R/2,)
     kind, a = rope["rope_type"], 1.0
     if kind == "linear":
         omega = omega / rope["factor"]
@@ -121,11 +119,11 @@ def rope_frequencies(head_dim: int, rope: dict = None):
         lo, hi = rope["low_freq_factor"], rope["high_freq_factor"]
         wavelen = 2 * math.pi / omega
         # long waves slowed by s, short ones kept, the band between blended by γ
-        scaled = np.where(wavelen > old / lo, omega / s, omega)
+        scaled = host_xp.where(wavelen > old / lo, omega / s, omega)
         gamma = (old / wavelen - lo) / (hi - lo)
         blended = (1 - gamma) * scaled / s + gamma * scaled
         middle = ~(wavelen < old / hi) & ~(wavelen > old / lo)
-        omega = np.where(middle, blended, scaled)
+        omega = host_xp.where(middle, blended, scaled)
     elif kind == "yarn":
         s, old = rope["factor"], rope["original_max_position_embeddings"]
         fast, slow = rope.get("beta_fast") or 32, rope.get("beta_slow") or 1
@@ -140,7 +138,7 @@ def rope_frequencies(head_dim: int, rope: dict = None):
             low, high = math.floor(low), math.ceil(high)
         low, high = max(low, 0), min(high, dim - 1)
         high = high + 0.001 if low == high else high           # no zero-width ramp
-        gamma = np.clip((np.arange(dim // 2) - low) / (high - low), 0, 1)
+        gamma = host_xp.clip((host_xp.arange(dim // 2) - low) / (high - low), 0, 1)
         omega = gamma * omega / s + (1 - gamma) * omega
         # a: given, or YaRN's temperature (a ratio of two when mscale_all_dim is set)
         a = rope.get("attention_factor")

@@ -111,14 +111,14 @@ COURSE = [
      ["minitx/attention/gated.py"]),
     ("Attention as recurrence",
      "Linear attention read as a recurrent state: retention, the delta rule, state-space "
-     "duality, lightning attention.",
+     "duality.",
      ["minitx/attention/retention.py", "minitx/attention/delta_rule.py",
-      "minitx/attention/ssd.py", "minitx/attention/lightning.py",
-      "notebooks/05_attention_and_recurrence.py"]),
-    ("Attention as recurrence, gated",
-     "From the delta rule to gated DeltaNet and Kimi Delta Attention: the memory decays, "
-     "per head or per key channel, before each delta-rule write.",
-     ["minitx/attention/gated_delta.py"]),
+      "minitx/attention/ssd.py", "notebooks/05_attention_and_recurrence.py"]),
+    ("Attention as recurrence, decayed and gated",
+     "The 2025 recurrences: lightning attention (retention's decay, computed in blocks), then "
+     "from the delta rule to gated DeltaNet and Kimi Delta Attention: the memory decays, per "
+     "head or per key channel, before each delta-rule write.",
+     ["minitx/attention/lightning.py", "minitx/attention/gated_delta.py"]),
     ("Tiled flash attention in NumPy",
      "Exact attention in O(N) memory: the online softmax; which code computes attention; "
      "then what every efficient variant costs and gives up, measured.",
