@@ -53,7 +53,8 @@ $$
 A score that picks keys is piecewise constant: the top-k does not move under a small change of
 its input, so the gradient of the output flows only through the softmax over the chosen keys
 (the indexer and the block means get no gradient from the output; DeepSeek trains its indexer
-by a separate loss, ``DeepSeekSparseAttention.indexer_loss``). Every branch gathers the keys it
+by a loss of its own, the KL divergence from the attention to the indexer's softmax on the
+chosen keys, ``DeepSeekSparseAttention.indexer_loss``). Every branch gathers the keys it
 reads, (B, H, N, c, D) with c keys per query, so no N × N map is formed. ``reference`` in each
 class is the same attention written densely, softmax under the query's own selection mask; the
 tests compare the two, and the identities show that a top-k which keeps every key or block is
@@ -64,7 +65,8 @@ from __future__ import annotations
 import math
 
 from .. import validate
-from ..autograd.grad_mode import no_grad
+from ..autograd.function import Function
+from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, host_xp, to_host, xp as active_xp
 from ..nn import init
@@ -175,6 +177,22 @@ def _read_only(hook, make):
         hook(Tensor._wrap(make()))
 
 
+class AttachLoss(Function):
+    """y = x; in the backward x's gradient passes unchanged and the scalar ``loss`` receives
+    gradient 1: an auxiliary loss that trains whenever y is back-propagated (the device of
+    DeepSeek-V2's ``AddAuxiliaryLoss``). The output's value never depends on the loss."""
+
+    @staticmethod
+    def forward(ctx, x, loss):
+        ctx.loss_shape, ctx.loss_dtype = loss.shape, loss.dtype
+        return x.copy()
+
+    @staticmethod
+    def backward(ctx, grad):
+        xp = get_array_module(grad)
+        return grad, xp.ones(ctx.loss_shape, dtype=ctx.loss_dtype)
+
+
 # ---- DSA ---------------------------------------------------------------------------------
 
 @register("dsa")
@@ -200,7 +218,8 @@ class DeepSeekSparseAttention(AttentionBase):
     the choice follows), ``hook_selection`` (B, Nq, Nk) bool, the keys chosen (read-only).
 
     Options: ``top_k`` k, keys per query (default 16), ``indexer_heads`` h_I (4),
-    ``indexer_dim`` d_I (16), ``causal``, ``num_kv_heads``, ``bias``.
+    ``indexer_dim`` d_I (16), ``indexer_loss_weight`` (1.0; the weight of ``indexer_loss``
+    in training, 0 to leave the indexer untrained), ``causal``, ``num_kv_heads``, ``bias``.
 
     Complexity: {complexity}; each query reads k keys, not N.
 
@@ -214,10 +233,11 @@ class DeepSeekSparseAttention(AttentionBase):
     What minitx leaves out or does differently: the indexer reads the attention's own query
     and key heads (DeepSeek's reads the hidden state and the query's low-rank latent), without
     the LayerNorm on k^I, partial RoPE, the Hadamard rotation and FP8: it runs in the data's
-    precision; the attention is plain multi-head softmax, not MLA; the indexer is trained only
-    through ``indexer_loss`` (the KL term of DeepSeek's sparse training stage), never by the
-    output. ``new_cache()`` is a plain ``KVCache``: the indexer keys are recomputed from the
-    cached keys at each step.
+    precision; the attention is plain multi-head softmax, not MLA; the indexer learns only from
+    ``indexer_loss`` (the KL term of DeepSeek's sparse training stage, on the chosen keys), whose
+    gradient joins the output's backward in training mode (``AttachLoss``), never from the
+    output itself; DeepSeek's dense warm-up stage is left out. ``new_cache()`` is a plain
+    ``KVCache``: the indexer keys are recomputed from the cached keys at each step.
     """
 
     complexity = ("time O(B·N²·h_I·d_I) for the indexer + O(B·H·N·k·D), "
@@ -227,11 +247,14 @@ class DeepSeekSparseAttention(AttentionBase):
     supports_kv_cache = True
 
     def __init__(self, embed_dim, num_heads, causal=False, top_k: int = 16,
-                 indexer_heads: int = 4, indexer_dim: int = 16, **options):
+                 indexer_heads: int = 4, indexer_dim: int = 16,
+                 indexer_loss_weight: float = 1.0, **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
         self.top_k = validate.positive_int(top_k, "top_k", owner="dsa")
         self.indexer_heads = validate.positive_int(indexer_heads, "indexer_heads", owner="dsa")
         self.indexer_dim = validate.positive_int(indexer_dim, "indexer_dim", owner="dsa")
+        self.indexer_loss_weight = validate.nonnegative_real(
+            indexer_loss_weight, "indexer_loss_weight", owner="dsa")
         hi, di = self.indexer_heads, self.indexer_dim
         self.indexer_q = Linear(embed_dim, hi * di, bias=False)     # q^I from the query heads
         self.indexer_k = Linear(self.head_dim, di, bias=False)      # k^I from the mean key head
@@ -293,28 +316,45 @@ class DeepSeekSparseAttention(AttentionBase):
         nk = k.shape[2]
         _read_only(self.hook_selection, lambda: index_mask(index, valid, nk))
         k, v = repeat_kv(k, h), repeat_kv(v, h)                          # (B, H, Nk, D)
-        out, _ = gathered_attention(q, k, v, index[:, None], valid[:, None], self.scale)
+        out, p = gathered_attention(q, k, v, index[:, None], valid[:, None], self.scale)
+        if self.training and self.indexer_loss_weight and is_grad_enabled():
+            # the indexer learns from its own loss, whose gradient joins the output's backward
+            loss = self.indexer_loss(q, k, index, valid, p.data) * self.indexer_loss_weight
+            out = AttachLoss.apply(out, loss)
         return out
 
-    def indexer_loss(self, q, k):
-        """DeepSeek's indexer objective on the chosen keys: Σ_t KL(p_t ‖ softmax_{S_t} I_t),
-        p_t the main attention summed over heads and renormalised (no gradient), averaged
-        over batch and queries. A Tensor; its gradient reaches only the indexer."""
+    def indexer_loss(self, q, k, index=None, valid=None, probs=None):
+        """DeepSeek's indexer objective on the chosen keys: the mean over batch and queries
+        of KL(p_t ‖ softmax_{s ∈ S_t} I_{t,s}), p_t the main attention summed over heads and
+        renormalised (a constant: no gradient). A scalar Tensor whose gradient reaches only
+        the indexer. The scores are formed for the k chosen keys only, O(B·N·k·h_I·d_I).
+        ``index``/``valid`` (B, Nq, c) and ``probs`` (B, H, Nq, c) default to this layer's own
+        choice and attention."""
         _, h, *_ = check_heads(q, k, k, f"{self.name}.indexer_loss")
-        index, valid = self.select(q, k)
         xp = get_array_module(q.data)
-        with no_grad():
-            kr = repeat_kv(k, h)
-            _, p = gathered_attention(q, kr, kr, index[:, None], valid[:, None], self.scale)
-        target = p.data.sum(axis=1)
-        target = target / target.sum(axis=-1, keepdims=True)            # (B, Nq, c)
-        b_i = xp.arange(q.shape[0]).reshape(-1, 1, 1)
-        t_i = xp.arange(q.shape[2]).reshape(1, -1, 1)
-        scores = getitem(self.index_scores(Tensor._wrap(q.data), Tensor._wrap(k.data)),
-                         (b_i, t_i, index))                              # (B, Nq, c)
+        if index is None:
+            index, valid = self.select(q, k)
+        if probs is None:
+            with no_grad():
+                kr = repeat_kv(k, h)
+                _, p = gathered_attention(q, kr, kr, index[:, None], valid[:, None],
+                                          self.scale)
+            probs = p.data
+        target = xp.where(valid, probs.sum(axis=1), 0.0)                 # (B, Nq, c)
+        target = target / target.sum(axis=-1, keepdims=True)
+        # the indexer at the chosen keys only: q^I (B, Nq, h_I, d_I), k^I (B, Nq, c, d_I)
+        b, _, nq, _ = q.shape
+        hi, di = self.indexer_heads, self.indexer_dim
+        xq = Tensor._wrap(merge_heads(Tensor._wrap(q.data)).data)       # no gradient to q
+        qi = reshape(self.indexer_q(xq), (b, nq, hi, di))
+        ki = self.indexer_k(Tensor._wrap(k.data.mean(axis=1)))           # (B, Nk, d_I)
+        ki = getitem(ki, (xp.arange(b).reshape(b, 1, 1), index))         # (B, Nq, c, d_I)
+        w = self.indexer_w(xq) * (hi ** -0.5 * di ** -0.5)               # (B, Nq, h_I)
+        # (B, Nq, h_I, d_I) @ (B, Nq, d_I, c) -> (B, Nq, h_I, c), weighted sum over j
+        scores = (relu(matmul(qi, swapaxes(ki, -1, -2)))
+                  * reshape(w, (b, nq, hi, 1))).sum(axis=2)              # (B, Nq, c)
         logq = log_softmax(masked_fill(scores, ~valid, -math.inf), axis=-1)
         logq = masked_fill(logq, ~valid, 0.0)                            # 0 · log 0 = 0
-        target = xp.where(valid, target, 0.0)
         entropy = xp.where(target > 0, target * xp.log(xp.where(target > 0, target, 1.0)), 0)
         kl = Tensor._wrap(entropy.sum(axis=-1)) - (logq * Tensor._wrap(target)).sum(axis=-1)
         return kl.mean()
