@@ -365,7 +365,8 @@ def _describe_options(layer):
 # ---- 6. what a decoder keeps ---------------------------------------------------------------
 
 CACHE_VARIANTS = (("mha", {}), ("gqa", {"num_kv_heads": 2}), ("mqa", {}), ("mla", {}),
-                  ("sink", {}), ("retention", {}), ("deltanet", {}), ("ssd", {}))
+                  ("sink", {}), ("retention", {}), ("deltanet", {}), ("ssd", {}),
+                  ("dsa", {}), ("moba", {}), ("nsa", {}))
 
 
 def cached_numbers(cache) -> int:

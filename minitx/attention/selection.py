@@ -86,7 +86,7 @@ __all__ = ["top_k_indices", "top_k_mask", "gathered_attention", "block_means",
            "DeepSeekSparseAttention", "MixtureOfBlockAttention", "NativeSparseAttention"]
 
 #: queries scored by the indexer at a time (bounds its (B, h_I, C, Nk) scores)
-INDEX_CHUNK = 256
+INDEX_CHUNK = 64
 
 
 # ---- choosing, and attending to what was chosen ------------------------------------------
@@ -97,7 +97,8 @@ def top_k_indices(scores, k: int):
     than k entries were eligible."""
     xp = get_array_module(scores)
     kk = min(int(k), scores.shape[-1])
-    index = xp.argsort(-scores, axis=-1, kind="stable")[..., :kk]
+    # a copy, so that the full (…, M) ordering is not kept alive by a view of it
+    index = xp.argsort(-scores, axis=-1, kind="stable")[..., :kk].copy()
     valid = xp.take_along_axis(scores, index, axis=-1) > -math.inf
     return index, valid
 
@@ -224,8 +225,9 @@ class DeepSeekSparseAttention(AttentionBase):
     Complexity: {complexity}; each query reads k keys, not N.
 
     Exactness: exact under its own, data-dependent selection: equals softmax attention
-    masked to the chosen keys (``reference``); with k ≥ N, causal softmax attention. Kind
-    "approximate" (content-based sparsity, like routing attention).
+    masked to the chosen keys, its own dense formula (``reference``; kind "score": the mask
+    depends on the data, so there is no fixed ``pattern(n)``); with k ≥ N, causal softmax
+    attention.
 
     Reference: DeepSeek-AI (2025), "DeepSeek-V3.2-Exp: Boosting Long-Context Efficiency with
     DeepSeek Sparse Attention".
@@ -241,9 +243,9 @@ class DeepSeekSparseAttention(AttentionBase):
     """
 
     complexity = ("time O(B·N²·h_I·d_I) for the indexer + O(B·H·N·k·D), "
-                  "memory O(B·H·N·k·D + B·C·N·h_I), C = INDEX_CHUNK")
+                  "memory O(B·H·N·k·D + B·h_I·C·N), C = INDEX_CHUNK queries")
 
-    kind = "approximate"
+    kind = "score"
     supports_kv_cache = True
 
     def __init__(self, embed_dim, num_heads, causal=False, top_k: int = 16,
@@ -293,10 +295,10 @@ class DeepSeekSparseAttention(AttentionBase):
             for a in range(0, nq, INDEX_CHUNK):          # a loop over blocks of queries
                 rows = slice(a, min(a + INDEX_CHUNK, nq))
                 qs = getitem(q, (slice(None), slice(None), rows))
-                # the chunk's queries sit at positions a … of the last Nq: cut the keys so
-                # that its causal mask lines up (bottom-right) with its last query
-                ks = getitem(k, (slice(None), slice(None),
-                                 slice(0, k.shape[2] - nq + rows.stop)))
+                # causal: the chunk's last query sees the keys up to its own position; cut
+                # them there, so that its causal mask lines up (bottom-right)
+                cut = k.shape[2] - nq + rows.stop if self.causal else k.shape[2]
+                ks = getitem(k, (slice(None), slice(None), slice(0, cut)))
                 scores = self.index_scores(qs, ks).data
                 index, valid = top_k_indices(scores, self.top_k)
                 parts.append((index, valid))
@@ -414,8 +416,9 @@ class MixtureOfBlockAttention(AttentionBase):
 
     Complexity: {complexity}; each query reads (k + 1)·b keys, not N.
 
-    Exactness: exact under its own, data-dependent selection (``reference``); with k at least
-    the number of past blocks, causal softmax attention. Kind "approximate".
+    Exactness: exact under its own, data-dependent selection: softmax attention masked to the
+    chosen blocks, its own dense formula (``reference``, kind "score"); with k at least the
+    number of past blocks, causal softmax attention.
 
     Reference: Lu et al. (2025), "MoBA: Mixture of Block Attention for Long-Context LLMs".
 
@@ -425,9 +428,9 @@ class MixtureOfBlockAttention(AttentionBase):
     plain ``KVCache``; the block means are recomputed from the cached keys at each step.
     """
 
-    complexity = "time O(B·H·N·(N/b + k·b)·D), memory O(B·H·N·(N/b + k·b·D))"
+    complexity = "time O(B·H·(N²/b + N·k·b)·D), memory O(B·H·(N²/b + N·k·b·D))"
 
-    kind = "approximate"
+    kind = "score"
     supports_kv_cache = True
 
     def __init__(self, embed_dim, num_heads, causal=False, block: int = 8, top_k: int = 2,
@@ -506,7 +509,7 @@ class NativeSparseAttention(AttentionBase):
     Formula: o_t = g^cmp o^cmp + g^slc o^slc + g^win o^win with g_t = σ(q_t W_g + b_g) per
     head; o^cmp attends to the mean key/value of each complete block (probabilities p_{t,i});
     o^slc to every key (s ≤ t) of the ``top_k`` blocks ranked by p_{t,i} summed over the query
-    heads of a key/value head, the first, own and previous blocks always among them; o^win to
+    heads of a key/value head, the own, previous and first blocks always among them; o^win to
     the keys t − w < s ≤ t (module docstring).
 
     $$
@@ -519,8 +522,9 @@ class NativeSparseAttention(AttentionBase):
     k/v (B, Hkv, Nk, D) → (B, H, Nq, D) (queries at the last Nq positions); block means
     (B, H, ⌈Nk/b⌉, D); gathered keys (B, H, Nq, k·b, D) and (B, H, Nq, w, D); gate weights
     ``gate_weight`` (H, D, 3), ``gate_bias`` (H, 3), order (cmp, slc, win). Hooks:
-    ``hook_block_scores`` (B, Hkv, Nq, nb) the selection scores, +inf on the blocks always
-    chosen, −inf on those that may not be (may be replaced: the choice follows);
+    ``hook_block_scores`` (B, Hkv, Nq, nb) the selection scores, above every sum of
+    probabilities on the blocks always chosen (own, then previous, then first: the order
+    counts when k < 3), −inf on those that may not be (may be replaced: the choice follows);
     ``hook_selection`` (B, Hkv, Nq, nb) bool, the blocks read (read-only); ``hook_gates``
     (B, H, Nq, 3); ``hook_compressed``, ``hook_selected``, ``hook_window`` (B, Nq, H, D), the
     three branches before the gates.
@@ -533,9 +537,10 @@ class NativeSparseAttention(AttentionBase):
     Complexity: {complexity}; each query reads N/b block means, k·b selected keys and w
     window keys.
 
-    Exactness: exact under its own, data-dependent selection (``reference``); with k ≥ the
-    number of blocks the selected branch, and with w ≥ N the window branch, is causal softmax
-    attention. Kind "approximate".
+    Exactness: a different attention (three gated branches), exact under its own,
+    data-dependent selection and tested against its own dense formula (``reference``, kind
+    "score"); with k ≥ the number of blocks the selected branch, and with w ≥ N the window
+    branch, is causal softmax attention.
 
     Reference: Yuan et al. (2025), "Native Sparse Attention: Hardware-Aligned and Natively
     Trainable Sparse Attention".
@@ -549,9 +554,9 @@ class NativeSparseAttention(AttentionBase):
     plain ``KVCache``: block means are recomputed from the cached keys at each step.
     """
 
-    complexity = "time O(B·H·N·(N/b + k·b + w)·D), memory O(B·H·N·(N/b + (k·b + w)·D))"
+    complexity = "time O(B·H·(N²/b + N·(k·b + w))·D), memory O(B·H·(N²/b + N·(k·b + w)·D))"
 
-    kind = "approximate"
+    kind = "score"
     supports_kv_cache = True
 
     def __init__(self, embed_dim, num_heads, causal=False, block: int = 8, top_k: int = 4,
@@ -578,15 +583,23 @@ class NativeSparseAttention(AttentionBase):
         return g, h // g
 
     def _masks(self, nq, nk, xp):
-        """(Nq, nb) bool: blocks the compressed branch sees (complete, when causal), blocks
-        always chosen (first, own, previous); and (Nq,) positions."""
+        """(Nq, nb) bool: blocks the compressed branch sees (complete, when causal); (Nq, nb)
+        the priority of the blocks always chosen (3 own, 2 previous, 1 first, 0 the others);
+        and (Nq,) positions."""
         pos = _positions(nq, nk, xp)
         blocks = xp.arange(-(-nk // self.block))
         own = (pos // self.block)[:, None]
         seen = ((blocks + 1) * self.block - 1 <= pos[:, None]) if self.causal else \
             xp.ones((nq, blocks.shape[0]), dtype=bool)
-        forced = (blocks == own) | (blocks == 0) | (blocks == own - 1)
+        forced = xp.where(blocks == own, 3, xp.where(blocks == own - 1, 2,
+                                                     xp.where(blocks == 0, 1, 0)))
         return seen, forced, pos
+
+    @staticmethod
+    def _block_scores(xp, p_sum, seen, forced, size_g):
+        """Selection scores: the summed probabilities of the blocks seen, −inf for the others;
+        the always-chosen blocks above any sum (≤ size_g), own before previous before first."""
+        return xp.where(forced > 0, size_g + forced, xp.where(seen, p_sum, -math.inf))
 
     def _window_keys(self, pos, nk, xp):
         """(Nq, c) key positions of each query's window and (Nq, c) their validity."""
@@ -611,7 +624,7 @@ class NativeSparseAttention(AttentionBase):
         # selected: rank blocks by p summed over the query heads of a key/value group
         groups, size_g = self._groups(h)
         score = p.data.reshape(b, groups, size_g, nq, -1).sum(axis=2)    # (B, G, Nq, nb)
-        score = xp.where(forced, math.inf, xp.where(seen, score, -math.inf))
+        score = self._block_scores(xp, score, seen, forced, size_g)
         score = self.hook_block_scores(Tensor._wrap(score)).data
         chosen, ok = top_k_indices(score, self.top_k)                    # (B, G, Nq, k)
         _read_only(self.hook_selection, lambda: index_mask(chosen, ok, score.shape[-1]))
@@ -647,8 +660,8 @@ class NativeSparseAttention(AttentionBase):
         p = softmax_rows_array(xp.einsum("bhtd,bhid->bhti", q, kbar) * self.scale, seen)
         o_cmp = p @ vbar
         groups, size_g = self._groups(h)
-        score = p.reshape(b, groups, size_g, nq, -1).sum(axis=2)
-        score = xp.where(forced, math.inf, xp.where(seen, score, -math.inf))
+        score = self._block_scores(xp, p.reshape(b, groups, size_g, nq, -1).sum(axis=2),
+                                   seen, forced, size_g)
         blocks = xp.repeat(top_k_mask(score, self.top_k), size_g, axis=1)   # (B, H, Nq, nb)
         allowed = blocks[..., xp.arange(nk) // self.block]
         j = xp.arange(nk)[None, :]

@@ -104,6 +104,10 @@ COURSE = [
      "transformer, sigmoid attention, attention sinks.",
      ["minitx/attention/latent.py", "minitx/attention/differential.py",
       "minitx/attention/sigmoid.py", "minitx/attention/sinks.py"]),
+    ("Choosing keys",
+     "Each query picks the keys it reads: DeepSeek's lightning indexer and top-k keys, MoBA's "
+     "blocks ranked by their mean key, NSA's compressed, selected and window branches.",
+     ["minitx/attention/selection.py"]),
     ("Attention as recurrence",
      "Linear attention read as a recurrent state: retention, the delta rule, state-space "
      "duality.",
