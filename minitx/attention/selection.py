@@ -726,7 +726,7 @@ def _selection_identities(cls, name, keep_all, sparse, seed):
     layer = cls(e, heads, causal=True, **sparse).to(dtype="float64").eval()
     q, k, v = (g.standard_normal((2, heads, n, e // heads)) for _ in range(3))
     out = layer.attend(*(Tensor(a) for a in (q, k, v))).numpy()
-    ref = to_host(layer.reference(q, k, v))
+    ref = to_host(layer.reference(*(Tensor(a).data for a in (q, k, v))))   # on its device
     rows.append(("attend (gathered keys) − dense softmax under its own selection mask, "
                  "max |Δ|", float(host_xp.abs(out - ref).max()), 1e-12))
     whole = layer(Tensor(x)).numpy()

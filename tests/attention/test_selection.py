@@ -60,7 +60,8 @@ def test_attend_equals_dense_attention_under_its_own_choice(name, data, n, extra
     nk = n + (extra if causal else 0)            # queries at the last n of nk positions
     q, k, v = qkv(n, nk, b=2, h=H, hkv=hkv, d=D, seed=seed)
     out = lay.attend(tensor(q), tensor(k), tensor(v))
-    assert_close(out, lay.reference(q, k, v), atol=1e-12, rtol=1e-12,
+    ref = lay.reference(*(tensor(a).data for a in (q, k, v)))     # on the layer's device
+    assert_close(out, ref, atol=1e-12, rtol=1e-12,
                  err_msg=f"{name} {options} n={n} nk={nk} causal={causal}")
 
 
@@ -267,7 +268,8 @@ def test_nsa_replaced_gates_pick_one_branch(rng):
     lay = layer("nsa", block=2, top_k=2, window=3)
     n = 13
     q, k, v = qkv(n, b=1, h=H, d=D, seed=4)
-    _, o_cmp, o_slc, o_win, _ = lay.reference(q, k, v, branches=True)
+    _, o_cmp, o_slc, o_win, _ = (to_host(a) for a in lay.reference(
+        *(tensor(a).data for a in (q, k, v)), branches=True))
     for i, want in enumerate((o_cmp, o_slc, o_win)):
         def only(g, hook, i=i):
             one = np.zeros(g.shape)
