@@ -46,16 +46,18 @@ $$
 - *compressed*: the query attends to one key and one value per complete block, the block
   means k̄_i, v̄_i, giving probabilities p_{t,i} over blocks;
 - *selected*: blocks are ranked by p_{t,i} (summed over the query heads that share a
-  key/value head); the query reads every key of its top-k blocks, causally; the first block,
-  its own block and the one before are always chosen;
+  key/value head); the query reads every key of its top-k blocks, causally; its own block,
+  the one before and the first are always chosen (in that order, when k < 3);
 - *window*: the last w keys, t − w < s ≤ t.
 
 A score that picks keys is piecewise constant: the top-k does not move under a small change of
 its input, so the gradient of the output flows only through the softmax over the chosen keys
-(the indexer and the block means get no gradient from the output; DeepSeek trains its indexer
+(DSA's indexer and MoBA's gate get no gradient from the output; DeepSeek trains its indexer
 by a loss of its own, the KL divergence from the attention to the indexer's softmax on the
 chosen keys, ``DeepSeekSparseAttention.indexer_loss``). Every branch gathers the keys it
-reads, (B, H, N, c, D) with c keys per query, so no N × N map is formed. ``reference`` in each
+reads, (B, H, N, c, D) with c keys per query, so no N × N map is formed. Keys read per query:
+DSA k (its indexer scores all N, in small heads); MoBA (k + 1)·b; NSA ⌈N/b⌉ block means,
+k·b chosen keys and w window keys. ``reference`` in each
 class is the same attention written densely, softmax under the query's own selection mask; the
 tests compare the two, and the identities show that a top-k which keeps every key or block is
 causal softmax attention.
