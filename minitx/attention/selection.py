@@ -71,6 +71,7 @@ from ..autograd.function import Function
 from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, host_xp, to_host, xp as active_xp
+# the modules and ops the three are written in; the head plumbing and references from base
 from ..nn import init
 from ..nn.hooks import HookPoint
 from ..nn.layers import Linear
@@ -254,11 +255,13 @@ class DeepSeekSparseAttention(AttentionBase):
                  indexer_heads: int = 4, indexer_dim: int = 16,
                  indexer_loss_weight: float = 1.0, **options):
         super().__init__(embed_dim, num_heads, causal=causal, **options)
+        # the options, each checked by name
         self.top_k = validate.positive_int(top_k, "top_k", owner="dsa")
         self.indexer_heads = validate.positive_int(indexer_heads, "indexer_heads", owner="dsa")
         self.indexer_dim = validate.positive_int(indexer_dim, "indexer_dim", owner="dsa")
         self.indexer_loss_weight = validate.nonnegative_real(
             indexer_loss_weight, "indexer_loss_weight", owner="dsa")
+        # the lightning indexer: three small projections without bias
         hi, di = self.indexer_heads, self.indexer_dim
         self.indexer_q = Linear(embed_dim, hi * di, bias=False)     # q^I from the query heads
         self.indexer_k = Linear(self.head_dim, di, bias=False)      # k^I from the mean key head
@@ -369,6 +372,7 @@ class DeepSeekSparseAttention(AttentionBase):
         xp = get_array_module(q)
         b, h, nq, d = q.shape
         nk = k.shape[2]
+        # the indexer, each term an einsum over raw arrays (Linear stores W as (out, in))
         hi, di = self.indexer_heads, self.indexer_dim
         wq, wk, ww = (lin.weight.data for lin in (self.indexer_q, self.indexer_k,
                                                    self.indexer_w))
@@ -378,6 +382,7 @@ class DeepSeekSparseAttention(AttentionBase):
         w = (xq @ ww.T) / math.sqrt(hi * di)                             # (B, Nq, h_I)
         scores = xp.einsum("btj,btjs->bts", w,
                            xp.maximum(xp.einsum("btjd,bsd->btjs", qi, ki), 0))
+        # the choice written densely: a key is chosen iff fewer than k keys rank before it
         if self.causal:
             scores = xp.where(causal_pattern(nq, nk, xp), scores, -math.inf)
         chosen = top_k_mask(scores, self.top_k)                          # (B, Nq, Nk)
@@ -568,10 +573,12 @@ class NativeSparseAttention(AttentionBase):
         self.top_k = validate.positive_int(top_k, "top_k", owner="nsa")
         self.window = validate.positive_int(window, "window", owner="nsa")
         self.scale = 1.0 / math.sqrt(self.head_dim)
+        # the gates: one weight vector and bias per head and branch, N(0, 1/D) weights
         d = self.head_dim
         self.gate_weight = Parameter(active_xp().zeros((num_heads, d, 3), dtype="float32"))
         init.normal_(self.gate_weight, 0.0, 1.0 / math.sqrt(d))
         self.gate_bias = Parameter(active_xp().zeros((num_heads, 3), dtype="float32"))
+        # the hook points: the choice, the gates and the three branches
         self.hook_block_scores = HookPoint()   # (B, Hkv, Nq, nb) selection scores
         self.hook_selection = HookPoint()      # (B, Hkv, Nq, nb) bool, the blocks read
         self.hook_gates = HookPoint()          # (B, H, Nq, 3) σ(q W_g + b_g)
@@ -661,11 +668,13 @@ class NativeSparseAttention(AttentionBase):
         kbar, vbar = _block_means_array(k, self.block), _block_means_array(v, self.block)
         p = softmax_rows_array(xp.einsum("bhtd,bhid->bhti", q, kbar) * self.scale, seen)
         o_cmp = p @ vbar
+        # selected: the rank mask over blocks, spread over each block's keys
         groups, size_g = self._groups(h)
         score = self._block_scores(xp, p.reshape(b, groups, size_g, nq, -1).sum(axis=2),
                                    seen, forced, size_g)
         blocks = xp.repeat(top_k_mask(score, self.top_k), size_g, axis=1)   # (B, H, Nq, nb)
         allowed = blocks[..., xp.arange(nk) // self.block]
+        # window: t − w < s ≤ t (|t − s| < w when not causal)
         j = xp.arange(nk)[None, :]
         near = pos[:, None] - j
         if self.causal:
@@ -675,6 +684,7 @@ class NativeSparseAttention(AttentionBase):
             window = xp.abs(near) < self.window
         o_slc = dense_attention_array(q, k, v, allowed)
         o_win = dense_attention_array(q, k, v, window)
+        # the gates, σ written out
         wg, bg = self.gate_weight.data.astype(q.dtype), self.gate_bias.data.astype(q.dtype)
         gates = 1.0 / (1.0 + xp.exp(-(xp.einsum("bhtd,hdc->bhtc", q, wg) + bg[:, None])))
         out = gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_slc + gates[..., 2:3] * o_win
@@ -713,18 +723,20 @@ def _selection_identities(cls, name, keep_all, sparse, seed):
     n, e, heads = 24, 8, 2
     x = g.standard_normal((1, n, e))
     rows = []
+    # a top-k that keeps everything: read the output (or NSA's branches) and q, k, v
     full = cls(e, heads, causal=True, **keep_all).to(dtype="float64").eval()
     _, seen = _hooked_run(full, x)
     want = _causal_softmax(seen)
     if name == "nsa":
-        rows += [(f"top_k ≥ blocks: selected branch − causal softmax of q, k, v, max |Δ|",
+        rows += [("top_k ≥ blocks: selected branch − causal softmax of q, k, v, max |Δ|",
                   float(host_xp.abs(seen["hook_selected"] - want).max()), 1e-12),
-                 (f"window ≥ N: window branch − causal softmax of q, k, v, max |Δ|",
+                 ("window ≥ N: window branch − causal softmax of q, k, v, max |Δ|",
                   float(host_xp.abs(seen["hook_window"] - want).max()), 1e-12)]
     else:
         rows.append((f"top_k keeps every {'key' if name == 'dsa' else 'block'}: z − causal "
                      "softmax of q, k, v, max |Δ|",
                      float(host_xp.abs(seen["hook_z"] - want).max()), 1e-12))
+    # a top-k that chooses: the gathered form against the dense one, then decoding
     layer = cls(e, heads, causal=True, **sparse).to(dtype="float64").eval()
     q, k, v = (g.standard_normal((2, heads, n, e // heads)) for _ in range(3))
     out = layer.attend(*(Tensor(a) for a in (q, k, v))).numpy()
