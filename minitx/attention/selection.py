@@ -219,7 +219,8 @@ class DeepSeekSparseAttention(AttentionBase):
     q^I = W_q^I [q_1 … q_H] (B, Nq, h_I, d_I) from the query heads, k^I = W_k^I · mean_h k_h
     (B, Nk, d_I), w = W_w [q_1 … q_H] · h_I^{−1/2} d_I^{−1/2} (B, Nq, h_I). Hooks:
     ``hook_index_scores`` I (B, Nq, Nk), −inf at future keys when causal (may be replaced:
-    the choice follows), ``hook_selection`` (B, Nq, Nk) bool, the keys chosen (read-only).
+    the choice follows), ``hook_selection`` (B, Nq, Nk) bool, the keys chosen (read-only);
+    both are formed whole, O(B·N²), only while a hook is set.
 
     Options: ``top_k`` k, keys per query (default 16), ``indexer_heads`` h_I (4),
     ``indexer_dim`` d_I (16), ``indexer_loss_weight`` (1.0; the weight of ``indexer_loss``
