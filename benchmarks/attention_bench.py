@@ -47,6 +47,8 @@ def long_options(name, max_n):
         "reformer": {"n_buckets": 16, "n_hashes": 2, "chunk_size": 64},
         "routing": {"num_clusters": 8, "window": 64},
         "performer": {"num_features": 64},
+        "dsa": {"top_k": 64}, "moba": {"block": 64, "top_k": 2},
+        "nsa": {"block": 64, "top_k": 2, "window": 64},
     }.get(name, {})
 
 

@@ -440,7 +440,8 @@ def _describe_options(layer):
 CACHE_VARIANTS = (("mha", {}), ("gqa", {"num_kv_heads": 2}), ("mqa", {}), ("mla", {}),
                   ("sink", {}), ("retention", {}), ("deltanet", {}), ("ssd", {}),
                   ("gated_deltanet", {}), ("kda", {}), ("gated", {}), ("fox", {}),
-                  ("lightning", {}))
+                  ("lightning", {}),
+                  ("dsa", {}), ("moba", {}), ("nsa", {}))
 
 
 def cached_numbers(cache) -> int:

@@ -41,6 +41,7 @@ from .latent import *  # noqa: F401,F403
 from .differential import *  # noqa: F401,F403
 from .sigmoid import *  # noqa: F401,F403
 from .sinks import *  # noqa: F401,F403
+from .selection import *  # noqa: F401,F403
 from .nystrom import *  # noqa: F401,F403
 from .retention import *  # noqa: F401,F403
 from .delta_rule import *  # noqa: F401,F403

@@ -109,6 +109,10 @@ COURSE = [
      "Two 2025 gates: an output gate after the softmax (gated attention, Qwen3-Next) and a "
      "forget gate on the scores (the Forgetting Transformer).",
      ["minitx/attention/gated.py"]),
+    ("Choosing keys",
+     "Each query picks the keys it reads: DeepSeek's lightning indexer and top-k keys, MoBA's "
+     "blocks ranked by their mean key, NSA's compressed, selected and window branches.",
+     ["minitx/attention/selection.py"]),
     ("Attention as recurrence",
      "Linear attention read as a recurrent state: retention, the delta rule, state-space "
      "duality.",
