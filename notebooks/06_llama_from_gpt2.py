@@ -74,7 +74,7 @@ def step(title, config):
     # model fills in the config's defaults (Hkv, D, F), and each step starts from the last
     built = sum(int(np.prod(p.shape)) for p in model.parameters())
     counted = count_parameters(config)["total"]
-    caches = model.new_caches()
+    caches = model.new_caches()            # the forward fills them: read what one layer holds
     with minitx.no_grad():
         logits = to_host(model(minitx.tensor(ids), kv_caches=caches))
     per_token = cached_numbers(caches[0]) // N
@@ -89,6 +89,7 @@ def step(title, config):
     return model
 
 
+# GPT-2's switches (the defaults of DecoderConfig are a small Llama's)
 gpt2 = DecoderConfig(vocab_size=V, hidden_size=E, num_layers=LAYERS, num_heads=HEADS,
                      norm="layernorm", norm_bias=True, norm_eps=1e-5, mlp="gelu",
                      positions="learned", max_position=64, qkv_bias=True, o_bias=True,

@@ -43,6 +43,7 @@ TODAY = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_t
 # One published model of each family: the config.json keys that change the forward (the
 # ignored ones, token ids and dtype, are left out). The facts are the checkpoints' own.
 REPRESENTATIVE = {
+    # Llama 3.2: GQA, Llama 3's rope scaling, a tied head
     "llama": ("Llama-3.2-1B", dict(
         vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
         num_attention_heads=32, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5,
@@ -50,22 +51,26 @@ REPRESENTATIVE = {
         attention_bias=False, mlp_bias=False, rope_theta=500000.0,
         rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})),
+    # Mistral 7B v0.1: every layer slides over 4096 tokens
     "mistral": ("Mistral-7B-v0.1", dict(
         vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5, hidden_act="silu",
         max_position_embeddings=32768, tie_word_embeddings=False, rope_theta=10000.0,
         sliding_window=4096)),
+    # Qwen2.5: biases on q, k, v; the window written but switched off
     "qwen2": ("Qwen2.5-0.5B", dict(
         vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
         num_attention_heads=14, num_key_value_heads=2, rms_norm_eps=1e-6, hidden_act="silu",
         max_position_embeddings=32768, tie_word_embeddings=True, rope_theta=1000000.0,
         use_sliding_window=False, sliding_window=32768, max_window_layers=24)),
+    # Qwen3: QK-norm, a head dim wider than E/H
     "qwen3": ("Qwen3-0.6B", dict(
         vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
         num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
         hidden_act="silu", max_position_embeddings=40960, tie_word_embeddings=True,
         attention_bias=False, rope_theta=1000000.0, use_sliding_window=False,
         sliding_window=None, max_window_layers=28)),
+    # Qwen3-MoE: 8 of 128 narrow experts in every layer
     "qwen3_moe": ("Qwen3-30B-A3B", dict(
         vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
         num_attention_heads=32, num_key_value_heads=4, head_dim=128, rms_norm_eps=1e-6,
@@ -74,11 +79,13 @@ REPRESENTATIVE = {
         sliding_window=None, max_window_layers=48, num_experts=128, num_experts_per_tok=8,
         moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1,
         mlp_only_layers=[])),
+    # Mixtral: Mistral's attention, 2 of 8 experts of full width
     "mixtral": ("Mixtral-8x7B", dict(
         vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5, hidden_act="silu",
         max_position_embeddings=32768, tie_word_embeddings=False, rope_theta=1000000.0,
         sliding_window=None, num_local_experts=8, num_experts_per_tok=2)),
+    # Gemma 3: five local layers to one global, two rope bases, GeGLU
     "gemma3_text": ("Gemma-3-270M", dict(
         vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
         num_attention_heads=4, num_key_value_heads=1, head_dim=256, rms_norm_eps=1e-6,
@@ -86,11 +93,13 @@ REPRESENTATIVE = {
         tie_word_embeddings=True, attention_bias=False, query_pre_attn_scalar=256,
         rope_theta=1000000.0, rope_local_base_freq=10000.0, sliding_window=512,
         _sliding_window_pattern=6, final_logit_softcapping=None, attn_logit_softcapping=None)),
+    # OLMo 2: norms after each sublayer, QK-norm over the projection
     "olmo2": ("OLMo-2-0425-1B", dict(
         vocab_size=100352, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
         num_attention_heads=16, num_key_value_heads=16, rms_norm_eps=1e-6, hidden_act="silu",
         max_position_embeddings=4096, tie_word_embeddings=False, attention_bias=False,
         rope_theta=500000.0)),
+    # gpt-oss: sinks, biases, alternating windows, YaRN, clamped SwiGLU experts
     "gpt_oss": ("gpt-oss-20b", dict(
         vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
         num_attention_heads=64, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5,
@@ -100,6 +109,7 @@ REPRESENTATIVE = {
         rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                       "truncate": False, "original_max_position_embeddings": 4096},
         num_local_experts=32, num_experts_per_tok=4, swiglu_limit=7.0)),
+    # DeepSeek-V3: latent attention, 3 dense layers, then 8 of 256 experts + 1 shared
     "deepseek_v3": ("DeepSeek-V3", dict(
         vocab_size=129280, hidden_size=7168, intermediate_size=18432, num_hidden_layers=61,
         num_attention_heads=128, num_key_value_heads=128, rms_norm_eps=1e-6, hidden_act="silu",
@@ -231,6 +241,7 @@ def _cells(c: DecoderConfig) -> dict:
     rope = c.rope["rope_type"]
     positions = {"learned": "learned", "none": "none"}.get(
         c.positions, f"RoPE {rope}" + (", local base" if c.local_rope else ""))
+    # attention: its kind and head sharing, then what it adds (QK-norm, biases)
     if c.attention == "mla":
         attention = f"MLA (r {c.kv_lora_rank})"
     else:
@@ -265,11 +276,12 @@ def family_row(kind: str) -> dict:
 def family_table(kinds=TODAY) -> list:
     """The comparison table as aligned text lines, one row per family (``family_row``)."""
     rows = [family_row(k) for k in kinds]
+    # each column as wide as its widest cell; a status line runs across the switches
     widths = {col: max(len(col), *(len(r.get(col, "")) for r in rows if "status" not in r))
               for col in COLUMNS}
     head = "  ".join(f"{col:<{widths[col]}}" for col in COLUMNS).rstrip()
     lines = [head, "  ".join("-" * widths[col] for col in COLUMNS)]
-    for r in rows:
+    for r in rows:                           # a family not loadable: its status, then why
         if "status" in r:
             lines.append(f"{r['family']:<{widths['family']}}  {r['model']:<{widths['model']}}  "
                          f"{r['status']}")

@@ -401,7 +401,8 @@ def variant_proof(name: str, sizes: Sizes, seed: int) -> Proof:
 
 
 def all_proofs(quick: bool, seed: int) -> dict:
-    """{module path: [Proof]} for every op in OP_PAGES and every registered variant."""
+    """{module path: [Proof]} for every op in OP_PAGES, every registered variant and the
+    decoders' files (``decoder_proofs``)."""
     sizes = Sizes.make(quick)
     pages = {}
     for proof in op_proofs(sizes, seed):
@@ -409,4 +410,7 @@ def all_proofs(quick: bool, seed: int) -> dict:
     for name in sorted(REGISTRY):
         path = REGISTRY[name].__module__.replace(".", "/") + ".py"
         pages.setdefault(path, []).append(variant_proof(name, sizes, seed))
+    from .decoder_proofs import decoder_proofs   # noqa: PLC0415 - it builds on this module
+    for path, found in decoder_proofs(sizes, seed).items():
+        pages.setdefault(path, []).extend(found)
     return pages
