@@ -20,6 +20,7 @@ import dataclasses
 import os
 import tempfile
 import time
+import warnings
 
 import numpy as np
 
@@ -309,6 +310,8 @@ else:
 # transformers is not installed.
 
 # %%
+# Jupyter without ipywidgets: tqdm, which transformers imports, warns that it cannot draw bars.
+warnings.filterwarnings("ignore", message="IProgress not found")
 try:
     import torch
     import transformers

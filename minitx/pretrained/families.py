@@ -267,9 +267,9 @@ def family_row(kind: str) -> dict:
         return dict(row, status="not yet loadable (no row in the family table)")
     try:
         c = family_config(kind)
-    except validate.OptionError as exc:
-        reason = str(exc).split(": ", 1)[-1]
-        return dict(row, status=f"not yet loadable: {reason[:70]}…")
+    except validate.OptionError as exc:     # the loader's reason, its first clause
+        reason = str(exc).split(": ", 1)[-1].removeprefix(f"{kind}: ")
+        return dict(row, status=f"not yet loadable: {reason.split(', ')[0].split('; ')[0]}")
     return dict(row, **_cells(c))
 
 

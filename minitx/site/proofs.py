@@ -410,7 +410,11 @@ def all_proofs(quick: bool, seed: int) -> dict:
     for name in sorted(REGISTRY):
         path = REGISTRY[name].__module__.replace(".", "/") + ".py"
         pages.setdefault(path, []).append(variant_proof(name, sizes, seed))
-    from .decoder_proofs import decoder_proofs   # noqa: PLC0415 - it builds on this module
-    for path, found in decoder_proofs(sizes, seed).items():
+    for path, found in _decoders.decoder_proofs(sizes, seed).items():
         pages.setdefault(path, []).extend(found)
     return pages
+
+
+# The decoders' proofs build on this module's Proof and checks, so they are imported once
+# those exist: here, after them, not at the top.
+from . import decoder_proofs as _decoders  # noqa: E402

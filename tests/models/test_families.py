@@ -109,3 +109,16 @@ def test_gpt_oss_counts_its_active_parameters_without_the_embedding_table():
 def test_unknown_family_is_refused_by_name():
     with pytest.raises(Exception, match="no_such_family"):
         families.family_row("no_such_family")
+
+
+def test_the_tour_lists_every_family_within_its_width(monkeypatch):
+    from minitx import tour
+    lines = tour.decoder_section()
+    assert all(len(line) <= tour.WIDTH for line in lines)
+    for kind in families.TODAY:
+        assert sum(line.split()[:1] == [kind] for line in lines) == 1, kind
+    llama = next(line for line in lines if line.split()[:1] == ["llama"])
+    assert llama.split()[-1] == "32.0"                 # KiB per token, Llama-3.2-1B
+    monkeypatch.delitem(decoders.FAMILIES, "llama")
+    assert "not yet loadable" in next(line for line in tour.decoder_section()
+                                      if line.split()[:1] == ["llama"])
