@@ -1,5 +1,6 @@
 """The decoder chapters' proof boxes: each file of those chapters gets its boxes, each box sits
-beside a section its page has, and a wrong number fails the build."""
+beside a section its page has, and a wrong number fails the build. The proofs are computed
+as the build computes them, on NumPy whatever the backend (``build.numpy_backend``)."""
 import pytest
 
 pytest.importorskip("markdown_it", reason='pip install ".[docs]"')
@@ -16,7 +17,8 @@ FILES = ("minitx/nn/decoder_layers.py", "minitx/nn/rotary.py", "minitx/nn/moe.py
 
 @pytest.fixture(scope="module")
 def pages():
-    return decoder_proofs.decoder_proofs(proofs.Sizes.make(True), seed=0)
+    with site_build.numpy_backend():
+        return decoder_proofs.decoder_proofs(proofs.Sizes.make(True), seed=0)
 
 
 def test_each_decoder_file_is_in_the_course_and_has_proofs(pages):
@@ -45,7 +47,8 @@ def test_the_family_table_box_has_a_line_per_family(pages):
 def test_all_proofs_includes_the_decoders(monkeypatch):
     monkeypatch.setattr(proofs, "op_proofs", lambda sizes, seed: [])
     monkeypatch.setattr(proofs, "REGISTRY", {})
-    found = proofs.all_proofs(quick=True, seed=0)
+    with site_build.numpy_backend():
+        found = proofs.all_proofs(quick=True, seed=0)
     assert set(FILES) <= set(found)
 
 
