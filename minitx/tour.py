@@ -10,7 +10,9 @@ Sections (each a function returning lines of text, so tests and the CLI can call
    N = 1,024, then each complexity; every line fits in 100 columns (``WIDTH``);
 4. ``scale_section``: why 1/√d_k — the variance of q·k grows like d_k, and without the scale
    softmax saturates and its gradient vanishes;
-5. ``pattern_section``: text pictures of the sparse attention patterns.
+5. ``pattern_section``: text pictures of the sparse attention patterns;
+6. ``cache_section``: what each variant's decode cache holds per token;
+7. ``decoder_section``: today's decoder families as minitx's loader reads them.
 """
 from __future__ import annotations
 
@@ -29,11 +31,12 @@ import minitx.functional as F
 from minitx.attention import REGISTRY, causal_pattern, dense_attention_array
 from minitx.backend import to_host
 from minitx.metrics import APPROX_BUDGETS, approx_distances
+from minitx.pretrained import families
 from minitx.viz import render_mask
 
 __all__ = ["worked_example", "jacobian_section", "variant_rows", "variant_table",
-           "scale_section", "pattern_section", "PATTERN_VARIANTS", "run_tour", "fmt_matrix",
-           "fmt_bytes"]
+           "scale_section", "pattern_section", "decoder_section", "PATTERN_VARIANTS", "run_tour",
+           "fmt_matrix", "fmt_bytes"]
 
 PATTERN_VARIANTS = ("local", "dilated", "longformer", "bigbird", "strided", "fixed")
 _PATTERN_OPTIONS = {"bigbird": {"block": 2}}      # the default block (4) fills n = 16
@@ -486,6 +489,30 @@ def cache_section(embed: int = 64, heads: int = 8, lengths=(32, 96)) -> list:
     return lines
 
 
+# ---- 7. today's decoders ------------------------------------------------------------------
+
+def decoder_section() -> list:
+    """One line per decoder family of ``minitx.pretrained.families``: the published model,
+    its MLP, attention and windows as minitx's loader reads them, and its KV cache per
+    token; a family the loader lacks says so."""
+    lines = ["7. Today's decoders: GPT-2 plus a few switches each, read from the published "
+             "configurations", "   (python -m minitx site: the course chapter "
+             "\"From GPT-2 to today's decoders\")", "",
+             f"   {'family':<12} {'model':<15} {'MLP':<6} {'attention':<18} "
+             f"{'window pattern':<26} KV KiB/token"]
+    for kind in families.TODAY:
+        row = families.family_row(kind)
+        head = f"   {kind:<12} {row['model']:<15}"
+        if "status" in row:
+            lines.append(f"{head} {row['status']}"[:WIDTH])
+            continue
+        kib = families.kv_cache_bytes_per_token(families.family_config(kind)) / 1024
+        lines.append(f"{head} {row['MLP']:<6} {row['attention']:<18} "
+                     f"{row['window pattern']:<26} " + (f"{kib:>6.1f}" if kib else
+                                                        "bounded by W"))
+    return lines
+
+
 # ---- the whole tour -----------------------------------------------------------------------
 
 def run_tour(out=print, n: int = 1024) -> None:
@@ -494,7 +521,7 @@ def run_tour(out=print, n: int = 1024) -> None:
         f"{minitx.get_backend()}; running on: {minitx.backend.describe_device()})")
     out("=" * 78)
     sections = (worked_example, jacobian_section, lambda: variant_table(n=n), scale_section,
-                pattern_section, cache_section)
+                pattern_section, cache_section, decoder_section)
     for section in sections:
         try:
             lines = section()

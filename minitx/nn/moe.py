@@ -239,6 +239,7 @@ class Router(Module):
                  dtype=None):
         super().__init__()
         who = "Router"
+        # sizes and the router's kind, each checked where it is given
         self.hidden_size = validate.positive_int(hidden_size, "hidden_size", owner=who)
         n = self.num_experts = validate.positive_int(num_experts, "num_experts", owner=who)
         self.top_k = validate.integer(top_k, "top_k", minimum=1, maximum=n, owner=who)
@@ -248,12 +249,15 @@ class Router(Module):
             raise validate.OptionError(f"{who}: norm_topk_prob must be True for router "
                                        "'topk_softmax' (its softmax over the k is normalised), "
                                        "got False")
+        # group-limited routing (DeepSeek-V3) and the factor on every routed weight
         self.n_group = validate.integer(n_group, "n_group", minimum=1, maximum=n, owner=who)
         self.topk_group = validate.integer(topk_group, "topk_group", minimum=1,
                                            maximum=self.n_group, owner=who)
         self._check_groups(who)
         self.routed_scaling_factor = validate.positive_real(
             routed_scaling_factor, "routed_scaling_factor", owner=who)
+        # W_r (n, E), gpt-oss's bias b_r, DeepSeek's correction bias β (a buffer: it only
+        # chooses, and training moves it by a rule, not by its gradient)
         dt = _float_dtype(dtype, who)
         self.weight = _uniform((n, hidden_size), hidden_size, dt)
         if validate.boolean(bias, "bias", owner=who):
@@ -266,6 +270,7 @@ class Router(Module):
 
     def _check_groups(self, who):
         n, g, kg, k = self.num_experts, self.n_group, self.topk_group, self.top_k
+        # groups belong to the sigmoid router, divide n, hold two experts, and keep ≥ k
         if (g, kg) != (1, 1) and self.kind != "sigmoid_grouped":
             raise validate.OptionError(f"{who}: n_group and topk_group (group-limited routing) "
                                        "need router 'sigmoid_grouped', got router "
@@ -322,6 +327,7 @@ class Experts(Module):
                  swiglu_alpha: float = 1.702, device=None, dtype=None):
         super().__init__()
         who = "Experts"
+        # n, E, I and the clamped SwiGLU's two constants
         n = self.num_experts = validate.positive_int(num_experts, "num_experts", owner=who)
         e = self.hidden_size = validate.positive_int(hidden_size, "hidden_size", owner=who)
         i = self.intermediate_size = validate.positive_int(intermediate_size,
@@ -329,11 +335,12 @@ class Experts(Module):
         self.kind = validate.choice(kind, "expert", EXPERT_KINDS, owner=who)
         self.limit = validate.positive_real(swiglu_limit, "swiglu_limit", owner=who)
         self.alpha = validate.positive_real(swiglu_alpha, "swiglu_alpha", owner=who)
+        # the weights of all n experts stacked on a leading axis: (n, out, in) each
         dt = _float_dtype(dtype, who)
         self.gate_proj = _uniform((n, i, e), e, dt)
         self.up_proj = _uniform((n, i, e), e, dt)
         self.down_proj = _uniform((n, e, i), i, dt)
-        if validate.boolean(bias, "bias", owner=who):
+        if validate.boolean(bias, "bias", owner=who):          # gpt-oss's experts have biases
             self.gate_proj_bias = _uniform((n, i), e, dt)
             self.up_proj_bias = _uniform((n, i), e, dt)
             self.down_proj_bias = _uniform((n, e), i, dt)
@@ -455,6 +462,7 @@ class MoE(Module):
                  shared_expert_gate: bool = False, device=None, dtype=None):
         super().__init__()
         who = "MoE"
+        # the clamped SwiGLU's constants go with that expert kind only
         validate.choice(expert, "expert", EXPERT_KINDS, owner=who)
         for name, value in (("swiglu_limit", swiglu_limit), ("swiglu_alpha", swiglu_alpha)):
             if value is not None and expert != "clamped_swiglu":
@@ -470,6 +478,7 @@ class MoE(Module):
         self.experts = Experts(num_experts, hidden_size, intermediate_size, expert, expert_bias,
                                7.0 if swiglu_limit is None else swiglu_limit,
                                1.702 if swiglu_alpha is None else swiglu_alpha, dtype=dtype)
+        # the shared expert (DeepSeek-V3, Qwen2-MoE) and its optional sigmoid gate
         width = self._shared_width(who, intermediate_size, n_shared_experts,
                                    shared_intermediate_size)
         self.shared_expert = None if width is None else SharedExpert(hidden_size, width,
@@ -482,10 +491,12 @@ class MoE(Module):
             self.shared_expert_gate = Linear(hidden_size, 1, bias=False, dtype=dtype)
         else:
             self.shared_expert_gate = None
+        # what the last forward routed, kept for the loss and for reading
         self.router_logits = None
         self.tokens_per_expert = None
         self._factory(device)
 
+    # DeepSeek-V3 states the shared width as a count of experts, Qwen2-MoE as a width
     @staticmethod
     def _shared_width(who, intermediate_size, n_shared, shared_size):
         n_shared = validate.nonnegative_int(n_shared, "n_shared_experts", owner=who)
@@ -499,6 +510,7 @@ class MoE(Module):
                 f"n_shared_experts={n_shared}, shared_intermediate_size={shared_size}")
         return shared_size
 
+    # the router owns n and k; the block reads them from it
     @property
     def num_experts(self) -> int:
         return self.router.num_experts

@@ -85,6 +85,21 @@ COURSE = [
      ["minitx/nn/layers.py", "minitx/ops/norm.py", "minitx/models/transformer.py",
       "minitx/models/common.py", "minitx/models/gpt.py", "minitx/ops/loss.py",
       "notebooks/03_char_gpt_heads.py"]),
+    ("From GPT-2 to today's decoders",
+     "Llama is GPT-2 with five switches flipped — RMSNorm, SwiGLU, RoPE, grouped-query "
+     "attention, no biases — each shown as its diff and the number that was its reason; "
+     "then the blocks those switches bring in, and rotary positions with their scalings.",
+     ["notebooks/06_llama_from_gpt2.py", "minitx/nn/decoder_layers.py",
+      "minitx/nn/rotary.py"]),
+    ("Today's decoders: mixtures of experts",
+     "A router picks k of n expert MLPs for each token: the routers of Mixtral, gpt-oss and "
+     "DeepSeek-V3, a dispatch in a few lines, the load-balancing loss.",
+     ["docs/moe.md", "minitx/nn/moe.py"]),
+    ("Today's decoders: one decoder, ten families",
+     "The one decoder whose switches make every family, how a checkpoint's configuration "
+     "becomes those switches, and the ten families side by side in a table generated from "
+     "that translation.",
+     ["minitx/models/decoder.py", "docs/decoders.md", "minitx/pretrained/families.py"]),
     ("Efficient attention: sparse patterns", "Exact attention under a sparsity mask.",
      ["minitx/attention/sparse.py"]),
     ("Efficient attention: low rank",

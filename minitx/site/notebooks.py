@@ -57,6 +57,7 @@ NOTEBOOKS = (
     "notebooks/03_char_gpt_heads.py",
     "notebooks/04_pretrained_bert.py",
     "notebooks/05_attention_and_recurrence.py",
+    "notebooks/06_llama_from_gpt2.py",
 )
 
 KERNEL_NAME = "python3"          # ipykernel's kernel: jupyter_client runs it with sys.executable

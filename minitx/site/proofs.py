@@ -437,7 +437,8 @@ def variant_proof(name: str, sizes: Sizes, seed: int) -> Proof:
 
 
 def all_proofs(quick: bool, seed: int) -> dict:
-    """{module path: [Proof]} for every op in OP_PAGES and every registered variant."""
+    """{module path: [Proof]} for every op in OP_PAGES, every registered variant and the
+    decoders' files (``decoder_proofs``)."""
     sizes = Sizes.make(quick)
     pages = {}
     for proof in op_proofs(sizes, seed):
@@ -445,4 +446,11 @@ def all_proofs(quick: bool, seed: int) -> dict:
     for name in sorted(REGISTRY):
         path = REGISTRY[name].__module__.replace(".", "/") + ".py"
         pages.setdefault(path, []).append(variant_proof(name, sizes, seed))
+    for path, found in _decoders.decoder_proofs(sizes, seed).items():
+        pages.setdefault(path, []).extend(found)
     return pages
+
+
+# The decoders' proofs build on this module's Proof and checks, so they are imported once
+# those exist: here, after them, not at the top.
+from . import decoder_proofs as _decoders  # noqa: E402

@@ -1,0 +1,124 @@
+"""The ten-family table, the KV-cache bytes and the expert counts of
+``minitx.pretrained.families``: the table is generated from the loader's family table (a
+row changed, removed or added there changes the table), and the counts match the figures
+the model cards publish, to the precision they publish them."""
+import pytest
+
+from minitx.pretrained import decoders, families
+
+
+def _row(kind):
+    return families.family_row(kind)
+
+
+def test_every_family_has_a_row_and_the_table_one_line_each():
+    lines = families.family_table()
+    assert len(lines) == 2 + len(families.TODAY)
+    for kind, line in zip(families.TODAY, lines[2:]):
+        assert line.split()[0] == kind
+    assert lines[0].split()[:3] == ["family", "model", "norm"]
+
+
+def test_rows_read_the_published_configurations():
+    # Llama-3.2-1B: 32 query heads share 8 key/value heads, every layer full, llama3 rope
+    llama = _row("llama")
+    assert (llama["norm"], llama["MLP"], llama["attention"]) == ("RMSNorm, pre", "SwiGLU",
+                                                                 "GQA 32/8")
+    assert (llama["positions"], llama["window pattern"]) == ("RoPE llama3", "all full")
+    # Gemma 3: five local layers to one global, W = 512, one key/value head, (1 + w) norms
+    gemma = _row("gemma3_text")
+    assert gemma["window pattern"] == "5 sliding : 1 full (W 512)"
+    assert gemma["attention"] == "MQA, QK-norm" and gemma["MLP"] == "GeGLU"
+    assert gemma["norm"] == "RMSNorm, sandwich, (1+w)"
+    assert _row("mistral")["window pattern"] == "all sliding (W 4096)"
+    assert _row("qwen2")["attention"] == "GQA 14/2, qkv bias"
+    assert _row("olmo2")["norm"] == "RMSNorm, post"
+
+
+def test_a_family_the_loader_lacks_says_so(monkeypatch):
+    monkeypatch.delitem(decoders.FAMILIES, "qwen2")
+    row = _row("qwen2")
+    assert row["status"].startswith("not yet loadable") and "norm" not in row
+    line = next(x for x in families.family_table() if x.startswith("qwen2 "))
+    assert "not yet loadable" in line
+
+
+def test_changing_a_family_row_changes_the_table(monkeypatch):
+    before = families.family_table()
+    monkeypatch.setitem(decoders.FAMILIES, "qwen3", dict(mlp="swiglu"))      # no QK-norm
+    after = families.family_table()
+    changed = [(a, b) for a, b in zip(before, after) if a != b]
+    assert len(changed) == 1 and changed[0][0].startswith("qwen3 ")
+    assert "GQA 16/8, QK-norm" in changed[0][0] and "QK-norm" not in changed[0][1]
+
+
+def test_a_family_added_to_the_loader_gets_its_row(monkeypatch):
+    """Mixtral read without its experts, as a new row of the loader's table would read it:
+    the row then comes from the translation, with no change here."""
+    assert "status" in _row("mixtral") or "mixtral" in decoders.FAMILIES
+    name, cfg = families.REPRESENTATIVE["mixtral"]
+    dense = {k: v for k, v in cfg.items() if k not in ("num_local_experts",
+                                                       "num_experts_per_tok")}
+    monkeypatch.setitem(families.REPRESENTATIVE, "mixtral", (name, dense))
+    monkeypatch.setitem(decoders.FAMILIES, "mixtral", dict(mlp="swiglu"))
+    monkeypatch.setattr(decoders, "_layer_types", lambda cfg, kind, n, source: (None, None))
+    row = _row("mixtral")
+    assert "status" not in row
+    assert (row["attention"], row["MLP"], row["window pattern"]) == ("GQA 32/8", "SwiGLU",
+                                                                     "all full")
+
+
+def test_kv_cache_bytes_per_token_at_real_sizes():
+    # Llama-3.2-1B: 16 layers · 2 (k, v) · 8 heads · 64 dims · 2 bytes
+    assert families.kv_cache_bytes_per_token(families.attention_config("llama")) == 32768
+    # DeepSeek-V3: 61 layers · (512 latent + 64 rotary) · 2 bytes
+    assert families.kv_cache_bytes_per_token(families.attention_config("deepseek_v3")) == \
+        61 * 576 * 2
+    # Gemma-3-270M: only its 3 global layers grow (1 key/value head of 256 dims)
+    assert families.kv_cache_bytes_per_token(families.attention_config("gemma3_text")) == \
+        3 * 2 * 256 * 2
+    assert families.kv_cache_bytes_per_token(families.attention_config("mistral")) == 0
+    # gpt-oss-20b: 12 full layers of 24, 8 key/value heads of 64 dims; its sinks are on
+    c = families.attention_config("gpt_oss")
+    assert c.attn_sinks and families.kv_cache_bytes_per_token(c) == 12 * 2 * 8 * 64 * 2
+
+
+@pytest.mark.parametrize("kind, total, active, digits", [
+    ("mixtral", 46.7e9, 12.9e9, 1),            # Mixtral-8x7B: 46.7 B, 12.9 B active
+    ("deepseek_v3", 671e9, 37e9, 0),           # DeepSeek-V3: 671 B, 37 B activated
+    ("qwen3_moe", 30.5e9, 3.3e9, 1),           # Qwen3-30B-A3B: 30.5 B, 3.3 B activated
+    ("llama", 1.24e9, 1.24e9, 2),              # Llama-3.2-1B: 1.24 B
+])
+def test_parameter_counts_match_the_model_cards(kind, total, active, digits):
+    """Within one unit of the card's last digit: cards round (Mixtral's 12.88 → 12.9) or
+    truncate (Qwen's 3.35 → 3.3), and some leave the embedding table out of "active"
+    (DeepSeek's 37.6 with it, 36.6 without)."""
+    r = families.expert_counts(kind)
+    unit = 10.0 ** -digits
+    assert abs(r["total"] / 1e9 - total / 1e9) < unit, r["total"]
+    assert abs(r["active"] / 1e9 - active / 1e9) < unit, r["active"]
+
+
+def test_gpt_oss_counts_its_active_parameters_without_the_embedding_table():
+    r = families.expert_counts("gpt_oss")           # the model card: 21 B, 3.6 B active
+    assert round(r["total"] / 1e9) == 21
+    assert round((r["active"] - r["lookup"]) / 1e9, 1) == 3.6
+    assert (r["experts"], r["top_k"]) == (32, 4)
+
+
+def test_unknown_family_is_refused_by_name():
+    with pytest.raises(Exception, match="no_such_family"):
+        families.family_row("no_such_family")
+
+
+def test_the_tour_lists_every_family_within_its_width(monkeypatch):
+    from minitx import tour
+    lines = tour.decoder_section()
+    assert all(len(line) <= tour.WIDTH for line in lines)
+    for kind in families.TODAY:
+        assert sum(line.split()[:1] == [kind] for line in lines) == 1, kind
+    llama = next(line for line in lines if line.split()[:1] == ["llama"])
+    assert llama.split()[-1] == "32.0"                 # KiB per token, Llama-3.2-1B
+    monkeypatch.delitem(decoders.FAMILIES, "llama")
+    assert "not yet loadable" in next(line for line in tour.decoder_section()
+                                      if line.split()[:1] == ["llama"])
