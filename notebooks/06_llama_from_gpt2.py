@@ -24,6 +24,7 @@ import warnings
 
 import numpy as np
 
+# the decoder, its blocks and the loader's translation of a config.json
 import minitx
 from minitx.backend import to_host
 from minitx.models.decoder import Decoder, DecoderConfig, check_config, count_parameters
@@ -33,11 +34,10 @@ from minitx.nn.rotary import Rotary
 from minitx.pretrained import families
 from minitx.pretrained.decoders import decoder_config
 from minitx.tour import cached_numbers
+from minitx.viz import have_matplotlib, notebook_pyplot
 
-try:                                   # the picture is optional: the numbers are printed too
-    import matplotlib.pyplot as plt
-except ImportError:
-    plt = None
+# the picture is optional here: every number it draws is printed too
+plt = notebook_pyplot("06_llama_from_gpt2.py") if have_matplotlib() else None
 
 # MINITX_QUICK=1 is the tests' setting; it changes only how long the timing runs.
 QUICK = os.environ.get("MINITX_QUICK", "0") == "1"

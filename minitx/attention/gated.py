@@ -76,13 +76,9 @@ class GatedAttention(AttentionBase):
     r"""Gated attention: softmax attention whose output is multiplied by σ(x W_g) before the
     output projection (the formula is the module docstring's first).
 
-    Formula: Z = softmax(Q Kᵀ/√D + M) V per head, G = σ(X W_g) as (B, H, N, D) or
-    (B, H, N, 1), Y = (Z ⊙ G) W_O.
-
-    $$
-    Y = \left( \mathrm{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}} + M \right) V
-    \odot \sigma(X W_g) \right) W_O
-    $$
+    Formula: the module docstring's first (gated attention), per head: Z the softmax
+    attention output, G = σ(X W_g) from ``gate_linear`` as (B, H, N, D) when ``gate`` is
+    "elementwise" or (B, H, N, 1) when it is "headwise", Y = (Z ⊙ G) W_O.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v, attn_mask=None,
     gate=None)``: q (B, H, Nq, D), k/v (B, Hkv, Nk, D), gate (B, H, Nq, D or 1) → Z ⊙ gate
@@ -240,13 +236,9 @@ class ForgettingAttention(AttentionBase):
     r"""Forgetting attention (FoX): softmax attention whose scores get the bias c_i − c_j, the
     log of the forget gates between key j and query i (the module docstring's second formula).
 
-    Formula: f_t = σ(w_hᵀ x_t + b_h) per head (``forget_linear``: E → H), c = cumsum(log f),
-    S = Q Kᵀ/√D + (c_i − c_j) + M, O = softmax(S) V.
-
-    $$
-    O = \mathrm{softmax}\!\left( \frac{Q K^\top}{\sqrt{D}} + c_i - c_j + M \right) V,
-    \quad c_t = \sum_{l \le t} \log \sigma(w_h^\top x_l + b_h)
-    $$
+    Formula: the module docstring's second (forgetting attention), per head: f_t =
+    σ(w_hᵀ x_t + b_h) from ``forget_linear`` (E → H), c = cumsum(log f), the bias
+    D_ij = c_i − c_j added to the scores before the softmax.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v, log_forget=None)``:
     q (B, H, Nq, D), k/v (B, Hkv, Nk, D), log_forget (B, H, Nk) the keys' log f (None: all

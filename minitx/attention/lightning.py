@@ -30,9 +30,16 @@ key j sits from the block's end. The equations are MiniMax's "query decay", "key
 "diagonal decay" and "block decay". One token per block is the recurrence (decoding); one
 block of N tokens is the parallel form; both equal the block form (``identities``).
 
-**The decays.** MiniMax uses ALiBi's slopes (Press et al. 2022) as rates: head h of H decays
-by λ_h = exp(−s_h), s_h = 2^{−8(h+1)/H}, times a factor that makes deep layers remember
-longer, 1 − l/(L − 1 + 10⁻⁵) + 10⁻⁵ for layer l of L. Head 0 forgets fastest.
+**The decays.** MiniMax uses ALiBi's slopes (Press et al. 2022) as rates: head h of H
+decays by
+
+$$
+\lambda_h = e^{-s_h}, \qquad
+s_h = 2^{-8(h+1)/H} \left( 1 - \frac{l}{L - 1 + 10^{-5}} + 10^{-5} \right)
+$$
+
+for layer l of L, the factor in brackets making deep layers remember longer (without a
+layer count, the slopes alone). Head 0 forgets fastest.
 """
 from __future__ import annotations
 
@@ -115,14 +122,10 @@ class LightningAttention(RecurrentAttention):
     r"""Lightning attention (MiniMax-01): causal linear attention with a decay λ_h per head,
     intra-block masked products plus an inter-block state (formulas: the module docstring).
 
-    Formula: o_t = Σ_{s≤t} λ_h^{t−s} (q_t·k_s) v_s, per head; blocks of ``block`` tokens,
-    O = (Q Kᵀ ⊙ Λ) V + (λ^i q_i) S₀, S = λ^c S₀ + (λ^{c−j} k_j)ᵀ V;
-    λ_h = exp(−s_h), s_h = 2^{−8(h+1)/H} (× MiniMax's layer factor when ``num_layers`` given).
-
-    $$
-    o_t = \sum_{s \le t} \lambda_h^{\,t-s}\, (q_t \cdot k_s)\, v_s,
-    \qquad \lambda_h = e^{-s_h}, \quad s_h = 2^{-8(h+1)/H}
-    $$
+    Formula: the module docstring's, per head h with its own decay λ_h (the recurrence and
+    the block equations, blocks of c = ``block`` tokens); λ_h = exp(−s_h) with MiniMax's
+    rates s_h (module docstring, "The decays"; ``lightning_slopes``), times MiniMax's layer
+    factor when ``num_layers`` is given.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, N, D),
     k/v (B, Hkv, N, D) → (B, H, N, D); the state S (B, H, D, D). Hook points (besides

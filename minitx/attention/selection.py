@@ -204,15 +204,9 @@ class DeepSeekSparseAttention(AttentionBase):
     r"""DeepSeek Sparse Attention: a lightning indexer scores the keys and each query attends
     to its top-k keys (the indexer's choice shared by all heads).
 
-    Formula: I_{t,s} = Σ_j w_{t,j} ReLU(q^I_{t,j} · k^I_s) over h_I indexer heads; S_t = the
-    ``top_k`` keys s (s ≤ t when causal) of highest I_{t,s}; o_t = softmax over s ∈ S_t of
-    q_t·k_s/√D, times v_s (module docstring).
-
-    $$
-    o_t = \sum_{s \in S_t} \operatorname{softmax}_{s \in S_t}\!\left(
-    \frac{q_t \cdot k_s}{\sqrt{D}} \right) v_s,
-    \qquad S_t = \operatorname{top-}k_{\,s}\, I_{t,s}
-    $$
+    Formula: the module docstring's DSA formula, per head: h_I = ``indexer_heads`` indexer
+    heads score the keys (I_{t,s}), S_t the k = ``top_k`` keys s (s ≤ t when causal) of
+    highest I_{t,s}, shared by every head, and o_t softmax attention over S_t.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, Nq, D),
     k/v (B, Hkv, Nk, D) → (B, H, Nq, D) (queries at the last Nq positions). The indexer:
@@ -402,16 +396,10 @@ class MixtureOfBlockAttention(AttentionBase):
     r"""Mixture of Block Attention: each query attends to its own block and the top-k past
     blocks, ranked by its dot product with each block's mean key.
 
-    Formula: g_{t,i} = q_t · k̄_i with k̄_i the mean key of block i (blocks of b keys); S_t =
-    the own block ⌊t/b⌋ and the ``top_k`` blocks i < ⌊t/b⌋ of highest g_{t,i} (causal; without
-    ``causal``, any other block); o_t = softmax over the keys of S_t (s ≤ t when causal) of
-    q_t·k_s/√D, times v_s (module docstring).
-
-    $$
-    o_t = \sum_{s \in S_t,\ s \le t} \operatorname{softmax}_s\!\left(
-    \frac{q_t \cdot k_s}{\sqrt{D}} \right) v_s,
-    \qquad g_{t,i} = q_t \cdot \bar{k}_i
-    $$
+    Formula: the module docstring's MoBA formula, per head: blocks of b = ``block`` keys,
+    S_t the own block ⌊t/b⌋ and the k = ``top_k`` blocks i < ⌊t/b⌋ of highest g_{t,i}
+    (causal; without ``causal``, any other block), o_t softmax attention over the keys of
+    S_t (s ≤ t when causal).
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, Nq, D),
     k/v (B, Hkv, Nk, D) → (B, H, Nq, D) (queries at the last Nq positions); gathered keys
@@ -514,17 +502,10 @@ class NativeSparseAttention(AttentionBase):
     r"""Native Sparse Attention: compressed blocks, the top-k selected blocks and a sliding
     window, three softmax attentions mixed by sigmoid gates per head.
 
-    Formula: o_t = g^cmp o^cmp + g^slc o^slc + g^win o^win with g_t = σ(q_t W_g + b_g) per
-    head; o^cmp attends to the mean key/value of each complete block (probabilities p_{t,i});
-    o^slc to every key (s ≤ t) of the ``top_k`` blocks ranked by p_{t,i} summed over the query
-    heads of a key/value head, the own, previous and first blocks always among them; o^win to
-    the keys t − w < s ≤ t (module docstring).
-
-    $$
-    o_t = g^{\mathrm{cmp}}_t\, o^{\mathrm{cmp}}_t + g^{\mathrm{slc}}_t\, o^{\mathrm{slc}}_t
-        + g^{\mathrm{win}}_t\, o^{\mathrm{win}}_t,
-    \qquad g_t = \sigma\!\left( q_t W_g + b_g \right)
-    $$
+    Formula: the module docstring's NSA formula, per head: W_g, b_g are ``gate_weight`` and
+    ``gate_bias``; blocks of b = ``block`` keys, k = ``top_k`` selected blocks (ranked by
+    p_{t,i} summed over the query heads of a key/value head; the own, previous and first
+    blocks always among them), w = ``window`` keys in the window branch.
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, Nq, D),
     k/v (B, Hkv, Nk, D) → (B, H, Nq, D) (queries at the last Nq positions); block means

@@ -141,33 +141,47 @@ def _decoder(g):
     return {"minitx/models/decoder.py": [counts, caches]}
 
 
+def _as_mha(c) -> int:
+    """Bytes per token of the same model with every layer full and one key/value head per
+    query head (MLA: its keys and values decompressed), in bfloat16: the cache GPT-2 keeps."""
+    if c.attention == "mla":
+        per_head = c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim
+        return c.num_layers * c.num_heads * per_head * 2
+    return 2 * c.num_layers * c.num_heads * c.head_dim * 2
+
+
 def _families():
     """families.py: real models' caches and counts, and the table, from their configs."""
     kv = Proof("kv_cache_bytes_per_token", "kv_cache_bytes_per_token")
     for kind in families.TODAY:
         c = families.attention_config(kind)
-        kv.report(f"{families.REPRESENTATIVE[kind][0]} ({kind}): KV cache per token, bf16",
-                  f"{families.kv_cache_bytes_per_token(c) / 1024:.1f} KiB")
+        kv.check(f"{families.REPRESENTATIVE[kind][0]} ({kind}): KV cache per token, bf16, KiB "
+                 f"(limit: the same model as GPT-2's MHA)",
+                 families.kv_cache_bytes_per_token(c) / 1024, _as_mha(c) / 1024, fmt="{:.1f}")
     llama = families.attention_config("llama")
     mha = dataclasses.replace(llama, num_kv_heads=llama.num_heads)
     kv.check("Llama-3.2-1B as MHA / as published (GQA: 32 query heads, 8 key/value) − 4",
              abs(families.kv_cache_bytes_per_token(mha)
                  / families.kv_cache_bytes_per_token(llama) - 4), 0.0)
+    # two counters that share no code: the hand count from config.json, and the decoder's own
     experts = Proof("expert_counts", "expert_counts")
     for kind in families.TODAY:
         r = families.expert_counts(kind)
         if r["experts"]:
-            experts.report(f"{families.REPRESENTATIVE[kind][0]}: {r['top_k']} of "
-                           f"{r['experts']} experts; total, active per token",
-                           f"{r['total'] / 1e9:.1f} B, {r['active'] / 1e9:.2f} B")
+            built = count_parameters(families.family_config(kind))
+            model = families.REPRESENTATIVE[kind][0]
+            experts.check(f"{model}: {r['top_k']} of {r['experts']} experts, total "
+                          f"{r['total'] / 1e9:.1f} B, active per token {r['active'] / 1e9:.2f} B;"
+                          f" largest difference from count_parameters' total and active",
+                          max(abs(r["total"] - built["total"]),
+                              abs(r["active"] - built["active"])), 0.0, fmt="{:,.0f}")
     table = Proof("family_table", "family_table")
     table.note = ("Each family's published configuration, as minitx's loader translates it "
                   "(columns: norm · MLP · positions · attention · window pattern · experts · "
-                  "sinks · soft-cap).")
-    for kind in families.TODAY:
-        row = families.family_row(kind)
-        table.report(f"{kind} ({row['model']})", row.get("status") or " · ".join(
-            row[col] for col in families.COLUMNS[2:]))
+                  "sinks · soft-cap): " + "; ".join(
+                      f"{kind} ({row['model']}): " + (row.get("status") or " · ".join(
+                          row[col] for col in families.COLUMNS[2:]))
+                      for kind, row in ((k, families.family_row(k)) for k in families.TODAY)))
     return {"minitx/pretrained/families.py": [kv, experts, table]}
 
 

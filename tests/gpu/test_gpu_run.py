@@ -182,7 +182,7 @@ def test_a_rerun_takes_what_failed_errored_or_was_left_out(tmp_path):
     and so do files now CPU-only by design."""
     g = _gpu_run()
     cases = [
-        '<testcase classname="tests.fast.test_core" name="test_bits[a-1]"><failure message="x"/>'
+        '<testcase classname="tests.fast.test_adam" name="test_bits[a-1]"><failure message="x"/>'
         '</testcase>',
         '<testcase classname="tests.core.test_backend" name="test_ok"/>',
         '<testcase classname="tests.attention.test_registry_contract" name="test_gradcheck[mla]">'
@@ -197,7 +197,7 @@ def test_a_rerun_takes_what_failed_errored_or_was_left_out(tmp_path):
     with gzip.open(tmp_path / "suite-junit.xml.gz", "wt", encoding="utf-8") as fh:
         fh.write(xml)
     assert g.rerun_ids(str(tmp_path)) == [
-        "tests/fast/test_core.py::test_bits[a-1]",
+        "tests/fast/test_adam.py::test_bits[a-1]",
         "tests/attention/test_registry_contract.py::test_gradcheck[mla]",
         "tests/fast/test_erf.py::test_e"]            # test_course_notes.py: CPU-only by design
     p = _run(tmp_path / "out", "--steps", "2", "--rerun-from", str(tmp_path / "nowhere"))
