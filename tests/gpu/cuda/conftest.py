@@ -39,6 +39,7 @@ BACKEND_FREE = ("test_cuda_emulation.py", "test_cuda_harness.py", "test_cuda_cau
 STRICT_CUPY = os.environ.get("MINITX_TEST_BACKEND", "").strip().lower() == "strict-cupy"
 
 
+@pytest.hookimpl(trylast=True)    # after -m / -k deselection: only the builds of what will run
 def pytest_collection_modifyitems(config, items):
     needed = set()
     skip = pytest.mark.skip(reason="builds or emulates the kernels on NumPy arrays, whatever the "

@@ -79,6 +79,7 @@ def test_causal_far_from_square_float16(emu_lib, pair):
     _run_case(emu_lib, *pair, "float16")
 
 
+@pytest.mark.slow
 @settings(max_examples=3, derandomize=True, deadline=None)
 @given(pair=PAIRS, D=st.sampled_from([64, 128]), dtype=st.sampled_from(["float32", "float16"]))
 def test_causal_far_from_square_large_head_dims(emu_lib, pair, D, dtype):
