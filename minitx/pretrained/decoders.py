@@ -49,6 +49,7 @@ import dataclasses
 import numpy as np
 
 from .. import validate
+from ..backend import to_host
 from ..models.decoder import Decoder, DecoderConfig, check_config
 from ..nn.moe import MoE
 from ..nn.rotary import check_rope
@@ -529,7 +530,8 @@ def decoder_state_to_hf(state: dict, model: Decoder, files: bool = False) -> dic
     ``files`` as its checkpoint files do, one matrix per expert (docs/moe.md)."""
     norms = {v: k for k, v in hf_norm_names(model.config.norm_placement).items()}
     kind = getattr(model, "config_source", None)
-    state = _experts_to_hf(state, model, files, kind)
+    # the experts are re-laid out with NumPy: a model on a GPU hands its arrays over once, here
+    state = _experts_to_hf({k: to_host(v) for k, v in state.items()}, model, files, kind)
     out = {name if name.startswith("model.") else _to_hf(name, norms): value
            for name, value in state.items()}
     if model.config.tie_embeddings and "model.embed_tokens.weight" in out:
