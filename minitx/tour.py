@@ -244,9 +244,9 @@ def _time_and_memory(cls, n, embed, heads, batch=1, threads=1):
     x = minitx.tensor(np.random.default_rng(3).standard_normal((batch, n, embed)),
                       dtype="float32")
     # On one thread the CPU time the process used is the time the work takes, and it leaves
-    # out the time spent waiting for a core: on a busy machine the wall clock of a 5 ms call
-    # reads anything from 5 to 50 ms, its CPU time 5 ms. On several threads only the wall
-    # clock says how long the caller waits.
+    # out the time spent waiting for a core, which on a busy machine can multiply the wall
+    # clock of a short call. On several threads only the wall clock says how long the caller
+    # waits.
     # On a GPU the host's CPU time says nothing of the device's work: there the wall clock,
     # each call waiting for its result (one element read back).
     on_gpu = minitx.get_backend() == "cupy"
