@@ -30,7 +30,9 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
   residual, h + Norm(F(h)); Gemma 3 normalises its input and output, h + Norm(F(Norm h))
   (steadier training).
 - ``sliding_window``, ``layer_types``: local layers see only the last W tokens (Mistral all
-  layers, Gemma 3 five of every six), so their KV cache is bounded.
+  layers, Gemma 3 five of every six), so their KV cache is bounded. A layer type may also name
+  a registered token mixer (``models/mixers/``), a recurrence in place of softmax attention:
+  the hybrid models interleave them with attention layers.
 - ``embed_scale``: Gemma multiplies the embeddings by √E; ``query_pre_attn_scalar`` replaces
   D in the scale 1/√D; ``final_logit_softcap`` c·tanh(z/c) on the logits;
   ``attn_logit_softcap`` the same on the scores (Gemma 2; HF's Gemma 3 does not apply it).
@@ -91,6 +93,7 @@ from ..ops.sdpa import attention_scores, merge_heads, repeat_kv, split_heads
 from ..ops.shape import broadcast_to, concatenate, reshape
 from .common import AttentionMaps, token_ids
 from .gpt import sample_next
+from .mixers import MIXERS
 
 # The mixture-of-experts layer lives in its own module; a tree without it still builds every
 # dense family, and ``mlp="moe"`` then says what is missing.
@@ -122,8 +125,10 @@ class DecoderConfig:
     ``num_kv_heads`` Hkv (default H), ``head_dim`` D (default E/H), ``ffn_hidden`` F (the
     MLP's width; default 4E for "gelu", else ⌈8E/3⌉ rounded up to a multiple of 8).
     ``rope``/``local_rope``: HuggingFace ``rope_parameters`` dicts for full and sliding
-    layers (``local_rope`` None: the same). ``layer_types``: "full" or "sliding" per layer
-    (None: all "sliding" when ``sliding_window`` is set, else all "full").
+    layers (``local_rope`` None: the same). ``layer_types``: "full", "sliding" or a
+    registered mixer's name (``models.mixers.MIXERS``) per layer (None: all "sliding" when
+    ``sliding_window`` is set, else all "full"); ``mixer_options``: {mixer name: its
+    options}.
     ``gelu_approximate``: the tanh form of GELU for "gelu" and "geglu". ``padding_idx``: the
     embedding row that gets no gradient (PyTorch's, as HF's checkpoints set it). MoE:
     ``num_experts``, ``top_k``, ``expert_hidden`` (each expert's width; default F) and
@@ -164,6 +169,7 @@ class DecoderConfig:
     qk_norm: str = None
     sliding_window: int = None
     layer_types: tuple = None
+    mixer_options: dict = field(default_factory=dict)
     query_pre_attn_scalar: float = None
     attn_logit_softcap: float = None
     attn_sinks: bool = False
@@ -218,9 +224,15 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     if c.layer_types is None:
         c.layer_types = ("sliding" if c.sliding_window else "full",) * c.num_layers
     c.layer_types = tuple(c.layer_types)
-    if len(c.layer_types) != c.num_layers or not set(c.layer_types) <= set(LAYER_TYPES):
-        raise validate.OptionError(f"{who}: layer_types must give 'full' or 'sliding' for each "
+    known = (*LAYER_TYPES, *sorted(MIXERS))
+    if len(c.layer_types) != c.num_layers or not set(c.layer_types) <= set(known):
+        raise validate.OptionError(f"{who}: layer_types must give one of {known} for each "
                                    f"of the {c.num_layers} layers, got {c.layer_types!r}")
+    c.mixer_options = dict(c.mixer_options or {})
+    stray = sorted(set(c.mixer_options) - set(c.layer_types) - set(MIXERS))
+    if stray:
+        raise validate.OptionError(f"{who}: mixer_options names {stray}, which are not "
+                                   f"registered mixers (known: {sorted(MIXERS)})")
     if "sliding" in c.layer_types and c.sliding_window is None:
         raise validate.OptionError(f"{who}: layer_types has 'sliding' layers but "
                                    "sliding_window is None")
@@ -279,12 +291,13 @@ def count_parameters(config: DecoderConfig) -> dict:
     mats = 2 if c.mlp == "gelu" else 3
     mlp = mats * e * f + ((mats - 1) * f + e) * c.mlp_bias
     norms_per_layer = 4 if c.norm_placement == "sandwich" else 2
-    layer = attn + norms_per_layer * norm
+    mixing = sum(MIXERS[t].parameter_count(c) if t in MIXERS else attn for t in c.layer_types)
     moe_layers = 0 if c.mlp != "moe" else c.num_layers - len(set(c.dense_layers))
     moe, skipped = _count_moe(c) if moe_layers else (0, 0)
     embedding = c.vocab_size * e * (1 if c.tie_embeddings else 2)
     positions = c.max_position * e if c.positions == "learned" else 0
-    non_embedding = (c.num_layers * layer + (c.num_layers - moe_layers) * mlp
+    non_embedding = (mixing + c.num_layers * norms_per_layer * norm
+                     + (c.num_layers - moe_layers) * mlp
                      + moe_layers * moe + norm + positions)
     total = embedding + non_embedding
     return {"total": total, "embedding": embedding, "non_embedding": non_embedding,
@@ -305,15 +318,15 @@ def kv_cache_bytes(config: DecoderConfig, tokens: int = 1, bytes_per_number: int
     """Bytes of the caches of every layer after ``tokens`` tokens (bfloat16 by default),
     from the configuration alone: a full layer keeps 2·Hkv·D numbers per token (MHA when
     Hkv = H, GQA below), a sliding layer at most its last W − 1 tokens (``WindowKVCache``),
-    an MLA layer its latent and rotary key, r + D_r."""
+    an MLA layer its latent and rotary key, r + D_r, a mixer layer what its
+    ``state_numbers`` says (a recurrent state does not grow with the tokens)."""
     c = check_config(dataclasses.replace(config))
     tokens = validate.nonnegative_int(tokens, "tokens", owner="kv_cache_bytes")
-    if c.attention == "mla":
-        per_layer = [tokens * (c.kv_lora_rank + c.qk_rope_head_dim)] * c.num_layers
-    else:
-        per_layer = [2 * c.num_kv_heads * c.head_dim *
-                     (min(tokens, c.sliding_window - 1) if t == "sliding" else tokens)
-                     for t in c.layer_types]
+    per_layer = [MIXERS[t].state_numbers(c, tokens) if t in MIXERS else
+                 tokens * (c.kv_lora_rank + c.qk_rope_head_dim) if c.attention == "mla" else
+                 2 * c.num_kv_heads * c.head_dim *
+                 (min(tokens, c.sliding_window - 1) if t == "sliding" else tokens)
+                 for t in c.layer_types]
     return sum(per_layer) * bytes_per_number
 
 
@@ -589,8 +602,13 @@ class DecoderBlock(Module):
         before = c.norm_placement in ("pre", "sandwich")
         after = c.norm_placement in ("post", "sandwich")
         self.ln1 = _norm(c, e) if before else None
-        self.attn = LatentDecoderAttention(c) if c.attention == "mla" else \
-            DecoderAttention(c, sliding)
+        layer_type = c.layer_types[index]
+        if layer_type in MIXERS:                      # a hybrid's recurrent layer
+            self.attn = MIXERS[layer_type](c, index)
+        elif c.attention == "mla":
+            self.attn = LatentDecoderAttention(c)
+        else:
+            self.attn = DecoderAttention(c, sliding)
         self.ln1_post = _norm(c, e) if after else None
         self.ln2 = _norm(c, e) if before else None
         self.mlp = _mlp(c, index)

@@ -167,9 +167,12 @@ def test_gpt_oss_attention_with_sinks_equals_transformers():
         sliding_window=4, layer_types=("sliding", "full"), rope=rope,
         tie_embeddings=False)).to(dtype="float64")
     hf_state = {k: v.numpy() for k, v in ref.state_dict().items()}
-    names = pt.decoder_state_to_hf({k: k for k in model.state_dict()}, model)
-    model.load_state_dict({mine: np.zeros(model.state_dict()[mine].shape) if ".mlp." in mine
-                           else hf_state[theirs] for theirs, mine in names.items()})
+    # which HF name each minitx parameter gets: each carries its index through the renaming
+    mine = list(model.state_dict())
+    named = pt.decoder_state_to_hf({k: np.array(i) for i, k in enumerate(mine)}, model)
+    names = {theirs: mine[int(i)] for theirs, i in named.items()}
+    model.load_state_dict({m: np.zeros(model.state_dict()[m].shape) if ".mlp." in m
+                           else hf_state[theirs] for theirs, m in names.items()})
     with torch.no_grad():
         expected = ref(torch.tensor(IDS)).logits.numpy()
     assert relative(model(IDS).numpy(), expected) <= TOL["float64"]

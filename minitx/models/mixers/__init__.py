@@ -1,0 +1,28 @@
+"""Token mixers beyond softmax attention, as layer types of ``models.decoder.Decoder``.
+
+A hybrid model (Qwen3-Next, Kimi Linear, MiniMax) interleaves softmax-attention layers with
+layers whose mixer is a recurrence: ``DecoderConfig(layer_types=(..., "gated_deltanet", ...))``.
+Each such layer type is registered here by name; ``DecoderBlock`` builds
+``MIXERS[name](config, index)`` in place of its attention. A mixer is a ``Module`` with
+``forward(x, kv_cache=None, keep=None, positions=None)`` (x (B, N, E) → (B, N, E), the
+arguments as ``DecoderAttention.forward``'s) and ``new_cache()``, whose cache has ``len()`` =
+the tokens it has seen; ``parameter_count(config)`` and ``state_numbers(config, tokens)``
+(class methods) count its parameters and its cache from the configuration alone, for
+``count_parameters`` and ``kv_cache_bytes``. Its options come from
+``DecoderConfig.mixer_options[name]``, a dict the mixer checks.
+"""
+from __future__ import annotations
+
+__all__ = ["MIXERS", "register_mixer"]
+
+MIXERS: dict = {}
+
+
+def register_mixer(name: str):
+    """Class decorator: the mixer class becomes layer type ``name``."""
+    def add(cls):
+        if name in MIXERS or name in ("full", "sliding"):
+            raise ValueError(f"register_mixer: layer type {name!r} is taken")
+        MIXERS[name] = cls
+        return cls
+    return add
