@@ -40,7 +40,7 @@ import math
 from .. import configuration
 from ..autograd.function import Function
 from ..backend import get_array_module
-from ..ops._util import row_max, row_sum, unbroadcast
+from ..ops._util import row_max, unbroadcast
 from ..ops.dropout import dropout_mask
 from ..ops.sdpa import grouped_key_grad, grouped_scores, grouped_values
 from .parallel import map_in_threads, thread_count
@@ -200,7 +200,7 @@ class BlockedSDPAFunction(Function):
                 m = row_max(s)
                 s -= xp.where(xp.isfinite(m), m, 0)       # a row with no key: shift by 0
             e = xp.exp(s, out=s)                          # P = E · r
-            total = row_sum(e)
+            total = e.sum(axis=-1, keepdims=True)
             r = 1 / xp.where(total > 0, total, 1)         # (B', H', rows, 1); no key: E = 0
             kb = _part(keep, bs, hq, i0, i1, kend)
             ob = grouped_values(e if kb is None else e * kb, v[bs, hs, :kend])

@@ -1,4 +1,4 @@
-"""Helpers shared by the ops: undoing broadcasting, normalising axes, the row reductions."""
+"""Helpers shared by the ops: undoing broadcasting, normalising axes, the row maximum."""
 from __future__ import annotations
 
 import numbers
@@ -6,8 +6,7 @@ import numbers
 from .. import configuration
 from ..backend import get_array_module
 
-__all__ = ["unbroadcast", "normalize_axis", "normalize_axes", "restore_reduced", "row_max",
-           "row_sum"]
+__all__ = ["unbroadcast", "normalize_axis", "normalize_axes", "restore_reduced", "row_max"]
 
 
 def unbroadcast(grad, shape, dtype=None):
@@ -42,15 +41,6 @@ def row_max(x):
     if fast is not None:
         return fast(x)
     return x.max(axis=-1, keepdims=True)
-
-
-def row_sum(x):
-    """``x.sum(axis=-1, keepdims=True)``: each row's sum (softmax's normaliser). The fast
-    layer may stand in for it (``minitx/fast/reductions.py``)."""
-    fast = configuration.twin("row_sum")
-    if fast is not None:
-        return fast(x)
-    return x.sum(axis=-1, keepdims=True)
 
 
 def normalize_axis(axis: int, ndim: int, name: str = "axis") -> int:

@@ -25,7 +25,7 @@ from ..backend import get_array_module
 from ..validate import dim_alias
 from . import elementwise as E
 from .elementwise import _widened
-from ._util import normalize_axis, row_max, row_sum
+from ._util import normalize_axis, row_max
 from .shape import swapaxes
 
 __all__ = ["softmax", "log_softmax", "softmax_jacobian", "softmax_array",
@@ -42,12 +42,12 @@ def softmax_array(x, axis: int = -1, inplace: bool = False):
     xp = get_array_module(x)
     if x.shape[axis] == 0:                    # softmax over nothing: nothing
         return x if inplace else x.copy()
-    last = axis in (-1, x.ndim - 1)           # row_max / row_sum reduce the last axis
+    last = axis in (-1, x.ndim - 1)           # row_max reduces the last axis
     m = row_max(x) if last else x.max(axis=axis, keepdims=True)          # m = max x
     m = xp.where(xp.isfinite(m), m, 0)        # an all −inf row: shift by 0, its exps are 0
     e = xp.subtract(x, m, out=x if inplace else None)                    # x − m
     xp.exp(e, out=e)                                                     # e^(x − m)
-    total = row_sum(e) if last else e.sum(axis=axis, keepdims=True)     # Σⱼ e^(xⱼ − m)
+    total = e.sum(axis=axis, keepdims=True)                              # Σⱼ e^(xⱼ − m)
     e /= xp.where(total > 0, total, 1)        # an all −inf row: 0 / 1
     return e
 

@@ -45,7 +45,7 @@ from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of
 from . import dispatch
-from ._util import row_max, row_sum
+from ._util import row_max
 from .attention_maths import attention_backward, grouped_scores, grouped_values
 from .sdpa import _widen_half, check_heads, check_scale
 from .elementwise import astype
@@ -128,7 +128,7 @@ def flash_attention_arrays(q, k, v, *, causal=False, scale=None, key_mask=None, 
             p = xp.exp(s, out=s)                              # P, in the scores' memory
             alpha = xp.exp(m - m_safe)                        # rescales the old sums (0 if m=−inf)
             l *= alpha
-            l += row_sum(p)
+            l += p.sum(axis=-1, keepdims=True)
             acc *= alpha
             acc += grouped_values(p, v[bs, hs, k0:k1])        # + P V_j
             m = m_new

@@ -101,7 +101,7 @@ def _tensor(rng, shape, grad=False):
     return minitx.tensor(rng.standard_normal(shape).astype(np.float32), requires_grad=grad)
 
 
-def _softmax(rng, n):                       # row_max, row_sum: softmax's shift and sum
+def _softmax(rng, n):                       # row_max: softmax's shift
     x = _tensor(rng, (8, n, n))
     return lambda: F.softmax(x, axis=-1)
 
@@ -156,7 +156,7 @@ def _adam(rng, n):                          # a small model's step: many biases 
 
 # name -> workload(rng, size) returning the function to time; sizes (quick, full)
 WORKLOADS = {
-    "row_max": (_softmax, (128, 256)), "row_sum": (_softmax, (128, 256)),
+    "row_max": (_softmax, (128, 256)),
     "erf": (_gelu, (512, 1024)), "gelu_backward": (_gelu, (512, 1024)),
     "layer_norm": (_layer_norm, (512, 1024)), "sdpa": (_sdpa, (256, 512)),
     "map_in_threads": (_flash, (256, 1024)), "scatter_add": (_embedding_backward, (256, 1024)),

@@ -1,6 +1,6 @@
-"""The fast twins of ``row_max`` and ``row_sum`` (``minitx/fast/reductions.py``: argmax and a
-gather; X·1 by BLAS) against their references (``minitx/ops/_util.py``: NumPy's ``max`` and
-``sum`` along the last axis), and the switch that chooses between them."""
+"""The fast twin of ``row_max`` (``minitx/fast/reductions.py``: argmax and a gather) against its
+reference (``minitx/ops/_util.py``: NumPy's ``max`` along the last axis), and the switch that
+chooses between them."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -69,40 +69,10 @@ def test_row_max_is_the_reference_bit_for_bit(lead, k, dtype, special, layout, s
     np.testing.assert_array_equal(got, want)
 
 
-@settings(max_examples=150, deadline=None)
-@given(dtype=st.sampled_from(["float64", "float32", "float16"]), **cases)
-def test_row_sum_is_the_reference_within_rounding(lead, k, dtype, special, layout, seed):
-    """X·1 adds the same numbers as NumPy's sum in another order: against the float64 sum of
-    the same entries, within k roundings of the sum of magnitudes (each partial sum is
-    rounded once, to at most half an ulp of a number ≤ Σ|xᵢ|; k·eps is twice that). Non-finite
-    rows are non-finite in the same way (inf, −inf or NaN) as the reference's."""
-    x = _layouts(_rows(seed, lead, k, dtype, special), layout)
-    with np.errstate(invalid="ignore"):                   # inf − inf = NaN, in both
-        got = reductions.row_sum(x)
-        want = x.sum(axis=-1, keepdims=True)
-        exact = x.astype(np.float64).sum(axis=-1, keepdims=True)
-    assert got.shape == want.shape and got.dtype == want.dtype
-    finite = np.isfinite(exact)
-    np.testing.assert_array_equal(got[~finite], want[~finite])
-    bound = k * np.finfo(dtype).eps * np.abs(x.astype(np.float64)).sum(axis=-1, keepdims=True)
-    assert np.all(np.abs(got[finite] - exact[finite]) <= bound[finite] + np.finfo(dtype).tiny)
-
-
-def test_row_sum_of_float16_and_ints_is_the_reference_exactly():
-    """No BLAS for float16 or integers: the twin hands them to the reference, bit for bit."""
-    x = np.random.default_rng(0).standard_normal((5, 33)).astype(np.float16)
-    np.testing.assert_array_equal(reductions.row_sum(x), x.sum(-1, keepdims=True))
-    n = np.arange(35, dtype=np.int64).reshape(5, 7)
-    got = reductions.row_sum(n)
-    assert got.dtype == np.int64
-    np.testing.assert_array_equal(got, n.sum(-1, keepdims=True))
-
-
 @pytest.mark.parametrize("shape", [(0, 3), (3, 0), (0, 0), (2, 0, 4)])
 def test_empty_arrays(shape):
-    """Rows of nothing sum to 0; the max of an empty row raises as NumPy's does."""
+    """The max of an empty row raises as NumPy's does; no rows give no maxima."""
     x = np.zeros(shape, np.float32)
-    np.testing.assert_array_equal(reductions.row_sum(x), x.sum(-1, keepdims=True))
     if shape[-1]:
         np.testing.assert_array_equal(reductions.row_max(x), x.max(-1, keepdims=True))
     else:
@@ -110,9 +80,9 @@ def test_empty_arrays(shape):
             reductions.row_max(x)
 
 
-@pytest.mark.parametrize("name", ["row_max", "row_sum"])
+@pytest.mark.parametrize("name", ["row_max"])
 def test_the_switch_picks_the_twin_or_the_reference(name, monkeypatch):
-    """With the fast layer on, ``_util.row_max`` / ``row_sum`` call the registered twin; with it
+    """With the fast layer on, ``_util.row_max`` calls the registered twin; with it
     off, they never do, ``why_not_fast`` says why, and the answer is NumPy's own."""
     assert configuration.twins()[name] is getattr(reductions, name)
     calls = spy_on(monkeypatch, name)

@@ -675,12 +675,11 @@ def test_gelu_float32_zero_d_forward_and_backward(fast):
        dtype=st.sampled_from(["float32", "float64", "float16"]),
        special=st.sampled_from(["none", "nan", "neg_inf_row", "pos_inf"]),
        strided=st.booleans(), seed=seeds)
-def test_row_max_and_row_sum_match_numpy(fast, lead, k, dtype, special, strided, seed):
+def test_row_max_matches_numpy(fast, lead, k, dtype, special, strided, seed):
     """``row_max`` is exactly ``max(axis=-1, keepdims=True)``: NaN rows give NaN, rows of −inf
-    give −inf; ``row_sum`` is the row sum within float rounding of the length-k sum, against
-    float64; on the active backend, contiguous and strided, reference and fast twin
+    give −inf; on the active backend, contiguous and strided, reference and fast twin
     (tests/fast/test_reductions.py compares the two directly)."""
-    from minitx.ops._util import row_max, row_sum
+    from minitx.ops._util import row_max
     r = gen(seed)
     x = r.standard_normal(tuple(lead) + (k,)).astype(dtype)
     if x.size and special != "none":
@@ -698,11 +697,5 @@ def test_row_max_and_row_sum_match_numpy(fast, lead, k, dtype, special, strided,
         dev = wide[..., ::2]
     with minitx.using_config(fast=fast):
         got = to_host(row_max(dev))
-        total = to_host(row_sum(dev)) if special == "none" else None
     assert got.shape == x.shape[:-1] + (1,) and got.dtype == x.dtype
     np.testing.assert_array_equal(got, x.max(axis=-1, keepdims=True))
-    if special == "none":
-        assert total.shape == x.shape[:-1] + (1,) and total.dtype == x.dtype
-        want = x.astype(np.float64).sum(axis=-1, keepdims=True)
-        bound = k * np.finfo(dtype).eps * np.abs(x.astype(np.float64)).sum(axis=-1, keepdims=True)
-        assert np.all(np.abs(total - want) <= bound + np.finfo(dtype).tiny)
