@@ -379,7 +379,9 @@ class DecoderAttention(Module):
     (``hook_pattern`` then shows rows summing to less than 1). With a cache, x's tokens
     follow the cached ones. Hook points as the registry's variants
     (TransformerLens's names, heads as (B, N, H, D)): ``hook_q``/``hook_k``/``hook_v``
-    (after QK-norm, before the rotation), ``hook_rot_q``/``hook_rot_k``,
+    (the projections, before QK-norm and the rotation), ``hook_q_normed``/``hook_k_normed``
+    (QK-norm's output, laid out as the norm sees it: (B, H, N, D) per head, (B, N, H·D) over
+    the projection), ``hook_rot_q``/``hook_rot_k``,
     ``hook_attn_scores``/``hook_pattern`` (B, H, Nq, Nk), ``hook_z``. Time O(B·H·N·Nk·D),
     Nk ≤ W with a window.
     """
@@ -408,7 +410,10 @@ class DecoderAttention(Module):
             self.sinks = Parameter(backend.xp().zeros((h,), dtype=backend.default_float()))
         else:
             self.register_parameter("sinks", None)
-        for name in ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z"):
+        names = ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z")
+        if c.qk_norm is not None:
+            names += ("q_normed", "k_normed")
+        for name in names:
             setattr(self, f"hook_{name}", HookPoint())
 
     def new_cache(self):
@@ -452,16 +457,18 @@ class DecoderAttention(Module):
         b, n, _ = x.shape
         xp = backend.get_array_module(x.data)
         offset = 0 if kv_cache is None else len(kv_cache)
-        # Project, QK-norm (over the projection, or per head once split), then the hooks.
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if self.qk_norm == "proj":                                     # OLMo 2: (B, N, H·D)
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = split_heads(q, self.num_heads)                              # (B, H, N, D)
-        k, v = split_heads(k, self.num_kv_heads), split_heads(v, self.num_kv_heads)
-        if self.qk_norm == "head":                                     # Qwen3, Gemma 3: over D
-            q, k = self.q_norm(q), self.k_norm(k)
+        # Project and split into heads (B, H, N, D), the hooks, then QK-norm per head or over
+        # the whole projection (TransformerLens hooks q and k before the norm, as here).
+        q = split_heads(self.q_proj(x), self.num_heads)
+        k = split_heads(self.k_proj(x), self.num_kv_heads)
+        v = split_heads(self.v_proj(x), self.num_kv_heads)
         q, k, v = (hooked_heads(hk, t) for hk, t in
                    ((self.hook_q, q), (self.hook_k, k), (self.hook_v, v)))
+        if self.qk_norm == "head":                                     # Qwen3, Gemma 3: over D
+            q, k = self.hook_q_normed(self.q_norm(q)), self.hook_k_normed(self.k_norm(k))
+        elif self.qk_norm == "proj":                                   # OLMo 2: (B, N, H·D)
+            q = split_heads(self.hook_q_normed(self.q_norm(merge_heads(q))), self.num_heads)
+            k = split_heads(self.hook_k_normed(self.k_norm(merge_heads(k))), self.num_kv_heads)
         # Rotate at the tokens' own positions (after the cached ones), then cache the keys.
         if self.rotary is not None:
             pos = xp.arange(offset, offset + n) if positions is None else positions

@@ -442,8 +442,8 @@ class MoE(Module):
     changes the choice; ``hook_expert_indices`` (B·N, k), the chosen experts (TransformerLens's
     name) — a replacement re-routes the tokens but keeps the weights computed for the original
     choice, as TransformerLens's does; ``hook_expert_weights`` (B·N, k), the weights the chosen
-    outputs are multiplied by (TransformerLens's hook of that name holds Mixtral's full softmax
-    before the top-k; here, where gpt-oss never forms it, it holds the weights applied);
+    outputs are multiplied by (TransformerLens 4.x holds the same weights scattered into
+    (B·N, n), zeros at the unchosen experts);
     ``hook_tokens_per_expert`` (n,), integer counts, read-only (a hook that returns a
     replacement is refused: the counts follow from the indices).
 

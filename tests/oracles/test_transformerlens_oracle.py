@@ -11,6 +11,9 @@ Both sides run in float64, so the tolerance is rounding only (1e-12 against valu
 value of masked scores in ``hook_attn_scores``: minitx writes −inf, TransformerLens 4.x
 (HuggingFace's eager attention underneath) the dtype's minimum; both patterns are 0 there.
 
+Today's decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2, Mixtral, Qwen3-MoE, gpt-oss)
+are compared the same way, each family's tiny random model under TransformerLens's bridge.
+
 Install (CPU torch stays as it is; every package pinned, none pulls torch or CUDA):
 ``pip install --no-deps transformer-lens==4.3.0 einops==0.8.2 fancy-einsum==0.0.3
 jaxtyping==0.3.11 wadler-lindig==0.1.8 beartype==0.23.1 typeguard==4.6.1`` and
@@ -92,3 +95,61 @@ def test_scores_agree_where_attention_is_allowed_and_masked_values_are_as_docume
         assert np.all(theirs[~allowed] == np.finfo(np.float64).min)
         pattern = cache[f"blocks.{i}.attn.hook_pattern"].numpy()
         assert np.all(pattern[~allowed] == 0)
+
+
+# ---- today's decoders: the same names, shapes and values as TransformerLens's bridge ----------
+
+# HF computes RMSNorm, the rotary tables and the routers in float32 even in a float64 model
+# (tests/decoder_util.py), which moves its values by 1e-7–1e-6 of their size; minitx stays in
+# float64. The decoder parity tests use the same bound for the same reason.
+DECODER_TOL = 1e-5
+# minitx's own MoE hooks, which TransformerLens has no name for
+OWN = ("mlp.hook_router_logits", "mlp.hook_tokens_per_expert")
+
+
+@pytest.fixture(scope="module")
+def decoder_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("tl_decoders")
+
+
+@pytest.mark.parametrize("case", ["llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2",
+                                  "mixtral", "qwen3_moe", "gpt_oss"])
+def test_decoder_hooks_are_transformerlens_hooks(decoder_root, case):
+    """Each family's tiny random model (tests/decoder_util.py) loaded by minitx and wrapped by
+    TransformerLens 4.x: every hook minitx caches, but its own router hooks, is a
+    TransformerLens name with the same shape and values. Two documented layouts differ:
+    masked scores (minitx −inf, TransformerLens the dtype's minimum) and
+    ``hook_expert_weights`` ((B·N, k) beside the indices here, scattered into (B·N, n) there)."""
+    from decoder_util import tiny_decoder
+    folder = tiny_decoder(decoder_root, case)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, attn_implementation="eager", experts_implementation="eager").double().eval()
+    bridge = bridge_sources.build_bridge_from_module(hf, type(hf).__name__, hf_config=hf.config)
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    tokens = np.array([[1, 5, 7, 9, 3, 44, 2, 8, 9, 10, 11]])      # longer than any window
+    logits, cache = model.run_with_cache(tokens)
+    with torch.no_grad():
+        tl_logits, tl_cache = bridge.run_with_cache(torch.tensor(tokens))
+    theirs = set(tl_cache.keys())
+    mine = {name for name in cache if not name.endswith(OWN)}
+    assert mine <= theirs, sorted(mine - theirs)
+    assert any(".attn.hook_rot_q" in name for name in mine) and "hook_embed" in mine
+
+    def close(ours, ref, name):
+        assert ours.shape == ref.shape, (name, ours.shape, ref.shape)
+        assert np.abs(ours - ref).max() <= DECODER_TOL * np.abs(ref).max(), name
+
+    close(logits.numpy(), tl_logits.numpy(), "logits")
+    for name in sorted(mine):
+        ours, ref = cache[name].numpy(), tl_cache[name].numpy()
+        if name.endswith("hook_attn_scores"):                   # compare where allowed
+            allowed = np.isfinite(ours)
+            assert np.all(ref[~allowed] == np.finfo(np.float64).min), name
+            close(ours[allowed], ref[allowed], name)
+        elif name.endswith("mlp.hook_expert_weights"):           # (T, k) against (T, n)
+            indices = cache[name.replace("weights", "indices")].numpy()
+            dense = np.zeros(ref.shape)
+            np.put_along_axis(dense, indices, ours, axis=-1)
+            close(dense, ref, name)
+        else:
+            close(ours, ref, name)
