@@ -21,9 +21,9 @@ One command on a GPU machine does all three:
    kernel, so fp32 uses its memory-efficient backend), and the ratios kernel/PyTorch and
    kernel/dense in throughput (> 1: the kernel is faster). N = 4096 runs first, and the run ends
    with one ``GOAL`` line per target: fp16 forward+backward at N = 4096, D = 64 and 128, as a
-   percentage of PyTorch's flash SDPA throughput (goal >= 40 %), and fp32 (both the 3xTF32 and
-   the CUDA-core family) the same as a multiple of PyTorch's fp32 memory-efficient SDPA (goal
-   >= 1.0x).
+   percentage of PyTorch's flash SDPA throughput (goal >= 80 %), and fp32 as a multiple of
+   PyTorch's fp32 memory-efficient SDPA (goal >= 1.0x) for the best float32 family (the
+   faster of the 3xTF32 and the CUDA-core kernels; the line names both).
 
 FLOPs follow the FlashAttention papers: forward 4 B H N^2 D (halved when causal), forward +
 backward 3.5x that. Batch: B = max(1, 16384 // N), H = 16 (16K tokens per batch: N = 4096 ->
@@ -67,17 +67,15 @@ TILED = ("tc", "simt")            # the families the launcher picks by dtype alo
 KINDS = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_dot")
 
 GOAL_N = 4096
-# (family, D, what the ratio is, goal); each is printed for causal False and True
-# (the fp32 goal is measured for both fp32 families that could meet it: the CUDA-core kernels
-# the launcher picks by default and the 3xTF32 tensor-core ones; the goals' order is the order
-# in which the benchmark measures them)
+# (families, D, what the ratio is, goal); each is printed for causal False and True. The fp32
+# goal is met by the best float32 family: the faster of the 3xTF32 tensor-core kernels and the
+# CUDA-core kernels the launcher picks by default (the line names each one's ratio). The goals'
+# order is the order in which the benchmark measures them.
 GOALS = [
-    ("tc", 64, "pct", 0.40),
-    ("tc", 128, "pct", 0.40),
-    ("tf32", 64, "times", 1.0),
-    ("tf32", 128, "times", 1.0),
-    ("simt", 64, "times", 1.0),
-    ("simt", 128, "times", 1.0),
+    (("tc",), 64, "pct", 0.80),
+    (("tc",), 128, "pct", 0.80),
+    (("tf32", "simt"), 64, "times", 1.0),
+    (("tf32", "simt"), 128, "times", 1.0),
 ]
 GOAL_FAMILIES = ("tc", "tf32", "simt")
 
@@ -530,31 +528,39 @@ def benchmark(timing, flash_cuda, tm, args, families=None, deadline=None):
 
 
 def goal_lines(rows):
-    """One ``GOAL`` line per target (``GOALS``), from the rows at N = GOAL_N, forward+backward."""
+    """One ``GOAL`` line per target (``GOALS``), from the rows at N = GOAL_N, forward+backward;
+    a target of several families is judged on the fastest of those measured."""
     names = {"tc": "fp16 tensor-core kernel", "simt": "fp32 CUDA-core kernel",
              "tf32": "fp32 3xTF32 tensor-core kernel"}
     lines = []
-    for fam, D, kind, target in GOALS:
+    for fams, D, kind, target in GOALS:
         for causal in (False, True):
-            what = (f"GOAL {names.get(fam, fam)} fwd+bwd N={GOAL_N} D={D} "
+            who = names.get(fams[0], fams[0]) if len(fams) == 1 else \
+                "fp32 best float32 family (" + " or ".join(fams) + ")"
+            what = (f"GOAL {who} fwd+bwd N={GOAL_N} D={D} "
                     f"{'causal' if causal else 'non-causal'}:")
-            row = next((r for r in rows if r["fam"] == fam and r["D"] == D and r["N"] == GOAL_N
-                        and r["causal"] == causal and r["label"] == "fwd+bwd"), None)
-            if row is None or not isinstance(row.get("torch"), float):
-                why = "not measured" if row is None else f"no PyTorch time ({row.get('torch')})"
+            found = [r for r in rows if r["fam"] in fams and r["D"] == D and r["N"] == GOAL_N
+                     and r["causal"] == causal and r["label"] == "fwd+bwd"]
+            timed = [r for r in found if isinstance(r.get("torch"), float)]
+            if not timed:
+                why = "not measured" if not found else f"no PyTorch time ({found[0].get('torch')})"
                 lines.append(f"{what} {why}")
                 continue
+            ratios = {r["fam"]: r["torch"] / r["mine"] for r in timed}   # theirs' time over ours
+            row = max(timed, key=lambda r: ratios[r["fam"]])
+            ratio = ratios[row["fam"]]
             mine_tf = row["flops"] / row["mine"] / 1e12
             torch_tf = row["flops"] / row["torch"] / 1e12
-            ratio = row["torch"] / row["mine"]            # throughput: theirs' time over ours
             met = "met" if ratio >= target else "not met"
             peer = f"PyTorch {row['backend']} SDPA {torch_tf:.1f} TF/s"
             if kind == "pct":
                 lines.append(f"{what} {mine_tf:.1f} TF/s = {100 * ratio:.1f}% of {peer} "
                              f"(goal >= {100 * target:.0f}%: {met})")
             else:
-                lines.append(f"{what} {mine_tf:.1f} TF/s = {ratio:.2f}x {peer} "
-                             f"(goal >= {target:.1f}x: {met})")
+                each = ", ".join(f"{f} {ratios[f]:.2f}x" if f in ratios else f"{f} not measured"
+                                 for f in fams)
+                lines.append(f"{what} {row['fam']} {mine_tf:.1f} TF/s = {ratio:.2f}x {peer} "
+                             f"(goal >= {target:.1f}x: {met}; {each})")
     return lines
 
 
