@@ -13,7 +13,9 @@ One command on a GPU machine does all three:
    Dv != D, lengths, key masks, fully masked rows and batches) and prints the max errors of O,
    lse, dQ, dK, dV next to PyTorch's own SDPA error at the same dtype. FlashAttention's rule: a
    case fails when the kernel's error exceeds twice PyTorch's (plus a small floor: 1e-3 of the
-   reference's magnitude in fp16, 1e-5 in fp32) or anything is non-finite;
+   reference's magnitude in fp16, 1e-5 in fp32) or anything is non-finite. A ``GOAL`` line
+   gives the 3xTF32 family's dK and dV errors at Nq = Nk = 2048, D = 128 causal (its long
+   accumulation loops) against PyTorch's own under that rule;
 3. benchmark: for N = 512 .. 16384, D = 64/128, each family, causal or not, forward and
    forward+backward, the median time and TFLOP/s of the kernel, of CuPy dense attention (cuBLAS
    matmuls + softmax, N x N scores) and of PyTorch SDPA (flash backend for fp16 via
@@ -276,6 +278,8 @@ CHECK_CASES = [
     ("key mask, one batch all out", 2, 4, 2, 90, 70, 128, 128, True, "mask_empty"),
     ("long causal", 1, 4, 4, 2048, 2048, 128, 128, True, None),
 ]
+# (Nq, Nk, D, Dv, causal) of the case whose tf32 dK/dV errors are the accumulation's GOAL line
+TF32_ACCURACY_CASE = (2048, 2048, 128, 128, True)
 
 
 def _reference(torch, q, k, v, do, keep, scale):
@@ -351,6 +355,7 @@ def check(xp, flash_cuda, tm, device="cuda", cases=None, families=None):
     torch, F = tm[0], tm[1]
     dev = torch.device(device)
     all_ok = True
+    tf32_long = None
     print("FlashAttention's rule: each error <= 2x PyTorch's own SDPA error at the same dtype "
           "(+ a floor); lse within 1e-4")
     print(f"{'case':28s} {'family':6s} {'err O':>9s} {'lse':>9s} {'dQ':>9s} {'dK':>9s} {'dV':>9s} "
@@ -407,6 +412,8 @@ def check(xp, flash_cuda, tm, device="cuda", cases=None, families=None):
                    2 * terr[3] + floor * max(1, mags[4])]
             ok = all(e <= t for e, t in zip(errs, tol))
             all_ok &= ok
+            if fam == "tf32" and case[4:9] == TF32_ACCURACY_CASE:
+                tf32_long = [(errs[i], terr[i - 1], tol[i]) for i in (3, 4)]
             print(f"{name:28s} {fam:6s} " + " ".join(f"{e:9.2e}" for e in errs) + " "
                   + " ".join(f"{e:9.2e}" for e in terr) + f"  {'ok' if ok else 'FAIL'}", flush=True)
             if name.startswith("Nq<<Nk"):
@@ -414,8 +421,25 @@ def check(xp, flash_cuda, tm, device="cuda", cases=None, families=None):
                 o_tl = _reference(torch, q, k, v, do, tl, scale)[0]
                 print(f"{'':28s} (vs a top-left reference, i.e. PyTorch is_causal=True: max O "
                       f"difference {_max_err(torch, got[0], o_tl):.2f}: bottom-right is not top-left)")
+    print(tf32_accuracy_goal(tf32_long))
     print(f"check: {'all cases pass' if all_ok else 'SOME CASES FAIL'}")
     return all_ok
+
+
+def tf32_accuracy_goal(found):
+    """The ``GOAL`` line of the 3xTF32 kernels' accumulation: their dK and dV error at
+    ``TF32_ACCURACY_CASE`` (long key loops, where partial sums drift) against PyTorch's own
+    fp32 error there, under the check's rule. ``found``: [(error, PyTorch's, limit)] for dK
+    and dV, or None when that case or the family did not run."""
+    Nq, Nk, D, _, causal = TF32_ACCURACY_CASE
+    what = (f"GOAL 3xTF32 dK/dV error at Nq={Nq} Nk={Nk} D={D} "
+            f"{'causal' if causal else 'non-causal'} within 2x PyTorch's own (+ floor):")
+    if found is None:
+        return f"{what} not checked (that case or the tf32 family did not run)"
+    parts = [f"{name} {e:.2e} = {e / t if t > 0 else float('inf'):.1f}x PyTorch's {t:.2e}"
+             f" (limit {lim:.2e})" for name, (e, t, lim) in zip(("dK", "dV"), found)]
+    met = "met" if all(e <= lim for e, _, lim in found) else "not met"
+    return f"{what} {'; '.join(parts)} ({met})"
 
 
 # ------------------------------------------------------------------ 3. benchmark

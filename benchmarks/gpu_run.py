@@ -19,7 +19,8 @@ later; the step is then marked TIMEOUT and the run goes on):
 3. programs: the tour and every example with ``--quick --backend cupy``, and ``char_gpt`` full
    on the GPU beside the same run on the CPU (and the CPU figures in docs/benchmarks.md);
 4. flash kernels: ``benchmarks/gpu_flash.py --check`` (every family against float64,
-   FlashAttention's 2x rule) and its benchmark at N = 1,024-16,384 (N = 4,096 first: the goals);
+   FlashAttention's 2x rule; the 3xTF32 dK/dV error at Nq = Nk = 2048, D = 128 causal is a
+   GOAL line) and its benchmark at N = 1,024-16,384 (N = 4,096 first: the goals);
 5. engine: ``benchmarks/gpu_engine.py``, per-op overhead and the causal MHA block vs PyTorch CUDA;
 6. sanitizers: ``compute-sanitizer`` memcheck, racecheck and synccheck, each on one small
    forward + backward per kernel family (``gpu_flash.py --smoke``); a machine without the tool,
