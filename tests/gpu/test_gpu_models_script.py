@@ -6,6 +6,7 @@ disagrees, a part left out by the budget and the parts' summaries. (The script i
 to end on the strict CuPy stand-in in ``tests/gpu/test_gpu_run.py``'s dry run.)"""
 import importlib.util
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -62,6 +63,16 @@ def test_a_comparison_fails_on_a_wrong_shape_a_missing_array_or_a_nan():
     assert g.verdict(g.relative(None, a), 1.0) == "FAIL"                       # missing grad
     assert g.relative(None, None) == 0.0                                       # both unused
     assert g.verdict(g.relative(np.array([1.0, np.nan, 4.0]), a), 1.0) == "FAIL"
+
+
+def test_without_a_gpu_it_exits_2_naming_why_and_gpu_runs_arguments_parse():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MINITX_BACKEND", "MINITX_TEST_BACKEND")}
+    env.update(PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")    # no GPU, even on a GPU machine
+    p = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_models.py"), "--budget", "9"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert "gpu_models: no usable GPU (" in p.stderr and "usage:" not in p.stderr
 
 
 class _FakeRun:
