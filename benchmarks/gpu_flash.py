@@ -13,7 +13,9 @@ One command on a GPU machine does all three:
    Dv != D, lengths, key masks, fully masked rows and batches) and prints the max errors of O,
    lse, dQ, dK, dV next to PyTorch's own SDPA error at the same dtype. FlashAttention's rule: a
    case fails when the kernel's error exceeds twice PyTorch's (plus a small floor: 1e-3 of the
-   reference's magnitude in fp16, 1e-5 in fp32) or anything is non-finite;
+   reference's magnitude in fp16, 1e-5 in fp32) or anything is non-finite. A ``GOAL`` line
+   gives the 3xTF32 family's dK and dV errors at Nq = Nk = 2048, D = 128 causal (its long
+   accumulation loops) against PyTorch's own under that rule;
 3. benchmark: for N = 512 .. 16384, D = 64/128, each family, causal or not, forward and
    forward+backward, the median time and TFLOP/s of the kernel, of CuPy dense attention (cuBLAS
    matmuls + softmax, N x N scores) and of PyTorch SDPA (flash backend for fp16 via
@@ -21,9 +23,9 @@ One command on a GPU machine does all three:
    kernel, so fp32 uses its memory-efficient backend), and the ratios kernel/PyTorch and
    kernel/dense in throughput (> 1: the kernel is faster). N = 4096 runs first, and the run ends
    with one ``GOAL`` line per target: fp16 forward+backward at N = 4096, D = 64 and 128, as a
-   percentage of PyTorch's flash SDPA throughput (goal >= 40 %), and fp32 (both the 3xTF32 and
-   the CUDA-core family) the same as a multiple of PyTorch's fp32 memory-efficient SDPA (goal
-   >= 1.0x).
+   percentage of PyTorch's flash SDPA throughput (goal >= 80 %), and fp32 as a multiple of
+   PyTorch's fp32 memory-efficient SDPA (goal >= 1.0x) for the best float32 family (the
+   faster of the 3xTF32 and the CUDA-core kernels; the line names both).
 
 FLOPs follow the FlashAttention papers: forward 4 B H N^2 D (halved when causal), forward +
 backward 3.5x that. Batch: B = max(1, 16384 // N), H = 16 (16K tokens per batch: N = 4096 ->
@@ -67,17 +69,15 @@ TILED = ("tc", "simt")            # the families the launcher picks by dtype alo
 KINDS = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_dot")
 
 GOAL_N = 4096
-# (family, D, what the ratio is, goal); each is printed for causal False and True
-# (the fp32 goal is measured for both fp32 families that could meet it: the CUDA-core kernels
-# the launcher picks by default and the 3xTF32 tensor-core ones; the goals' order is the order
-# in which the benchmark measures them)
+# (families, D, what the ratio is, goal); each is printed for causal False and True. The fp32
+# goal is met by the best float32 family: the faster of the 3xTF32 tensor-core kernels and the
+# CUDA-core kernels the launcher picks by default (the line names each one's ratio). The goals'
+# order is the order in which the benchmark measures them.
 GOALS = [
-    ("tc", 64, "pct", 0.40),
-    ("tc", 128, "pct", 0.40),
-    ("tf32", 64, "times", 1.0),
-    ("tf32", 128, "times", 1.0),
-    ("simt", 64, "times", 1.0),
-    ("simt", 128, "times", 1.0),
+    (("tc",), 64, "pct", 0.80),
+    (("tc",), 128, "pct", 0.80),
+    (("tf32", "simt"), 64, "times", 1.0),
+    (("tf32", "simt"), 128, "times", 1.0),
 ]
 GOAL_FAMILIES = ("tc", "tf32", "simt")
 
@@ -278,6 +278,8 @@ CHECK_CASES = [
     ("key mask, one batch all out", 2, 4, 2, 90, 70, 128, 128, True, "mask_empty"),
     ("long causal", 1, 4, 4, 2048, 2048, 128, 128, True, None),
 ]
+# (Nq, Nk, D, Dv, causal) of the case whose tf32 dK/dV errors are the accumulation's GOAL line
+TF32_ACCURACY_CASE = (2048, 2048, 128, 128, True)
 
 
 def _reference(torch, q, k, v, do, keep, scale):
@@ -353,6 +355,7 @@ def check(xp, flash_cuda, tm, device="cuda", cases=None, families=None):
     torch, F = tm[0], tm[1]
     dev = torch.device(device)
     all_ok = True
+    tf32_long = None
     print("FlashAttention's rule: each error <= 2x PyTorch's own SDPA error at the same dtype "
           "(+ a floor); lse within 1e-4")
     print(f"{'case':28s} {'family':6s} {'err O':>9s} {'lse':>9s} {'dQ':>9s} {'dK':>9s} {'dV':>9s} "
@@ -409,6 +412,8 @@ def check(xp, flash_cuda, tm, device="cuda", cases=None, families=None):
                    2 * terr[3] + floor * max(1, mags[4])]
             ok = all(e <= t for e, t in zip(errs, tol))
             all_ok &= ok
+            if fam == "tf32" and case[4:9] == TF32_ACCURACY_CASE:
+                tf32_long = [(errs[i], terr[i - 1], tol[i]) for i in (3, 4)]
             print(f"{name:28s} {fam:6s} " + " ".join(f"{e:9.2e}" for e in errs) + " "
                   + " ".join(f"{e:9.2e}" for e in terr) + f"  {'ok' if ok else 'FAIL'}", flush=True)
             if name.startswith("Nq<<Nk"):
@@ -416,8 +421,25 @@ def check(xp, flash_cuda, tm, device="cuda", cases=None, families=None):
                 o_tl = _reference(torch, q, k, v, do, tl, scale)[0]
                 print(f"{'':28s} (vs a top-left reference, i.e. PyTorch is_causal=True: max O "
                       f"difference {_max_err(torch, got[0], o_tl):.2f}: bottom-right is not top-left)")
+    print(tf32_accuracy_goal(tf32_long))
     print(f"check: {'all cases pass' if all_ok else 'SOME CASES FAIL'}")
     return all_ok
+
+
+def tf32_accuracy_goal(found):
+    """The ``GOAL`` line of the 3xTF32 kernels' accumulation: their dK and dV error at
+    ``TF32_ACCURACY_CASE`` (long key loops, where partial sums drift) against PyTorch's own
+    fp32 error there, under the check's rule. ``found``: [(error, PyTorch's, limit)] for dK
+    and dV, or None when that case or the family did not run."""
+    Nq, Nk, D, _, causal = TF32_ACCURACY_CASE
+    what = (f"GOAL 3xTF32 dK/dV error at Nq={Nq} Nk={Nk} D={D} "
+            f"{'causal' if causal else 'non-causal'} within 2x PyTorch's own (+ floor):")
+    if found is None:
+        return f"{what} not checked (that case or the tf32 family did not run)"
+    parts = [f"{name} {e:.2e} = {e / t if t > 0 else float('inf'):.1f}x PyTorch's {t:.2e}"
+             f" (limit {lim:.2e})" for name, (e, t, lim) in zip(("dK", "dV"), found)]
+    met = "met" if all(e <= lim for e, _, lim in found) else "not met"
+    return f"{what} {'; '.join(parts)} ({met})"
 
 
 # ------------------------------------------------------------------ 3. benchmark
@@ -530,31 +552,39 @@ def benchmark(timing, flash_cuda, tm, args, families=None, deadline=None):
 
 
 def goal_lines(rows):
-    """One ``GOAL`` line per target (``GOALS``), from the rows at N = GOAL_N, forward+backward."""
+    """One ``GOAL`` line per target (``GOALS``), from the rows at N = GOAL_N, forward+backward;
+    a target of several families is judged on the fastest of those measured."""
     names = {"tc": "fp16 tensor-core kernel", "simt": "fp32 CUDA-core kernel",
              "tf32": "fp32 3xTF32 tensor-core kernel"}
     lines = []
-    for fam, D, kind, target in GOALS:
+    for fams, D, kind, target in GOALS:
         for causal in (False, True):
-            what = (f"GOAL {names.get(fam, fam)} fwd+bwd N={GOAL_N} D={D} "
+            who = names.get(fams[0], fams[0]) if len(fams) == 1 else \
+                "fp32 best float32 family (" + " or ".join(fams) + ")"
+            what = (f"GOAL {who} fwd+bwd N={GOAL_N} D={D} "
                     f"{'causal' if causal else 'non-causal'}:")
-            row = next((r for r in rows if r["fam"] == fam and r["D"] == D and r["N"] == GOAL_N
-                        and r["causal"] == causal and r["label"] == "fwd+bwd"), None)
-            if row is None or not isinstance(row.get("torch"), float):
-                why = "not measured" if row is None else f"no PyTorch time ({row.get('torch')})"
+            found = [r for r in rows if r["fam"] in fams and r["D"] == D and r["N"] == GOAL_N
+                     and r["causal"] == causal and r["label"] == "fwd+bwd"]
+            timed = [r for r in found if isinstance(r.get("torch"), float)]
+            if not timed:
+                why = "not measured" if not found else f"no PyTorch time ({found[0].get('torch')})"
                 lines.append(f"{what} {why}")
                 continue
+            ratios = {r["fam"]: r["torch"] / r["mine"] for r in timed}   # theirs' time over ours
+            row = max(timed, key=lambda r: ratios[r["fam"]])
+            ratio = ratios[row["fam"]]
             mine_tf = row["flops"] / row["mine"] / 1e12
             torch_tf = row["flops"] / row["torch"] / 1e12
-            ratio = row["torch"] / row["mine"]            # throughput: theirs' time over ours
             met = "met" if ratio >= target else "not met"
             peer = f"PyTorch {row['backend']} SDPA {torch_tf:.1f} TF/s"
             if kind == "pct":
                 lines.append(f"{what} {mine_tf:.1f} TF/s = {100 * ratio:.1f}% of {peer} "
                              f"(goal >= {100 * target:.0f}%: {met})")
             else:
-                lines.append(f"{what} {mine_tf:.1f} TF/s = {ratio:.2f}x {peer} "
-                             f"(goal >= {target:.1f}x: {met})")
+                each = ", ".join(f"{f} {ratios[f]:.2f}x" if f in ratios else f"{f} not measured"
+                                 for f in fams)
+                lines.append(f"{what} {row['fam']} {mine_tf:.1f} TF/s = {ratio:.2f}x {peer} "
+                             f"(goal >= {target:.1f}x: {met}; {each})")
     return lines
 
 

@@ -16,7 +16,8 @@ from support import REPO
 
 ROOT = str(REPO)
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_run.py")
-STEP_NAMES = ("versions", "suite", "programs", "flash kernels", "engine", "sanitizers")
+STEP_NAMES = ("versions", "suite", "programs", "flash kernels", "engine", "sanitizers",
+              "models")
 
 
 def _gpu_run():
@@ -64,7 +65,7 @@ def test_dry_run_end_to_end_with_one_step_failing(tmp_path):
     summary = (out / "summary.md").read_text(encoding="utf-8")
     assert summary in p.stdout                                   # printed at the end too
     rows = _status_rows(summary)
-    assert sorted(rows) == [1, 2, 3, 4, 5, 6], summary
+    assert sorted(rows) == list(range(1, len(STEP_NAMES) + 1)), summary
     for n, name in enumerate(STEP_NAMES, 1):
         assert f"| {n} {name} |" in summary
     # the injected failure is reported, and it is the step's only failure: its programs ran
@@ -79,6 +80,11 @@ def test_dry_run_end_to_end_with_one_step_failing(tmp_path):
         assert rows[n][0] == "OK", (n, rows[n])
     assert rows[6][0] == "SKIPPED" and "skipped in dry run" in rows[6][1]
     assert "passed" in rows[2][1] and "failed" not in rows[2][1]
+    # step 7: every 2025 variant, one pretrained family per kind, the decoders, each named
+    assert rows[7][0] == "OK", rows[7]
+    assert "variants: 8 of 8 agree with NumPy in float64" in rows[7][1], rows[7]
+    assert "pretrained (float32 logits, CuPy vs NumPy): dense " in rows[7][1], rows[7]
+    assert "MoE " in rows[7][1] and "decoders on CuPy: llama fwd+bwd" in rows[7][1], rows[7]
     assert "GOAL" not in summary and "engine per op" in summary   # the goals' section
     if importlib.util.find_spec("torch") is None:
         # step 4's check compares each family with PyTorch's float64 SDPA: without PyTorch
@@ -113,7 +119,7 @@ def test_a_hanging_step_is_killed_and_the_next_still_runs(tmp_path):
 
 
 def test_usage_errors_exit_2(tmp_path):
-    p = subprocess.run([sys.executable, SCRIPT, "--steps", "7", str(tmp_path)],
+    p = subprocess.run([sys.executable, SCRIPT, "--steps", "8", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--steps" in p.stderr
     p = subprocess.run([sys.executable, SCRIPT], capture_output=True, text=True, timeout=60)
