@@ -1,7 +1,7 @@
-"""HuggingFace's decoder families — Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2, and the
-mixtures of experts Qwen3-MoE, Mixtral, gpt-oss and DeepSeek-V3 — read into minitx's one
-``Decoder``: each family is a row of switches, its ``config.json`` translated
-key by key, its tensors renamed by one table.
+"""HuggingFace's decoder families — Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2, the
+mixtures of experts Qwen3-MoE, Mixtral, gpt-oss and DeepSeek-V3, and the hybrid Qwen3-Next —
+read into minitx's one ``Decoder``: each family is a row of switches, its ``config.json``
+translated key by key, its tensors renamed by one table.
 
     model, _ = minitx.pretrained.load("path/to/Qwen3-0.6B", dtype="float64", tokenizer=False)
     logits = model(ids)                                   # (B, N, V)
@@ -31,6 +31,7 @@ L.post_attention_layernorm.weight            blocks.{i}.ln2.weight (pre: Llama, 
                                              Gemma 3: it follows the attention)
 L.pre_feedforward_layernorm.weight           blocks.{i}.ln2.weight (Gemma 3)
 L.post_feedforward_layernorm.weight          blocks.{i}.ln2_post.weight (OLMo 2, Gemma 3)
+L.linear_attn.* (Qwen3-Next)                 blocks.{i}.attn.* (the same names)
 model.norm.weight                            ln_final.weight
 lm_head.weight (V, E)                        unembed.weight; when tied, absent or checked
                                              equal to embed.weight

@@ -274,6 +274,7 @@ def _cells(c: DecoderConfig) -> dict:
     attention += ", QK-norm" if c.qk_norm else ""
     attention += ", qkv bias" if c.qkv_bias else ""
     attention += ", gated" if c.attn_output_gate else ""
+    # the experts (k of n) and the soft-caps, "—" where the family has none
     experts = "—" if c.mlp != "moe" else f"{c.top_k} of {c.num_experts}"
     caps = [f"{w} {v:g}" for w, v in (("logits", c.final_logit_softcap),
                                       ("scores", c.attn_logit_softcap)) if v is not None]
