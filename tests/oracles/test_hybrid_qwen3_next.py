@@ -26,6 +26,7 @@ from minitx.ops.loss import cross_entropy  # noqa: E402
 from minitx.pretrained.decoders import decoder_config, hf_config_dict  # noqa: E402
 from minitx.ops.shape import reshape  # noqa: E402
 from minitx.validate import OptionError  # noqa: E402
+from support import to_host  # noqa: E402
 
 CONFIG = dict(
     vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
@@ -234,3 +235,19 @@ def test_config_defaults_and_refusals():
                                                   "full_attention", "full_attention"]})
     with pytest.raises(OptionError, match="linear_num_value_heads|num_v_heads"):
         Decoder(decoder_config({**cfg, "linear_num_key_heads": 3}))
+
+
+def test_to_torch_gives_qwen3_next_with_the_same_logits_and_back(folder):
+    """``interop.to_torch`` builds HF's Qwen3-Next from the decoder's switches and tensors;
+    ``from_torch`` brings it back unchanged."""
+    import minitx.interop as interop
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    theirs = interop.to_torch(model)
+    assert type(theirs).__name__ == "Qwen3NextForCausalLM"
+    with torch.no_grad():
+        ref = theirs(torch.tensor(IDS)).logits.numpy()
+    assert relative(model(IDS).numpy(), ref) <= TOL["float64"]
+    back = interop.from_torch(theirs)
+    assert back.config == model.config
+    for key, value in model.state_dict().items():
+        assert np.array_equal(to_host(back.state_dict()[key]), to_host(value)), key
