@@ -209,3 +209,24 @@ def test_bad_mixer_options_are_refused_by_name(options, message):
 def test_the_output_gate_switch_is_checked():
     with pytest.raises(ValueError, match="attn_output_gate"):
         Decoder(DecoderConfig(**{**SIZES, "attn_output_gate": "yes"}))
+
+
+def test_the_hooks_see_and_replace_the_gates_and_the_state():
+    """The hook points' shapes (heads in TransformerLens's layout), and β replaced by 0: the
+    rule then writes nothing, the state stays zero and the layer outputs zero."""
+    model = _model(_config())
+    ids = np.random.default_rng(9).integers(0, 31, (2, 7))
+    _, cache = model.run_with_cache(ids)
+    shapes = {name: tuple(cache[f"blocks.0.attn.hook_{name}"].shape) for name in
+              ("q", "k", "v", "beta", "log_alpha", "state", "out_gate", "z")}
+    assert shapes == {"q": (2, 7, 4, 3), "k": (2, 7, 4, 3), "v": (2, 7, 4, 5),
+                      "beta": (2, 4, 7), "log_alpha": (2, 4, 7), "state": (2, 4, 3, 5),
+                      "out_gate": (2, 7, 4, 5), "z": (2, 7, 4, 5)}
+    assert (cache["blocks.0.attn.hook_log_alpha"].numpy() < 0).all()
+    layer = model.blocks[0].attn
+    layer.hook_beta.add_hook(lambda t, h: t * 0.0)
+    seen = {}
+    layer.hook_state.add_hook(lambda t, h: seen.__setitem__("state", t.numpy()))
+    x = np.random.default_rng(10).standard_normal((2, 7, 16))
+    assert np.abs(layer(tensor(x)).numpy()).max() == 0.0
+    assert np.abs(seen["state"]).max() == 0.0

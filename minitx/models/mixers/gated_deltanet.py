@@ -64,7 +64,7 @@ import math
 
 from ... import backend, validate
 from ... import functional as F
-from ...attention.base import repeat_kv
+from ...attention.base import hooked_heads, repeat_kv
 from ...attention.delta_rule import _unit_rows
 from ...attention.gated_delta import gated_delta_chunk, run_gated_chunks
 from ...autograd.tensor import Tensor
@@ -170,8 +170,9 @@ class GatedDeltaNetMixer(Module):
     ``in_proj_ba`` (E → 2·H_v), ``conv1d.weight`` (C, 1, K) with C = 2·H_k·D_k + H_v·D_v,
     ``A_log`` and ``dt_bias`` δ (H_v,), ``norm.weight`` g (D_v,), ``out_proj`` (H_v·D_v → E).
 
-    Hook points: ``hook_q``/``hook_k`` (B, H_v, N, D_k) (unit, after the convolution, τ in q;
-    each key head repeated for its r value heads) and ``hook_v`` (B, H_v, N, D_v);
+    Hook points: ``hook_q``/``hook_k`` (B, N, H_v, D_k) (TransformerLens's layout, as the
+    attention layers'; unit, after the convolution, τ in q; each key head repeated for its r
+    value heads) and ``hook_v`` (B, N, H_v, D_v);
     ``hook_beta`` β and ``hook_log_alpha`` log α (≤ 0) (B, H_v, N), replaceable;
     ``hook_state`` S after the last token (B, H_v, D_k, D_v); ``hook_out_gate`` z (B, N, H_v,
     D_v) before its SiLU; ``hook_z`` the gated, normalised heads before ``out_proj`` (B, N,
@@ -256,9 +257,9 @@ class GatedDeltaNetMixer(Module):
                    for lo, hi, h, d in ((0, hk * dk, hk, dk), (hk * dk, 2 * hk * dk, hk, dk),
                                         (2 * hk * dk, 2 * hk * dk + hv * dv, hv, dv)))
         eps = self.options["l2norm_eps"]
-        q = self.hook_q(repeat_kv(_unit_rows(q, eps) * self.scale, hv))   # (B, H_v, N, D_k)
-        k = self.hook_k(repeat_kv(_unit_rows(k, eps), hv))
-        v = self.hook_v(v)                                                # (B, H_v, N, D_v)
+        q = hooked_heads(self.hook_q, repeat_kv(_unit_rows(q, eps) * self.scale, hv))
+        k = hooked_heads(self.hook_k, repeat_kv(_unit_rows(k, eps), hv))  # (B, H_v, N, D_k)
+        v = hooked_heads(self.hook_v, v)                                  # (B, H_v, N, D_v)
         # the write strength and the decay, per value head (B, H_v, N)
         beta = self.hook_beta(F.transpose(F.sigmoid(b), (0, 2, 1)))
         rate = F.reshape(F.exp(self.A_log), (1, 1, hv))
