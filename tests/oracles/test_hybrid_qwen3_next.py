@@ -42,6 +42,17 @@ IDS = np.random.default_rng(0).integers(3, 97, (2, 11))
 TOL = {"float64": 1e-5, "float32": 1e-4}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """HF's tiny float64 depthwise conv1d spends its time synchronising threads: on the
+    2-core test machine its greedy generate took 11 s with torch's 2 threads, 0.2 s with
+    one. One thread for this module, the previous count restored after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     torch.manual_seed(0)
