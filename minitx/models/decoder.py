@@ -232,6 +232,7 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     if len(c.layer_types) != c.num_layers or not set(c.layer_types) <= set(known):
         raise validate.OptionError(f"{who}: layer_types must give one of {known} for each "
                                    f"of the {c.num_layers} layers, got {c.layer_types!r}")
+    # each mixer checks its own options when built; here only that they name known mixers
     c.mixer_options = dict(c.mixer_options or {})
     stray = sorted(set(c.mixer_options) - set(c.layer_types) - set(MIXERS))
     if stray:
