@@ -39,6 +39,8 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
 - ``attn_sinks``: gpt-oss's learned sink logit σ_h per head, one more term in each row's
   softmax with no value behind it, so a head may attend to nothing:
   the weights become $e^{s_{ij}} / (e^{\sigma_h} + \sum_{j'} e^{s_{ij'}})$.
+- ``attn_output_gate``: Qwen3-Next's q_proj also yields a gate per output element, and the
+  heads' output is o ⊙ σ(gate) before o_proj (each head may switch itself off).
 - ``tie_embeddings``: the head reuses W_E (GPT-2, Gemma) or has its own (Llama 3 8B, Qwen 7B).
 
 Attention of one layer, with G = H/Hkv query heads sharing each key/value head (GQA), the
@@ -87,6 +89,7 @@ from ..nn.positional import LearnedPositionalEmbedding
 # RoPE's tables and scalings; the composed ops for soft-capped scores and sinks.
 from ..nn.rotary import Rotary, check_rope, yarn_mscale
 from ..ops.activation import softmax
+from ..ops.elementwise import sigmoid
 from ..ops.indexing import getitem, masked_fill
 from ..ops.linalg import linear, matmul
 from ..ops.sdpa import attention_scores, merge_heads, repeat_kv, split_heads
@@ -173,6 +176,7 @@ class DecoderConfig:
     query_pre_attn_scalar: float = None
     attn_logit_softcap: float = None
     attn_sinks: bool = False
+    attn_output_gate: bool = False
     # embeddings and head
     embed_scale: bool = False
     final_logit_softcap: float = None
@@ -228,6 +232,7 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     if len(c.layer_types) != c.num_layers or not set(c.layer_types) <= set(known):
         raise validate.OptionError(f"{who}: layer_types must give one of {known} for each "
                                    f"of the {c.num_layers} layers, got {c.layer_types!r}")
+    # each mixer checks its own options when built; here only that they name known mixers
     c.mixer_options = dict(c.mixer_options or {})
     stray = sorted(set(c.mixer_options) - set(c.layer_types) - set(MIXERS))
     if stray:
@@ -243,6 +248,7 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     for name in ("query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap"):
         if getattr(c, name) is not None:
             validate.positive_real(getattr(c, name), name, owner=who)
+    validate.boolean(c.attn_output_gate, "attn_output_gate", owner=who)
     if c.mlp == "moe" and (c.num_experts is None or c.top_k is None):
         raise validate.OptionError(f"{who}: mlp='moe' needs num_experts and top_k")
     # MLA's sizes; DeepSeek's attention has none of the other attention switches
@@ -252,7 +258,7 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
         if c.q_lora_rank is not None:
             validate.positive_int(c.q_lora_rank, "q_lora_rank", owner=who)
         if c.positions != "rope" or "sliding" in c.layer_types or c.qk_norm or c.attn_sinks \
-                or c.attn_logit_softcap:
+                or c.attn_logit_softcap or c.attn_output_gate:
             raise validate.OptionError(f"{who}: attention='mla' is DeepSeek's: rope positions, "
                                        "full layers, no QK-norm, sinks or soft-cap")
     # the experts' width (default F), and the layers that stay dense
@@ -279,6 +285,7 @@ def count_parameters(config: DecoderConfig) -> dict:
     # attention: four projections (+ biases), QK-norm gains, sinks
     attn = 2 * e * h * d + 2 * e * hkv * d
     attn += (h + 2 * hkv) * d * c.qkv_bias + e * c.o_bias + h * c.attn_sinks
+    attn += (e + c.qkv_bias) * h * d * c.attn_output_gate          # the gate's q_proj rows
     if c.qk_norm is not None:
         attn += per_dim * (2 * d if c.qk_norm == "head" else (h + hkv) * d)
     if c.attention == "mla":                  # latents: q (optional) and kv, then expanded
@@ -382,15 +389,18 @@ class DecoderAttention(Module):
     (the projections, before QK-norm and the rotation), ``hook_q_normed``/``hook_k_normed``
     (QK-norm's output, laid out as the norm sees it: (B, H, N, D) per head, (B, N, H·D) over
     the projection), ``hook_rot_q``/``hook_rot_k``,
-    ``hook_attn_scores``/``hook_pattern`` (B, H, Nq, Nk), ``hook_z``. Time O(B·H·N·Nk·D),
-    Nk ≤ W with a window.
+    ``hook_attn_scores``/``hook_pattern`` (B, H, Nq, Nk), ``hook_z``; with
+    ``attn_output_gate``, q_proj (E → 2·H·D) also gives the gate, seen by ``hook_out_gate``
+    (B, N, H·D). Time O(B·H·N·Nk·D), Nk ≤ W with a window.
     """
 
     def __init__(self, c: DecoderConfig, sliding: bool = False):
         super().__init__()
         e, h, hkv, d = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = h, hkv, d
-        self.q_proj = Linear(e, h * d, bias=c.qkv_bias)
+        # with attn_output_gate, each head's rows are [q_h (D), gate_h (D)] (HF's layout)
+        self.output_gate = c.attn_output_gate
+        self.q_proj = Linear(e, h * d * (2 if c.attn_output_gate else 1), bias=c.qkv_bias)
         self.k_proj = Linear(e, hkv * d, bias=c.qkv_bias)
         self.v_proj = Linear(e, hkv * d, bias=c.qkv_bias)
         self.o_proj = Linear(h * d, e, bias=c.o_bias)
@@ -415,6 +425,8 @@ class DecoderAttention(Module):
             names += ("q_normed", "k_normed")
         for name in names:
             setattr(self, f"hook_{name}", HookPoint())
+        if self.output_gate:
+            self.hook_out_gate = HookPoint()        # (B, N, H·D), before its sigmoid
 
     def new_cache(self):
         """A ``WindowKVCache`` for a sliding layer (bounded), else a ``KVCache``."""
@@ -459,7 +471,12 @@ class DecoderAttention(Module):
         offset = 0 if kv_cache is None else len(kv_cache)
         # Project and split into heads (B, H, N, D), the hooks, then QK-norm per head or over
         # the whole projection (TransformerLens hooks q and k before the norm, as here).
-        q = split_heads(self.q_proj(x), self.num_heads)
+        q = self.q_proj(x)
+        if self.output_gate:                                           # [q_h, gate_h] per head
+            h, d = self.num_heads, self.head_dim
+            qg = reshape(q, (b, n, h, 2 * d))
+            q, gate = (reshape(qg[..., s], (b, n, h * d)) for s in (slice(0, d), slice(d, None)))
+        q = split_heads(q, self.num_heads)
         k = split_heads(self.k_proj(x), self.num_kv_heads)
         v = split_heads(self.v_proj(x), self.num_kv_heads)
         q, k, v = (hooked_heads(hk, t) for hk, t in
@@ -489,7 +506,10 @@ class DecoderAttention(Module):
         else:
             z, _ = hookable_attention(self, q, k, v, scale=self.scale, causal=allowed is None,
                                       mask=allowed)
-        return self.o_proj(merge_heads(hooked_heads(self.hook_z, z)))  # (B, N, E)
+        z = merge_heads(hooked_heads(self.hook_z, z))                   # (B, N, H·D)
+        if self.output_gate:
+            z = z * sigmoid(self.hook_out_gate(gate))
+        return self.o_proj(z)                                           # (B, N, E)
 
     def extra_repr(self) -> str:
         return (f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "

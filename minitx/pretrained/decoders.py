@@ -1,7 +1,7 @@
-"""HuggingFace's decoder families — Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2, and the
-mixtures of experts Qwen3-MoE, Mixtral, gpt-oss and DeepSeek-V3 — read into minitx's one
-``Decoder``: each family is a row of switches, its ``config.json`` translated
-key by key, its tensors renamed by one table.
+"""HuggingFace's decoder families — Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2, the
+mixtures of experts Qwen3-MoE, Mixtral, gpt-oss and DeepSeek-V3, and the hybrid Qwen3-Next —
+read into minitx's one ``Decoder``: each family is a row of switches, its ``config.json``
+translated key by key, its tensors renamed by one table.
 
     model, _ = minitx.pretrained.load("path/to/Qwen3-0.6B", dtype="float64", tokenizer=False)
     logits = model(ids)                                   # (B, N, V)
@@ -31,6 +31,7 @@ L.post_attention_layernorm.weight            blocks.{i}.ln2.weight (pre: Llama, 
                                              Gemma 3: it follows the attention)
 L.pre_feedforward_layernorm.weight           blocks.{i}.ln2.weight (Gemma 3)
 L.post_feedforward_layernorm.weight          blocks.{i}.ln2_post.weight (OLMo 2, Gemma 3)
+L.linear_attn.* (Qwen3-Next)                 blocks.{i}.attn.* (the same names)
 model.norm.weight                            ln_final.weight
 lm_head.weight (V, E)                        unembed.weight; when tied, absent or checked
                                              equal to embed.weight
@@ -72,6 +73,10 @@ FAMILIES = {
     "qwen3_moe": dict(mlp="moe", qk_norm="head"),
     "mixtral": dict(mlp="moe"),
     "gpt_oss": dict(mlp="moe", attn_sinks=True, norm_scale_in_float32=True),
+    # the hybrid: gated DeltaNet layers (models/mixers/gated_deltanet.py) among gated
+    # attention layers; zero-centred norms (1 + w) computed in float32, as HF's
+    "qwen3_next": dict(mlp="moe", qk_norm="head", norm_unit_offset=True,
+                       norm_scale_in_float32=True, attn_output_gate=True),
 }
 
 # DeepSeek-V3's keys: multi-head latent attention's sizes, and the MoE's, by HF's names.
@@ -81,7 +86,14 @@ _MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_di
 _MOE_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "num_experts_per_tok",
              "moe_intermediate_size", "first_k_dense_replace", "decoder_sparse_step",
              "mlp_only_layers", "router_aux_loss_coef", "router_jitter_noise", "swiglu_limit",
-             "swiglu_alpha")
+             "swiglu_alpha", "shared_expert_intermediate_size")
+# Qwen3-Next's gated DeltaNet sizes (config.json key → the mixer's option), and the layout key
+_LINEAR_KEYS = {"linear_num_key_heads": "num_k_heads", "linear_num_value_heads": "num_v_heads",
+                "linear_key_head_dim": "head_k_dim", "linear_value_head_dim": "head_v_dim",
+                "linear_conv_kernel_dim": "conv_kernel"}
+_LINEAR_DEFAULTS = {"linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                    "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                    "linear_conv_kernel_dim": 4}
 _ROUTER_KEYS = ("n_shared_experts", "routed_scaling_factor", "n_group", "topk_group",
                 "norm_topk_prob", "topk_method", "scoring_func")
 # HF's defaults, for a config.json that leaves a key out
@@ -91,6 +103,9 @@ _MOE_DEFAULTS = {
     "mixtral": dict(router_aux_loss_coef=0.001, num_experts=8, num_experts_per_tok=2),
     "gpt_oss": dict(router_aux_loss_coef=0.001, num_experts=128, num_experts_per_tok=4,
                     swiglu_limit=7.0, swiglu_alpha=1.702),
+    "qwen3_next": dict(router_aux_loss_coef=0.001, num_experts=512, num_experts_per_tok=10,
+                       moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                       norm_topk_prob=True, decoder_sparse_step=1),
     "deepseek_v3": dict(num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
                         norm_topk_prob=True, first_k_dense_replace=3, n_group=8, topk_group=4,
                         routed_scaling_factor=2.5, n_shared_experts=1),
@@ -104,6 +119,7 @@ IGNORED = frozenset({
     "output_attentions", "output_hidden_states", "return_dict", "max_window_layers",
     "use_sliding_window", "sliding_window_pattern", "_sliding_window_pattern",
     "attn_logit_softcapping", "qk_head_dim", "num_nextn_predict_layers", "output_router_logits",
+    "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings",
 })
 
 # What a key that changes the maths must hold for minitx to run the family as HF does.
@@ -111,6 +127,8 @@ _REFUSED = {"use_bidirectional_attention": (False, None), "quantization_config":
 _ACTIVATIONS = {"silu": None, "gelu_pytorch_tanh": True, "gelu_new": True, "gelu": False}
 _DEFAULT_THETA = {"gemma3_text": (1_000_000.0, 10_000.0)}
 _TIED_DEFAULT = {"gemma3_text": True}
+# HF's families that rotate only part of each head, and their default share
+_PARTIAL_ROTARY = {"qwen3_next": 0.25}
 
 
 def _fail(source, msg):
@@ -126,7 +144,9 @@ def _rope_dict(rope, cfg, kind, source, where="rope_parameters"):
         rope.setdefault("rope_type", rope.pop("type"))
     if rope.get("rope_type") in ("llama3", "yarn"):
         rope.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings"))
-    if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+    if kind in _PARTIAL_ROTARY:
+        rope.setdefault("partial_rotary_factor", _PARTIAL_ROTARY[kind])
+    elif float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
         _fail(source, f"{where}: partial_rotary_factor={rope['partial_rotary_factor']} is not "
                       f"applied by HuggingFace's {kind} (it rotates every head dim); refused")
     try:
@@ -166,6 +186,17 @@ def _layer_types(cfg, kind, n, source):
         return window, None
     if kind == "qwen3_moe":                    # HF's Qwen3-MoE: every layer, when switched on
         return (window if cfg.get("use_sliding_window", False) else None), None
+    if kind == "qwen3_next":                   # linear layers, every interval-th one full
+        types = cfg.get("layer_types")
+        if types is None:
+            every = cfg.get("full_attention_interval", 4)
+            types = ["full_attention" if (i + 1) % every == 0 else "linear_attention"
+                     for i in range(n)]
+        names = {"full_attention": "full", "linear_attention": "gated_deltanet"}
+        if not set(types) <= set(names) or len(types) != n:
+            _fail(source, f"layer_types must give one of {sorted(names)} for each of the {n} "
+                          f"layers, got {types!r}")
+        return None, tuple(names[t] for t in types)
     if kind in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
         window = None
     # layer_types when written; else derived as HF derives it (Gemma: every 6th is global;
@@ -227,6 +258,10 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
                         rope_interleave=cfg.get("rope_interleave", True))
     if FAMILIES[kind]["mlp"] == "moe":
         switches.update(_moe(cfg, kind, n, source))
+    if kind == "qwen3_next":
+        sizes = {**_LINEAR_DEFAULTS, **{k: cfg[k] for k in _LINEAR_KEYS if k in cfg}}
+        switches["mixer_options"] = {"gated_deltanet": {_LINEAR_KEYS[k]: v
+                                                        for k, v in sizes.items()}}
     # HF's names → the switches (the sizes, eps, rope, windows, Gemma's numbers, the tying)
     c = DecoderConfig(
         vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], num_layers=n,
@@ -247,7 +282,7 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
             "partial_rotary_factor", "sliding_window", "layer_types", "attention_bias",
             "query_pre_attn_scalar", "final_logit_softcapping", "tie_word_embeddings",
             "pad_token_id", "max_position_embeddings", *_REFUSED, *_MLA_KEYS, *_MOE_KEYS,
-            *_ROUTER_KEYS}
+            *_ROUTER_KEYS, *_LINEAR_KEYS, "full_attention_interval"}
     unknown = sorted(set(cfg) - read - IGNORED)
     if unknown:
         _fail(source, f"config.json key(s) {', '.join(map(repr, unknown))} are not known to "
@@ -261,6 +296,9 @@ def _moe(cfg, kind, n, source):
     ``nn.moe.MoE``'s options for the family's router and experts (docs/moe.md's table)."""
     get = {**_MOE_DEFAULTS[kind], **{k: v for k, v in cfg.items() if v is not None}}.get
     experts = get("n_routed_experts", get("num_local_experts", get("num_experts")))
+    if kind == "qwen3_next" and not experts:
+        _fail(source, "num_experts=0 (every MLP dense) is not translated for qwen3_next; "
+                      "refused")
     if float(cfg.get("router_jitter_noise") or 0.0) != 0.0:
         _fail(source, f"router_jitter_noise={cfg['router_jitter_noise']} (noise on the router's "
                       "input while training) is not implemented; refused")
@@ -270,7 +308,7 @@ def _moe(cfg, kind, n, source):
     # the layers that keep a dense MLP of width intermediate_size
     if kind == "deepseek_v3":
         dense = tuple(range(min(get("first_k_dense_replace"), n)))
-    elif kind == "qwen3_moe":
+    elif kind in ("qwen3_moe", "qwen3_next"):
         only, step = set(get("mlp_only_layers") or ()), get("decoder_sparse_step")
         dense = tuple(i for i in range(n) if i in only or (i + 1) % step)
     else:
@@ -278,6 +316,10 @@ def _moe(cfg, kind, n, source):
     options = {}
     if kind == "qwen3_moe":
         options = dict(norm_topk_prob=bool(get("norm_topk_prob")))
+    elif kind == "qwen3_next":              # a shared expert of its own width, sigmoid-gated
+        options = dict(norm_topk_prob=bool(get("norm_topk_prob")),
+                       shared_intermediate_size=get("shared_expert_intermediate_size"),
+                       shared_expert_gate=True)
     elif kind == "gpt_oss":
         options = dict(router="topk_softmax", router_bias=True, expert="clamped_swiglu",
                        expert_bias=True, swiglu_limit=float(get("swiglu_limit")),
@@ -317,7 +359,7 @@ def _to_minitx(key, norms):
     if parts[:2] != ["model", "layers"] or len(parts) < 5 or not parts[2].isdigit():
         return None
     i, module, rest = parts[2], parts[3], parts[4:]
-    if module == "self_attn":
+    if module in ("self_attn", "linear_attn"):          # linear_attn: Qwen3-Next's mixer
         return f"blocks.{i}.attn." + ".".join(rest)
     if module == "mlp":
         return f"blocks.{i}.mlp." + ".".join(rest)
@@ -422,6 +464,9 @@ def _experts_to_hf(state: dict, model, files: bool, kind: str) -> dict:
     w1, w3, w2). Keys of dense layers pass through."""
     moe = _moe_layers(model)
     gpt_oss = _spelling(model) == "gpt_oss"
+    # DeepSeek-V3 writes its shared experts "shared_experts", Qwen's one "shared_expert"
+    shared = "shared_experts." if model.config.moe_options.get("n_shared_experts") else \
+        "shared_expert."
     out = {}
     for name, value in state.items():
         parts = name.split(".")
@@ -439,7 +484,7 @@ def _experts_to_hf(state: dict, model, files: bool, kind: str) -> dict:
             elif key == "router.e_score_correction_bias":
                 hf["gate.e_score_correction_bias"] = v
             elif key.startswith("shared_expert."):
-                hf["shared_experts." + key.split(".", 1)[1]] = v
+                hf[shared + key.split(".", 1)[1]] = v
             elif not key.startswith("experts."):
                 hf[key] = v
         gate, up, down = (mine.get(f"experts.{k}") for k in ("gate_proj", "up_proj",
@@ -481,6 +526,8 @@ def decoder_state_from_hf(tensors: dict, model: Decoder, source: str = "checkpoi
     # each HF tensor: renamed, then it must be one the model has, of the model's shape
     state, extra = {}, []
     for key, value in tensors.items():
+        if key.startswith("mtp.") and getattr(model, "config_source", None) == "qwen3_next":
+            continue                 # multi-token prediction: not in HF's forward either
         name = _to_minitx(key, norms)
         if name == "unembed.weight" and model.config.tie_embeddings:
             # a tied checkpoint may still store the head: it must equal the embedding
@@ -504,19 +551,23 @@ def decoder_state_from_hf(tensors: dict, model: Decoder, source: str = "checkpoi
     missing = sorted(set(expected) - set(state))
     if missing:
         names = {v: k for k, v in norms.items()}
-        _fail(source, f"missing tensor(s): {', '.join(_to_hf(k, names) for k in missing)}")
+        linear = {i for i, t in enumerate(model.config.layer_types) if t == "gated_deltanet"}
+        _fail(source, f"missing tensor(s): "
+                      f"{', '.join(_to_hf(k, names, linear) for k in missing)}")
     return state
 
 
-def _to_hf(name, norms):
-    """One minitx key → its HF name (the inverse of ``_to_minitx``)."""
+def _to_hf(name, norms, linear=()):
+    """One minitx key → its HF name (the inverse of ``_to_minitx``); ``linear``: the indices
+    of the layers whose mixer HF calls ``linear_attn`` (Qwen3-Next's)."""
     parts = name.split(".")
     top = {"embed.weight": "model.embed_tokens.weight", "ln_final.weight": "model.norm.weight",
            "unembed.weight": "lm_head.weight"}
     if name in top:
         return top[name]
     if parts[0] == "blocks" and parts[2] in ("attn", "mlp"):
-        module = "self_attn" if parts[2] == "attn" else "mlp"
+        module = "mlp" if parts[2] == "mlp" else \
+            "linear_attn" if int(parts[1]) in linear else "self_attn"
         return f"model.layers.{parts[1]}.{module}." + ".".join(parts[3:])
     if parts[0] == "blocks" and parts[2] in norms:
         return f"model.layers.{parts[1]}.{norms[parts[2]]}.weight"
@@ -532,7 +583,8 @@ def decoder_state_to_hf(state: dict, model: Decoder, files: bool = False) -> dic
     kind = getattr(model, "config_source", None)
     # the experts are re-laid out with NumPy: a model on a GPU hands its arrays over once, here
     state = _experts_to_hf({k: to_host(v) for k, v in state.items()}, model, files, kind)
-    out = {name if name.startswith("model.") else _to_hf(name, norms): value
+    linear = {i for i, t in enumerate(model.config.layer_types) if t == "gated_deltanet"}
+    out = {name if name.startswith("model.") else _to_hf(name, norms, linear): value
            for name, value in state.items()}
     if model.config.tie_embeddings and "model.embed_tokens.weight" in out:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
@@ -604,6 +656,16 @@ def _candidate(c: DecoderConfig, kind: str) -> dict:
                  sliding_window=c.sliding_window)
     if kind == "mixtral":
         d.update(intermediate_size=c.expert_hidden, sliding_window=c.sliding_window)
+    if kind == "qwen3_next":
+        names = {"full": "full_attention", "gated_deltanet": "linear_attention"}
+        linear = c.mixer_options.get("gated_deltanet", {})
+        d.update({k: linear.get(v) for k, v in _LINEAR_KEYS.items()},
+                 layer_types=[names.get(t, t) for t in c.layer_types],
+                 moe_intermediate_size=c.expert_hidden, num_experts=c.num_experts,
+                 num_experts_per_tok=c.top_k, router_aux_loss_coef=c.router_aux_loss_coef,
+                 norm_topk_prob=o.get("norm_topk_prob"), mlp_only_layers=list(c.dense_layers),
+                 decoder_sparse_step=1,
+                 shared_expert_intermediate_size=o.get("shared_intermediate_size"))
     if kind == "gpt_oss":
         d.update(intermediate_size=c.expert_hidden, sliding_window=c.sliding_window,
                  layer_types=[f"{t}_attention" for t in c.layer_types],

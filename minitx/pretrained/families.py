@@ -1,4 +1,4 @@
-r"""Today's ten decoder families side by side, generated from minitx's own translation: each
+r"""Today's decoder families side by side, generated from minitx's own translation: each
 family's published ``config.json`` (the keys that change the maths) goes through
 ``decoders.decoder_config``, and the table is read off the ``DecoderConfig`` it gives. A
 family whose ``model_type`` is not in ``decoders.FAMILIES`` yet, or whose configuration the
@@ -7,8 +7,9 @@ translation refuses, says so in its row: nothing here is written by hand but the
 Two costs are counted from a configuration alone (no model is built, so real sizes cost
 nothing). The KV cache a full layer adds per token of context: keys and values of Hkv heads
 of D numbers (GQA; MHA when Hkv = H), or MLA's latent of r numbers and one rotary key of D_r;
-a sliding layer's cache is bounded by its window W and adds nothing once full. With b bytes
-a number, over the L_full full layers:
+a sliding layer's cache is bounded by its window W and adds nothing once full, and a
+recurrent layer's (a hybrid's gated DeltaNet) does not grow at all. With b bytes a number,
+over the L_full full layers:
 
 $$
 \text{GQA: } 2\, L_{\text{full}}\, H_{kv}\, D\, b, \qquad
@@ -23,6 +24,9 @@ $$
 P_{\text{total}} = P_{\text{rest}} + L_{\text{moe}}\, (n + s)\, 3EI, \qquad
 P_{\text{active}} = P_{\text{rest}} + L_{\text{moe}}\, (k + s)\, 3EI
 $$
+
+(Qwen3-Next's one shared expert has a width of its own and a gate w_s of E numbers, which
+replace s·3EI.)
 """
 from __future__ import annotations
 
@@ -36,9 +40,10 @@ __all__ = ["TODAY", "REPRESENTATIVE", "COLUMNS", "family_config", "attention_con
            "family_row", "family_table", "kv_cache_bytes_per_token", "expert_counts",
            "DENSE_TWIN"]
 
-# The ten families, in the course's order (HF's model_type names).
+# The families, in the course's order (HF's model_type names); the hybrids last.
 TODAY = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_text", "olmo2",
-         "gpt_oss", "deepseek_v3")
+         "gpt_oss", "deepseek_v3",
+         "qwen3_next")
 
 # One published model of each family: the config.json keys that change the forward (the
 # ignored ones, token ids and dtype, are left out). The facts are the checkpoints' own.
@@ -122,6 +127,18 @@ REPRESENTATIVE = {
         rope_scaling={"rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
                       "mscale": 1.0, "mscale_all_dim": 1.0,
                       "original_max_position_embeddings": 4096})),
+    # Qwen3-Next: three gated DeltaNet layers to one gated attention layer (a quarter of each
+    # head rotated), 10 of 512 narrow experts plus a gated shared one
+    "qwen3_next": ("Qwen3-Next-80B", dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=5120, num_hidden_layers=48,
+        num_attention_heads=16, num_key_value_heads=2, head_dim=256, rms_norm_eps=1e-6,
+        hidden_act="silu", max_position_embeddings=262144, tie_word_embeddings=False,
+        attention_bias=False, rope_theta=10000000.0, partial_rotary_factor=0.25,
+        full_attention_interval=4, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32,
+        num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+        shared_expert_intermediate_size=512, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[])),
 }
 
 COLUMNS = ("family", "model", "norm", "MLP", "positions", "attention", "window pattern",
@@ -211,7 +228,10 @@ def expert_counts(kind: str) -> dict:
     rest = count_parameters(dense)["total"] - moe_layers * 3 * e * cfg["intermediate_size"]
     router = n * e + n * bool(cfg.get("swiglu_limit"))          # gpt-oss: a router bias too
     expert = 3 * e * width + (2 * width + e) * bool(cfg.get("swiglu_limit"))   # its biases
-    rest += moe_layers * (router + s * 3 * e * width)
+    shared = s * 3 * e * width
+    if cfg.get("shared_expert_intermediate_size"):   # Qwen3-Next: its own width, and its gate
+        s, shared = 1, 3 * e * cfg["shared_expert_intermediate_size"] + e
+    rest += moe_layers * (router + shared)
     return {"total": rest + moe_layers * n * expert, "active": rest + moe_layers * k * expert,
             "lookup": c.vocab_size * e, "experts": n, "top_k": k, "shared": s}
 
@@ -219,7 +239,8 @@ def expert_counts(kind: str) -> dict:
 # ---- the table ----------------------------------------------------------------------------
 
 def _pattern(types, window):
-    """'all full', 'all sliding (W 4096)', or the repeating unit: '5 sliding : 1 full …'."""
+    """'all full', 'all sliding (W 4096)', or the repeating unit: '5 sliding : 1 full …';
+    a hybrid's unit names its mixer: '3 gated_deltanet : 1 full'."""
     if set(types) == {"full"}:
         return "all full"
     if set(types) == {"sliding"}:
@@ -227,6 +248,9 @@ def _pattern(types, window):
     period = next(p for p in range(1, len(types) + 1)
                   if all(types[i] == types[i % p] for i in range(len(types))))
     unit = types[:period]
+    if not set(types) <= {"full", "sliding"}:
+        return " : ".join(f"{unit.count(t)} {t}" for t in dict.fromkeys(unit)) + \
+            (f" (W {window})" if window else "")
     return (f"{unit.count('sliding')} sliding : {unit.count('full')} full (W {window})"
             if period < len(types) else f"{types.count('sliding')} of {len(types)} sliding "
                                         f"(W {window})")
@@ -249,6 +273,8 @@ def _cells(c: DecoderConfig) -> dict:
         attention = "MHA" if hkv == h else "MQA" if hkv == 1 else f"GQA {h}/{hkv}"
     attention += ", QK-norm" if c.qk_norm else ""
     attention += ", qkv bias" if c.qkv_bias else ""
+    attention += ", gated" if c.attn_output_gate else ""
+    # the experts (k of n) and the soft-caps, "—" where the family has none
     experts = "—" if c.mlp != "moe" else f"{c.top_k} of {c.num_experts}"
     caps = [f"{w} {v:g}" for w, v in (("logits", c.final_logit_softcap),
                                       ("scores", c.attn_logit_softcap)) if v is not None]

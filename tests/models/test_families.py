@@ -81,6 +81,11 @@ def test_kv_cache_bytes_per_token_at_real_sizes():
     # gpt-oss-20b: 12 full layers of 24, 8 key/value heads of 64 dims; its sinks are on
     c = families.attention_config("gpt_oss")
     assert c.attn_sinks and families.kv_cache_bytes_per_token(c) == 12 * 2 * 8 * 64 * 2
+    # Qwen3-Next-80B: only its 12 gated attention layers of 48 grow (2 heads of 256 dims);
+    # the 36 gated DeltaNet layers keep a state of constant size
+    c = families.attention_config("qwen3_next")
+    assert families._pattern(c.layer_types, None) == "3 gated_deltanet : 1 full"
+    assert families.kv_cache_bytes_per_token(c) == 12 * 2 * 2 * 256 * 2
 
 
 @pytest.mark.parametrize("kind, total, active, digits", [
@@ -88,6 +93,7 @@ def test_kv_cache_bytes_per_token_at_real_sizes():
     ("deepseek_v3", 671e9, 37e9, 0),           # DeepSeek-V3: 671 B, 37 B activated
     ("qwen3_moe", 30.5e9, 3.3e9, 1),           # Qwen3-30B-A3B: 30.5 B, 3.3 B activated
     ("llama", 1.24e9, 1.24e9, 2),              # Llama-3.2-1B: 1.24 B
+    ("qwen3_next", 80e9, 3e9, 0),              # Qwen3-Next-80B-A3B: 80 B, 3 B activated
 ])
 def test_parameter_counts_match_the_model_cards(kind, total, active, digits):
     """Within one unit of the card's last digit: cards round (Mixtral's 12.88 → 12.9) or

@@ -26,3 +26,7 @@ def register_mixer(name: str):
         MIXERS[name] = cls
         return cls
     return add
+
+
+# The registered mixers, one module each (imported last: they use register_mixer).
+from . import gated_deltanet  # noqa: E402,F401
