@@ -251,10 +251,11 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
             validate.positive_int(getattr(c, name), name, owner=f"{who} (attention='mla')")
         if c.q_lora_rank is not None:
             validate.positive_int(c.q_lora_rank, "q_lora_rank", owner=who)
-        if c.positions != "rope" or "sliding" in c.layer_types or c.qk_norm or c.attn_sinks \
-                or c.attn_logit_softcap:
-            raise validate.OptionError(f"{who}: attention='mla' is DeepSeek's: rope positions, "
-                                       "full layers, no QK-norm, sinks or soft-cap")
+        if c.positions == "learned" or "sliding" in c.layer_types or c.qk_norm \
+                or c.attn_sinks or c.attn_logit_softcap:
+            raise validate.OptionError(f"{who}: attention='mla' is DeepSeek's: rope positions "
+                                       "(or none, Kimi Linear's), full layers, no QK-norm, "
+                                       "sinks or soft-cap")
     # the experts' width (default F), and the layers that stay dense
     c.expert_hidden = c.ffn_hidden if c.expert_hidden is None else \
         validate.positive_int(c.expert_hidden, "expert_hidden", owner=who)
@@ -526,7 +527,8 @@ class LatentDecoderAttention(Module):
         self.kv_a_layernorm = _norm(dataclasses.replace(c, norm_eps=1e-6), r)
         self.kv_b_proj = Linear(r, h * (dn + dv), bias=False)
         self.o_proj = Linear(h * dv, e, bias=c.o_bias)
-        self.rotary = Rotary(dr, c.rope)
+        # Kimi Linear's MLA rotates nothing (positions="none"): k^R is then one more shared key
+        self.rotary = Rotary(dr, c.rope) if c.positions == "rope" else None
         self.interleaved = c.rope_interleave
         # 1/√(D_n + D_r), times YaRN's temperature squared when mscale_all_dim is set
         scale = 1.0 / math.sqrt(dn + dr)
@@ -542,6 +544,8 @@ class LatentDecoderAttention(Module):
         return KVCache()
 
     def _rotate(self, x, pos):
+        if self.rotary is None:
+            return x
         if self.interleaved:                   # pairs (0, 1), (2, 3) … as two halves
             x = concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
         return self.rotary.rotate(x, pos)

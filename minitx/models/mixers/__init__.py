@@ -26,3 +26,6 @@ def register_mixer(name: str):
         MIXERS[name] = cls
         return cls
     return add
+
+
+from . import kda  # noqa: E402,F401  (Kimi Linear's KDA layer registers itself)
