@@ -111,8 +111,13 @@ _KIMI_DEFAULTS = dict(rms_norm_eps=1e-5, max_position_embeddings=1048576, kv_lor
                       q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=128,
                       v_head_dim=128, linear_num_heads=32, linear_head_dim=128,
                       linear_conv_kernel_dim=4)
+# Keys of Moonshot's own config.json that HF's model does not read: each must hold what HF's
+# model does anyway (MLA without rotation, a sigmoid router, grouped top-k, every layer after
+# the dense ones an MoE), else the checkpoint is not the model HF builds.
+_KIMI_FIXED = {"mla_use_nope": True, "moe_router_activation_func": "sigmoid",
+               "use_grouped_topk": True, "moe_layer_freq": 1}
 _KIMI_KEYS = ("linear_attn_config", "linear_num_heads", "linear_head_dim",
-              "linear_conv_kernel_dim", "mlp_layer_types")
+              "linear_conv_kernel_dim", "mlp_layer_types", *_KIMI_FIXED)
 
 # config.json keys that do not change the forward pass (docs/decoders.md gives each reason).
 IGNORED = frozenset({
@@ -211,11 +216,15 @@ def _layer_types(cfg, kind, n, source):
     return window, types
 
 
-def _kimi_keys(cfg: dict) -> dict:
+def _kimi_keys(cfg: dict, source: str) -> dict:
     """Kimi Linear's config.json under the names the other families use (``_KIMI_ALIASES``),
     HF's defaults filled in, and its ``linear_attn_config`` read as HF reads it (its
     head_dim, num_heads and short_conv_kernel_size win over the flat ``linear_*`` keys).
     ``head_dim`` is HF's alias of ``qk_rope_head_dim``."""
+    for key, value in _KIMI_FIXED.items():
+        if cfg.get(key, value) != value:
+            _fail(source, f"{key}={cfg[key]!r}: HuggingFace's Kimi Linear runs {key}={value!r} "
+                          "whatever the config says; refused")
     out = dict(_KIMI_DEFAULTS)
     out.update({_KIMI_ALIASES.get(k, k): v for k, v in cfg.items()})
     linear = out.get("linear_attn_config") or {}
@@ -259,7 +268,7 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
         _fail(source, f"model_type {kind!r} is not a decoder family minitx loads "
                       f"({', '.join(sorted(FAMILIES))})")
     if kind == "kimi_linear":
-        cfg = _kimi_keys(cfg)
+        cfg = _kimi_keys(cfg, source)
     quant = cfg.get("quantization_config") or {}
     if quant.get("quant_method") == "mxfp4":
         _fail(source, "quantization_config says MXFP4: the experts are stored as 4-bit blocks "

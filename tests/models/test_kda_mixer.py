@@ -199,3 +199,35 @@ def test_kda_is_a_registered_layer_type_and_mla_refuses_learned_positions():
         Decoder(DecoderConfig(vocab_size=11, hidden_size=8, num_layers=1, num_heads=2,
                               positions="learned", attention="mla", kv_lora_rank=4,
                               qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=2))
+
+
+# ---- the published model, from its config.json alone ------------------------------------------
+
+def test_the_published_kimi_linear_reads_as_its_model_card_says():
+    """Kimi-Linear-48B-A3B: 27 layers, KDA and MLA 3 : 1 (the last layer MLA too), 8 of 256
+    experts + 1 shared. Its card's "48B total, 3B activated" is the count without the
+    embedding table and the head (0.75 B together); the KV cache grows only in the 7 MLA
+    layers, the 20 KDA layers keep a fixed state."""
+    from minitx.pretrained import families
+    c = families.family_config("kimi_linear")
+    assert c.layer_types.count("kda") == 20 and c.layer_types[3::4] + c.layer_types[-1:] == \
+        ("full",) * 7
+    assert families.family_row("kimi_linear")["window pattern"] == "20 kda, 7 full"
+    assert families.kv_cache_bytes_per_token(c) == 7 * (512 + 64) * 2
+    assert kv_cache_bytes(c, 1000) - kv_cache_bytes(c, 999) == 7 * (512 + 64) * 2
+    assert kv_cache_bytes(c, 0) == 20 * (32 * 128 * 128 + 3 * 3 * 32 * 128) * 2
+    # two counters that share no code: the hand count and the decoder's own
+    r, counted = families.expert_counts("kimi_linear"), count_parameters(c)
+    assert (r["total"], r["active"]) == (counted["total"], counted["active"])
+    assert round(counted["non_embedding"] / 1e9) == 48
+    assert round((counted["active"] - counted["embedding"]) / 1e9) == 3
+
+
+@pytest.mark.parametrize("key, value", [("mla_use_nope", False),
+                                        ("moe_router_activation_func", "softmax"),
+                                        ("moe_layer_freq", 2)])
+def test_moonshot_keys_hf_does_not_read_must_say_what_hf_runs(key, value):
+    from minitx.pretrained import decoders, families
+    name, cfg = families.REPRESENTATIVE["kimi_linear"]
+    with pytest.raises(OptionError, match=f"{key}={value!r}: HuggingFace's Kimi Linear runs"):
+        decoders.decoder_config(dict(cfg, model_type="kimi_linear", **{key: value}))
