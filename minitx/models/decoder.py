@@ -32,7 +32,8 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
 - ``sliding_window``, ``layer_types``: local layers see only the last W tokens (Mistral all
   layers, Gemma 3 five of every six), so their KV cache is bounded. A layer type may also name
   a registered token mixer (``models/mixers/``), a recurrence in place of softmax attention:
-  the hybrid models interleave them with attention layers.
+  the hybrid models interleave them with attention layers (Kimi Linear: ``"kda"`` layers
+  among MLA layers with ``positions="none"``).
 - ``embed_scale``: Gemma multiplies the embeddings by √E; ``query_pre_attn_scalar`` replaces
   D in the scale 1/√D; ``final_logit_softcap`` c·tanh(z/c) on the logits;
   ``attn_logit_softcap`` the same on the scores (Gemma 2; HF's Gemma 3 does not apply it).
@@ -500,6 +501,8 @@ class LatentDecoderAttention(Module):
     ``KVCache`` holding (c, R k^R), (B, 1, L, r) and (B, 1, L, D_r)) costs r + D_r numbers
     per token and layer instead of 2·H·D. ``rope_interleave``: the rotary
     dims are stored as interleaved pairs (DeepSeek's checkpoints) and read as two halves.
+    ``positions="none"`` (Kimi Linear's MLA layers): R is the identity, and k^R one more key
+    shared by every head.
     YaRN's ``mscale_all_dim`` multiplies the scale by its temperature squared, as DeepSeek
     does. Linear layers as HF names them: ``q_proj`` or ``q_a_proj``/``q_a_layernorm``/
     ``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj`` (the
