@@ -228,6 +228,11 @@ def _kimi_keys(cfg: dict, source: str) -> dict:
     out = dict(_KIMI_DEFAULTS)
     out.update({_KIMI_ALIASES.get(k, k): v for k, v in cfg.items()})
     linear = out.get("linear_attn_config") or {}
+    unknown = sorted(set(linear) - {"head_dim", "num_heads", "short_conv_kernel_size",
+                                    "kda_layers", "full_attn_layers"})
+    if unknown:                           # e.g. a bounded gate, which HF's model lacks
+        _fail(source, f"linear_attn_config key(s) {', '.join(map(repr, unknown))} are not "
+                      "read by HuggingFace's Kimi Linear; refused rather than ignored")
     for key, flat in (("head_dim", "linear_head_dim"), ("num_heads", "linear_num_heads"),
                       ("short_conv_kernel_size", "linear_conv_kernel_dim")):
         out[flat] = linear.get(key, out[flat])

@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers", reason="needs transformers (t
 if not hasattr(transformers, "KimiLinearConfig"):
     pytest.skip("needs transformers with Kimi Linear (5.x; the oracle)", allow_module_level=True)
 
+import minitx.interop as interop  # noqa: E402
 import minitx.pretrained as pt  # noqa: E402
 from decoder_util import randomize  # noqa: E402
 from minitx.backend import to_host  # noqa: E402
@@ -225,6 +226,19 @@ def test_config_json_round_trips_and_counts_match(folder):
     assert count_parameters(model.config)["total"] == sum(p.numel() for p in ref.parameters())
 
 
+def test_to_torch_gives_transformers_kimi_linear_and_back(folder):
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    theirs = interop.to_torch(model)
+    assert type(theirs).__name__ == "KimiLinearForCausalLM" and not theirs.training
+    with torch.no_grad():
+        ref = theirs(torch.tensor(IDS)).logits.numpy()
+    assert relative(model(IDS).numpy(), ref) <= TOL["float64"]
+    back = interop.from_torch(theirs)
+    assert back.config == model.config
+    for key, value in model.state_dict().items():
+        np.testing.assert_array_equal(to_host(back.state_dict()[key]), to_host(value))
+
+
 def test_hf_default_layouts_are_derived_as_transformers_derives_them():
     cfg = {k: v for k, v in CONFIG.items() if k != "linear_attn_config"}
     cfg.update(model_type="kimi_linear", num_hidden_layers=6)
@@ -259,7 +273,9 @@ def _edit_config(folder, tmp_path, **changes):
     (dict(layer_types=["linear_attention", "sliding_attention", "full_attention",
                        "linear_attention"]), "layer_types must give one of"),
     (dict(mlp_layer_types=["dense", "moe", "sparse", "sparse"]), "mlp_layer_types"),
-    (dict(mla_use_nope=True), "'mla_use_nope'"),
+    (dict(mla_use_output_gate=True), "'mla_use_output_gate'"),
+    (dict(linear_attn_config={**CONFIG["linear_attn_config"], "gate_lower_bound": -5.0}),
+     "linear_attn_config key.s. 'gate_lower_bound'"),
     (dict(hidden_act="gelu"), "hidden_act='gelu'"),
 ])
 def test_config_options_that_are_not_kimis_are_refused_by_name(folder, tmp_path, changes,
