@@ -1,7 +1,8 @@
 """Kimi Linear's KDA layer type (``minitx/models/mixers/kda.py``) and the hybrid decoder it
 makes with MLA without rotation: the layer against its module docstring's formulas written
 out token by token in NumPy, float64 gradient checks, decoding through its cache as the full
-forward does, padding, hooks, counts, and bad options refused by name. Equality with
+forward does, padding, hooks, counts, bad options refused by name, and the published
+Kimi-Linear-48B-A3B read from its config.json alone (counts, caches). Equality with
 HuggingFace's Kimi Linear is ``tests/oracles/test_hybrid_kimi_linear.py``.
 """
 import numpy as np
@@ -13,6 +14,7 @@ from minitx.models import Decoder, DecoderConfig, count_parameters
 from minitx.models.decoder import kv_cache_bytes
 from minitx.models.mixers import MIXERS
 from minitx.models.mixers.kda import KDACache, KimiDeltaLayer
+from minitx.pretrained import decoders, families
 from minitx.validate import OptionError
 from support import assert_close, tensor
 
@@ -164,8 +166,9 @@ def test_the_counts_are_the_built_models():
     caches = model.new_caches()
     model(np.arange(7)[None] % 29, kv_caches=caches)
     numbers = 2 * (3 * 5 * 5 + 3 * 1 * 15) + 7 * (5 + 2)
-    assert kv_cache_bytes(c, 7, bytes_per_number=4) == numbers * 4 == \
-        caches[0].nbytes + caches[2].nbytes + caches[1].keys.data.nbytes + caches[1].values.data.nbytes
+    held = caches[0].nbytes + caches[2].nbytes + sum(
+        t.data.nbytes for t in (caches[1].keys, caches[1].values))
+    assert kv_cache_bytes(c, 7, bytes_per_number=4) == numbers * 4 == held
 
 
 def test_mla_without_rotation_ignores_the_positions():
@@ -208,7 +211,6 @@ def test_the_published_kimi_linear_reads_as_its_model_card_says():
     experts + 1 shared. Its card's "48B total, 3B activated" is the count without the
     embedding table and the head (0.75 B together); the KV cache grows only in the 7 MLA
     layers, the 20 KDA layers keep a fixed state."""
-    from minitx.pretrained import families
     c = families.family_config("kimi_linear")
     assert c.layer_types.count("kda") == 20 and c.layer_types[3::4] + c.layer_types[-1:] == \
         ("full",) * 7
@@ -227,7 +229,6 @@ def test_the_published_kimi_linear_reads_as_its_model_card_says():
                                         ("moe_router_activation_func", "softmax"),
                                         ("moe_layer_freq", 2)])
 def test_moonshot_keys_hf_does_not_read_must_say_what_hf_runs(key, value):
-    from minitx.pretrained import decoders, families
     name, cfg = families.REPRESENTATIVE["kimi_linear"]
     with pytest.raises(OptionError, match=f"{key}={value!r}: HuggingFace's Kimi Linear runs"):
         decoders.decoder_config(dict(cfg, model_type="kimi_linear", **{key: value}))
