@@ -675,6 +675,8 @@ class Decoder(Module, AttentionMaps, HookedModel):
     # GPT-2's initialisation; norms and sinks keep theirs (gains 1, Gemma's w 0, sinks 0).
     def _init_weights(self):
         for name, p in self.named_parameters():
+            if name.endswith("dt_bias"):      # a recurrent mixer's decay keeps its own start
+                continue
             if name.endswith("bias"):
                 init.zeros_(p)
             elif name.endswith(("o_proj.weight", "down_proj.weight")):

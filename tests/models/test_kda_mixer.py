@@ -171,6 +171,18 @@ def test_the_counts_are_the_built_models():
     assert kv_cache_bytes(c, 7, bytes_per_number=4) == numbers * 4 == held
 
 
+def test_a_fresh_decoder_keeps_the_official_decay_initialisation():
+    """e^A uniform in [1, 16] and softplus(δ) in [0.001, 0.1] (flash-linear-attention's and
+    HF's): slow decays at first; the decoder's own init must not zero δ as a bias."""
+    minitx.manual_seed(6)
+    layer = Decoder(_config(h=4, d=8)).blocks[0].attn
+    rate = np.exp(layer.A_log.numpy())
+    step = np.logaddexp(0, layer.dt_bias.numpy())
+    assert rate.shape == (1, 1, 4, 1) and ((1 <= rate) & (rate <= 16)).all()
+    assert ((1e-3 <= step * (1 + 1e-6)) & (step <= 0.1 * (1 + 1e-6))).all()
+    assert step.std() > 0
+
+
 def test_mla_without_rotation_ignores_the_positions():
     c = DecoderConfig(vocab_size=29, hidden_size=16, num_layers=1, num_heads=2,
                       positions="none", attention="mla", kv_lora_rank=5, qk_nope_head_dim=3,
