@@ -88,6 +88,23 @@ def test_logits_match_transformers(folder, dtype):
     assert relative(logits.numpy(), ref) <= TOL[dtype]
 
 
+def test_queries_straight_from_x_kernel_3_and_hfs_default_layout(tmp_path):
+    """The published model's shape of MLA (no q latent: ``q_proj``), a convolution of 3 taps
+    and the layout HF derives when config.json lists no layers (MLA at layer 4 of 5)."""
+    torch.manual_seed(0)
+    cfg = dict(CONFIG, q_lora_rank=None, num_hidden_layers=5, linear_attn_config={
+        "head_dim": 8, "num_heads": 3, "short_conv_kernel_size": 3})
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.KimiLinearConfig(**cfg))
+    randomize(hf, torch, seed=12)
+    hf.save_pretrained(tmp_path)
+    model, _ = pt.load(tmp_path, dtype="float64", tokenizer=False)
+    assert model.config.layer_types == ("kda",) * 4 + ("full",)
+    assert model.config.q_lora_rank is None and hasattr(model.blocks[4].attn, "q_proj")
+    with torch.no_grad():
+        ref = hf_model(tmp_path)(torch.tensor(IDS)).logits.numpy()
+    assert relative(model(IDS).numpy(), ref) <= TOL["float64"]
+
+
 def test_greedy_tokens_match_transformers_generate(folder):
     model, _ = pt.load(folder, dtype="float64", tokenizer=False)
     prompt = IDS[:, :5]
