@@ -32,7 +32,8 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
 - ``sliding_window``, ``layer_types``: local layers see only the last W tokens (Mistral all
   layers, Gemma 3 five of every six), so their KV cache is bounded. A layer type may also name
   a registered token mixer (``models/mixers/``), a recurrence in place of softmax attention:
-  the hybrid models interleave them with attention layers.
+  the hybrid models interleave them with attention layers (Kimi Linear: ``"kda"`` layers
+  among MLA layers with ``positions="none"``).
 - ``embed_scale``: Gemma multiplies the embeddings by √E; ``query_pre_attn_scalar`` replaces
   D in the scale 1/√D; ``final_logit_softcap`` c·tanh(z/c) on the logits;
   ``attn_logit_softcap`` the same on the scores (Gemma 2; HF's Gemma 3 does not apply it).
@@ -257,10 +258,11 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
             validate.positive_int(getattr(c, name), name, owner=f"{who} (attention='mla')")
         if c.q_lora_rank is not None:
             validate.positive_int(c.q_lora_rank, "q_lora_rank", owner=who)
-        if c.positions != "rope" or "sliding" in c.layer_types or c.qk_norm or c.attn_sinks \
-                or c.attn_logit_softcap or c.attn_output_gate:
-            raise validate.OptionError(f"{who}: attention='mla' is DeepSeek's: rope positions, "
-                                       "full layers, no QK-norm, sinks or soft-cap")
+        if c.positions == "learned" or "sliding" in c.layer_types or c.qk_norm \
+                or c.attn_sinks or c.attn_logit_softcap or c.attn_output_gate:
+            raise validate.OptionError(f"{who}: attention='mla' is DeepSeek's: rope positions "
+                                       "(or none, Kimi Linear's), full layers, no QK-norm, "
+                                       "sinks, soft-cap or output gate")
     # the experts' width (default F), and the layers that stay dense
     c.expert_hidden = c.ffn_hidden if c.expert_hidden is None else \
         validate.positive_int(c.expert_hidden, "expert_hidden", owner=who)
@@ -526,6 +528,8 @@ class LatentDecoderAttention(Module):
     ``KVCache`` holding (c, R k^R), (B, 1, L, r) and (B, 1, L, D_r)) costs r + D_r numbers
     per token and layer instead of 2·H·D. ``rope_interleave``: the rotary
     dims are stored as interleaved pairs (DeepSeek's checkpoints) and read as two halves.
+    ``positions="none"`` (Kimi Linear's MLA layers): R is the identity, and k^R one more key
+    shared by every head.
     YaRN's ``mscale_all_dim`` multiplies the scale by its temperature squared, as DeepSeek
     does. Linear layers as HF names them: ``q_proj`` or ``q_a_proj``/``q_a_layernorm``/
     ``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj`` (the
@@ -553,7 +557,8 @@ class LatentDecoderAttention(Module):
         self.kv_a_layernorm = _norm(dataclasses.replace(c, norm_eps=1e-6), r)
         self.kv_b_proj = Linear(r, h * (dn + dv), bias=False)
         self.o_proj = Linear(h * dv, e, bias=c.o_bias)
-        self.rotary = Rotary(dr, c.rope)
+        # Kimi Linear's MLA rotates nothing (positions="none"): k^R is then one more shared key
+        self.rotary = Rotary(dr, c.rope) if c.positions == "rope" else None
         self.interleaved = c.rope_interleave
         # 1/√(D_n + D_r), times YaRN's temperature squared when mscale_all_dim is set
         scale = 1.0 / math.sqrt(dn + dr)
@@ -569,6 +574,8 @@ class LatentDecoderAttention(Module):
         return KVCache()
 
     def _rotate(self, x, pos):
+        if self.rotary is None:
+            return x
         if self.interleaved:                   # pairs (0, 1), (2, 3) … as two halves
             x = concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
         return self.rotary.rotate(x, pos)
@@ -695,6 +702,8 @@ class Decoder(Module, AttentionMaps, HookedModel):
     # GPT-2's initialisation; norms and sinks keep theirs (gains 1, Gemma's w 0, sinks 0).
     def _init_weights(self):
         for name, p in self.named_parameters():
+            if name.endswith("dt_bias"):      # a recurrent mixer's decay keeps its own start
+                continue
             if name.endswith("bias"):
                 init.zeros_(p)
             elif name.endswith(("o_proj.weight", "down_proj.weight")):

@@ -77,6 +77,9 @@ FAMILIES = {
     # attention layers; zero-centred norms (1 + w) computed in float32, as HF's
     "qwen3_next": dict(mlp="moe", qk_norm="head", norm_unit_offset=True,
                        norm_scale_in_float32=True, attn_output_gate=True),
+    # the hybrid: KDA layers ("kda", models/mixers/kda.py) between MLA layers without rotary
+    # positions, DeepSeek-V3's experts
+    "kimi_linear": dict(mlp="moe", attention="mla", positions="none"),
 }
 
 # DeepSeek-V3's keys: multi-head latent attention's sizes, and the MoE's, by HF's names.
@@ -109,7 +112,27 @@ _MOE_DEFAULTS = {
     "deepseek_v3": dict(num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
                         norm_topk_prob=True, first_k_dense_replace=3, n_group=8, topk_group=4,
                         routed_scaling_factor=2.5, n_shared_experts=1),
+    "kimi_linear": dict(num_experts=256, num_experts_per_tok=8, moe_intermediate_size=1024,
+                        norm_topk_prob=True, first_k_dense_replace=1, n_group=1, topk_group=1,
+                        routed_scaling_factor=2.446, n_shared_experts=1),
 }
+# Kimi Linear's config.json spells some keys its own way (HF's attribute_map), and leaves
+# out what its config class defaults; ``_kimi_keys`` reads them under the names above.
+_KIMI_ALIASES = {"moe_renormalize": "norm_topk_prob", "num_expert_group": "n_group",
+                 "num_experts_per_token": "num_experts_per_tok",
+                 "num_shared_experts": "n_shared_experts",
+                 "model_max_length": "max_position_embeddings"}
+_KIMI_DEFAULTS = dict(rms_norm_eps=1e-5, max_position_embeddings=1048576, kv_lora_rank=512,
+                      q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                      v_head_dim=128, linear_num_heads=32, linear_head_dim=128,
+                      linear_conv_kernel_dim=4)
+# Keys of Moonshot's own config.json that HF's model does not read: each must hold what HF's
+# model does anyway (MLA without rotation, a sigmoid router, grouped top-k, every layer after
+# the dense ones an MoE), else the checkpoint is not the model HF builds.
+_KIMI_FIXED = {"mla_use_nope": True, "moe_router_activation_func": "sigmoid",
+               "use_grouped_topk": True, "moe_layer_freq": 1}
+_KIMI_KEYS = ("linear_attn_config", "linear_num_heads", "linear_head_dim",
+              "linear_conv_kernel_dim", "mlp_layer_types", *_KIMI_FIXED)
 
 # config.json keys that do not change the forward pass (docs/decoders.md gives each reason).
 IGNORED = frozenset({
@@ -182,6 +205,8 @@ def _layer_types(cfg, kind, n, source):
     window = cfg.get("sliding_window")
     if kind in ("llama", "olmo2", "deepseek_v3"):
         return None, None
+    if kind == "kimi_linear":
+        return None, _kimi_layer_types(cfg, n, source)
     if kind in ("mistral", "mixtral"):         # one window for every layer, or none
         return window, None
     if kind == "qwen3_moe":                    # HF's Qwen3-MoE: every layer, when switched on
@@ -222,6 +247,55 @@ def _layer_types(cfg, kind, n, source):
     return window, types
 
 
+def _kimi_keys(cfg: dict, source: str) -> dict:
+    """Kimi Linear's config.json under the names the other families use (``_KIMI_ALIASES``),
+    HF's defaults filled in, and its ``linear_attn_config`` read as HF reads it (its
+    head_dim, num_heads and short_conv_kernel_size win over the flat ``linear_*`` keys).
+    ``head_dim`` is HF's alias of ``qk_rope_head_dim``."""
+    for key, value in _KIMI_FIXED.items():
+        if cfg.get(key, value) != value:
+            _fail(source, f"{key}={cfg[key]!r}: HuggingFace's Kimi Linear runs {key}={value!r} "
+                          "whatever the config says; refused")
+    out = dict(_KIMI_DEFAULTS)
+    out.update({_KIMI_ALIASES.get(k, k): v for k, v in cfg.items()})
+    linear = out.get("linear_attn_config") or {}
+    unknown = sorted(set(linear) - {"head_dim", "num_heads", "short_conv_kernel_size",
+                                    "kda_layers", "full_attn_layers"})
+    if unknown:                           # e.g. a bounded gate, which HF's model lacks
+        _fail(source, f"linear_attn_config key(s) {', '.join(map(repr, unknown))} are not "
+                      "read by HuggingFace's Kimi Linear; refused rather than ignored")
+    for key, flat in (("head_dim", "linear_head_dim"), ("num_heads", "linear_num_heads"),
+                      ("short_conv_kernel_size", "linear_conv_kernel_dim")):
+        out[flat] = linear.get(key, out[flat])
+    out["head_dim"] = out["qk_rope_head_dim"]
+    return out
+
+
+def _kimi_layer_types(cfg, n, source):
+    """Which of Kimi Linear's layers are KDA ("kda") and which MLA ("full"): ``layer_types``,
+    else ``linear_attn_config``'s 1-based ``kda_layers`` and ``full_attn_layers``, else HF's
+    default (MLA at layers 4, 8, …, counted from 0)."""
+    names = {"linear_attention": "kda", "full_attention": "full"}
+    types = cfg.get("layer_types")
+    linear = cfg.get("linear_attn_config") or {}
+    if types is None and "kda_layers" in linear and "full_attn_layers" in linear:
+        types = [None] * n
+        for key, name in (("full_attn_layers", "full_attention"), ("kda_layers",
+                                                                   "linear_attention")):
+            for layer in linear[key]:
+                if not 1 <= int(layer) <= n:
+                    _fail(source, f"linear_attn_config.{key} holds layer {layer}, outside "
+                                  f"1 … {n} (1-based)")
+                types[int(layer) - 1] = name
+    if types is None:
+        types = ["full_attention" if i and i % 4 == 0 else "linear_attention"
+                 for i in range(n)]
+    if len(types) != n or not set(types) <= set(names):
+        _fail(source, f"layer_types must give one of {sorted(names)} for each of the {n} "
+                      f"layers, got {types!r}")
+    return tuple(names[t] for t in types)
+
+
 def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
     """A parsed ``config.json`` of a family in ``FAMILIES`` → ``DecoderConfig``; a key that
     is neither translated nor in ``IGNORED`` is refused by name."""
@@ -229,6 +303,8 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
     if kind not in FAMILIES:
         _fail(source, f"model_type {kind!r} is not a decoder family minitx loads "
                       f"({', '.join(sorted(FAMILIES))})")
+    if kind == "kimi_linear":
+        cfg = _kimi_keys(cfg, source)
     quant = cfg.get("quantization_config") or {}
     if quant.get("quant_method") == "mxfp4":
         _fail(source, "quantization_config says MXFP4: the experts are stored as 4-bit blocks "
@@ -256,6 +332,11 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
     if kind == "deepseek_v3":
         switches.update({k: cfg[k] for k in _MLA_KEYS[:-1] if k in cfg},
                         rope_interleave=cfg.get("rope_interleave", True))
+    if kind == "kimi_linear":             # MLA without rotation; the KDA layers' sizes
+        switches.update({k: cfg[k] for k in _MLA_KEYS[:-1]}, rope_interleave=False,
+                        mixer_options={"kda": {"num_heads": cfg["linear_num_heads"],
+                                               "head_dim": cfg["linear_head_dim"],
+                                               "conv_kernel": cfg["linear_conv_kernel_dim"]}})
     if FAMILIES[kind]["mlp"] == "moe":
         switches.update(_moe(cfg, kind, n, source))
     if kind == "qwen3_next":
@@ -282,7 +363,7 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
             "partial_rotary_factor", "sliding_window", "layer_types", "attention_bias",
             "query_pre_attn_scalar", "final_logit_softcapping", "tie_word_embeddings",
             "pad_token_id", "max_position_embeddings", *_REFUSED, *_MLA_KEYS, *_MOE_KEYS,
-            *_ROUTER_KEYS, *_LINEAR_KEYS, "full_attention_interval"}
+            *_ROUTER_KEYS, *_LINEAR_KEYS, "full_attention_interval", *_KIMI_KEYS}
     unknown = sorted(set(cfg) - read - IGNORED)
     if unknown:
         _fail(source, f"config.json key(s) {', '.join(map(repr, unknown))} are not known to "
@@ -308,6 +389,13 @@ def _moe(cfg, kind, n, source):
     # the layers that keep a dense MLP of width intermediate_size
     if kind == "deepseek_v3":
         dense = tuple(range(min(get("first_k_dense_replace"), n)))
+    elif kind == "kimi_linear":                # "dense" or "sparse" per layer
+        types = get("mlp_layer_types") or ["dense" if i < get("first_k_dense_replace") else
+                                           "sparse" for i in range(n)]
+        if len(types) != n or not set(types) <= {"dense", "sparse"}:
+            _fail(source, f"mlp_layer_types must give 'dense' or 'sparse' for each of the {n} "
+                          f"layers, got {types!r}")
+        dense = tuple(i for i, t in enumerate(types) if t == "dense")
     elif kind in ("qwen3_moe", "qwen3_next"):
         only, step = set(get("mlp_only_layers") or ()), get("decoder_sparse_step")
         dense = tuple(i for i in range(n) if i in only or (i + 1) % step)
@@ -324,7 +412,7 @@ def _moe(cfg, kind, n, source):
         options = dict(router="topk_softmax", router_bias=True, expert="clamped_swiglu",
                        expert_bias=True, swiglu_limit=float(get("swiglu_limit")),
                        swiglu_alpha=float(get("swiglu_alpha")))
-    elif kind == "deepseek_v3":
+    elif kind in ("deepseek_v3", "kimi_linear"):
         # norm_topk_prob may be written null; HF's ``if norm_topk_prob`` reads it as False
         options = dict(router="sigmoid_grouped",
                        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
@@ -502,7 +590,7 @@ def _experts_to_hf(state: dict, model, files: bool, kind: str) -> dict:
                        "experts.down_proj": np.asarray(down).transpose(0, 2, 1),
                        "experts.down_proj_bias": mine["experts.down_proj_bias"]})
         elif files:                    # one matrix per expert
-            names = ("w1", "w3", "w2") if kind == "mixtral" else \
+            names = ("w1", "w3", "w2") if kind in ("mixtral", "kimi_linear") else \
                 ("gate_proj", "up_proj", "down_proj")
             for ours, theirs in zip((gate, up, down), names):
                 for j, w in enumerate(np.asarray(ours)):
@@ -521,6 +609,8 @@ def decoder_state_from_hf(tensors: dict, model: Decoder, source: str = "checkpoi
     have, one it needs that is missing, or one of the wrong shape raises, naming it."""
     norms = hf_norm_names(model.config.norm_placement)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if _is_kimi(model):
+        tensors = _kimi_from_hf(tensors, model)
     # the experts stacked first (docs/moe.md); errors name the HF key a tensor came from
     tensors, origin = _experts_from_hf(tensors, model, source)
     # each HF tensor: renamed, then it must be one the model has, of the model's shape
@@ -588,7 +678,55 @@ def decoder_state_to_hf(state: dict, model: Decoder, files: bool = False) -> dic
            for name, value in state.items()}
     if model.config.tie_embeddings and "model.embed_tokens.weight" in out:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    return _kimi_to_hf(out, model, files) if _is_kimi(model) else out
+
+
+# ---- Kimi Linear's KDA layers: the files' names, or transformers 5's modules' -----------------
+
+_KDA_GATE = ("f_a_proj.weight", "f_b_proj.weight", "dt_bias", "A_log")
+_KDA_CONVS = ("q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight")
+
+
+def _is_kimi(model) -> bool:
+    return getattr(model, "config_source", None) == "kimi_linear" or \
+        "kda" in model.config.layer_types
+
+
+def _kimi_from_hf(tensors: dict, model) -> dict:
+    """Kimi Linear's tensors under the names the files use, which minitx's KDA layer keeps:
+    transformers 5's module holds the decay's tensors under ``self_attn.forget_gate.`` and the
+    three convolutions stacked as one ``conv1d.weight`` (3·H·D, 1, K), q's rows, then k's,
+    then v's; and the files hold every MLP under ``block_sparse_moe``."""
+    out = {}
+    for key, value in tensors.items():
+        key = key.replace(".block_sparse_moe.", ".mlp.").replace(".forget_gate.", ".")
+        if key.endswith(".self_attn.conv1d.weight"):
+            stem = key[:-len("conv1d.weight")]
+            for name, part in zip(_KDA_CONVS, np.split(np.asarray(value), 3, axis=0)):
+                out[stem + name] = part
+            continue
+        out[key] = value
     return out
+
+
+def _kimi_to_hf(out: dict, model, files: bool) -> dict:
+    """The inverse of ``_kimi_from_hf``: the files' names (``files``), or transformers 5's
+    module's (``forget_gate.``, one stacked ``conv1d.weight``)."""
+    if files:
+        return {k.replace(".mlp.", ".block_sparse_moe."): v for k, v in out.items()}
+    res, convs = {}, {}
+    for key, value in out.items():
+        stem, _, rest = key.partition(".self_attn.")
+        if rest in _KDA_GATE:
+            res[f"{stem}.self_attn.forget_gate.{rest}"] = value
+        elif rest in _KDA_CONVS:
+            convs.setdefault(stem, {})[rest] = value
+        else:
+            res[key] = value
+    for stem, parts in convs.items():
+        res[f"{stem}.self_attn.conv1d.weight"] = np.concatenate(
+            [np.asarray(parts[name]) for name in _KDA_CONVS], axis=0)
+    return res
 
 
 def decoder_from_hf(cfg: dict, tensors: dict, source: str = "checkpoint",
@@ -670,6 +808,23 @@ def _candidate(c: DecoderConfig, kind: str) -> dict:
         d.update(intermediate_size=c.expert_hidden, sliding_window=c.sliding_window,
                  layer_types=[f"{t}_attention" for t in c.layer_types],
                  swiglu_limit=o.get("swiglu_limit"), swiglu_alpha=o.get("swiglu_alpha"))
+    if kind == "kimi_linear":              # its own spellings (_KIMI_ALIASES), no rope
+        kda = c.mixer_options.get("kda") or {}
+        del d["rope_parameters"]
+        d["model_max_length"] = d.pop("max_position_embeddings")
+        d.update({k: getattr(c, k) for k in _MLA_KEYS[:-1]},
+                 layer_types=[{"kda": "linear_attention"}.get(t, f"{t}_attention")
+                              for t in c.layer_types],
+                 linear_num_heads=kda.get("num_heads", c.num_heads),
+                 linear_head_dim=kda.get("head_dim", c.head_dim),
+                 linear_conv_kernel_dim=kda.get("conv_kernel", 4),
+                 mlp_layer_types=["dense" if i in c.dense_layers else "sparse"
+                                  for i in range(c.num_layers)],
+                 num_experts=c.num_experts, num_experts_per_token=c.top_k,
+                 moe_intermediate_size=c.expert_hidden, topk_group=o.get("topk_group"),
+                 num_shared_experts=o.get("n_shared_experts"), num_expert_group=o.get("n_group"),
+                 routed_scaling_factor=o.get("routed_scaling_factor"),
+                 moe_renormalize=o.get("norm_topk_prob"))
     return d
 
 

@@ -139,6 +139,20 @@ REPRESENTATIVE = {
         num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
         shared_expert_intermediate_size=512, norm_topk_prob=True, decoder_sparse_step=1,
         mlp_only_layers=[])),
+    # Kimi Linear: 20 KDA layers (a fixed-size state) and 7 MLA layers without rotation,
+    # 1-based as the file writes them; then DeepSeek-V3's experts, 8 of 256 + 1 shared
+    "kimi_linear": ("Kimi-Linear-48B-A3B", dict(
+        vocab_size=163840, hidden_size=2304, intermediate_size=9216, num_hidden_layers=27,
+        num_attention_heads=32, num_key_value_heads=32, rms_norm_eps=1e-5, hidden_act="silu",
+        model_max_length=1048576, tie_word_embeddings=False, q_lora_rank=None,
+        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        mla_use_nope=True, first_k_dense_replace=1, moe_layer_freq=1, num_experts=256,
+        num_shared_experts=1, num_experts_per_token=8, moe_intermediate_size=1024,
+        num_expert_group=1, topk_group=1, routed_scaling_factor=2.446, moe_renormalize=True,
+        moe_router_activation_func="sigmoid", use_grouped_topk=True,
+        linear_attn_config={"head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4,
+                            "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+                            "kda_layers": [i for i in range(1, 28) if i % 4 and i != 27]})),
 }
 
 COLUMNS = ("family", "model", "norm", "MLP", "positions", "attention", "window pattern",
@@ -199,8 +213,9 @@ def attention_config(kind: str) -> DecoderConfig:
 def kv_cache_bytes_per_token(c: DecoderConfig, bytes_per_number: int = 2) -> int:
     """Bytes the caches of all layers grow by per token of context (module docstring): the
     full layers' keys and values, or MLA's latent and rotary key; bfloat16 by default."""
-    if c.attention == "mla":
-        return c.num_layers * (c.kv_lora_rank + c.qk_rope_head_dim) * bytes_per_number
+    if c.attention == "mla":                # a hybrid's other layers keep a fixed state
+        full = sum(t == "full" for t in c.layer_types)
+        return full * (c.kv_lora_rank + c.qk_rope_head_dim) * bytes_per_number
     full = sum(t == "full" for t in c.layer_types)           # sliding layers are bounded
     return 2 * full * c.num_kv_heads * c.head_dim * bytes_per_number
 
@@ -221,7 +236,8 @@ def expert_counts(kind: str) -> dict:
         return {"total": total, "active": total, "lookup": c.vocab_size * c.hidden_size,
                 "experts": 0, "top_k": 0, "shared": 0}
     # the dense twin with no MLP at all in its expert layers: its parameters are the rest's
-    k, s = cfg["num_experts_per_tok"], cfg.get("n_shared_experts", 0)
+    k = cfg.get("num_experts_per_tok", cfg.get("num_experts_per_token"))    # Kimi's spelling
+    s = cfg.get("n_shared_experts", cfg.get("num_shared_experts", 0))
     e, width = cfg["hidden_size"], cfg.get("moe_intermediate_size", cfg["intermediate_size"])
     moe_layers = c.num_layers - cfg.get("first_k_dense_replace", 0)
     dense = dataclasses.replace(c, mlp="swiglu", ffn_hidden=cfg["intermediate_size"])
@@ -245,6 +261,8 @@ def _pattern(types, window):
         return "all full"
     if set(types) == {"sliding"}:
         return f"all sliding (W {window})"
+    if set(types) - {"full", "sliding"}:      # a hybrid: its mixer layers among full ones
+        return ", ".join(f"{types.count(t)} {t}" for t in dict.fromkeys(types))
     period = next(p for p in range(1, len(types) + 1)
                   if all(types[i] == types[i % p] for i in range(len(types))))
     unit = types[:period]
