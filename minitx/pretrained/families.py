@@ -256,17 +256,18 @@ def expert_counts(kind: str) -> dict:
 
 def _pattern(types, window):
     """'all full', 'all sliding (W 4096)', or the repeating unit: '5 sliding : 1 full …';
-    a hybrid's unit names its mixer: '3 gated_deltanet : 1 full'."""
+    a hybrid's unit names its mixer, '3 gated_deltanet : 1 full', or without a repeating unit
+    its counts, '20 kda, 7 full'."""
     if set(types) == {"full"}:
         return "all full"
     if set(types) == {"sliding"}:
         return f"all sliding (W {window})"
-    if set(types) - {"full", "sliding"}:      # a hybrid: its mixer layers among full ones
-        return ", ".join(f"{types.count(t)} {t}" for t in dict.fromkeys(types))
     period = next(p for p in range(1, len(types) + 1)
                   if all(types[i] == types[i % p] for i in range(len(types))))
     unit = types[:period]
-    if not set(types) <= {"full", "sliding"}:
+    if not set(types) <= {"full", "sliding"}:   # a hybrid: its repeating unit, else its counts
+        if period == len(types):
+            return ", ".join(f"{types.count(t)} {t}" for t in dict.fromkeys(types))
         return " : ".join(f"{unit.count(t)} {t}" for t in dict.fromkeys(unit)) + \
             (f" (W {window})" if window else "")
     return (f"{unit.count('sliding')} sliding : {unit.count('full')} full (W {window})"
