@@ -85,8 +85,8 @@ _INDEX_KEYS = {"index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}
 # The mixtures of experts' keys, by HF's names (each family spells the expert count its way).
 _MOE_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "num_experts_per_tok",
              "moe_intermediate_size", "first_k_dense_replace", "decoder_sparse_step",
-             "mlp_only_layers", "mlp_layer_types", "router_aux_loss_coef", "router_jitter_noise", "swiglu_limit",
-             "swiglu_alpha")
+             "mlp_only_layers", "mlp_layer_types", "router_aux_loss_coef",
+             "router_jitter_noise", "swiglu_limit", "swiglu_alpha")
 _ROUTER_KEYS = ("n_shared_experts", "routed_scaling_factor", "n_group", "topk_group",
                 "norm_topk_prob", "topk_method", "scoring_func")
 # HF's defaults, for a config.json that leaves a key out
