@@ -1,7 +1,8 @@
 """DeepSeek-V3.2 loaded by ``minitx.pretrained.load`` against ``transformers`` (the test-only
 oracle), on a tiny random checkpoint: logits in float64 and float32, with left padding too,
 the indexer's choice of keys, greedy tokens, cached decoding, a training step's gradients,
-the state and config.json round trips, the parameter count, and the refusals.
+the state and config.json round trips, ``interop.to_torch`` and back, the parameter count,
+and the refusals.
 
 The checkpoint (built as ``decoder_util.py`` builds the other families', every parameter
 redrawn) has 2 layers, the second a mixture of experts, YaRN with its mscale on the scale,
@@ -22,12 +23,13 @@ transformers = pytest.importorskip("transformers", reason="needs transformers (t
 
 import minitx.pretrained as pt  # noqa: E402
 from decoder_util import SIZES, randomize  # noqa: E402
-from minitx import validate  # noqa: E402
+from minitx import interop, validate  # noqa: E402
 from minitx.models import count_parameters  # noqa: E402
 from minitx.models.decoder import check_config  # noqa: E402
 from minitx.ops.loss import cross_entropy  # noqa: E402
 from minitx.ops.shape import reshape  # noqa: E402
 from minitx.pretrained.decoders import decoder_config, hf_config_dict  # noqa: E402
+from support import to_host  # noqa: E402
 
 EXTRA = dict(num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6,
              qk_rope_head_dim=4, v_head_dim=5, first_k_dense_replace=1, n_routed_experts=4,
@@ -79,16 +81,22 @@ def test_logits_match_transformers(folder, dtype):
 
 def test_the_indexer_chooses_hfs_keys(folder):
     model, _ = pt.load(folder, dtype="float64", tokenizer=False)
-    ref, theirs, mine = hf_model(folder), {}, {}
+    ref, theirs, mine, scores = hf_model(folder), {}, {}, {}
     for i in range(2):
         ref.model.layers[i].self_attn.indexer.register_forward_hook(
             lambda m, a, out, i=i: theirs.__setitem__(i, out.numpy()))
         model.blocks[i].attn.indexer.hook_topk_indices.add_hook(
             lambda t, h, i=i: mine.__setitem__(i, t.numpy()))
+        model.blocks[i].attn.indexer.hook_index_scores.add_hook(
+            lambda t, h, i=i: scores.__setitem__(i, t.numpy()))
     with torch.no_grad():
         ref(torch.tensor(IDS))
     model(IDS)
     for i in range(2):
+        # HF scores in float32: no k-th and next key closer than that could swap
+        ranked = -np.sort(-scores[i][:, 4:], axis=-1)          # rows with more than k keys
+        gap = ranked[..., 3] - ranked[..., 4]
+        assert gap.min() > 1e-5 * np.abs(ranked[np.isfinite(ranked)]).max()
         assert theirs[i].shape == mine[i].shape == (2, 11, 4)
         for b in range(2):
             for t in range(11):
@@ -197,3 +205,16 @@ def test_refusals_name_the_key(folder):
     # mlp_layer_types decides the dense layers where first_k_dense_replace disagrees
     c = decoder_config(dict(cfg, mlp_layer_types=["sparse", "dense"], first_k_dense_replace=1))
     assert c.dense_layers == (1,)
+
+
+def test_to_torch_and_back(folder):
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    theirs = interop.to_torch(model)
+    assert type(theirs).__name__ == "DeepseekV32ForCausalLM"
+    with torch.no_grad():
+        ref = theirs(torch.tensor(IDS)).logits.numpy()
+    assert relative(model(IDS).numpy(), ref) <= TOL["float64"]
+    back = interop.from_torch(theirs)
+    assert back.config == model.config
+    for key, value in model.state_dict().items():
+        np.testing.assert_array_equal(to_host(back.state_dict()[key]), to_host(value))
