@@ -250,6 +250,8 @@ class DeepSeekSparseAttention(AttentionBase):
     gradient joins the output's backward in training mode (``AttachLoss``), never from the
     output itself; DeepSeek's dense warm-up stage is left out. ``new_cache()`` is a plain
     ``KVCache``: the indexer keys are recomputed from the cached keys at each step.
+    DeepSeek-V3.2's layer as DeepSeek builds it (all of the above, with HF's model as the
+    oracle) is the decoder's ``index_topk`` switch, ``models/indexer.py``.
     """
 
     complexity = ("time O(B·N²·h_I·d_I) for the indexer + O(B·H·N·k·D), "
