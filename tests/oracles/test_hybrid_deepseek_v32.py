@@ -1,6 +1,6 @@
 """DeepSeek-V3.2 loaded by ``minitx.pretrained.load`` against ``transformers`` (the test-only
 oracle), on a tiny random checkpoint: logits in float64 and float32, with left padding too,
-the indexer's choice of keys, greedy tokens, cached decoding, a training step's gradients,
+the indexer's choice of keys, greedy tokens (from padded prompts too), cached decoding, a training step's gradients,
 the state and config.json round trips, ``interop.to_torch`` and back, the parameter count,
 and the refusals.
 
@@ -127,6 +127,17 @@ def test_greedy_tokens_match_transformers_generate(folder):
     assert ref.shape == out.shape == (2, 14)
     assert np.array_equal(out, ref)
     assert np.array_equal(model.generate(prompt, 9, use_cache=False).numpy(), out)
+
+
+def test_greedy_tokens_from_left_padded_prompts_match(folder):
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    prompt, mask = IDS[:, :7].copy(), np.ones((2, 7), dtype=int)
+    prompt[0, :2], mask[0, :2] = 0, 0              # row 0: a shorter prompt, padded left
+    with torch.no_grad():
+        ref = hf_model(folder).generate(torch.tensor(prompt), max_new_tokens=9,
+                                        attention_mask=torch.tensor(mask), do_sample=False,
+                                        eos_token_id=None).numpy()
+    assert np.array_equal(model.generate(prompt, 9, attention_mask=mask).numpy(), ref)
 
 
 def test_cached_decoding_equals_the_full_forward(folder):
