@@ -332,14 +332,13 @@ def kv_cache_bytes(config: DecoderConfig, tokens: int = 1, bytes_per_number: int
     from the configuration alone: a full layer keeps 2·Hkv·D numbers per token (MHA when
     Hkv = H, GQA below), a sliding layer at most its last W − 1 tokens (``WindowKVCache``),
     an MLA layer its latent and rotary key, r + D_r (+ d_I, the indexer's key, with
-    ``index_topk``), a mixer layer what its
-    ``state_numbers`` says (a recurrent state does not grow with the tokens)."""
+    ``index_topk``), a mixer layer what its ``state_numbers`` says (a recurrent state does
+    not grow with the tokens)."""
     c = check_config(dataclasses.replace(config))
     tokens = validate.nonnegative_int(tokens, "tokens", owner="kv_cache_bytes")
+    mla, index = c.attention == "mla", 0 if c.index_topk is None else c.index_head_dim
     per_layer = [MIXERS[t].state_numbers(c, tokens) if t in MIXERS else
-                 tokens * (c.kv_lora_rank + c.qk_rope_head_dim + (0 if c.index_topk is None else
-                                                                 c.index_head_dim))
-                 if c.attention == "mla" else
+                 tokens * (c.kv_lora_rank + c.qk_rope_head_dim + index) if mla else
                  2 * c.num_kv_heads * c.head_dim *
                  (min(tokens, c.sliding_window - 1) if t == "sliding" else tokens)
                  for t in c.layer_types]
