@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 
 from .. import validate
+# the cache it extends; the indexer's sum and the top-k, shared with the dsa variant
 from ..attention import KVCache
 from ..attention.selection import lightning_scores, top_k_indices
 from ..autograd.grad_mode import no_grad
@@ -63,7 +64,7 @@ from ..nn.rotary import Rotary
 from ..ops.indexing import masked_fill
 from ..ops.shape import concatenate, reshape, transpose
 
-__all__ = ["LightningIndexer", "IndexedLatentCache"]
+__all__ = ["LightningIndexer", "IndexedLatentCache", "check_indexer"]
 
 
 class IndexedLatentCache(KVCache):
