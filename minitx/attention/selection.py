@@ -85,7 +85,8 @@ from .base import (AttentionBase, causal_pattern, check_heads, dense_attention_a
                    hooked_heads, merge_heads, register, repeat_kv, repeat_kv_array,
                    softmax_rows_array)
 
-__all__ = ["top_k_indices", "top_k_mask", "gathered_attention", "block_means",
+__all__ = ["top_k_indices", "top_k_mask", "lightning_scores", "gathered_attention",
+           "block_means",
            "DeepSeekSparseAttention", "MixtureOfBlockAttention", "NativeSparseAttention"]
 
 #: queries scored by the indexer at a time (bounds its (B, h_I, C, Nk) scores)
@@ -116,6 +117,17 @@ def top_k_mask(scores, k: int):
     a, b = scores[..., :, None], scores[..., None, :]                    # entry j, entry j'
     before = (b > a) | ((b == a) & (j[None, :] < j[:, None]))            # (..., M, M)
     return (before.sum(axis=-1) < k) & (scores > -math.inf)
+
+
+def lightning_scores(qi, ki, w):
+    """The lightning indexer's I_{t,s} = Σ_j w_{t,j} ReLU(q^I_{t,j} · k^I_s) (module
+    docstring), any scale folded into w by the caller. qi (B, h_I, Nq, d_I), ki (B, Nk, d_I),
+    w (B, Nq, h_I) Tensors → (B, Nq, Nk). Memory O(B·h_I·Nq·Nk)."""
+    b, hi, nq, di = qi.shape
+    nk = ki.shape[1]
+    # (B, h_I, Nq, d_I) @ (B, 1, d_I, Nk) -> (B, h_I, Nq, Nk), weighted sum over j
+    logits = relu(matmul(qi, reshape(swapaxes(ki, -1, -2), (b, 1, di, nk))))
+    return (logits * reshape(transpose(w, (0, 2, 1)), (b, hi, nq, 1))).sum(axis=1)
 
 
 def index_mask(index, valid, m: int):
@@ -238,6 +250,8 @@ class DeepSeekSparseAttention(AttentionBase):
     gradient joins the output's backward in training mode (``AttachLoss``), never from the
     output itself; DeepSeek's dense warm-up stage is left out. ``new_cache()`` is a plain
     ``KVCache``: the indexer keys are recomputed from the cached keys at each step.
+    DeepSeek-V3.2's layer as DeepSeek builds it (all of the above, with HF's model as the
+    oracle) is the decoder's ``index_topk`` switch, ``models/indexer.py``.
     """
 
     complexity = ("time O(B·N²·h_I·d_I) for the indexer + O(B·H·N·k·D), "
@@ -275,9 +289,7 @@ class DeepSeekSparseAttention(AttentionBase):
         qi = transpose(reshape(self.indexer_q(xq), (b, nq, hi, di)), (0, 2, 1, 3))
         ki = self.indexer_k(k.mean(axis=1))                              # (B, Nk, d_I)
         w = self.indexer_w(xq) * (hi ** -0.5 * di ** -0.5)               # (B, Nq, h_I)
-        # (B, h_I, Nq, d_I) @ (B, 1, d_I, Nk) -> (B, h_I, Nq, Nk), weighted sum over j
-        logits = relu(matmul(qi, reshape(swapaxes(ki, -1, -2), (b, 1, di, nk))))
-        scores = (logits * reshape(transpose(w, (0, 2, 1)), (b, hi, nq, 1))).sum(axis=1)
+        scores = lightning_scores(qi, ki, w)                             # (B, Nq, Nk)
         if self.causal:
             xp = get_array_module(q.data)
             scores = masked_fill(scores, ~causal_pattern(nq, nk, xp), -math.inf)

@@ -23,7 +23,8 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
   depend on offsets; longer contexts by scaling the frequencies, ``nn/rotary.py``).
 - ``num_kv_heads``: grouped-query attention (a smaller KV cache; below); ``attention="mla"``
   DeepSeek's multi-head latent attention (a cache of one latent per token,
-  ``LatentDecoderAttention``).
+  ``LatentDecoderAttention``); ``index_topk`` DeepSeek-V3.2's sparse attention, each query
+  reading only the k keys a lightning indexer chooses (``models/indexer.py``).
 - ``qk_norm="head" | "proj"``: RMSNorm on each head's q and k (Qwen3, Gemma 3) or on the
   whole projected q and k (OLMo 2), before the rotation (keeps the logits from growing).
 - ``norm_placement="post" | "sandwich"``: OLMo 2 normalises each sublayer's output inside the
@@ -97,6 +98,7 @@ from ..ops.sdpa import attention_scores, merge_heads, repeat_kv, split_heads
 from ..ops.shape import broadcast_to, concatenate, reshape
 from .common import AttentionMaps, token_ids
 from .gpt import sample_next
+from .indexer import IndexedLatentCache, LightningIndexer, check_indexer
 from .mixers import MIXERS
 
 # The mixture-of-experts layer lives in its own module; a tree without it still builds every
@@ -140,6 +142,8 @@ class DecoderConfig:
     **moe_options)``; ``dense_layers``: layer indices that keep a dense SwiGLU of width F
     (DeepSeek-V3's first layers, Qwen3-MoE's ``mlp_only_layers``); ``router_aux_loss_coef``:
     the load-balancing loss's weight in a training loss (``Decoder.aux_loss``).
+    DeepSeek-V3.2's indexer (``attention="mla"`` with ``q_lora_rank``): ``index_topk`` keys
+    per query (None: plain MLA), ``index_n_heads`` h_I, ``index_head_dim`` d_I.
     """
 
     # sizes
@@ -190,6 +194,10 @@ class DecoderConfig:
     qk_rope_head_dim: int = None
     v_head_dim: int = None
     rope_interleave: bool = False
+    # DeepSeek-V3.2's lightning indexer (index_topk set): each query reads its top-k keys
+    index_topk: int = None
+    index_n_heads: int = None
+    index_head_dim: int = None
     # mixture of experts (mlp="moe")
     num_experts: int = None
     top_k: int = None
@@ -263,6 +271,8 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
             raise validate.OptionError(f"{who}: attention='mla' is DeepSeek's: rope positions "
                                        "(or none, Kimi Linear's), full layers, no QK-norm, "
                                        "sinks, soft-cap or output gate")
+    if c.index_topk is not None:
+        check_indexer(c, who)
     # the experts' width (default F), and the layers that stay dense
     c.expert_hidden = c.ffn_hidden if c.expert_hidden is None else \
         validate.positive_int(c.expert_hidden, "expert_hidden", owner=who)
@@ -296,6 +306,9 @@ def count_parameters(config: DecoderConfig) -> dict:
         q = e * h * (dn + dr) if ql is None else (e + 1 + h * (dn + dr)) * ql + ql * c.qkv_bias
         attn = (q + e * (r + dr) + (r + dr) * c.qkv_bias + r * per_dim + r * h * (dn + dv)
                 + h * dv * e + e * c.o_bias)
+        if c.index_topk is not None:          # the indexer: wq_b, wk, k_norm (gain, bias), w
+            hi, di = c.index_n_heads, c.index_head_dim
+            attn += ql * hi * di + e * di + 2 * di + e * hi
     # the MLP: three matrices when gated, two for GPT-2's, biases on each output
     mats = 2 if c.mlp == "gelu" else 3
     mlp = mats * e * f + ((mats - 1) * f + e) * c.mlp_bias
@@ -327,12 +340,14 @@ def kv_cache_bytes(config: DecoderConfig, tokens: int = 1, bytes_per_number: int
     """Bytes of the caches of every layer after ``tokens`` tokens (bfloat16 by default),
     from the configuration alone: a full layer keeps 2·Hkv·D numbers per token (MHA when
     Hkv = H, GQA below), a sliding layer at most its last W − 1 tokens (``WindowKVCache``),
-    an MLA layer its latent and rotary key, r + D_r, a mixer layer what its
-    ``state_numbers`` says (a recurrent state does not grow with the tokens)."""
+    an MLA layer its latent and rotary key, r + D_r (+ d_I, the indexer's key, with
+    ``index_topk``), a mixer layer what its ``state_numbers`` says (a recurrent state does
+    not grow with the tokens)."""
     c = check_config(dataclasses.replace(config))
     tokens = validate.nonnegative_int(tokens, "tokens", owner="kv_cache_bytes")
+    mla, index = c.attention == "mla", 0 if c.index_topk is None else c.index_head_dim
     per_layer = [MIXERS[t].state_numbers(c, tokens) if t in MIXERS else
-                 tokens * (c.kv_lora_rank + c.qk_rope_head_dim) if c.attention == "mla" else
+                 tokens * (c.kv_lora_rank + c.qk_rope_head_dim + index) if mla else
                  2 * c.num_kv_heads * c.head_dim *
                  (min(tokens, c.sliding_window - 1) if t == "sliding" else tokens)
                  for t in c.layer_types]
@@ -537,6 +552,10 @@ class LatentDecoderAttention(Module):
     (B, N, H, ·), ``hook_latent`` c (B, N, r), ``hook_attn_scores``, ``hook_pattern``,
     ``hook_z``. Time O(B·H·N·Nk·(D_n + D_r)) plus O(B·Nk·r·H·(D_n + D_v)) to expand the
     latents.
+
+    ``index_topk`` (DeepSeek-V3.2): a ``LightningIndexer`` (``indexer``, ``models/indexer.py``)
+    chooses the keys each query reads, and the scores of the others are masked; the cache is
+    then an ``IndexedLatentCache``, which keeps the indexer's keys too.
     """
 
     def __init__(self, c: DecoderConfig):
@@ -566,12 +585,14 @@ class LatentDecoderAttention(Module):
         if c.rope["rope_type"] != "default" and m_all:
             scale *= yarn_mscale(c.rope["factor"], m_all) ** 2
         self.scale = scale
+        self.indexer = None if c.index_topk is None else LightningIndexer(c)
         for name in ("q", "k", "v", "latent", "attn_scores", "pattern", "z"):
             setattr(self, f"hook_{name}", HookPoint())
 
     def new_cache(self):
-        """The latent cache: a ``KVCache`` of (c, R k^R) per token."""
-        return KVCache()
+        """The latent cache: a ``KVCache`` of (c, R k^R) per token; with the indexer an
+        ``IndexedLatentCache``, which adds its keys k^I."""
+        return KVCache() if self.indexer is None else IndexedLatentCache()
 
     def _rotate(self, x, pos):
         if self.rotary is None:
@@ -588,9 +609,8 @@ class LatentDecoderAttention(Module):
         offset = 0 if kv_cache is None else len(kv_cache)
         pos = xp.arange(offset, offset + n) if positions is None else positions
         # queries (B, H, N, D_n + D_r), split into the plain part and the rotary part
-        q = self.q_proj(x) if hasattr(self, "q_proj") else \
-            self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q = split_heads(q, h)
+        q_latent = None if hasattr(self, "q_proj") else self.q_a_layernorm(self.q_a_proj(x))
+        q = split_heads(self.q_proj(x) if q_latent is None else self.q_b_proj(q_latent), h)
         q_pass, q_rot = q[..., :dn], self._rotate(q[..., dn:], pos)
         # this step's latents c (B, 1, N, r) and rotary keys (B, 1, N, D_r), then the cache
         ckv = self.kv_a_proj_with_mqa(x)                                  # (B, N, r + D_r)
@@ -609,6 +629,11 @@ class LatentDecoderAttention(Module):
         allowed = None
         if keep is not None:
             allowed = _causal_allowed(offset, n, nk, xp) & keep[:, None, None, :]
+        if self.indexer is not None:          # DSA: only the keys the indexer chooses
+            if allowed is None:
+                allowed = _causal_allowed(offset, n, nk, xp)
+            seen = allowed if allowed.ndim == 2 else allowed[:, 0]    # (N, Nk) or (B, N, Nk)
+            allowed = allowed & self.indexer(x, q_latent, seen, pos, kv_cache)[:, None]
         z, _ = hookable_attention(self, q, k, v, scale=self.scale, causal=allowed is None,
                                   mask=allowed)
         return self.o_proj(merge_heads(hooked_heads(self.hook_z, z)))   # (B, N, E)

@@ -1,7 +1,8 @@
 """HuggingFace's decoder families — Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2, the
-mixtures of experts Qwen3-MoE, Mixtral, gpt-oss and DeepSeek-V3, and the hybrid Qwen3-Next —
-read into minitx's one ``Decoder``: each family is a row of switches, its ``config.json``
-translated key by key, its tensors renamed by one table.
+mixtures of experts Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V3 and DeepSeek-V3.2 (V3 with the
+lightning indexer's sparse attention, ``models/indexer.py``), and the hybrids Qwen3-Next and
+Kimi Linear — read into minitx's one ``Decoder``: each family is a row of switches, its
+``config.json`` translated key by key, its tensors renamed by one table.
 
     model, _ = minitx.pretrained.load("path/to/Qwen3-0.6B", dtype="float64", tokenizer=False)
     logits = model(ids)                                   # (B, N, V)
@@ -69,6 +70,8 @@ FAMILIES = {
     "gemma3_text": dict(mlp="geglu", qk_norm="head", norm_placement="sandwich",
                         norm_unit_offset=True, norm_scale_in_float32=True, embed_scale=True),
     "deepseek_v3": dict(mlp="moe", attention="mla"),
+    # HF's V3.2 always reads its rotary dims as interleaved pairs
+    "deepseek_v32": dict(mlp="moe", attention="mla", rope_interleave=True),
     # the mixtures of experts: which layers, which router, which experts (``_moe``)
     "qwen3_moe": dict(mlp="moe", qk_norm="head"),
     "mixtral": dict(mlp="moe"),
@@ -85,11 +88,14 @@ FAMILIES = {
 # DeepSeek-V3's keys: multi-head latent attention's sizes, and the MoE's, by HF's names.
 _MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
              "v_head_dim", "rope_interleave")
+# DeepSeek-V3.2's indexer: HF's names → DecoderConfig's (the same), and HF's defaults.
+_INDEX_KEYS = {"index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}
 # The mixtures of experts' keys, by HF's names (each family spells the expert count its way).
 _MOE_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "num_experts_per_tok",
              "moe_intermediate_size", "first_k_dense_replace", "decoder_sparse_step",
-             "mlp_only_layers", "router_aux_loss_coef", "router_jitter_noise", "swiglu_limit",
-             "swiglu_alpha", "shared_expert_intermediate_size")
+             "mlp_only_layers", "mlp_layer_types", "router_aux_loss_coef",
+             "router_jitter_noise", "swiglu_limit", "swiglu_alpha",
+             "shared_expert_intermediate_size")
 # Qwen3-Next's gated DeltaNet sizes (config.json key → the mixer's option), and the layout key
 _LINEAR_KEYS = {"linear_num_key_heads": "num_k_heads", "linear_num_value_heads": "num_v_heads",
                 "linear_key_head_dim": "head_k_dim", "linear_value_head_dim": "head_v_dim",
@@ -133,6 +139,7 @@ _KIMI_FIXED = {"mla_use_nope": True, "moe_router_activation_func": "sigmoid",
                "use_grouped_topk": True, "moe_layer_freq": 1}
 _KIMI_KEYS = ("linear_attn_config", "linear_num_heads", "linear_head_dim",
               "linear_conv_kernel_dim", "mlp_layer_types", *_KIMI_FIXED)
+_MOE_DEFAULTS["deepseek_v32"] = _MOE_DEFAULTS["deepseek_v3"]
 
 # config.json keys that do not change the forward pass (docs/decoders.md gives each reason).
 IGNORED = frozenset({
@@ -207,6 +214,12 @@ def _layer_types(cfg, kind, n, source):
         return None, None
     if kind == "kimi_linear":
         return None, _kimi_layer_types(cfg, n, source)
+    if kind == "deepseek_v32":                 # HF's only layer type: every layer indexed
+        types = cfg.get("layer_types") or ["indexed_attention"] * n
+        if len(types) != n or set(types) != {"indexed_attention"}:
+            _fail(source, f"layer_types must be 'indexed_attention' for each of the {n} "
+                          f"layers (HF's DeepSeek-V3.2), got {types!r}")
+        return None, None
     if kind in ("mistral", "mixtral"):         # one window for every layer, or none
         return window, None
     if kind == "qwen3_moe":                    # HF's Qwen3-MoE: every layer, when switched on
@@ -337,6 +350,9 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
                         mixer_options={"kda": {"num_heads": cfg["linear_num_heads"],
                                                "head_dim": cfg["linear_head_dim"],
                                                "conv_kernel": cfg["linear_conv_kernel_dim"]}})
+    if kind == "deepseek_v32":                 # rope_interleave: HF's V3.2 does not read it
+        switches.update({k: cfg[k] for k in _MLA_KEYS[:-1] if k in cfg},
+                        **{k: cfg.get(k, v) for k, v in _INDEX_KEYS.items()})
     if FAMILIES[kind]["mlp"] == "moe":
         switches.update(_moe(cfg, kind, n, source))
     if kind == "qwen3_next":
@@ -363,7 +379,8 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
             "partial_rotary_factor", "sliding_window", "layer_types", "attention_bias",
             "query_pre_attn_scalar", "final_logit_softcapping", "tie_word_embeddings",
             "pad_token_id", "max_position_embeddings", *_REFUSED, *_MLA_KEYS, *_MOE_KEYS,
-            *_ROUTER_KEYS, *_LINEAR_KEYS, "full_attention_interval", *_KIMI_KEYS}
+            *_ROUTER_KEYS, *_LINEAR_KEYS, "full_attention_interval", *_KIMI_KEYS,
+            *(_INDEX_KEYS if kind == "deepseek_v32" else ())}
     unknown = sorted(set(cfg) - read - IGNORED)
     if unknown:
         _fail(source, f"config.json key(s) {', '.join(map(repr, unknown))} are not known to "
@@ -387,7 +404,13 @@ def _moe(cfg, kind, n, source):
         if key in cfg and cfg[key] != allowed:
             _fail(source, f"{key}={cfg[key]!r}: minitx's {kind} router is {allowed!r}; refused")
     # the layers that keep a dense MLP of width intermediate_size
-    if kind == "deepseek_v3":
+    if kind == "deepseek_v32" and cfg.get("mlp_layer_types") is not None:
+        types = list(cfg["mlp_layer_types"])
+        if len(types) != n or not set(types) <= {"dense", "sparse"}:
+            _fail(source, f"mlp_layer_types must give 'dense' or 'sparse' for each of the {n} "
+                          f"layers, got {types!r}")
+        dense = tuple(i for i, t in enumerate(types) if t == "dense")
+    elif kind in ("deepseek_v3", "deepseek_v32"):
         dense = tuple(range(min(get("first_k_dense_replace"), n)))
     elif kind == "kimi_linear":                # "dense" or "sparse" per layer
         types = get("mlp_layer_types") or ["dense" if i < get("first_k_dense_replace") else
@@ -412,7 +435,7 @@ def _moe(cfg, kind, n, source):
         options = dict(router="topk_softmax", router_bias=True, expert="clamped_swiglu",
                        expert_bias=True, swiglu_limit=float(get("swiglu_limit")),
                        swiglu_alpha=float(get("swiglu_alpha")))
-    elif kind in ("deepseek_v3", "kimi_linear"):
+    elif kind in ("deepseek_v3", "deepseek_v32", "kimi_linear"):
         # norm_topk_prob may be written null; HF's ``if norm_topk_prob`` reads it as False
         options = dict(router="sigmoid_grouped",
                        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
@@ -774,14 +797,20 @@ def _candidate(c: DecoderConfig, kind: str) -> dict:
         d["layer_types"] = [f"{t}_attention" for t in c.layer_types]
     if kind in ("qwen2", "qwen3"):
         d["use_sliding_window"] = c.sliding_window is not None
-    if kind == "deepseek_v3":
+    if kind in ("deepseek_v3", "deepseek_v32"):
         d.update({k: getattr(c, k) for k in _MLA_KEYS},
                  first_k_dense_replace=len(c.dense_layers),
                  n_routed_experts=c.num_experts, num_experts_per_tok=c.top_k,
                  moe_intermediate_size=c.expert_hidden)
+    if kind == "deepseek_v32":                 # the indexer; dense layers and types by name
+        d.pop("rope_interleave")
+        d.update({k: getattr(c, k) for k in _INDEX_KEYS},
+                 layer_types=["indexed_attention"] * c.num_layers,
+                 mlp_layer_types=["dense" if i in c.dense_layers else "sparse"
+                                  for i in range(c.num_layers)])
     # the mixtures of experts: sizes, the router's and the experts' options, dense layers
     o = c.moe_options
-    if kind == "deepseek_v3":
+    if kind in ("deepseek_v3", "deepseek_v32"):
         d.update({k: o.get(k) for k in ("n_group", "topk_group", "routed_scaling_factor",
                                          "n_shared_experts", "norm_topk_prob")})
     if kind in ("qwen3_moe", "mixtral", "gpt_oss"):

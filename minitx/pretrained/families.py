@@ -6,14 +6,15 @@ translation refuses, says so in its row: nothing here is written by hand but the
 
 Two costs are counted from a configuration alone (no model is built, so real sizes cost
 nothing). The KV cache a full layer adds per token of context: keys and values of Hkv heads
-of D numbers (GQA; MHA when Hkv = H), or MLA's latent of r numbers and one rotary key of D_r;
-a sliding layer's cache is bounded by its window W and adds nothing once full, and a
-recurrent layer's (a hybrid's gated DeltaNet) does not grow at all. With b bytes a number,
-over the L_full full layers:
+of D numbers (GQA; MHA when Hkv = H), or MLA's latent of r numbers and one rotary key of D_r
+(and DeepSeek-V3.2's indexer key of d_I numbers; d_I = 0 without it); a sliding layer's
+cache is bounded by its window W and adds nothing once full, and a recurrent layer's (a
+hybrid's gated DeltaNet or KDA) does not grow at all. With b bytes a number, over the L_full
+full layers:
 
 $$
 \text{GQA: } 2\, L_{\text{full}}\, H_{kv}\, D\, b, \qquad
-\text{MLA: } L\, (r + D_r)\, b \quad \text{bytes per token}
+\text{MLA: } L\, (r + D_r + d_I)\, b \quad \text{bytes per token}
 $$
 
 And the parameters a token meets under a mixture of experts: of n experts of width I per
@@ -42,8 +43,8 @@ __all__ = ["TODAY", "REPRESENTATIVE", "COLUMNS", "family_config", "attention_con
 
 # The families, in the course's order (HF's model_type names); the hybrids last.
 TODAY = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_text", "olmo2",
-         "gpt_oss", "deepseek_v3",
-         "qwen3_next")
+         "gpt_oss", "deepseek_v3", "deepseek_v32",
+         "qwen3_next", "kimi_linear")
 
 # One published model of each family: the config.json keys that change the forward (the
 # ignored ones, token ids and dtype, are left out). The facts are the checkpoints' own.
@@ -154,6 +155,9 @@ REPRESENTATIVE = {
                             "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
                             "kda_layers": [i for i in range(1, 28) if i % 4 and i != 27]})),
 }
+# DeepSeek-V3.2: V3's model, plus a lightning indexer choosing 2048 keys per query
+REPRESENTATIVE["deepseek_v32"] = ("DeepSeek-V3.2", dict(
+    REPRESENTATIVE["deepseek_v3"][1], index_topk=2048, index_n_heads=64, index_head_dim=128))
 
 COLUMNS = ("family", "model", "norm", "MLP", "positions", "attention", "window pattern",
            "experts", "sinks", "soft-cap")
@@ -196,7 +200,7 @@ def attention_config(kind: str) -> DecoderConfig:
         return family_config(kind)
     except validate.OptionError:
         name, cfg = _representative(kind)
-        if kind == "deepseek_v3":
+        if kind in ("deepseek_v3", "deepseek_v32"):
             cfg["first_k_dense_replace"] = cfg["num_hidden_layers"]
             return check_config(decoders.decoder_config(cfg, f"{name}/config.json (dense)"))
         if kind not in DENSE_TWIN:
@@ -212,10 +216,12 @@ def attention_config(kind: str) -> DecoderConfig:
 
 def kv_cache_bytes_per_token(c: DecoderConfig, bytes_per_number: int = 2) -> int:
     """Bytes the caches of all layers grow by per token of context (module docstring): the
-    full layers' keys and values, or MLA's latent and rotary key; bfloat16 by default."""
+    full layers' keys and values, or MLA's latent and rotary key (and the indexer's key);
+    bfloat16 by default."""
     if c.attention == "mla":                # a hybrid's other layers keep a fixed state
         full = sum(t == "full" for t in c.layer_types)
-        return full * (c.kv_lora_rank + c.qk_rope_head_dim) * bytes_per_number
+        index = 0 if c.index_topk is None else c.index_head_dim
+        return full * (c.kv_lora_rank + c.qk_rope_head_dim + index) * bytes_per_number
     full = sum(t == "full" for t in c.layer_types)           # sliding layers are bounded
     return 2 * full * c.num_kv_heads * c.head_dim * bytes_per_number
 
@@ -286,7 +292,7 @@ def _cells(c: DecoderConfig) -> dict:
         c.positions, f"RoPE {rope}" + (", local base" if c.local_rope else ""))
     # attention: its kind and head sharing, then what it adds (QK-norm, biases)
     if c.attention == "mla":
-        attention = f"MLA (r {c.kv_lora_rank})"
+        attention = f"MLA{'+DSA' if c.index_topk else ''} (r {c.kv_lora_rank})"
     else:
         h, hkv = c.num_heads, c.num_kv_heads
         attention = "MHA" if hkv == h else "MQA" if hkv == 1 else f"GQA {h}/{hkv}"

@@ -95,11 +95,12 @@ COURSE = [
      "A router picks k of n expert MLPs for each token: the routers of Mixtral, gpt-oss and "
      "DeepSeek-V3, a dispatch in a few lines, the load-balancing loss.",
      ["docs/moe.md", "minitx/nn/moe.py"]),
-    ("Today's decoders: one decoder, ten families",
+    ("Today's decoders: one decoder, many families",
      "The one decoder whose switches make every family, how a checkpoint's configuration "
-     "becomes those switches, and the ten families side by side in a table generated from "
-     "that translation.",
-     ["minitx/models/decoder.py", "docs/decoders.md", "minitx/pretrained/families.py"]),
+     "becomes those switches, and the families side by side in a table generated from "
+     "that translation; DeepSeek-V3.2's indexer, which picks the keys each query reads.",
+     ["minitx/models/decoder.py", "docs/decoders.md", "minitx/pretrained/families.py",
+      "minitx/models/indexer.py"]),
     ("Efficient attention: sparse patterns", "Exact attention under a sparsity mask.",
      ["minitx/attention/sparse.py"]),
     ("Efficient attention: low rank",

@@ -28,7 +28,7 @@ from .proofs import Proof, _gradient, _host, _rel
 __all__ = ["decoder_proofs"]
 
 # The small decoders the proofs build: GPT-2's switches, Llama's, Gemma 3's local and global
-# layers, DeepSeek's latent attention.
+# layers, DeepSeek's latent attention (and V3.2's indexer on it).
 _SMALL = dict(vocab_size=61, hidden_size=32, num_layers=2, num_heads=4)
 CONFIGS = {
     "GPT-2": dict(norm="layernorm", norm_bias=True, mlp="gelu", positions="learned",
@@ -40,6 +40,11 @@ CONFIGS = {
                     final_logit_softcap=30.0),
     "DeepSeek (MLA)": dict(attention="mla", q_lora_rank=12, kv_lora_rank=10,
                            qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5),
+    # DeepSeek-V3.2: the same, each query reading the 3 keys its indexer chooses
+    "DeepSeek-V3.2 (MLA + indexer)": dict(attention="mla", q_lora_rank=12, kv_lora_rank=10,
+                                          qk_nope_head_dim=6, qk_rope_head_dim=4,
+                                          v_head_dim=5, index_topk=3, index_n_heads=4,
+                                          index_head_dim=8),
 }
 
 
