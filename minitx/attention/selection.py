@@ -82,7 +82,7 @@ from ..nn.hooks import HookPoint
 from ..nn.layers import Linear
 from ..nn.module import Parameter
 from ..ops.activation import log_softmax, softmax
-from ..ops.elementwise import relu, sigmoid
+from ..ops.elementwise import exp, relu, sigmoid
 from ..ops.indexing import getitem, masked_fill
 from ..ops.linalg import matmul
 from ..ops.shape import concatenate, pad, reshape, swapaxes, transpose
@@ -163,39 +163,49 @@ def block_attention(q, k, v, blocks, allowed, block: int, scale: float):
     which of each block's keys the query may read, raw arrays of the data's device. The same
     attention as ``gathered_attention`` over the c·b keys of those blocks, written by blocks:
     the (query, block) pairs are grouped by the block they read, and a loop over the blocks
-    scores each block's b keys against all of its queries at once (one matmul), then weights
-    its b values the same way. Returns (B, H, Nq, Dv). Memory O(B·H·Nq·c·(b + D)): the
-    scores, and one copy of each query per block it reads, never a copy of the keys per query.
+    scores each block's b keys against all of its queries at once (one matmul) and weights its
+    b values the same way. The softmax is written out, p = e / Z with e = exp(s − m): a
+    query's pairs lie in several groups, so its shift m and its sum Z are gathered per query
+    (m without gradient: any shift gives the same p), and the output is divided by Z once,
+    o_t = Σ e V / Z_t. Returns (B, H, Nq, Dv); a query that may read nothing gives zeros.
+    Memory O(B·H·Nq·c·(b + D)): the scores, and one copy of each query per block it reads,
+    never a copy of the keys per query.
     """
     xp = get_array_module(q.data)
     bsz, h, nq, d = q.shape
     nk, dv, c = k.shape[2], v.shape[-1], blocks.shape[-1]
-    nb = -(-nk // block)
+    nb, n = -(-nk // block), bsz * h * nq
     # the keys and values as blocks, the last one padded with zeros: (B·H, nb, b, D)
     edge = ((0, 0), (0, 0), (0, nb * block - nk), (0, 0))
     kb = reshape(pad(k, edge), (bsz * h, nb, block, d))
     vb = reshape(pad(v, edge), (bsz * h, nb, block, dv))
-    rows = reshape(q, (bsz * h * nq, d))
+    rows = reshape(q * scale, (n, d))
     # the pairs, (query row, slot) in order: each one's row of ``rows`` and its group, the
     # (batch·head, block) it reads; sorted by group, so that each group is one slice
-    row = xp.repeat(xp.arange(bsz * h * nq), c)                           # (P,)
+    row = xp.repeat(xp.arange(n), c)                                      # (P,)
     group = (row // nq) * nb + blocks.reshape(-1)                         # (P,)
     order = xp.argsort(group, kind="stable")
     back = xp.argsort(order, kind="stable")                               # undoes ``order``
+    ok = allowed.reshape(-1, block)[order]                                # (P, b), by group
     edges = to_host(xp.searchsorted(group[order], xp.arange(bsz * h * nb + 1)))
-    groups = [(g, int(edges[g]), int(edges[g + 1])) for g in range(bsz * h * nb)
-              if edges[g + 1] > edges[g]]
-    # the scores, block by block: (pairs of the group, D) @ (D, b) -> (pairs, b)
-    s = concatenate([matmul(getitem(rows, (row[order[a:z]],)),
-                            swapaxes(getitem(kb, (g // nb, g % nb)), -1, -2))
-                     for g, a, z in groups], axis=0)
-    s = reshape(getitem(s, (back,)), (bsz, h, nq, c * block)) * scale    # pairs in order
-    s = masked_fill(s, ~allowed.reshape(bsz, h, nq, c * block), -math.inf)
-    p = getitem(reshape(softmax(s, axis=-1), (-1, block)), (order,))     # (P, b), by group
+    groups = [(g // nb, g % nb, order[int(edges[g]):int(edges[g + 1])],
+               slice(int(edges[g]), int(edges[g + 1])))
+              for g in range(bsz * h * nb) if edges[g + 1] > edges[g]]
+    # the scores, block by block: (pairs of the group, D) @ (D, b) -> (pairs, b), −inf where
+    # a key may not be read
+    s = [masked_fill(matmul(getitem(rows, (row[pairs],)), swapaxes(getitem(kb, (hb, j)), -1, -2)),
+                     ~ok[at], -math.inf) for hb, j, pairs, at in groups]
+    # the shift m, each query's largest score (0 where it may read nothing)
+    m = xp.concatenate([t.data.max(axis=-1) for t in s])[back].reshape(n, c).max(axis=-1)
+    m = xp.where(xp.isfinite(m), m, 0)
+    e = [exp(t - m[row[pairs], None]) for t, (_, _, pairs, _) in zip(s, groups)]
+    # Z, each query's sum over its pairs (1 where it may read nothing: then e = 0, o = 0)
+    z = reshape(getitem(concatenate([t.sum(axis=-1) for t in e]), (back,)), (n, c)).sum(-1)
+    z = z + Tensor._wrap((z.data == 0).astype(z.data.dtype))
     # the values, block by block: (pairs, b) @ (b, Dv) -> (pairs, Dv), summed over the slots
-    o = concatenate([matmul(getitem(p, (slice(a, z),)), getitem(vb, (g // nb, g % nb)))
-                     for g, a, z in groups], axis=0)
-    return reshape(getitem(o, (back,)), (bsz, h, nq, c, dv)).sum(axis=3)
+    o = concatenate([matmul(t, getitem(vb, (hb, j))) for t, (hb, j, _, _) in zip(e, groups)])
+    o = reshape(getitem(o, (back,)), (n, c, dv)).sum(axis=1) / reshape(z, (n, 1))
+    return reshape(o, (bsz, h, nq, dv))
 
 
 def block_means(x, block: int):
