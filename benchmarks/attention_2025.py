@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import time
 import tracemalloc
 
@@ -213,7 +214,8 @@ def main(argv=None):
     ns = [128, 256, 512] if args.quick else [1024, 2048, 4096, 8192]
     repeats = 1 if args.quick else args.repeats
     print(f"causal, one head, E = D = {D}, batch 1, float32; forward + backward of layer(x); "
-          f"time = best of {repeats} after the traced call; memory = tracemalloc peak\n")
+          f"time = best of {repeats} after the traced call; memory = tracemalloc peak; "
+          f"load average {os.getloadavg()[0]:.1f} at the start\n")
 
     print("Time and peak memory (exponent p: cost ∝ N^p over every N)")
     print(f"| variant | {' | '.join(f'N = {n:,}' for n in ns)} | time p | memory p |")
@@ -256,6 +258,7 @@ def main(argv=None):
         counts = [state_numbers(name, n) for n in ns]
         print(f"| {name} | {' | '.join(f'{c:,}' for c in counts)} | "
               f"{exponent(ns, counts):.2f} |", flush=True)
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":
