@@ -62,10 +62,9 @@ block, and each chosen block's b keys are scored against all its queries in one 
 never a copy of the keys per query); NSA's window is read the same way, as the query's own
 block of w keys and the one before. Keys read per query: DSA k (its indexer scores all N, in
 small heads); MoBA (k + 1)·b; NSA ⌈N/b⌉ block means, k·b chosen keys and w window keys.
-``reference`` in each
-class is the same attention written densely, softmax under the query's own selection mask; the
-tests compare the two, and the identities show that a top-k which keeps every key or block is
-causal softmax attention.
+``reference`` in each class is the same attention written densely, softmax under the query's
+own selection mask; the tests compare the two, and the identities show that a top-k which
+keeps every key or block is causal softmax attention.
 """
 from __future__ import annotations
 
