@@ -308,6 +308,11 @@ def variant_rows(names=None, n: int = 1024, embed: int = 32, heads: int = 2):
 
 WIDTH = 100   # every line the tour prints fits in 100 columns
 
+
+def name_width() -> int:
+    """The width of the variant-name column: the longest registered name."""
+    return max(len(name) for name in REGISTRY)
+
 _PAD = " " * 20
 ERROR_LEGEND = [
     "   rel. error = ‖O − O_ref‖/‖O_ref‖ in float64 (N = 32; approximations N = 128 at the budget",
@@ -328,7 +333,8 @@ def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) ->
     """The variants as a table (kind, gradcheck, error against a named reference, time, peak
     memory), a legend saying what each error compares, and each variant's complexity."""
     rows = variant_rows(names, n, embed, heads)
-    head = (f"   {'variant':<12} {'kind':<12} {'gradcheck':<9} {'rel. error':>10}  "
+    w = name_width()
+    head = (f"   {'variant':<{w}} {'kind':<12} {'gradcheck':<9} {'rel. error':>10}  "
             f"{'O_ref':<22} {'time':>9} {'peak mem':>10}")
     lines = [f"3. Every registered attention variant (forward at N = {n:,}, B = 1, E = {embed}, "
              f"H = {heads};",
@@ -344,7 +350,7 @@ def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) ->
         err, _, ref = r["error"].partition(" ")
         if err == "error:" or r["error"] in ("-", "n/a"):
             err, ref = ("error" if err == "error:" else r["error"]), ""
-        lines.append(f"   {r['name']:<12} {r['kind']:<12} {gc:<9} {err:>10}  {ref:<22} "
+        lines.append(f"   {r['name']:<{w}} {r['kind']:<12} {gc:<9} {err:>10}  {ref:<22} "
                      f"{t:>9} {mem:>10}".rstrip())
         notes += [f"{r['name']}: {cell}" for cell in (r["gradcheck"], r["error"], r["note"])
                   if cell.startswith("error:")]
@@ -354,7 +360,7 @@ def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) ->
     lines += ["", "   Complexity (B batch, H heads, N length, D head size; the other letters as in "
               "each", "   variant's docstring, ``help(minitx.attention.REGISTRY[name])``):"]
     for r in rows:
-        lines += _wrapped([r["complexity"]], f"   {r['name']:<12} ", " " * 16)
+        lines += _wrapped([r["complexity"]], f"   {r['name']:<{w}} ", " " * (w + 4))
     return lines
 
 

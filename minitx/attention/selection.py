@@ -54,13 +54,17 @@ A score that picks keys is piecewise constant: the top-k does not move under a s
 its input, so the gradient of the output flows only through the softmax over the chosen keys
 (DSA's indexer and MoBA's gate get no gradient from the output; DeepSeek trains its indexer
 by a loss of its own, the KL divergence from the attention to the indexer's softmax on the
-chosen keys, ``DeepSeekSparseAttention.indexer_loss``). Every branch gathers the keys it
-reads, (B, H, N, c, D) with c keys per query, so no N × N map is formed. Keys read per query:
-DSA k (its indexer scores all N, in small heads); MoBA (k + 1)·b; NSA ⌈N/b⌉ block means,
-k·b chosen keys and w window keys. ``reference`` in each
-class is the same attention written densely, softmax under the query's own selection mask; the
-tests compare the two, and the identities show that a top-k which keeps every key or block is
-causal softmax attention.
+chosen keys, ``DeepSeekSparseAttention.indexer_loss``). No N × N map is formed. DSA gathers
+the keys each query chose, (B, H, N, k, D) (``gathered_attention``). MoBA and NSA choose whole
+blocks, and many queries choose the same block: so the (query, block) pairs are grouped by
+block, and each chosen block's b keys are scored against all its queries in one product
+(``block_attention``: a copy of each query per block it reads, (B, H, N, c, D) for c blocks,
+never a copy of the keys per query); NSA's window is read the same way, as the query's own
+block of w keys and the one before. Keys read per query: DSA k (its indexer scores all N, in
+small heads); MoBA (k + 1)·b; NSA ⌈N/b⌉ block means, k·b chosen keys and w window keys.
+``reference`` in each class is the same attention written densely, softmax under the query's
+own selection mask; the tests compare the two, and the identities show that a top-k which
+keeps every key or block is causal softmax attention.
 """
 from __future__ import annotations
 
@@ -77,17 +81,17 @@ from ..nn.hooks import HookPoint
 from ..nn.layers import Linear
 from ..nn.module import Parameter
 from ..ops.activation import log_softmax, softmax
-from ..ops.elementwise import relu, sigmoid
+from ..ops.elementwise import exp, relu, sigmoid
 from ..ops.indexing import getitem, masked_fill
 from ..ops.linalg import matmul
-from ..ops.shape import concatenate, reshape, swapaxes, transpose
+from ..ops.shape import concatenate, pad, reshape, swapaxes, transpose
 from .base import (AttentionBase, causal_pattern, check_heads, dense_attention_array,
                    hooked_heads, merge_heads, register, repeat_kv, repeat_kv_array,
                    softmax_rows_array)
 
 __all__ = ["top_k_indices", "top_k_mask", "lightning_scores", "gathered_attention",
-           "block_means",
-           "DeepSeekSparseAttention", "MixtureOfBlockAttention", "NativeSparseAttention"]
+           "block_attention", "block_means", "DeepSeekSparseAttention",
+           "MixtureOfBlockAttention", "NativeSparseAttention"]
 
 #: queries scored by the indexer at a time (bounds its (B, h_I, C, Nk) scores)
 INDEX_CHUNK = 64
@@ -158,6 +162,60 @@ def gathered_attention(q, k, v, index, allowed, scale: float):
     p = softmax(s, axis=-1)
     out = matmul(p, vg)                                                  # (B, H, Nq, 1, D)
     return reshape(out, (b, h, nq, v.shape[-1])), reshape(p, (b, h, nq, p.shape[-1]))
+
+
+def block_attention(q, k, v, blocks, allowed, block: int, scale: float):
+    """Softmax attention of each query over the keys of the blocks it chose, each chosen
+    block's keys read once for all the queries that chose it.
+
+    q (B, H, Nq, D), k/v (B, H, Nk, D) Tensors; ``blocks`` (B, H, Nq, c) integer block
+    numbers (block j holds keys j·b … j·b + b − 1) and ``allowed`` (B, H, Nq, c, b) bool,
+    which of each block's keys the query may read, raw arrays of the data's device. The same
+    attention as ``gathered_attention`` over the c·b keys of those blocks, written by blocks:
+    the (query, block) pairs are grouped by the block they read, and a loop over the blocks
+    scores each block's b keys against all of its queries at once (one matmul) and weights its
+    b values the same way. The softmax is written out, p = e / Z with e = exp(s − m): a
+    query's pairs lie in several groups, so its shift m and its sum Z are gathered per query
+    (m without gradient: any shift gives the same p), and the output is divided by Z once,
+    o_t = Σ e V / Z_t. Returns (B, H, Nq, Dv); a query that may read nothing gives zeros.
+    Memory O(B·H·Nq·c·(b + D)): the scores, and one copy of each query per block it reads,
+    never a copy of the keys per query.
+    """
+    xp = get_array_module(q.data)
+    bsz, h, nq, d = q.shape
+    nk, dv, c = k.shape[2], v.shape[-1], blocks.shape[-1]
+    nb, n = -(-nk // block), bsz * h * nq
+    # the keys and values as blocks, the last one padded with zeros: (B·H, nb, b, D)
+    edge = ((0, 0), (0, 0), (0, nb * block - nk), (0, 0))
+    kb = reshape(pad(k, edge), (bsz * h, nb, block, d))
+    vb = reshape(pad(v, edge), (bsz * h, nb, block, dv))
+    rows = reshape(q * scale, (n, d))
+    # the pairs, (query row, slot) in order: each one's row of ``rows`` and its group, the
+    # (batch·head, block) it reads; sorted by group, so that each group is one slice
+    row = xp.repeat(xp.arange(n), c)                                      # (P,)
+    group = (row // nq) * nb + blocks.reshape(-1)                         # (P,)
+    order = xp.argsort(group, kind="stable")
+    back = xp.argsort(order, kind="stable")                               # undoes ``order``
+    ok = allowed.reshape(-1, block)[order]                                # (P, b), by group
+    edges = to_host(xp.searchsorted(group[order], xp.arange(bsz * h * nb + 1)))
+    groups = [(g // nb, g % nb, order[int(edges[g]):int(edges[g + 1])],
+               slice(int(edges[g]), int(edges[g + 1])))
+              for g in range(bsz * h * nb) if edges[g + 1] > edges[g]]
+    # the scores, block by block: (pairs of the group, D) @ (D, b) -> (pairs, b), −inf where
+    # a key may not be read
+    s = [masked_fill(matmul(getitem(rows, (row[pairs],)), swapaxes(getitem(kb, (hb, j)), -1, -2)),
+                     ~ok[at], -math.inf) for hb, j, pairs, at in groups]
+    # the shift m, each query's largest score (0 where it may read nothing)
+    m = xp.concatenate([t.data.max(axis=-1) for t in s])[back].reshape(n, c).max(axis=-1)
+    m = xp.where(xp.isfinite(m), m, 0)
+    e = [exp(t - m[row[pairs], None]) for t, (_, _, pairs, _) in zip(s, groups)]
+    # Z, each query's sum over its pairs (1 where it may read nothing: then e = 0, o = 0)
+    z = reshape(getitem(concatenate([t.sum(axis=-1) for t in e]), (back,)), (n, c)).sum(-1)
+    z = z + Tensor._wrap((z.data == 0).astype(z.data.dtype))
+    # the values, block by block: (pairs, b) @ (b, Dv) -> (pairs, Dv), summed over the slots
+    o = concatenate([matmul(t, getitem(vb, (hb, j))) for t, (hb, j, _, _) in zip(e, groups)])
+    o = reshape(getitem(o, (back,)), (n, c, dv)).sum(axis=1) / reshape(z, (n, 1))
+    return reshape(o, (bsz, h, nq, dv))
 
 
 def block_means(x, block: int):
@@ -414,8 +472,9 @@ class MixtureOfBlockAttention(AttentionBase):
     S_t (s ≤ t when causal).
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, Nq, D),
-    k/v (B, Hkv, Nk, D) → (B, H, Nq, D) (queries at the last Nq positions); gathered keys
-    (B, H, Nq, (k + 1)·b, D). Hooks: ``hook_gate_scores`` g (B, H, Nq, ⌈Nk/b⌉), −inf where a
+    k/v (B, Hkv, Nk, D) → (B, H, Nq, D) (queries at the last Nq positions); scores
+    (B, H, Nq, (k + 1)·b), each chosen block's keys read once for all its queries
+    (``block_attention``). Hooks: ``hook_gate_scores`` g (B, H, Nq, ⌈Nk/b⌉), −inf where a
     block may not be chosen (may be replaced: the choice follows), ``hook_selection``
     (B, H, Nq, ⌈Nk/b⌉) bool, the blocks read, the own one included (read-only).
 
@@ -436,7 +495,7 @@ class MixtureOfBlockAttention(AttentionBase):
     plain ``KVCache``; the block means are recomputed from the cached keys at each step.
     """
 
-    complexity = "time O(B·H·(N²/b + N·k·b)·D), memory O(B·H·(N²/b + N·k·b·D))"
+    complexity = "time O(B·H·(N²/b + N·k·b)·D), memory O(B·H·(N²/b + N·k·(b + D)))"
 
     kind = "score"
     supports_kv_cache = True
@@ -481,9 +540,7 @@ class MixtureOfBlockAttention(AttentionBase):
         allowed = ok[..., None] & (keys < nk)
         if self.causal:
             allowed &= keys <= _positions(nq, nk, xp)[:, None, None]
-        keys = xp.minimum(keys, nk - 1).reshape(b, h, nq, -1)            # (B, H, Nq, c·b)
-        out, _ = gathered_attention(q, k, v, keys, allowed.reshape(b, h, nq, -1), self.scale)
-        return out
+        return block_attention(q, k, v, blocks, allowed, size, self.scale)
 
     def reference(self, q, k, v):
         """Raw arrays: block means by a loop over blocks, the top-k as a rank mask, softmax
@@ -521,7 +578,8 @@ class NativeSparseAttention(AttentionBase):
 
     Shapes: ``layer(x)``: x (B, N, E) → (B, N, E); ``attend(q, k, v)``: q (B, H, Nq, D),
     k/v (B, Hkv, Nk, D) → (B, H, Nq, D) (queries at the last Nq positions); block means
-    (B, H, ⌈Nk/b⌉, D); gathered keys (B, H, Nq, k·b, D) and (B, H, Nq, w, D); gate weights
+    (B, H, ⌈Nk/b⌉, D); scores (B, H, Nq, k·b) and (B, H, Nq, 2w), each block read once for
+    all its queries (``block_attention``; the window as blocks of w keys); gate weights
     ``gate_weight`` (H, D, 3), ``gate_bias`` (H, 3), order (cmp, slc, win). Hooks:
     ``hook_block_scores`` (B, Hkv, Nq, nb) the selection scores, above every sum of
     probabilities on the blocks always chosen (own, then previous, then first: the order
@@ -555,7 +613,8 @@ class NativeSparseAttention(AttentionBase):
     plain ``KVCache``: block means are recomputed from the cached keys at each step.
     """
 
-    complexity = "time O(B·H·(N²/b + N·(k·b + w))·D), memory O(B·H·(N²/b + N·(k·b + w)·D))"
+    complexity = ("time O(B·H·(N²/b + N·(k·b + w))·D), "
+                  "memory O(B·H·(N²/b + N·(k·b + w) + N·k·D))")
 
     kind = "score"
     supports_kv_cache = True
@@ -604,13 +663,21 @@ class NativeSparseAttention(AttentionBase):
         the always-chosen blocks above any sum (≤ size_g), own before previous before first."""
         return xp.where(forced > 0, size_g + forced, xp.where(seen, p_sum, -math.inf))
 
-    def _window_keys(self, pos, nk, xp):
-        """(Nq, c) key positions of each query's window and (Nq, c) their validity."""
+    def _window_blocks(self, pos, nk, xp):
+        """The window as blocks of w keys: t − w < s ≤ t lies in t's own block of w keys and
+        the one before (|t − s| < w: and the one after). (Nq, c) block numbers and
+        (Nq, c, w) bool, which of each block's keys are in the window (and exist)."""
         w = self.window
-        offsets = xp.arange(-(w - 1), 1) if self.causal else xp.arange(-(w - 1), w)
-        keys = pos[:, None] + offsets
-        ok = (keys >= 0) & (keys < nk)
-        return xp.clip(keys, 0, nk - 1), ok
+        own = pos // w
+        shifts = xp.arange(-1, 1) if self.causal else xp.arange(-1, 2)
+        blocks = xp.clip(own[:, None] + shifts, 0, -(-nk // w) - 1)        # (Nq, c)
+        keys = blocks[..., None] * w + xp.arange(w)                        # (Nq, c, w)
+        near = pos[:, None, None] - keys
+        inside = (near >= 0) & (near < w) if self.causal else xp.abs(near) < w
+        # a block clipped onto its neighbour would read that block's keys twice
+        first = xp.concatenate([xp.ones((len(pos), 1), dtype=bool),
+                                blocks[:, 1:] != blocks[:, :-1]], axis=1)
+        return blocks, inside & (keys < nk) & first[..., None]
 
     def attend(self, q, k, v):
         """q (B, H, Nq, D), k/v (B, Hkv, Nk, D) → (B, H, Nq, D)."""
@@ -635,12 +702,13 @@ class NativeSparseAttention(AttentionBase):
         allowed = ok[..., None] & (keys < nk)
         if self.causal:
             allowed &= keys <= pos[:, None, None]
-        keys = xp.repeat(xp.minimum(keys, nk - 1).reshape(b, groups, nq, -1), size_g, axis=1)
-        allowed = xp.repeat(allowed.reshape(b, groups, nq, -1), size_g, axis=1)
-        o_slc, _ = gathered_attention(q, k, v, keys, allowed, self.scale)
-        # window: the last w keys (both sides when not causal)
-        wkeys, wok = self._window_keys(pos, nk, xp)
-        o_win, _ = gathered_attention(q, k, v, wkeys[None, None], wok[None, None], self.scale)
+        o_slc = block_attention(q, k, v, xp.repeat(chosen, size_g, axis=1),
+                                xp.repeat(allowed, size_g, axis=1), size, self.scale)
+        # window: the last w keys (both sides when not causal), read as blocks of w keys
+        wblocks, wok = self._window_blocks(pos, nk, xp)                  # (Nq, c), (Nq, c, w)
+        o_win = block_attention(q, k, v, xp.broadcast_to(wblocks, (b, h) + wblocks.shape),
+                                xp.broadcast_to(wok, (b, h) + wok.shape), self.window,
+                                self.scale)
         # the gates, one per branch and head, from the head's query
         g = self.hook_gates(sigmoid(matmul(q, self.gate_weight)
                                     + reshape(self.gate_bias, (h, 1, 3))))   # (B, H, Nq, 3)
@@ -735,7 +803,7 @@ def _selection_identities(cls, name, keep_all, sparse, seed):
     q, k, v = (g.standard_normal((2, heads, n, e // heads)) for _ in range(3))
     out = layer.attend(*(Tensor(a) for a in (q, k, v))).numpy()
     ref = to_host(layer.reference(*(Tensor(a).data for a in (q, k, v))))   # on its device
-    rows.append(("attend (gathered keys) − dense softmax under its own selection mask, "
+    rows.append(("attend (the keys it chose) − dense softmax under its own selection mask, "
                  "max |Δ|", float(host_xp.abs(out - ref).max()), 1e-12))
     whole = layer(Tensor(x)).numpy()
     cache = layer.new_cache()

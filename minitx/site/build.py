@@ -133,7 +133,7 @@ COURSE = [
     ("Choosing keys",
      "Each query picks the keys it reads: DeepSeek's lightning indexer and top-k keys, MoBA's "
      "blocks ranked by their mean key, NSA's compressed, selected and window branches.",
-     ["minitx/attention/selection.py"]),
+     ["minitx/attention/selection.py", "notebooks/07_choosing_keys.py"]),
     ("Attention as recurrence",
      "Linear attention read as a recurrent state: retention, the delta rule, state-space "
      "duality.",
@@ -143,7 +143,8 @@ COURSE = [
      "The 2025 recurrences: lightning attention (retention's decay, computed in blocks), then "
      "from the delta rule to gated DeltaNet and Kimi Delta Attention: the memory decays, per "
      "head or per key channel, before each delta-rule write.",
-     ["minitx/attention/lightning.py", "minitx/attention/gated_delta.py"]),
+     ["minitx/attention/lightning.py", "minitx/attention/gated_delta.py",
+      "notebooks/08_state_against_n.py"]),
     ("Tiled flash attention in NumPy",
      "Exact attention in O(N) memory: the online softmax; which code computes attention; "
      "then what every efficient variant costs and gives up, measured.",

@@ -58,6 +58,8 @@ NOTEBOOKS = (
     "notebooks/04_pretrained_bert.py",
     "notebooks/05_attention_and_recurrence.py",
     "notebooks/06_llama_from_gpt2.py",
+    "notebooks/07_choosing_keys.py",
+    "notebooks/08_state_against_n.py",
 )
 
 KERNEL_NAME = "python3"          # ipykernel's kernel: jupyter_client runs it with sys.executable

@@ -54,9 +54,17 @@ def test_tour_sections(tour):
     from minitx.attention import REGISTRY
     for name, cls in REGISTRY.items():
         assert re.search(rf"^\s+{name}\s+{cls.kind}\s", tour, re.M), name
+    # the name column is as wide as the longest registered name (gated_deltanet, 14), so
+    # every row's kind starts in the header's "kind" column
+    width = max(len(name) for name in REGISTRY)
+    assert width >= len("gated_deltanet")
+    header = re.search(r"^   variant +kind ", tour, re.M).group(0)
+    assert header == f"   {'variant':<{width}} kind "
+    for name, cls in REGISTRY.items():
+        assert re.search(rf"^   {name:<{width}} {cls.kind} ", tour, re.M), name
     assert "Complexity (" in tour and "gradcheck" in tour
     for name, cls in REGISTRY.items():      # each variant's complexity, under the table
-        assert f"   {name:<12} {cls.complexity[:30]}" in tour, name
+        assert f"   {name:<{width}} {cls.complexity[:30]}" in tour, name
     assert re.search(r"^\s+mha\s+exact\s+pass\s+\S+\s+dense\s", tour, re.M)
     # the 1/sqrt(d_k) section: Var(q·k) ≈ d_k. The tour uses 20000 samples; q·k has kurtosis
     # 3 + 6/d, so the sample variance's relative standard error is √((2 + 6/d)/20000) ≤ 1.3%
