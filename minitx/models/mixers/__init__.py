@@ -26,3 +26,7 @@ def register_mixer(name: str):
         MIXERS[name] = cls
         return cls
     return add
+
+
+# the mixers (each file registers its own; imported last, as they use register_mixer)
+from . import lightning  # noqa: E402,F401  (MiniMax)
