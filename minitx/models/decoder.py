@@ -232,6 +232,7 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     if len(c.layer_types) != c.num_layers or not set(c.layer_types) <= set(known):
         raise validate.OptionError(f"{who}: layer_types must give one of {known} for each "
                                    f"of the {c.num_layers} layers, got {c.layer_types!r}")
+    # each mixer's options under its registered name (the mixer checks their contents)
     c.mixer_options = dict(c.mixer_options or {})
     stray = sorted(set(c.mixer_options) - set(c.layer_types) - set(MIXERS))
     if stray:
@@ -240,16 +241,17 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     if "sliding" in c.layer_types and c.sliding_window is None:
         raise validate.OptionError(f"{who}: layer_types has 'sliding' layers but "
                                    "sliding_window is None")
+    # MiniMax's residual weights: four numbers per layer, around pre-norms only
     if c.residual_scales is not None:
-        scales = tuple(tuple(validate.real(a, "residual_scales", owner=who) for a in layer)
-                       for layer in c.residual_scales)
-        if len(scales) != c.num_layers or {len(t) for t in scales} != {4} \
-                or c.norm_placement != "pre":
+        rows = c.residual_scales if isinstance(c.residual_scales, (tuple, list)) else ()
+        if len(rows) != c.num_layers or c.norm_placement != "pre" or \
+                any(not isinstance(r, (tuple, list)) or len(r) != 4 for r in rows):
             raise validate.OptionError(f"{who}: residual_scales must give (α₁, β₁, α₂, β₂) "
                                        f"for each of the {c.num_layers} layers, with "
                                        f"norm_placement='pre', got {c.residual_scales!r} "
                                        f"({c.norm_placement!r})")
-        c.residual_scales = scales
+        c.residual_scales = tuple(tuple(validate.real(a, "residual_scales", owner=who)
+                                        for a in row) for row in rows)
     # rope dicts by HF's rules; the Gemma and MoE numbers positive or present
     c.rope = check_rope(c.rope, owner=f"{who}.rope")
     if c.local_rope is not None:

@@ -1,4 +1,4 @@
-r"""Today's ten decoder families side by side, generated from minitx's own translation: each
+r"""Today's decoder families side by side, generated from minitx's own translation: each
 family's published ``config.json`` (the keys that change the maths) goes through
 ``decoders.decoder_config``, and the table is read off the ``DecoderConfig`` it gives. A
 family whose ``model_type`` is not in ``decoders.FAMILIES`` yet, or whose configuration the
@@ -7,7 +7,8 @@ translation refuses, says so in its row: nothing here is written by hand but the
 Two costs are counted from a configuration alone (no model is built, so real sizes cost
 nothing). The KV cache a full layer adds per token of context: keys and values of Hkv heads
 of D numbers (GQA; MHA when Hkv = H), or MLA's latent of r numbers and one rotary key of D_r;
-a sliding layer's cache is bounded by its window W and adds nothing once full. With b bytes
+a sliding layer's cache is bounded by its window W and adds nothing once full, and a hybrid's
+recurrent layer (MiniMax's lightning attention) keeps a state of fixed size. With b bytes
 a number, over the L_full full layers:
 
 $$
@@ -36,9 +37,9 @@ __all__ = ["TODAY", "REPRESENTATIVE", "COLUMNS", "family_config", "attention_con
            "family_row", "family_table", "kv_cache_bytes_per_token", "expert_counts",
            "DENSE_TWIN"]
 
-# The ten families, in the course's order (HF's model_type names).
+# The families, in the course's order (HF's model_type names).
 TODAY = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_text", "olmo2",
-         "gpt_oss", "deepseek_v3")
+         "gpt_oss", "deepseek_v3", "minimax")
 
 # One published model of each family: the config.json keys that change the forward (the
 # ignored ones, token ids and dtype, are left out). The facts are the checkpoints' own.
@@ -122,6 +123,19 @@ REPRESENTATIVE = {
         rope_scaling={"rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
                       "mscale": 1.0, "mscale_all_dim": 1.0,
                       "original_max_position_embeddings": 4096})),
+    # MiniMax-Text-01 (HF's conversion): 7 lightning layers to 1 softmax, 2 of 32 experts,
+    # residual weights α = (2L)^{1/4} on the normalised input
+    "minimax": ("MiniMax-Text-01", dict(
+        vocab_size=200064, hidden_size=6144, intermediate_size=9216, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
+        hidden_act="silu", max_position_embeddings=10240000, tie_word_embeddings=False,
+        rope_theta=10000000.0, sliding_window=None, num_local_experts=32,
+        num_experts_per_tok=2, block_size=256,
+        layer_types=["full_attention" if (i + 1) % 8 == 0 else "linear_attention"
+                     for i in range(80)],
+        full_attn_alpha_factor=3.5565588200778455, full_attn_beta_factor=1.0,
+        linear_attn_alpha_factor=3.5565588200778455, linear_attn_beta_factor=1.0,
+        mlp_alpha_factor=3.5565588200778455, mlp_beta_factor=1.0)),
 }
 
 COLUMNS = ("family", "model", "norm", "MLP", "positions", "attention", "window pattern",
@@ -219,7 +233,8 @@ def expert_counts(kind: str) -> dict:
 # ---- the table ----------------------------------------------------------------------------
 
 def _pattern(types, window):
-    """'all full', 'all sliding (W 4096)', or the repeating unit: '5 sliding : 1 full …'."""
+    """'all full', 'all sliding (W 4096)', or the repeating unit: '5 sliding : 1 full …';
+    a hybrid's unit names its mixer: '7 lightning : 1 full'."""
     if set(types) == {"full"}:
         return "all full"
     if set(types) == {"sliding"}:
@@ -227,6 +242,9 @@ def _pattern(types, window):
     period = next(p for p in range(1, len(types) + 1)
                   if all(types[i] == types[i % p] for i in range(len(types))))
     unit = types[:period]
+    if not set(types) <= {"full", "sliding"}:              # a hybrid, by its unit's layers
+        text = " : ".join(f"{unit.count(t)} {t}" for t in dict.fromkeys(unit))
+        return text + (f" (W {window})" if "sliding" in types else "")
     return (f"{unit.count('sliding')} sliding : {unit.count('full')} full (W {window})"
             if period < len(types) else f"{types.count('sliding')} of {len(types)} sliding "
                                         f"(W {window})")

@@ -184,6 +184,7 @@ def test_counts_are_the_built_models():
     (dict(residual_scales=((1.0, 1.0, 1.0, 1.0),)),
      r"residual_scales must give \(α₁, β₁, α₂, β₂\) for each of the 2 layers"),
     (dict(residual_scales=((1.0, 1.0, 1.0),) * 2), "residual_scales must give"),
+    (dict(residual_scales=0.5), r"residual_scales must give .* got 0\.5"),
     (dict(residual_scales=((1.0, "a", 1.0, 1.0),) * 2), "residual_scales must be a finite"),
     (dict(residual_scales=((1.0,) * 4,) * 2, norm_placement="post"),
      "with norm_placement='pre', got .* \\('post'\\)"),
@@ -200,3 +201,16 @@ def test_a_cache_of_another_kind_is_refused():
     mixer = _mixer(0)
     with pytest.raises(TypeError, match="kv_cache must be a RecurrentState"):
         mixer(tensor(np.zeros((1, 2, 8))), kv_cache=[])
+
+
+def test_minimax_text_01_counts_match_its_model_card():
+    """MiniMax-Text-01's card: 456 B parameters, 45.9 B activated per token (without the
+    embedding table and the head); only its 10 softmax layers of 80 grow a cache."""
+    from minitx.pretrained import families
+    r = families.expert_counts("minimax")
+    assert round(r["total"] / 1e9) == 456
+    assert round((r["active"] - 2 * r["lookup"]) / 1e9, 1) == 45.9
+    assert count_parameters(families.family_config("minimax"))["total"] == r["total"]
+    c = families.attention_config("minimax")
+    assert c.layer_types.count("lightning") == 70
+    assert families.kv_cache_bytes_per_token(c) == 10 * 2 * 8 * 128 * 2
