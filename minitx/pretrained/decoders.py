@@ -1,5 +1,6 @@
-"""HuggingFace's decoder families — Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2, and the
-mixtures of experts Qwen3-MoE, Mixtral, gpt-oss and DeepSeek-V3 — read into minitx's one
+"""HuggingFace's decoder families — Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2, the
+mixtures of experts Qwen3-MoE, Mixtral, gpt-oss and DeepSeek-V3, and the hybrid MiniMax
+(lightning-attention layers, ``models/mixers/lightning.py``) — read into minitx's one
 ``Decoder``: each family is a row of switches, its ``config.json`` translated
 key by key, its tensors renamed by one table.
 
@@ -24,6 +25,10 @@ HuggingFace                                  minitx
 model.embed_tokens.weight (V, E)             embed.weight
 L.self_attn.{q,k,v,o}_proj.weight / .bias    blocks.{i}.attn.{q,k,v,o}_proj.weight / .bias
 L.self_attn.{q,k}_norm.weight                blocks.{i}.attn.{q,k}_norm.weight
+L.self_attn.{qkv_proj,output_gate,out_proj}  blocks.{i}.attn.… (MiniMax's lightning layers,
+.weight, L.self_attn.norm.weight             the same names)
+L.self_attn.{slope_rate,query_decay,         none: MiniMax's decays, checked against those
+key_decay,diagonal_decay}                    minitx computes, written back on the way out
 L.mlp.{gate,up,down}_proj.weight             blocks.{i}.mlp.{gate,up,down}_proj.weight
 L.input_layernorm.weight                     blocks.{i}.ln1.weight (pre, sandwich)
 L.post_attention_layernorm.weight            blocks.{i}.ln2.weight (pre: Llama, Mistral,

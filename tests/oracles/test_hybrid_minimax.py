@@ -275,3 +275,20 @@ def test_a_decoder_without_residual_scales_is_not_minimax():
         layer_types=("full", "lightning"), mlp="moe", num_experts=4, top_k=2)
     with pytest.raises(ValueError, match="no HuggingFace family runs this DecoderConfig"):
         hf_config_dict(c)
+
+
+def test_to_torch_and_back(root):
+    """``interop.to_torch`` builds HF's ``MiniMaxForCausalLM`` from the decoder alone (its
+    config.json from ``hf_config_dict``, the decays rewritten), and ``from_torch`` reads it
+    back to the same switches and logits."""
+    import minitx.interop as interop
+    model, _ = pt.load(tiny(root, "minimax"), dtype="float64", tokenizer=False)
+    theirs = interop.to_torch(model)
+    assert type(theirs).__name__ == "MiniMaxForCausalLM"
+    with torch.no_grad():
+        ref = theirs(torch.tensor(IDS)).logits.numpy()
+    mine = model(IDS).numpy()
+    assert relative(mine, ref) <= TOL["float64"]
+    back = interop.from_torch(theirs)
+    assert back.config == model.config
+    assert relative(back(IDS).numpy(), mine) <= 1e-12
