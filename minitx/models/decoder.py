@@ -607,6 +607,7 @@ class DecoderBlock(Module):
 
     "pre" (GPT-2, Llama): h + F(ln(h)) with ``ln1``, ``ln2``; "post" (OLMo 2): h + ln(F(h))
     with ``ln1_post``, ``ln2_post``; "sandwich" (Gemma 3): h + ln_post(F(ln(h))), all four.
+    With ``residual_scales`` (MiniMax, "pre"): α·ln(h) + β·F(ln(h)), the layer's own α, β.
     Hook points (TransformerLens's): ``hook_resid_pre``, ``hook_attn_out``,
     ``hook_resid_mid``, ``hook_mlp_out``, ``hook_resid_post``.
     """
