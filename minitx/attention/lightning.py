@@ -148,7 +148,8 @@ class LightningAttention(RecurrentAttention):
 
     Left out or different: MiniMax's layer around the core (SiLU on q, k and v from one
     fused projection, RMSNorm of the output, the sigmoid output gate — ``gated`` shows that
-    gate); its Triton kernels; MiniMax's decoder caches the state and steps token by token,
+    gate; ``models/mixers/lightning.py`` adds them, as MiniMax's decoder layer); its Triton
+    kernels; MiniMax's decoder caches the state and steps token by token,
     as here. The decays are constants (buffers in MiniMax), not learned.
 
     Reference: Qin, Sun, Li, Shen, Sun & Zhong (2024), "Lightning Attention-2"; MiniMax

@@ -29,7 +29,8 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
   whole projected q and k (OLMo 2), before the rotation (keeps the logits from growing).
 - ``norm_placement="post" | "sandwich"``: OLMo 2 normalises each sublayer's output inside the
   residual, h + Norm(F(h)); Gemma 3 normalises its input and output, h + Norm(F(Norm h))
-  (steadier training).
+  (steadier training). ``residual_scales``: MiniMax keeps the normalised input as the
+  residual and weights both terms per layer, α·Norm(h) + β·F(Norm h).
 - ``sliding_window``, ``layer_types``: local layers see only the last W tokens (Mistral all
   layers, Gemma 3 five of every six), so their KV cache is bounded. A layer type may also name
   a registered token mixer (``models/mixers/``), a recurrence in place of softmax attention:
@@ -135,6 +136,8 @@ class DecoderConfig:
     registered mixer's name (``models.mixers.MIXERS``) per layer (None: all "sliding" when
     ``sliding_window`` is set, else all "full"); ``mixer_options``: {mixer name: its
     options}.
+    ``residual_scales``: per layer (α₁, β₁, α₂, β₂), the residual becomes
+    α·Norm(h) + β·F(Norm h) for the attention (1) and the MLP (2) (MiniMax; pre-norm only).
     ``gelu_approximate``: the tanh form of GELU for "gelu" and "geglu". ``padding_idx``: the
     embedding row that gets no gradient (PyTorch's, as HF's checkpoints set it). MoE:
     ``num_experts``, ``top_k``, ``expert_hidden`` (each expert's width; default F) and
@@ -161,6 +164,7 @@ class DecoderConfig:
     norm_scale_in_float32: bool = False
     norm_placement: str = "pre"
     norm_bias: bool = False
+    residual_scales: tuple = None
     # the MLP and the biases
     mlp: str = "swiglu"
     gelu_approximate: bool = True
@@ -250,6 +254,17 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     if "sliding" in c.layer_types and c.sliding_window is None:
         raise validate.OptionError(f"{who}: layer_types has 'sliding' layers but "
                                    "sliding_window is None")
+    # MiniMax's residual weights: four numbers per layer, around pre-norms only
+    if c.residual_scales is not None:
+        rows = c.residual_scales if isinstance(c.residual_scales, (tuple, list)) else ()
+        if len(rows) != c.num_layers or c.norm_placement != "pre" or \
+                any(not isinstance(r, (tuple, list)) or len(r) != 4 for r in rows):
+            raise validate.OptionError(f"{who}: residual_scales must give (α₁, β₁, α₂, β₂) "
+                                       f"for each of the {c.num_layers} layers, with "
+                                       f"norm_placement='pre', got {c.residual_scales!r} "
+                                       f"({c.norm_placement!r})")
+        c.residual_scales = tuple(tuple(validate.real(a, "residual_scales", owner=who)
+                                        for a in row) for row in rows)
     # rope dicts by HF's rules; the Gemma and MoE numbers positive or present
     c.rope = check_rope(c.rope, owner=f"{who}.rope")
     if c.local_rope is not None:
@@ -650,6 +665,7 @@ class DecoderBlock(Module):
 
     "pre" (GPT-2, Llama): h + F(ln(h)) with ``ln1``, ``ln2``; "post" (OLMo 2): h + ln(F(h))
     with ``ln1_post``, ``ln2_post``; "sandwich" (Gemma 3): h + ln_post(F(ln(h))), all four.
+    With ``residual_scales`` (MiniMax, "pre"): α·ln(h) + β·F(ln(h)), the layer's own α, β.
     Hook points (TransformerLens's): ``hook_resid_pre``, ``hook_attn_out``,
     ``hook_resid_mid``, ``hook_mlp_out``, ``hook_resid_post``.
     """
@@ -672,6 +688,7 @@ class DecoderBlock(Module):
         self.ln2 = _norm(c, e) if before else None
         self.mlp = _mlp(c, index)
         self.ln2_post = _norm(c, e) if after else None
+        self.scales = None if c.residual_scales is None else c.residual_scales[index]
         for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
             setattr(self, f"hook_{name}", HookPoint())
 
@@ -682,11 +699,18 @@ class DecoderBlock(Module):
     # h + [ln_post] F([ln] h), twice: attention, then the MLP; absent norms are skipped.
     def forward(self, x, kv_cache=None, keep=None, positions=None):
         x = self.hook_resid_pre(x)
-        a = self._maybe(self.ln1_post, self.attn(self._maybe(self.ln1, x), kv_cache, keep,
-                                                 positions))
-        x = self.hook_resid_mid(x + self.hook_attn_out(a))
-        m = self._maybe(self.ln2_post, self.mlp(self._maybe(self.ln2, x)))
-        return self.hook_resid_post(x + self.hook_mlp_out(m))
+        n = self._maybe(self.ln1, x)
+        a = self._maybe(self.ln1_post, self.attn(n, kv_cache, keep, positions))
+        x = self.hook_resid_mid(self._residual(x, n, self.hook_attn_out(a), 0))
+        n = self._maybe(self.ln2, x)
+        m = self._maybe(self.ln2_post, self.mlp(n))
+        return self.hook_resid_post(self._residual(x, n, self.hook_mlp_out(m), 2))
+
+    def _residual(self, x, normed, out, i):
+        """h + F, or MiniMax's α·Norm(h) + β·F (``residual_scales``)."""
+        if self.scales is None:
+            return x + out
+        return normed * self.scales[i] + out * self.scales[i + 1]
 
 
 class Decoder(Module, AttentionMaps, HookedModel):

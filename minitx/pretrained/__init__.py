@@ -16,8 +16,8 @@ their tokenizers, in minitx's own modules.
 - "gpt2" → ``GPT2Model`` (``model(input_ids, attention_mask=…)`` → logits (B, N, V);
   ``model.generate``) and a ``ByteLevelBPETokenizer``;
 - "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2", and the mixtures of experts
-  "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3", "deepseek_v32", and the hybrid
-  "qwen3_next" → ``minitx.models.Decoder``
+  "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3", "deepseek_v32", and the hybrids
+  "qwen3_next", "kimi_linear", "minimax" → ``minitx.models.Decoder``
   (``model(ids)`` → logits (B, N, V); ``model.generate``), configured by
   ``minitx.pretrained.decoders``; no tokenizer yet (pass ``tokenizer=False``).
 

@@ -1,8 +1,9 @@
 """HuggingFace's decoder families — Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2, the
 mixtures of experts Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V3 and DeepSeek-V3.2 (V3 with the
-lightning indexer's sparse attention, ``models/indexer.py``), and the hybrids Qwen3-Next and
-Kimi Linear — read into minitx's one ``Decoder``: each family is a row of switches, its
-``config.json`` translated key by key, its tensors renamed by one table.
+lightning indexer's sparse attention, ``models/indexer.py``), and the hybrids Qwen3-Next,
+Kimi Linear and MiniMax (token mixers among attention layers, ``models/mixers/``) — read into
+minitx's one ``Decoder``: each family is a row of switches, its ``config.json`` translated key
+by key, its tensors renamed by one table.
 
     model, _ = minitx.pretrained.load("path/to/Qwen3-0.6B", dtype="float64", tokenizer=False)
     logits = model(ids)                                   # (B, N, V)
@@ -25,6 +26,10 @@ HuggingFace                                  minitx
 model.embed_tokens.weight (V, E)             embed.weight
 L.self_attn.{q,k,v,o}_proj.weight / .bias    blocks.{i}.attn.{q,k,v,o}_proj.weight / .bias
 L.self_attn.{q,k}_norm.weight                blocks.{i}.attn.{q,k}_norm.weight
+L.self_attn.{qkv_proj,output_gate,out_proj}  blocks.{i}.attn.… (MiniMax's lightning layers,
+.weight, L.self_attn.norm.weight             the same names)
+L.self_attn.{slope_rate,query_decay,         none: MiniMax's decays, checked against those
+key_decay,diagonal_decay}                    minitx computes, written back on the way out
 L.mlp.{gate,up,down}_proj.weight             blocks.{i}.mlp.{gate,up,down}_proj.weight
 L.input_layernorm.weight                     blocks.{i}.ln1.weight (pre, sandwich)
 L.post_attention_layernorm.weight            blocks.{i}.ln2.weight (pre: Llama, Mistral,
@@ -53,6 +58,7 @@ import numpy as np
 from .. import validate
 from ..backend import to_host
 from ..models.decoder import Decoder, DecoderConfig, check_config
+from ..models.mixers.lightning import LightningMixer
 from ..nn.moe import MoE
 from ..nn.rotary import check_rope
 
@@ -83,6 +89,8 @@ FAMILIES = {
     # the hybrid: KDA layers ("kda", models/mixers/kda.py) between MLA layers without rotary
     # positions, DeepSeek-V3's experts
     "kimi_linear": dict(mlp="moe", attention="mla", positions="none"),
+    # the hybrid: lightning-attention layers (models/mixers/lightning.py) among softmax ones
+    "minimax": dict(mlp="moe"),
 }
 
 # DeepSeek-V3's keys: multi-head latent attention's sizes, and the MoE's, by HF's names.
@@ -110,6 +118,7 @@ _MOE_DEFAULTS = {
     "qwen3_moe": dict(router_aux_loss_coef=0.001, num_experts=128, num_experts_per_tok=8,
                       moe_intermediate_size=768, norm_topk_prob=False, decoder_sparse_step=1),
     "mixtral": dict(router_aux_loss_coef=0.001, num_experts=8, num_experts_per_tok=2),
+    "minimax": dict(router_aux_loss_coef=0.001, num_experts=8, num_experts_per_tok=2),
     "gpt_oss": dict(router_aux_loss_coef=0.001, num_experts=128, num_experts_per_tok=4,
                     swiglu_limit=7.0, swiglu_alpha=1.702),
     "qwen3_next": dict(router_aux_loss_coef=0.001, num_experts=512, num_experts_per_tok=10,
@@ -155,7 +164,7 @@ IGNORED = frozenset({
 # What a key that changes the maths must hold for minitx to run the family as HF does.
 _REFUSED = {"use_bidirectional_attention": (False, None), "quantization_config": (None,)}
 _ACTIVATIONS = {"silu": None, "gelu_pytorch_tanh": True, "gelu_new": True, "gelu": False}
-_DEFAULT_THETA = {"gemma3_text": (1_000_000.0, 10_000.0)}
+_DEFAULT_THETA = {"gemma3_text": (1_000_000.0, 10_000.0), "minimax": (1_000_000.0, None)}
 _TIED_DEFAULT = {"gemma3_text": True}
 # HF's families that rotate only part of each head, and their default share
 _PARTIAL_ROTARY = {"qwen3_next": 0.25}
@@ -252,6 +261,10 @@ def _layer_types(cfg, kind, n, source):
                  "full_attention" for i in range(n)]
     # HF's names to minitx's, and a sliding layer needs a window
     names = {"full_attention": "full", "sliding_attention": "sliding"}
+    if kind == "minimax":      # lightning and softmax layers; a window makes the latter slide
+        types = types or ["linear_attention" if i % 2 else "full_attention" for i in range(n)]
+        names = {"full_attention": "sliding" if window else "full",
+                 "linear_attention": "lightning"}
     if not set(types) <= set(names):
         _fail(source, f"layer_types may hold only {sorted(names)}, got {sorted(set(types))}")
     types = tuple(names[t] for t in types)
@@ -359,6 +372,8 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
         sizes = {**_LINEAR_DEFAULTS, **{k: cfg[k] for k in _LINEAR_KEYS if k in cfg}}
         switches["mixer_options"] = {"gated_deltanet": {_LINEAR_KEYS[k]: v
                                                         for k, v in sizes.items()}}
+    if kind == "minimax":
+        switches.update(_minimax(cfg, types))
     # HF's names → the switches (the sizes, eps, rope, windows, Gemma's numbers, the tying)
     c = DecoderConfig(
         vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], num_layers=n,
@@ -380,13 +395,31 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
             "query_pre_attn_scalar", "final_logit_softcapping", "tie_word_embeddings",
             "pad_token_id", "max_position_embeddings", *_REFUSED, *_MLA_KEYS, *_MOE_KEYS,
             *_ROUTER_KEYS, *_LINEAR_KEYS, "full_attention_interval", *_KIMI_KEYS,
-            *(_INDEX_KEYS if kind == "deepseek_v32" else ())}
+            *(_INDEX_KEYS if kind == "deepseek_v32" else ()),
+            *(_MINIMAX_KEYS if kind == "minimax" else ())}
     unknown = sorted(set(cfg) - read - IGNORED)
     if unknown:
         _fail(source, f"config.json key(s) {', '.join(map(repr, unknown))} are not known to "
                       f"minitx's {kind} translation (neither read nor known not to change the "
                       "forward); refused rather than ignored")
     return c
+
+
+# MiniMax's lightning blocks and residual weights: (α, β) after each layer kind, HF's names
+_MINIMAX_KEYS = ("block_size", "full_attn_alpha_factor", "full_attn_beta_factor",
+                 "linear_attn_alpha_factor", "linear_attn_beta_factor", "mlp_alpha_factor",
+                 "mlp_beta_factor")
+
+
+def _minimax(cfg, types):
+    """MiniMax's switches: the lightning layers' block length, and each layer's residual
+    weights (α₁, β₁) after its mixer (softmax or lightning) and (α₂, β₂) after the MLP."""
+    get = {"block_size": 256, **{k: 1.0 for k in _MINIMAX_KEYS[1:]}, **cfg}.get
+    scales = {kind: (float(get(f"{name}_alpha_factor")), float(get(f"{name}_beta_factor")))
+              for kind, name in (("full", "full_attn"), ("sliding", "full_attn"),
+                                 ("lightning", "linear_attn"), ("mlp", "mlp"))}
+    return {"mixer_options": {"lightning": {"block": get("block_size")}},
+            "residual_scales": tuple(scales[t] + scales["mlp"] for t in types)}
 
 
 def _moe(cfg, kind, n, source):
@@ -613,7 +646,7 @@ def _experts_to_hf(state: dict, model, files: bool, kind: str) -> dict:
                        "experts.down_proj": np.asarray(down).transpose(0, 2, 1),
                        "experts.down_proj_bias": mine["experts.down_proj_bias"]})
         elif files:                    # one matrix per expert
-            names = ("w1", "w3", "w2") if kind in ("mixtral", "kimi_linear") else \
+            names = ("w1", "w3", "w2") if kind in ("mixtral", "kimi_linear", "minimax") else \
                 ("gate_proj", "up_proj", "down_proj")
             for ours, theirs in zip((gate, up, down), names):
                 for j, w in enumerate(np.asarray(ours)):
@@ -622,8 +655,45 @@ def _experts_to_hf(state: dict, model, files: bool, kind: str) -> dict:
             hf["experts.gate_up_proj"] = np.concatenate([np.asarray(gate), np.asarray(up)],
                                                         axis=1)
             hf["experts.down_proj"] = down
-        block = "block_sparse_moe" if files and kind == "mixtral" else "mlp"
+        block = "block_sparse_moe" if files and kind in ("mixtral", "minimax") else "mlp"
         out.update({f"model.layers.{i}.{block}.{k}": v for k, v in hf.items()})
+    return out
+
+
+# MiniMax's lightning layers store their decays as buffers (``L.self_attn.<name>``): constants
+# of the slopes and the block length, checked on the way in and rewritten on the way out.
+_DECAYS = ("slope_rate", "query_decay", "key_decay", "diagonal_decay")
+
+
+def _lightning_decays(mixer) -> dict:
+    """{buffer name: array} as HF's ``MiniMaxLightningAttention`` holds them: the rates s_h
+    (H, 1, 1), λ^{i+1} and λ^{c−i−1} (H, c, 1), λ^{i−j} below the diagonal (1, H, c, c)."""
+    s, c = mixer.slopes[:, None, None], mixer.block
+    i = np.arange(c)
+    dist = i[:, None] - i[None, :]
+    diagonal = np.where(dist >= 0, np.exp(-s * np.maximum(dist, 0)), 0.0)
+    return {"slope_rate": s, "query_decay": np.exp(-s * (i[:, None] + 1)),
+            "key_decay": np.exp(-s * (c - 1 - i[:, None])),
+            "diagonal_decay": diagonal[None]}
+
+
+def _lightning_from_hf(tensors: dict, model, source) -> dict:
+    """``tensors`` without the lightning layers' decay buffers, each checked against the
+    decays minitx computes (to float32's rounding: HF computes them in float32)."""
+    out = dict(tensors)
+    for i, block in enumerate(model.blocks):
+        if not isinstance(block.attn, LightningMixer):
+            continue
+        for name, mine in _lightning_decays(block.attn).items():
+            key = f"model.layers.{i}.self_attn.{name}"
+            if key not in out:
+                _fail(source, f"missing tensor: {key}")
+            theirs = np.asarray(out.pop(key), dtype="float64")
+            if theirs.shape != mine.shape or not np.allclose(theirs, mine, rtol=1e-5,
+                                                             atol=1e-7):
+                _fail(source, f"tensor {key!r} (shape {theirs.shape}) is not MiniMax's decay "
+                              f"for layer {i} of {len(model.blocks)}, "
+                              f"block_size={block.attn.block} (shape {mine.shape})")
     return out
 
 
@@ -635,7 +705,8 @@ def decoder_state_from_hf(tensors: dict, model: Decoder, source: str = "checkpoi
     if _is_kimi(model):
         tensors = _kimi_from_hf(tensors, model)
     # the experts stacked first (docs/moe.md); errors name the HF key a tensor came from
-    tensors, origin = _experts_from_hf(tensors, model, source)
+    tensors, origin = _experts_from_hf(_lightning_from_hf(tensors, model, source), model,
+                                       source)
     # each HF tensor: renamed, then it must be one the model has, of the model's shape
     state, extra = {}, []
     for key, value in tensors.items():
@@ -701,6 +772,11 @@ def decoder_state_to_hf(state: dict, model: Decoder, files: bool = False) -> dic
            for name, value in state.items()}
     if model.config.tie_embeddings and "model.embed_tokens.weight" in out:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    dtype = next(iter(state.values())).dtype if state else "float32"
+    for i, block in enumerate(model.blocks):      # MiniMax's decays, in the model's dtype
+        if isinstance(block.attn, LightningMixer):
+            out.update({f"model.layers.{i}.self_attn.{k}": v.astype(dtype) for k, v in
+                        _lightning_decays(block.attn).items()})
     return _kimi_to_hf(out, model, files) if _is_kimi(model) else out
 
 
@@ -785,7 +861,7 @@ def _candidate(c: DecoderConfig, kind: str) -> dict:
     else:
         d["hidden_act"] = "silu"
     # Qwen2's q, k, v biases are fixed; the others write one switch for all four
-    if kind != "qwen2":
+    if kind not in ("qwen2", "minimax"):
         d["attention_bias"] = c.qkv_bias
     if kind == "llama":
         d["mlp_bias"] = c.mlp_bias
@@ -813,7 +889,7 @@ def _candidate(c: DecoderConfig, kind: str) -> dict:
     if kind in ("deepseek_v3", "deepseek_v32"):
         d.update({k: o.get(k) for k in ("n_group", "topk_group", "routed_scaling_factor",
                                          "n_shared_experts", "norm_topk_prob")})
-    if kind in ("qwen3_moe", "mixtral", "gpt_oss"):
+    if kind in ("qwen3_moe", "mixtral", "gpt_oss", "minimax"):
         d.update(num_experts_per_tok=c.top_k, router_aux_loss_coef=c.router_aux_loss_coef)
         d["num_experts" if kind == "qwen3_moe" else "num_local_experts"] = c.num_experts
     if kind == "qwen3_moe":
@@ -821,7 +897,7 @@ def _candidate(c: DecoderConfig, kind: str) -> dict:
                  mlp_only_layers=list(c.dense_layers), decoder_sparse_step=1,
                  use_sliding_window=c.sliding_window is not None,
                  sliding_window=c.sliding_window)
-    if kind == "mixtral":
+    if kind in ("mixtral", "minimax"):
         d.update(intermediate_size=c.expert_hidden, sliding_window=c.sliding_window)
     if kind == "qwen3_next":
         names = {"full": "full_attention", "gated_deltanet": "linear_attention"}
@@ -833,6 +909,8 @@ def _candidate(c: DecoderConfig, kind: str) -> dict:
                  norm_topk_prob=o.get("norm_topk_prob"), mlp_only_layers=list(c.dense_layers),
                  decoder_sparse_step=1,
                  shared_expert_intermediate_size=o.get("shared_intermediate_size"))
+    if kind == "minimax":
+        d.update(_minimax_keys(c))
     if kind == "gpt_oss":
         d.update(intermediate_size=c.expert_hidden, sliding_window=c.sliding_window,
                  layer_types=[f"{t}_attention" for t in c.layer_types],
@@ -854,6 +932,22 @@ def _candidate(c: DecoderConfig, kind: str) -> dict:
                  num_shared_experts=o.get("n_shared_experts"), num_expert_group=o.get("n_group"),
                  routed_scaling_factor=o.get("routed_scaling_factor"),
                  moe_renormalize=o.get("norm_topk_prob"))
+    return d
+
+
+def _minimax_keys(c: DecoderConfig) -> dict:
+    """MiniMax's own keys for ``c`` (``_minimax`` backwards): the layer kinds, the block
+    length, and the residual weights of the first layer of each kind."""
+    scales = c.residual_scales or ((1.0,) * 4,) * c.num_layers
+    first = dict(zip(reversed(c.layer_types), reversed(scales)))     # first layer of a kind
+    d = {"layer_types": ["linear_attention" if t == "lightning" else "full_attention"
+                         for t in c.layer_types],
+         "block_size": (c.mixer_options.get("lightning") or {}).get("block", 256),
+         "mlp_alpha_factor": scales[0][2], "mlp_beta_factor": scales[0][3]}
+    for kind, name in (("full", "full_attn"), ("sliding", "full_attn"),
+                       ("lightning", "linear_attn")):
+        if kind in first:
+            d[f"{name}_alpha_factor"], d[f"{name}_beta_factor"] = first[kind][:2]
     return d
 
 

@@ -8,9 +8,9 @@ Two costs are counted from a configuration alone (no model is built, so real siz
 nothing). The KV cache a full layer adds per token of context: keys and values of Hkv heads
 of D numbers (GQA; MHA when Hkv = H), or MLA's latent of r numbers and one rotary key of D_r
 (and DeepSeek-V3.2's indexer key of d_I numbers; d_I = 0 without it); a sliding layer's
-cache is bounded by its window W and adds nothing once full, and a recurrent layer's (a
-hybrid's gated DeltaNet or KDA) does not grow at all. With b bytes a number, over the L_full
-full layers:
+cache is bounded by its window W and adds nothing once full, and a hybrid's recurrent layer
+(gated DeltaNet, KDA, lightning attention) keeps a state of fixed size. With b bytes a number,
+over the L_full full layers:
 
 $$
 \text{GQA: } 2\, L_{\text{full}}\, H_{kv}\, D\, b, \qquad
@@ -44,7 +44,7 @@ __all__ = ["TODAY", "REPRESENTATIVE", "COLUMNS", "family_config", "attention_con
 # The families, in the course's order (HF's model_type names); the hybrids last.
 TODAY = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_text", "olmo2",
          "gpt_oss", "deepseek_v3", "deepseek_v32",
-         "qwen3_next", "kimi_linear")
+         "qwen3_next", "kimi_linear", "minimax")
 
 # One published model of each family: the config.json keys that change the forward (the
 # ignored ones, token ids and dtype, are left out). The facts are the checkpoints' own.
@@ -154,6 +154,19 @@ REPRESENTATIVE = {
         linear_attn_config={"head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4,
                             "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
                             "kda_layers": [i for i in range(1, 28) if i % 4 and i != 27]})),
+    # MiniMax-Text-01 (HF's conversion): 7 lightning layers to 1 softmax, 2 of 32 experts,
+    # residual weights α = (2L)^{1/4} on the normalised input
+    "minimax": ("MiniMax-Text-01", dict(
+        vocab_size=200064, hidden_size=6144, intermediate_size=9216, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
+        hidden_act="silu", max_position_embeddings=10240000, tie_word_embeddings=False,
+        rope_theta=10000000.0, sliding_window=None, num_local_experts=32,
+        num_experts_per_tok=2, block_size=256,
+        layer_types=["full_attention" if (i + 1) % 8 == 0 else "linear_attention"
+                     for i in range(80)],
+        full_attn_alpha_factor=3.5565588200778455, full_attn_beta_factor=1.0,
+        linear_attn_alpha_factor=3.5565588200778455, linear_attn_beta_factor=1.0,
+        mlp_alpha_factor=3.5565588200778455, mlp_beta_factor=1.0)),
 }
 # DeepSeek-V3.2: V3's model, plus a lightning indexer choosing 2048 keys per query
 REPRESENTATIVE["deepseek_v32"] = ("DeepSeek-V3.2", dict(
@@ -275,7 +288,7 @@ def _pattern(types, window):
         if period == len(types):
             return ", ".join(f"{types.count(t)} {t}" for t in dict.fromkeys(types))
         return " : ".join(f"{unit.count(t)} {t}" for t in dict.fromkeys(unit)) + \
-            (f" (W {window})" if window else "")
+            (f" (W {window})" if "sliding" in types else "")
     return (f"{unit.count('sliding')} sliding : {unit.count('full')} full (W {window})"
             if period < len(types) else f"{types.count('sliding')} of {len(types)} sliding "
                                         f"(W {window})")

@@ -102,10 +102,11 @@ COURSE = [
      ["minitx/models/decoder.py", "docs/decoders.md", "minitx/pretrained/families.py"]),
     ("Today's decoders: the hybrids",
      "Layers that are recurrences among attention layers — Qwen3-Next's gated DeltaNet, "
-     "Kimi Linear's KDA — as layer types of the one decoder; DeepSeek-V3.2's indexer, which "
-     "picks the keys each query reads.",
-     ["minitx/models/mixers/__init__.py", "minitx/models/mixers/gated_deltanet.py",
-      "minitx/models/mixers/kda.py", "minitx/models/indexer.py"]),
+     "Kimi Linear's KDA, MiniMax's lightning attention — as layer types of the one decoder; "
+     "DeepSeek-V3.2's indexer, which picks the keys each query reads.",
+     ["docs/hybrids.md", "minitx/models/mixers/__init__.py",
+      "minitx/models/mixers/gated_deltanet.py", "minitx/models/mixers/kda.py",
+      "minitx/models/mixers/lightning.py", "minitx/models/indexer.py"]),
     ("Efficient attention: sparse patterns", "Exact attention under a sparsity mask.",
      ["minitx/attention/sparse.py"]),
     ("Efficient attention: low rank",

@@ -58,7 +58,7 @@ def test_unknown_model_type_lists_the_supported(bert_folder, tmp_path):
     with pytest.raises(ValueError, match=r"mamba.config\.json: model_type 'mamba' is not "
                                          r"supported; minitx\.pretrained loads: bert, "
                                          r"deepseek_v3, deepseek_v32, gemma3_text, gpt2, gpt_oss, "
-                                         r"kimi_linear, llama, "
+                                         r"kimi_linear, llama, minimax, "
                                          r"mistral, mixtral, olmo2, qwen2, qwen3, qwen3_moe"):
         pt.load(folder)
 

@@ -31,3 +31,4 @@ def register_mixer(name: str):
 # The registered mixers, one module each (imported last: they use register_mixer).
 from . import gated_deltanet  # noqa: E402,F401
 from . import kda  # noqa: E402,F401
+from . import lightning  # noqa: E402,F401

@@ -90,6 +90,7 @@ def mixer_options(c) -> dict:
     if unknown:
         raise validate.unknown_options(unknown, list(OPTIONS), owner=who)
     o = {**OPTIONS, **given}
+    # head counts and sizes default to the attention layers' (Hkv, H, D)
     for name, default in (("num_k_heads", c.num_kv_heads), ("num_v_heads", c.num_heads),
                           ("head_k_dim", c.head_dim), ("head_v_dim", c.head_dim)):
         o[name] = default if o[name] is None else validate.positive_int(o[name], name,

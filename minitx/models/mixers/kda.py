@@ -55,6 +55,8 @@ import math
 
 from ... import functional as F
 from ... import validate
+# the rule itself is the registry variant's (proven there); this layer adds what Kimi puts
+# around it
 from ...attention.base import hooked_heads
 from ...attention.delta_rule import _unit_rows
 from ...attention.gated_delta import kda_chunk, run_gated_chunks
