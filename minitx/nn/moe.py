@@ -96,6 +96,7 @@ from .hooks import HookPoint
 from .layers import Linear
 from .module import Module, Parameter
 
+# the block and its parts, the three routers, the statistic, the loss and the grouped product
 __all__ = ["MoE", "Router", "Experts", "SharedExpert", "softmax_topk", "topk_softmax",
            "sigmoid_grouped_topk", "tokens_per_expert", "load_balancing_loss", "GroupedLinear",
            "grouped_linear", "ROUTERS", "EXPERT_KINDS"]
