@@ -114,6 +114,14 @@ def _gelu(rng, n):                          # erf, gelu_backward
     return run
 
 
+def _silu(rng, n):                          # silu, silu_backward: a SwiGLU's activation
+    x = _tensor(rng, (n, 704), grad=True)
+
+    def run():
+        F.silu(x).sum().backward()
+    return run
+
+
 def _layer_norm(rng, n):
     x = _tensor(rng, (n, 256), grad=True)
     w, b = _tensor(rng, (256,), grad=True), _tensor(rng, (256,), grad=True)
@@ -158,6 +166,7 @@ def _adam(rng, n):                          # a small model's step: many biases 
 WORKLOADS = {
     "row_max": (_softmax, (128, 256)), "row_sum": (_softmax, (128, 256)),
     "erf": (_gelu, (512, 1024)), "gelu_backward": (_gelu, (512, 1024)),
+    "silu": (_silu, (128, 2048)), "silu_backward": (_silu, (128, 2048)),
     "layer_norm": (_layer_norm, (512, 1024)), "sdpa": (_sdpa, (256, 512)),
     "map_in_threads": (_flash, (256, 1024)), "scatter_add": (_embedding_backward, (256, 1024)),
     "adam": (_adam, (32, 64)),
