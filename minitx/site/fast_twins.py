@@ -162,6 +162,12 @@ def _adam(rng, n):                          # a small model's step: many biases 
     return opt.step
 
 
+def _adam_large(rng, n):                    # adam_in_place: one large parameter's step
+    weight = nn.Parameter(_tensor(rng, (n, 1024)).data)     # (a mixture of experts' stack)
+    weight.grad = _tensor(rng, (n, 1024))
+    return optim.AdamW([weight], lr=1e-3).step
+
+
 # name -> workload(rng, size) returning the function to time; sizes (quick, full)
 WORKLOADS = {
     "row_max": (_softmax, (128, 256)), "row_sum": (_softmax, (128, 256)),
@@ -169,7 +175,7 @@ WORKLOADS = {
     "silu": (_silu, (128, 2048)), "silu_backward": (_silu, (128, 2048)),
     "layer_norm": (_layer_norm, (512, 1024)), "sdpa": (_sdpa, (256, 512)),
     "map_in_threads": (_flash, (256, 1024)), "scatter_add": (_embedding_backward, (256, 1024)),
-    "adam": (_adam, (32, 64)),
+    "adam": (_adam, (32, 64)), "adam_in_place": (_adam_large, (64, 2048)),
 }
 
 
