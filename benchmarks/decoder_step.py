@@ -2,7 +2,7 @@
 PyTorch (CPU), the same weights, in the same run.
 
     python benchmarks/decoder_step.py [--repeats 10] [--batch 8] [--tokens 128] [--threads N]
-                                      [--quick]
+                                      [--model {all,llama,moe}] [--quick]
 
 Two models, each 2 layers with E = 256 (4 heads sharing 2 key/value heads, V = 1024):
 
@@ -15,6 +15,9 @@ next-token cross-entropy, backward, AdamW. The two libraries are timed alternate
 warm-up step, so that a change in machine load hits both; medians and minima are printed with
 the ratio minitx / torch (above 1: minitx is slower), the thread counts, and the load average
 before and after (figures taken while other jobs compete for the cores are not comparable).
+The ``paired`` column is the median over the repeats of each minitx step over the torch step
+timed right after it, which a load that changes from one repeat to the next disturbs less; the
+last line repeats the mixture of experts' ratios. ``--model moe`` (or ``llama``) times one model.
 ``--threads N`` sets both libraries' thread count (BLAS through OMP/OPENBLAS/MKL_NUM_THREADS,
 set before NumPy is imported; PyTorch through ``torch.set_num_threads``). ``--quick``: B = 2,
 T = 16, 2 repeats (a smoke run, no figures to quote). Without PyTorch and transformers only
@@ -31,14 +34,18 @@ import time
 E, LAYERS, HEADS, KV_HEADS, VOCAB, WIDTH = 256, 2, 4, 2, 1024, 704
 
 
-def configs():
+LLAMA, MOE = "llama (E=256, 2 layers)", "mixtral-style MoE (8 experts, top 2)"
+
+
+def configs(model="all"):
     from minitx.models import DecoderConfig
     base = dict(vocab_size=VOCAB, hidden_size=E, num_layers=LAYERS, num_heads=HEADS,
                 num_kv_heads=KV_HEADS, ffn_hidden=WIDTH, norm_eps=1e-5, tie_embeddings=False,
                 rope={"rope_type": "default", "rope_theta": 10000.0})
-    return {"llama (E=256, 2 layers)": DecoderConfig(**base),
-            "mixtral-style MoE (8 experts, top 2)": DecoderConfig(
-                **base, mlp="moe", num_experts=8, top_k=2, expert_hidden=WIDTH)}
+    every = {LLAMA: DecoderConfig(**base),
+             MOE: DecoderConfig(**base, mlp="moe", num_experts=8, top_k=2, expert_hidden=WIDTH)}
+    wanted = {"all": (LLAMA, MOE), "llama": (LLAMA,), "moe": (MOE,)}[model]
+    return {name: every[name] for name in wanted}
 
 
 def minitx_step(model, opt, ids):
@@ -74,6 +81,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--model", choices=("all", "llama", "moe"), default="all")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
@@ -102,8 +110,10 @@ def main(argv=None):
         print(f"threads: torch {torch.get_num_threads()}, "
               f"BLAS {os.environ.get('OMP_NUM_THREADS', 'default')}")
     ids = np.random.default_rng(0).integers(0, VOCAB, (args.batch, args.tokens + 1))
-    print(f"{'model':40s} {'minitx ms':>10s} {'torch ms':>10s} {'ratio':>7s}  (median; min)")
-    for name, config in configs().items():
+    print(f"{'model':40s} {'minitx ms':>10s} {'torch ms':>10s} {'ratio':>7s} {'paired':>7s}"
+          "  (median; min)")
+    moe_line = None
+    for name, config in configs(args.model).items():
         minitx.manual_seed(0)
         model = Decoder(config)
         model.train()
@@ -132,11 +142,17 @@ def main(argv=None):
         m = statistics.median(mine) * 1e3
         if ref:
             t = statistics.median(ref) * 1e3
-            print(f"{name:40s} {m:10.1f} {t:10.1f} {m / t:6.2f}×  "
+            paired = statistics.median(a / b for a, b in zip(mine, ref))
+            print(f"{name:40s} {m:10.1f} {t:10.1f} {m / t:6.2f}× {paired:6.2f}×  "
                   f"(min {min(mine) * 1e3:.1f} / {min(ref) * 1e3:.1f})")
+            if name == MOE:
+                moe_line = (f"mixture of experts, minitx / torch: {m / t:.2f}× (medians), "
+                            f"{paired:.2f}× (paired), {min(mine) / min(ref):.2f}× (minima)")
         else:
             print(f"{name:40s} {m:10.1f} {'—':>10s} {'—':>7s}")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+    if moe_line:
+        print(moe_line)
     return 0
 
 

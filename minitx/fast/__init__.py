@@ -29,6 +29,7 @@ host.prepare_blas()
 # Then the core, in its own order (the Tensor binds the ops at its end), and the twins: each
 # import below registers its twins (their order does not matter).
 from .. import autograd  # noqa: E402,F401
-from . import erf, norm, optim, parallel, reductions, scatter, sdpa  # noqa: E402,F401
+from . import erf, norm, optim, parallel, reductions, scatter, sdpa, silu  # noqa: E402,F401
 
-__all__ = ["host", "erf", "norm", "optim", "parallel", "reductions", "scatter", "sdpa"]
+__all__ = ["host", "erf", "norm", "optim", "parallel", "reductions", "scatter", "sdpa",
+           "silu"]

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import math
 
+import numpy
+
 from .. import configuration
 from ..backend import get_array_module
 
-__all__ = ["adam", "flat_moments", "SMALL"]
+__all__ = ["adam", "adam_in_place", "flat_moments", "SMALL", "CHUNK"]
 
 
 def flat_moments(datas, states, xp):
@@ -112,4 +114,58 @@ def adam(datas, grads, states, *, lr, betas, eps, weight_decay, decoupled, amsgr
     return left
 
 
+CHUNK = 2 ** 14    # values per piece of a large parameter: the piece's scratch stays in cache
+
+
+def adam_in_place(theta, grad, state, *, lr, betas, eps, weight_decay, decoupled, amsgrad,
+                  chunk: int = CHUNK) -> bool:
+    """Twin of ``optim.Adam._update`` (and AdamW's) on one parameter, for the large ones the
+    group twin above leaves: the reference's formulas in its order, each written in place into
+    the parameter, its moments and one scratch buffer, piece by piece (the reference makes a
+    fresh array of the parameter's size for every product and sum: a dozen passes over memory
+    where a mixture of experts' stacked weights hold millions of values). Elementwise, the
+    same roundings: bit for bit the reference's update. Returns False, having changed
+    nothing, where it declines (AMSGrad; arrays off the host, of different dtypes, or not
+    contiguous): the reference then runs."""
+    arrays = (theta, grad, state.get("exp_avg", theta), state.get("exp_avg_sq", theta))
+    if amsgrad or any(a.__class__ is not numpy.ndarray or a.dtype != theta.dtype
+                      or not a.flags.c_contiguous or a.shape != theta.shape for a in arrays):
+        return False
+    if not state:
+        state["step"] = 0
+        state["exp_avg"] = numpy.zeros_like(theta)
+        state["exp_avg_sq"] = numpy.zeros_like(theta)
+    state["step"] += 1
+    t = state["step"]
+    beta1, beta2 = betas
+    bias_correction1 = 1.0 - beta1 ** t
+    bias_correction2 = 1.0 - beta2 ** t
+    flats = [a.reshape(-1) for a in (theta, grad, state["exp_avg"], state["exp_avg_sq"])]
+    size = min(chunk, theta.size)
+    scratch, decayed = numpy.empty(size, theta.dtype), numpy.empty(size, theta.dtype)
+    for lo in range(0, theta.size, chunk):
+        d, g, m, v = (f[lo:lo + chunk] for f in flats)
+        s = scratch[:d.size]
+        if weight_decay != 0 and decoupled:                   # AdamW: θ ← θ (1 − η λ)
+            d *= 1.0 - lr * weight_decay
+        elif weight_decay != 0:                               # Adam: g ← g + λ θ
+            g = numpy.multiply(d, weight_decay, out=decayed[:d.size])
+            g += flats[1][lo:lo + chunk]
+        numpy.multiply(g, 1.0 - beta1, out=s)
+        m *= beta1
+        m += s                                                # m ← β₁ m + (1 − β₁) g
+        numpy.multiply(g, 1.0 - beta2, out=s)
+        s *= g
+        v *= beta2
+        v += s                                                # v ← β₂ v + (1 − β₂) g²
+        numpy.sqrt(v, out=s)
+        s /= math.sqrt(bias_correction2)
+        s += eps                                              # √v / √(1 − β₂ᵗ) + ε
+        numpy.divide(m, s, out=s)
+        s *= lr / bias_correction1
+        d -= s                                                # θ ← θ − η/(1 − β₁ᵗ) · m / it
+    return True
+
+
 configuration.register_twin("adam", adam)
+configuration.register_twin("adam_in_place", adam_in_place)

@@ -61,10 +61,14 @@ not by kT), so a perfectly uniform router scores $k$. Only $P$ carries a gradien
 are piecewise constant. With several layers the tokens of all layers are pooled into one $f$
 and one $P$ (as HF does), not summed layer by layer.
 
-**Dispatch, never a loop over tokens.** The T·k (token, slot) pairs are sorted by expert; a
-Python loop over the experts runs each on its contiguous block of gathered tokens; undoing the
-sort and summing each token's k weighted outputs adds them back. The backward of those two
-gathers is the scatter-add (``F.getitem``'s).
+**Dispatch, never a loop over tokens.** The T·k (token, slot) pairs are sorted by expert, so
+that each expert's tokens form one contiguous block of the gathered rows. Each of the three
+projections is then one *grouped product* (``grouped_linear``): a Python loop over the experts
+multiplies each block by its own expert's matrix, and in the backward writes each expert's
+gradient $\bar W_e = \bar Y_e^\top X_e$ into its own slice of one gradient of the stacked
+weights (an expert that got no token keeps zeros), so a step writes the stack's size once,
+not once per expert. Undoing the sort and summing each token's k weighted outputs adds them
+back. The backward of those two gathers is the scatter-add (``F.getitem``'s).
 
 **Cost** per token: the router $O(nE)$, then $k$ experts of $3EI$ multiply-adds each — the
 active parameters are $k$ experts' (plus the shared one), while the stored ones are $n$
@@ -84,6 +88,7 @@ import math
 
 from .. import backend, validate
 from .. import functional as F
+from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of
 from . import init
@@ -91,9 +96,10 @@ from .hooks import HookPoint
 from .layers import Linear
 from .module import Module, Parameter
 
+# the block and its parts, the three routers, the statistic, the loss and the grouped product
 __all__ = ["MoE", "Router", "Experts", "SharedExpert", "softmax_topk", "topk_softmax",
-           "sigmoid_grouped_topk", "tokens_per_expert", "load_balancing_loss", "ROUTERS",
-           "EXPERT_KINDS"]
+           "sigmoid_grouped_topk", "tokens_per_expert", "load_balancing_loss", "GroupedLinear",
+           "grouped_linear", "ROUTERS", "EXPERT_KINDS"]
 
 ROUTERS = ("softmax", "topk_softmax", "sigmoid_grouped")
 EXPERT_KINDS = ("swiglu", "clamped_swiglu")
@@ -202,6 +208,69 @@ def load_balancing_loss(router_logits, num_experts: int, top_k: int, attention_m
     f = (m[:, None] * one_hot).sum(axis=0) / tokens                          # (n,) sums to k
     big_p = F.sum(p * Tensor._wrap(m[:, None]), axis=0) / Tensor._wrap(tokens)   # (n,)
     return num_experts * F.sum(Tensor._wrap(f) * big_p)
+
+
+# ---- the grouped product: each expert's block of rows through its own matrix ----------------
+
+class GroupedLinear(Function):
+    """y_e = x_e W_eᵀ (+ b_e) for each block e of consecutive rows (module docstring, dispatch).
+
+    x (M, in) with its rows grouped by expert, weight (n, out, in), bias (n, out) or None,
+    ``counts``: the n block lengths (host ints summing to M) → (M, out). Backward, block by
+    block: x̄_e = ȳ_e W_e, W̄_e = ȳ_eᵀ x_e, b̄_e = Σ_rows ȳ_e, each written into its own slice of
+    one gradient of x's, the stack's and the biases' shapes. Time O(M · out · in); the
+    gradient of the stack is allocated once, whatever n.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, counts):
+        xp = get_array_module(x, weight)
+        ctx.save_for_backward(x, weight)
+        ctx.counts, ctx.has_bias = counts, bias is not None
+        out = xp.empty((x.shape[0], weight.shape[1]), dtype=xp.result_type(x, weight))
+        start = 0
+        for e, m in enumerate(counts):                  # a loop over experts, not tokens
+            rows = slice(start, start + m)
+            out[rows] = x[rows] @ weight[e].T           # (m, in) @ (in, out) -> (m, out)
+            if bias is not None:
+                out[rows] += bias[e]
+            start += m
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        nx, nw, nb = ctx.needs_input_grad
+        xp = get_array_module(grad)
+        gx = xp.empty(x.shape, dtype=x.dtype) if nx else None
+        # zeros: an expert that received no token gets no gradient
+        gw = xp.zeros(weight.shape, dtype=weight.dtype) if nw else None
+        gb = xp.zeros(weight.shape[:2], dtype=grad.dtype) if nb and ctx.has_bias else None
+        start = 0
+        for e, m in enumerate(ctx.counts):
+            rows = slice(start, start + m)
+            g = grad[rows]                                               # (m, out)
+            if gx is not None:
+                gx[rows] = g @ weight[e]                                 # (m, in)
+            if gw is not None:
+                gw[e] = g.T @ x[rows]                                    # (out, in)
+            if gb is not None:
+                gb[e] = g.sum(axis=0)                                    # (out,)
+            start += m
+        return gx, gw, gb
+
+
+def grouped_linear(x, weight, counts, bias=None):
+    """Each expert's block of rows through its own matrix: x (M, in), rows sorted by expert
+    into blocks of ``counts`` (n host ints summing to M), weight (n, out, in) in PyTorch's
+    (out, in) layout, bias (n, out) or None → (M, out). See ``GroupedLinear``."""
+    counts = [int(m) for m in counts]
+    if len(x.shape) != 2 or len(weight.shape) != 3 or x.shape[1] != weight.shape[2] \
+            or len(counts) != weight.shape[0] or sum(counts) != x.shape[0]:
+        raise ValueError(f"grouped_linear: x must be (M, in) and weight (n, out, in) with n "
+                         f"block counts summing to M, got x {tuple(x.shape)}, weight "
+                         f"{tuple(weight.shape)}, {len(counts)} counts summing to {sum(counts)}")
+    return GroupedLinear.apply(x, weight, bias, counts=counts)
 
 
 # ---- the modules -----------------------------------------------------------------------------
@@ -316,10 +385,9 @@ class Experts(Module):
     ``swiglu_limit``, ``swiglu_alpha``).
 
     ``forward(x, indices, weights)``: tokens x (T, E), the choices (T, k) and their weights
-    (T, k) → (T, E). Cost O(T k · 3EI) and memory O(T k E) for the gathered tokens. In the
-    backward each expert's slice ``gate_proj[e]`` hands back a gradient of the whole stacked
-    shape, zero outside its slice (indexing's rule): n times the stacked weights' size is
-    written and added per step, the price of reading each expert as its own slice.
+    (T, k) → (T, E). Cost O(T k · 3EI) and memory O(T k E) for the gathered tokens; the three
+    projections are grouped products (``grouped_linear``), whose backward writes the stacked
+    weights' gradient once. ``expert(e, x)`` runs one expert alone (for reading and checking).
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
@@ -353,17 +421,21 @@ class Experts(Module):
         b = getattr(self, name)
         return None if b is None else b[e]
 
+    def _hidden(self, g: Tensor, u: Tensor) -> Tensor:
+        """The activation between the two halves and the down projection: silu(g) ⊙ u, or
+        gpt-oss's clamped form (module docstring, step 3)."""
+        if self.kind == "swiglu":
+            return F.silu(g) * u
+        g = F.clip(g, max=self.limit)
+        u = F.clip(u, min=-self.limit, max=self.limit)
+        return g * F.sigmoid(self.alpha * g) * (u + 1.0)
+
     def expert(self, e: int, x: Tensor) -> Tensor:
         """Expert e on its tokens: x (m, E) → (m, E)."""
         g = F.linear(x, self.gate_proj[e], self._bias("gate_proj_bias", e))    # (m, I)
         u = F.linear(x, self.up_proj[e], self._bias("up_proj_bias", e))        # (m, I)
-        if self.kind == "swiglu":
-            h = F.silu(g) * u
-        else:
-            g = F.clip(g, max=self.limit)
-            u = F.clip(u, min=-self.limit, max=self.limit)
-            h = g * F.sigmoid(self.alpha * g) * (u + 1.0)
-        return F.linear(h, self.down_proj[e], self._bias("down_proj_bias", e))  # (m, E)
+        return F.linear(self._hidden(g, u), self.down_proj[e],
+                        self._bias("down_proj_bias", e))                        # (m, E)
 
     def forward(self, x: Tensor, indices, weights: Tensor) -> Tensor:
         idx = indices.data if isinstance(indices, Tensor) else indices
@@ -376,15 +448,14 @@ class Experts(Module):
         routed = x[order // k]                             # gather: (T·k, E), by expert
         if not pairs.size:                                 # no tokens: nothing to run
             return F.reshape(routed, (t, self.hidden_size))
-        outs, start = [], 0
-        for e, m in enumerate(counts):                     # a loop over experts, not tokens
-            if m:
-                outs.append(self.expert(e, routed[start:start + m]))
-                start += m
+        # the experts, each on its block of rows: three grouped products
+        g = grouped_linear(routed, self.gate_proj, counts, self.gate_proj_bias)    # (T·k, I)
+        u = grouped_linear(routed, self.up_proj, counts, self.up_proj_bias)        # (T·k, I)
+        y = grouped_linear(self._hidden(g, u), self.down_proj, counts,
+                           self.down_proj_bias)                                    # (T·k, E)
         back = xp.empty_like(order)
         back[order] = xp.arange(order.size)                # the inverse permutation
-        y = F.concatenate(outs, axis=0)[back]              # (T·k, E) in (token, slot) order
-        y = F.reshape(y, (t, k, self.hidden_size))
+        y = F.reshape(y[back], (t, k, self.hidden_size))   # (T, k, E) in (token, slot) order
         return F.sum(y * F.reshape(weights, (t, k, 1)), axis=1)      # (T, E): Σ_slots w f
 
     def extra_repr(self) -> str:

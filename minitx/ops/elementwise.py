@@ -243,12 +243,18 @@ class Silu(Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
+        fast = configuration.twin("silu")
+        if fast is not None:
+            return fast(x)
         xw = _widened(x)
         return (xw * sigmoid_array(xw)).astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
+        fast = configuration.twin("silu_backward")
+        if fast is not None:
+            return fast(x, grad)
         xw = _widened(x)
         return grad * (sigmoid_array(xw) * (1 + xw * sigmoid_array(-xw)))
 

@@ -286,6 +286,11 @@ class Adam(Optimizer):
         xp = backend.get_array_module(p.data)
         lr, (beta1, beta2) = group["lr"], group["betas"]
         eps, wd = group["eps"], group["weight_decay"]
+        fast = configuration.twin("adam_in_place")           # the same update, in place
+        if fast is not None and fast(p.data, grad, state, lr=lr, betas=group["betas"], eps=eps,
+                                     weight_decay=wd, decoupled=self._decoupled,
+                                     amsgrad=group["amsgrad"]):
+            return
         theta = p.data
         if not state:
             state["step"] = 0

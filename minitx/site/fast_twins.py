@@ -114,6 +114,14 @@ def _gelu(rng, n):                          # erf, gelu_backward
     return run
 
 
+def _silu(rng, n):                          # silu, silu_backward: a SwiGLU's activation
+    x = _tensor(rng, (n, 704), grad=True)
+
+    def run():
+        F.silu(x).sum().backward()
+    return run
+
+
 def _layer_norm(rng, n):
     x = _tensor(rng, (n, 256), grad=True)
     w, b = _tensor(rng, (256,), grad=True), _tensor(rng, (256,), grad=True)
@@ -154,13 +162,20 @@ def _adam(rng, n):                          # a small model's step: many biases 
     return opt.step
 
 
+def _adam_large(rng, n):                    # adam_in_place: one large parameter's step
+    weight = nn.Parameter(_tensor(rng, (n, 1024)).data)     # (a mixture of experts' stack)
+    weight.grad = _tensor(rng, (n, 1024))
+    return optim.AdamW([weight], lr=1e-3).step
+
+
 # name -> workload(rng, size) returning the function to time; sizes (quick, full)
 WORKLOADS = {
     "row_max": (_softmax, (128, 256)),
     "erf": (_gelu, (512, 1024)), "gelu_backward": (_gelu, (512, 1024)),
+    "silu": (_silu, (128, 2048)), "silu_backward": (_silu, (128, 2048)),
     "layer_norm": (_layer_norm, (512, 1024)), "sdpa": (_sdpa, (256, 512)),
     "map_in_threads": (_flash, (256, 1024)), "scatter_add": (_embedding_backward, (256, 1024)),
-    "adam": (_adam, (32, 64)),
+    "adam": (_adam, (32, 64)), "adam_in_place": (_adam_large, (64, 2048)),
 }
 
 

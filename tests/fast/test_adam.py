@@ -263,3 +263,74 @@ def test_the_twin_matches_torch_optim(name, kwargs, monkeypatch):
                  getattr(torch.optim, name), lambda t: t.detach().numpy())
     for o, t in zip(ours, theirs):
         np.testing.assert_allclose(o, t, rtol=1e-10, atol=1e-12)
+
+
+# ---- the in-place twin of one large parameter's update ------------------------------------------
+
+@contextlib.contextmanager
+def _in_place_only(chunk):
+    """The group twin takes no parameter; the in-place twin runs with pieces of ``chunk``."""
+    real = configuration.twins()["adam_in_place"]
+    configuration._TWINS["adam_in_place"] = functools.partial(real, chunk=chunk)
+    try:
+        with _twin_with(small=0):
+            yield
+    finally:
+        configuration._TWINS["adam_in_place"] = real
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes=st.lists(st.sampled_from([(), (0,), (1,), (5,), (3, 7), (2, 3, 11)]), min_size=1,
+                       max_size=3),
+       decoupled=st.booleans(), weight_decay=st.sampled_from([0.0, 0.1]),
+       dtype=st.sampled_from(["float32", "float64"]), reload=st.booleans(),
+       modes=st.lists(st.booleans(), min_size=6, max_size=6),
+       chunk=st.sampled_from([1, 4, 16, fast_optim.CHUNK]), seed=st.integers(0, 2 ** 16))
+def test_in_place_update_is_the_reference_bit_for_bit(shapes, decoupled, weight_decay, dtype,
+                                                       reload, modes, chunk, seed):
+    """Each parameter updated on its own by the in-place twin, in pieces of 1, 4, 16 values or
+    the library's size (pieces that cut rows, a last piece that is partial), in any mix with
+    the reference from step to step, with the state saved and reloaded half-way: the same
+    parameters and states as the reference alone, bit for bit. float32 gradients of float64
+    parameters are declined (the reference runs), and give its result too."""
+    rng = np.random.default_rng(seed)
+    start = [rng.standard_normal(s) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(dtype) for s in shapes] for _ in range(6)]
+    cls = optim.AdamW if decoupled else optim.Adam
+    kwargs = dict(lr=0.05, betas=(0.8, 0.95), weight_decay=weight_decay)
+    want = _train(cls, start, grads, kwargs, [False] * 6, reload=reload)
+    with _in_place_only(chunk):
+        _assert_same(_train(cls, start, grads, kwargs, modes, reload=reload), want)
+        _assert_same(_train(cls, start, grads, kwargs, [True] * 6, reload=reload), want)
+
+
+@pytest.mark.parametrize("case", ["amsgrad", "mixed dtypes", "strided", "moment of another "
+                                  "dtype"])
+def test_in_place_twin_declines_and_changes_nothing(case):
+    datas, grads, states = _group([(3, 4)], step=2)
+    theta, grad, state = datas[0], grads[0], states[0]
+    if case == "mixed dtypes":
+        grad = grad.astype(np.float32)
+    elif case == "strided":
+        theta = np.asfortranarray(theta)
+    elif case == "moment of another dtype":
+        state["exp_avg"] = state["exp_avg"].astype(np.float32)
+    before, saved = theta.copy(), dict(state)
+    assert fast_optim.adam_in_place(theta, grad, state, amsgrad=case == "amsgrad",
+                                    **HYPER) is False
+    np.testing.assert_array_equal(theta, before)
+    assert state == saved
+
+
+def test_a_large_parameter_runs_the_in_place_twin(monkeypatch):
+    """With the fast layer on, a parameter above the group twin's threshold goes to the in-place
+    twin; with it off, to neither."""
+    calls = spy_on(monkeypatch, "adam_in_place")
+    big, a, b = param(np.ones(fast_optim.SMALL + 1)), param([1.0, 2.0]), param([3.0])
+    opt = optim.AdamW([big, a, b], lr=0.1)         # a and b: the group twin's
+    for fast, expected in ((False, []), (True, ["adam_in_place"])):
+        for p in (big, a, b):
+            p.grad = minitx.tensor(np.ones(p.shape))
+        with minitx.using_config(fast=fast):
+            opt.step()
+        assert calls == expected

@@ -52,6 +52,28 @@ def test_each_row_is_added_once_and_exactly_when_it_is_distinct():
     np.testing.assert_array_equal(target, want)
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.integers(2, 300), st.integers(0, 5), st.integers(1, scatter.ROUNDS), st.booleans(),
+       st.integers(0, 2 ** 16))
+def test_few_values_per_row_are_add_at_bit_for_bit(rows, width, repeats, negative, seed):
+    """Each row named at most ``ROUNDS`` times (a permutation of the rows, as the backward of
+    an unsorting; rows repeated k times in any order, as tokens gathered for k experts; a
+    subset, some written as negatives): the rounds add in add.at's order, so its result, bit
+    for bit."""
+    r = np.random.default_rng(seed)
+    index = r.permutation(np.repeat(np.arange(rows), r.integers(0, repeats + 1, rows)))
+    if index.size < 2:
+        index = np.array([0, rows - 1])
+    if negative:
+        index = np.where(r.random(index.size) < 0.5, index - rows, index)
+    target = r.standard_normal((rows, width)).astype(np.float32)
+    values = r.standard_normal((index.size, width)).astype(np.float32)
+    want = target.copy()
+    backend.add_at(want, index, values)
+    scatter.scatter_add(target, index, values)
+    np.testing.assert_array_equal(target, want)
+
+
 @pytest.mark.parametrize("index", [[0, 3], [0, -4], [7, -1], [-10, 2]])
 def test_an_index_out_of_range_raises_and_changes_nothing(index):
     target = np.zeros((3, 2))

@@ -24,3 +24,7 @@ def test_quick_run_prints_both_models():
         assert line is not None, out
         if "minitx only" not in out:                   # the ratio is there, not a dash
             assert re.search(r"\d+\.\d\d×", line), line
+    if "minitx only" not in out:                       # the last line: the MoE's ratios
+        assert re.fullmatch(r"mixture of experts, minitx / torch: \d+\.\d\d× \(medians\), "
+                            r"\d+\.\d\d× \(paired\), \d+\.\d\d× \(minima\)",
+                            out.strip().splitlines()[-1]), out
