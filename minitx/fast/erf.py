@@ -1,5 +1,4 @@
-"""erf in float32 from two fitted polynomials evaluated in float32, in cache-sized pieces; and
-the exact GELU's backward in one buffer.
+"""erf in float32 from two fitted polynomials evaluated in float32, in cache-sized pieces.
 
 The reference (``minitx/ops/elementwise.py``'s ``erf_array``) computes every dtype in float64
 by a series and a continued fraction, and rounds. GELU calls erf on every feed-forward
@@ -25,7 +24,7 @@ from .. import backend, configuration
 from ..backend import get_array_module
 from ..ops.elementwise import erf_float64
 
-__all__ = ["erf", "erf_float32", "gelu_backward", "ERF_SMALL", "ERF_LARGE", "WHOLE", "CHUNK"]
+__all__ = ["erf", "erf_float32", "ERF_SMALL", "ERF_LARGE", "WHOLE", "CHUNK"]
 
 ERF_SMALL = (1.1283792, -0.37612623, 0.11283529, -0.0268514, 0.0051838206, -0.0007971511,
              7.729088e-05)
@@ -95,21 +94,4 @@ def erf(x, *, whole: int = WHOLE, chunk: int = CHUNK):
     return out.reshape(x.shape)
 
 
-def gelu_backward(x, cdf, grad):
-    """Twin of the exact GELU's backward in ``ops.elementwise.Gelu``, grad · (Φ(x) + x·φ(x))
-    with φ(x) = e^(−x²/2)/√(2π) and ``cdf`` = Φ(x): the reference's operations in the same
-    order, each rounded the same way, written into one buffer instead of a fresh array each
-    (bit for bit the reference's result)."""
-    xp = get_array_module(x)
-    d = xp.multiply(x, -0.5, out=xp.empty_like(x))       # (out=: an array even if 0-d)
-    d *= x
-    xp.exp(d, out=d)
-    d *= _INV_SQRT_2PI                                   # φ(x)
-    d *= x
-    d += cdf
-    d *= grad
-    return d
-
-
 configuration.register_twin("erf", erf)
-configuration.register_twin("gelu_backward", gelu_backward)

@@ -425,7 +425,7 @@ class Gelu(Function):
         return (x * cdf).astype(dtype, copy=False)
 
     # tanh form: product rule on ½x(1 + t), with dt/dx = (1 − t²)·d(inner)/dx.
-    # Exact form: d[xΦ(x)]/dx = Φ(x) + xφ(x), φ the normal density (a fast twin may compute it).
+    # Exact form: d[xΦ(x)]/dx = Φ(x) + xφ(x), φ the normal density.
     @staticmethod
     def backward(ctx, grad):
         x, aux = ctx.saved_tensors
@@ -434,9 +434,6 @@ class Gelu(Function):
             t = aux
             d_inner = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
             return grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * d_inner), None
-        fast = configuration.twin("gelu_backward")
-        if fast is not None:
-            return fast(x, aux, grad), None
         pdf = _INV_SQRT_2PI * xp.exp(-0.5 * x * x)           # φ(x) = e^(−x²/2)/√(2π)
         return grad * (aux + x * pdf), None                  # d[xΦ(x)] = Φ(x) + xφ(x)
 

@@ -106,7 +106,7 @@ def _softmax(rng, n):                       # row_max: softmax's shift
     return lambda: F.softmax(x, axis=-1)
 
 
-def _gelu(rng, n):                          # erf, gelu_backward
+def _gelu(rng, n):                          # erf
     x = _tensor(rng, (n, 256), grad=True)
 
     def run():
@@ -171,7 +171,7 @@ def _adam_large(rng, n):                    # adam_in_place: one large parameter
 # name -> workload(rng, size) returning the function to time; sizes (quick, full)
 WORKLOADS = {
     "row_max": (_softmax, (128, 256)),
-    "erf": (_gelu, (512, 1024)), "gelu_backward": (_gelu, (512, 1024)),
+    "erf": (_gelu, (512, 1024)),
     "silu": (_silu, (128, 2048)), "silu_backward": (_silu, (128, 2048)),
     "layer_norm": (_layer_norm, (512, 1024)), "sdpa": (_sdpa, (256, 512)),
     "map_in_threads": (_flash, (256, 1024)), "scatter_add": (_embedding_backward, (256, 1024)),
