@@ -188,8 +188,10 @@ def shrink(cfg):
     if not types:
         derived = check_config(decoder_config(cfg, "representative config.json")).layer_types
         if len(set(derived)) > 1:
+            # HF's names; a hybrid's recurrent layers (any registered mixer) are its
+            # "linear_attention"
             hf = {"full": "full_attention", "sliding": "sliding_attention"}
-            types = [hf.get(t, t) for t in dict.fromkeys(derived)]
+            types = [hf.get(t, "linear_attention") for t in dict.fromkeys(derived)]
     n = max(2, len(types))
     small["num_hidden_layers"] = n
     if types:
