@@ -93,7 +93,8 @@ import math
 
 from .. import functional as F
 from .. import validate
-from ..autograd.grad_mode import no_grad
+from ..autograd.checkpoint import checkpoint
+from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, host_xp, rng, to_host, xp as active_xp
 from ..nn.hooks import HookPoint
@@ -103,7 +104,7 @@ from .delta_rule import _unit_rows, delta_chunk, unit_lower_solve
 from .retention import RecurrentAttention, decay_mask, run_in_chunks
 
 __all__ = ["gated_delta_chunk", "kda_chunk", "gated_delta_recurrent", "run_gated_chunks",
-           "GatedDeltaNet", "KimiDeltaAttention"]
+           "chunk_recomputed", "GatedDeltaNet", "KimiDeltaAttention"]
 
 
 def _solve_and_read(scores, a, r, beta, hook_pattern):
@@ -217,21 +218,46 @@ def gated_delta_recurrent(q, k, v, beta, log_alpha):
 
 
 def run_gated_chunks(chunk_fn, q, k, v, beta, log_alpha, state=None, chunk_size=None,
-                     **options):
+                     recompute: bool = False, **options):
     """The chunkwise form: ``chunk_fn`` (``gated_delta_chunk`` or ``kda_chunk``) on chunks of
     ``chunk_size`` tokens in order (None: one chunk), each started from the state the one
     before left; beta (B, H, N) and log_alpha (B, H, N[, Dk]) are sliced with the tokens, and
     ``options`` passed on. Returns (O (B, H, N, Dv), the state after the last token). A loop
-    over N/C chunks, not tokens."""
+    over N/C chunks, not tokens.
+
+    ``recompute``: keep for the backward only each chunk's inputs and the state it starts
+    from, and run the chunk again there (``chunk_recomputed``) — the same values and
+    gradients, with memory O(N·D + (N/C)·D²) instead of every chunk's in-chunk terms
+    (O(N·C), and O(N·C·D) for KDA's per-channel decays)."""
     n = q.shape[2]
     size = n if chunk_size is None else chunk_size
+    run = chunk_recomputed if recompute and is_grad_enabled() else _call
     outs = []
     for start in range(0, n, size):
         part = slice(start, min(n, start + size))
-        out, state = chunk_fn(q[:, :, part], k[:, :, part], v[:, :, part], beta[:, :, part],
-                              log_alpha[:, :, part], state, **options)
+        out, state = run(chunk_fn, q[:, :, part], k[:, :, part], v[:, :, part],
+                         beta[:, :, part], log_alpha[:, :, part], state, **options)
         outs.append(out)
     return (outs[0] if len(outs) == 1 else F.concatenate(outs, axis=2)), state
+
+
+def _call(chunk_fn, *args, **options):
+    return chunk_fn(*args, **options)
+
+
+def chunk_recomputed(chunk_fn, q, k, v, beta, log_alpha, state=None, **options):
+    """``chunk_fn(q, k, v, beta, log_alpha, state, **options)`` through ``autograd.checkpoint``:
+    the forward keeps none of the chunk's intermediates (its c × c scores, the solve, KDA's
+    c × c × Dk decays), only its inputs; the backward runs the chunk again, graph on, and
+    backpropagates through that. Returns (O, S) as ``chunk_fn`` does."""
+    c = q.shape[2]
+
+    def joined(*args):                   # one Tensor out, as checkpoint asks: [O; S] on rows
+        out, new_state = chunk_fn(*args[:5], args[5] if len(args) > 5 else None, **options)
+        return F.concatenate([out, new_state], axis=2)         # (B, H, c + Dk, Dv)
+
+    both = checkpoint(joined, q, k, v, beta, log_alpha, *(() if state is None else (state,)))
+    return both[:, :, :c], both[:, :, c:]
 
 
 def _softplus_array(x):
@@ -310,14 +336,21 @@ class GatedDeltaNet(RecurrentAttention):
         return (F.einsum("bhnd,hd->bhn", k, self.alpha_weight)
                 + F.reshape(self.dt_bias, (1, -1, 1)))
 
+    def log_decay(self, k):
+        """Raw key heads k (B, H, N, D) → log α = −e^{A_h} softplus(gate_input(k)) (module
+        docstring), (B, H, N) or, for KDA, (B, H, N, D)."""
+        # e^{A_h}, (1, H, 1) or, for a decay per channel, (1, H, 1, 1)
+        rate = F.reshape(F.exp(self.A_log), (1, -1) + (1,) * len(self._gate_shape()))
+        return -rate * F.softplus(self.gate_input(k))
+
     def features(self, q, k):
         """Raw heads q, k (B, H, N, D) → τ·(unit q), unit k, β (B, H, N), log α (module
         docstring)."""
         beta = F.sigmoid(F.einsum("bhnd,hd->bhn", k, self.beta_weight)
                          + F.reshape(self.beta_bias, (1, -1, 1)))
-        # e^{A_h}, (1, H, 1) or, for a decay per channel, (1, H, 1, 1)
-        rate = F.reshape(F.exp(self.A_log), (1, -1) + (1,) * len(self._gate_shape()))
-        log_alpha = -rate * F.softplus(self.gate_input(k))
+        # the gate's steps are kept by none but the backward, which recomputes them (for KDA
+        # each is D numbers a token)
+        log_alpha = checkpoint(self.log_decay, k)
         return (_unit_rows(q, self.eps) * self.scale, _unit_rows(k, self.eps),
                 self.hook_beta(beta), self.hook_log_alpha(log_alpha))
 
@@ -325,8 +358,9 @@ class GatedDeltaNet(RecurrentAttention):
 
     def _chunks(self, q, k, v, beta, log_alpha, state, chunk_size, causal=True):
         hooked = self.hook_pattern if self.hook_pattern.active else None
+        # a hooked pattern may be read or replaced: then the chunk's graph is the one recorded
         return run_gated_chunks(self._chunk_fn, q, k, v, beta, log_alpha, state, chunk_size,
-                                causal=causal, hook_pattern=hooked)
+                                recompute=hooked is None, causal=causal, hook_pattern=hooked)
 
     def extend(self, q, k, v, state):
         """The n new tokens after ``state``: q (B, H, n, D), k/v (B, Hkv, n, D) → (out, state)."""
