@@ -66,8 +66,11 @@ For gated DeltaNet e^{G_t − G_s} = a_{s+1} ··· a_t is retention's decay mas
 formed pairwise, never as e^{G_t}/e^{G_s}, which would overflow where the decay is strong. U
 comes from ``delta_rule.unit_lower_solve`` (forward substitution). One chunk of N tokens is
 the parallel form; chunk after chunk it is the chunkwise form; one token at a time the
-recurrence (``gated_delta_recurrent``). The implied pattern (``hook_pattern``) is
-P = (W ⊙ M)(I + A)⁻¹ diag(β), with O = P (V − (K ⊙ e^G) S₀) + (Q ⊙ e^G) S₀.
+recurrence (``gated_delta_recurrent``). For the backward the layers keep only each chunk's
+inputs and the state it starts from, and run the chunk again there (``chunk_recomputed``): the
+c × c terms (KDA's c × c × D decays) exist for one chunk at a time. The implied pattern
+(``hook_pattern``) is P = (W ⊙ M)(I + A)⁻¹ diag(β), with O = P (V − (K ⊙ e^G) S₀) +
+(Q ⊙ e^G) S₀.
 
 **Differences from the official code** (flash-linear-attention's ``GatedDeltaNet`` and
 ``KimiDeltaAttention`` layers and their ``naive_recurrent_*`` references, which the parity
@@ -93,6 +96,7 @@ import math
 
 from .. import functional as F
 from .. import validate
+# checkpoint: a chunk (and the gate) kept for the backward as its inputs only, and run again
 from ..autograd.checkpoint import checkpoint
 from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ..autograd.tensor import Tensor
@@ -163,7 +167,8 @@ def kda_chunk(q, k, v, beta, log_alpha, state=None, causal: bool = True, hook_pa
     q, k (B, H, c, Dk) (unit keys), v (B, H, c, Dv), beta (B, H, c), log_alpha = log α
     (B, H, c, Dk), state (B, H, Dk, Dv) Tensor or None; ``causal`` and ``hook_pattern`` as
     ``gated_delta_chunk``'s. Returns (O (B, H, c, Dv), S (B, H, Dk, Dv)).
-    Time O(B·H·(c²·D + c·D²)), memory O(B·H·c²·D) (the decay of each pair, per channel).
+    Time O(B·H·(c²·D + c·D²)), memory O(B·H·c²·D) (the decay of each pair, per channel; one
+    chunk's at a time through ``chunk_recomputed``).
     """
     # the decays inside the chunk, per channel: cumulative logs and each pair's mask
     total = F.cumsum(log_alpha, axis=-2)                                # G_t, (B, H, c, Dk)
@@ -242,6 +247,7 @@ def run_gated_chunks(chunk_fn, q, k, v, beta, log_alpha, state=None, chunk_size=
 
 
 def _call(chunk_fn, *args, **options):
+    """The chunk as composed: its graph keeps every intermediate for the backward."""
     return chunk_fn(*args, **options)
 
 
@@ -499,7 +505,7 @@ class KimiDeltaAttention(GatedDeltaNet):
     Architecture", Moonshot AI; Yang, Kautz & Hatamizadeh (2025), "Gated Delta Networks", ICLR.
     """
 
-    complexity = "time O(B·H·N·(C·D + D²)), memory O(B·H·N·(C·D + D²/C))"
+    complexity = "time O(B·H·N·(C·D + D²)), memory O(B·H·(N·(C + D + D²/C) + C²·D))"
 
     _chunk_fn = staticmethod(kda_chunk)
 
