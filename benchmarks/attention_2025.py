@@ -74,8 +74,11 @@ def _floor_gdn(n, o):
 
 
 def _floor_kda(n, o):
+    # Not N·C·D: a chunk's scores are c × c once summed over the key channels, and the decay
+    # of each pair per channel, e^{G_t − G_s}, is a function of the N·D log decays — the
+    # backward forms it again chunk by chunk, so one chunk's c × c × D is all it holds at once
     c = o["chunk_size"]
-    return n * c * D + 2 * n * D + (n // c) * D * D + _io(n)
+    return n * c + 3 * n * D + (n // c) * D * D + c * c * D + _io(n)
 
 
 def _floor_dsa(n, o):
@@ -104,8 +107,9 @@ FLOORS = {
                   "(memory O(N·(c + D)))", _floor_lightning),
     "gated_deltanet": ("N·C + 2·N·D + (N/C)·D²: chunk scores, the corrected values and "
                        "keys, one state per chunk (memory O(N·(C + D + D²/C)))", _floor_gdn),
-    "kda": ("N·C·D + 2·N·D + (N/C)·D²: chunk scores per key channel (its decay is per "
-            "channel), as gated DeltaNet otherwise (memory O(N·(C·D + D²/C)))", _floor_kda),
+    "kda": ("N·C + 3·N·D + (N/C)·D² + C²·D: as gated DeltaNet, with the log decays per "
+            "key channel and one chunk's decays per channel (memory "
+            "O(N·(C + D + D²/C) + C²·D))", _floor_kda),
     "dsa": ("2·N·k·D + N·k + h_I·C·N: the gathered keys and values, the probabilities, "
             "one indexer chunk (memory O(N·k·D + h_I·C·N))", _floor_dsa),
     "moba": ("N·(k+1)·b + N·(k+1)·D + N²/b: the probabilities, a copy of each query per "

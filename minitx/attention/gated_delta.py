@@ -66,8 +66,11 @@ For gated DeltaNet e^{G_t − G_s} = a_{s+1} ··· a_t is retention's decay mas
 formed pairwise, never as e^{G_t}/e^{G_s}, which would overflow where the decay is strong. U
 comes from ``delta_rule.unit_lower_solve`` (forward substitution). One chunk of N tokens is
 the parallel form; chunk after chunk it is the chunkwise form; one token at a time the
-recurrence (``gated_delta_recurrent``). The implied pattern (``hook_pattern``) is
-P = (W ⊙ M)(I + A)⁻¹ diag(β), with O = P (V − (K ⊙ e^G) S₀) + (Q ⊙ e^G) S₀.
+recurrence (``gated_delta_recurrent``). For the backward the layers keep only each chunk's
+inputs and the state it starts from, and run the chunk again there (``chunk_recomputed``): the
+c × c terms (KDA's c × c × D decays) exist for one chunk at a time. The implied pattern
+(``hook_pattern``) is P = (W ⊙ M)(I + A)⁻¹ diag(β), with O = P (V − (K ⊙ e^G) S₀) +
+(Q ⊙ e^G) S₀.
 
 **Differences from the official code** (flash-linear-attention's ``GatedDeltaNet`` and
 ``KimiDeltaAttention`` layers and their ``naive_recurrent_*`` references, which the parity
@@ -93,7 +96,9 @@ import math
 
 from .. import functional as F
 from .. import validate
-from ..autograd.grad_mode import no_grad
+# checkpoint: a chunk (and the gate) kept for the backward as its inputs only, and run again
+from ..autograd.checkpoint import checkpoint
+from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, host_xp, rng, to_host, xp as active_xp
 from ..nn.hooks import HookPoint
@@ -103,7 +108,7 @@ from .delta_rule import _unit_rows, delta_chunk, unit_lower_solve
 from .retention import RecurrentAttention, decay_mask, run_in_chunks
 
 __all__ = ["gated_delta_chunk", "kda_chunk", "gated_delta_recurrent", "run_gated_chunks",
-           "GatedDeltaNet", "KimiDeltaAttention"]
+           "chunk_recomputed", "GatedDeltaNet", "KimiDeltaAttention"]
 
 
 def _solve_and_read(scores, a, r, beta, hook_pattern):
@@ -162,7 +167,8 @@ def kda_chunk(q, k, v, beta, log_alpha, state=None, causal: bool = True, hook_pa
     q, k (B, H, c, Dk) (unit keys), v (B, H, c, Dv), beta (B, H, c), log_alpha = log α
     (B, H, c, Dk), state (B, H, Dk, Dv) Tensor or None; ``causal`` and ``hook_pattern`` as
     ``gated_delta_chunk``'s. Returns (O (B, H, c, Dv), S (B, H, Dk, Dv)).
-    Time O(B·H·(c²·D + c·D²)), memory O(B·H·c²·D) (the decay of each pair, per channel).
+    Time O(B·H·(c²·D + c·D²)), memory O(B·H·c²·D) (the decay of each pair, per channel; one
+    chunk's at a time through ``chunk_recomputed``).
     """
     # the decays inside the chunk, per channel: cumulative logs and each pair's mask
     total = F.cumsum(log_alpha, axis=-2)                                # G_t, (B, H, c, Dk)
@@ -217,21 +223,47 @@ def gated_delta_recurrent(q, k, v, beta, log_alpha):
 
 
 def run_gated_chunks(chunk_fn, q, k, v, beta, log_alpha, state=None, chunk_size=None,
-                     **options):
+                     recompute: bool = False, **options):
     """The chunkwise form: ``chunk_fn`` (``gated_delta_chunk`` or ``kda_chunk``) on chunks of
     ``chunk_size`` tokens in order (None: one chunk), each started from the state the one
     before left; beta (B, H, N) and log_alpha (B, H, N[, Dk]) are sliced with the tokens, and
     ``options`` passed on. Returns (O (B, H, N, Dv), the state after the last token). A loop
-    over N/C chunks, not tokens."""
+    over N/C chunks, not tokens.
+
+    ``recompute``: keep for the backward only each chunk's inputs and the state it starts
+    from, and run the chunk again there (``chunk_recomputed``) — the same values and
+    gradients, with memory O(N·D + (N/C)·D²) instead of every chunk's in-chunk terms
+    (O(N·C), and O(N·C·D) for KDA's per-channel decays)."""
     n = q.shape[2]
     size = n if chunk_size is None else chunk_size
+    run = chunk_recomputed if recompute and is_grad_enabled() else _call
     outs = []
     for start in range(0, n, size):
         part = slice(start, min(n, start + size))
-        out, state = chunk_fn(q[:, :, part], k[:, :, part], v[:, :, part], beta[:, :, part],
-                              log_alpha[:, :, part], state, **options)
+        out, state = run(chunk_fn, q[:, :, part], k[:, :, part], v[:, :, part],
+                         beta[:, :, part], log_alpha[:, :, part], state, **options)
         outs.append(out)
     return (outs[0] if len(outs) == 1 else F.concatenate(outs, axis=2)), state
+
+
+def _call(chunk_fn, *args, **options):
+    """The chunk as composed: its graph keeps every intermediate for the backward."""
+    return chunk_fn(*args, **options)
+
+
+def chunk_recomputed(chunk_fn, q, k, v, beta, log_alpha, state=None, **options):
+    """``chunk_fn(q, k, v, beta, log_alpha, state, **options)`` through ``autograd.checkpoint``:
+    the forward keeps none of the chunk's intermediates (its c × c scores, the solve, KDA's
+    c × c × Dk decays), only its inputs; the backward runs the chunk again, graph on, and
+    backpropagates through that. Returns (O, S) as ``chunk_fn`` does."""
+    c = q.shape[2]
+
+    def joined(*args):                   # one Tensor out, as checkpoint asks: [O; S] on rows
+        out, new_state = chunk_fn(*args[:5], args[5] if len(args) > 5 else None, **options)
+        return F.concatenate([out, new_state], axis=2)         # (B, H, c + Dk, Dv)
+
+    both = checkpoint(joined, q, k, v, beta, log_alpha, *(() if state is None else (state,)))
+    return both[:, :, :c], both[:, :, c:]
 
 
 def _softplus_array(x):
@@ -310,14 +342,21 @@ class GatedDeltaNet(RecurrentAttention):
         return (F.einsum("bhnd,hd->bhn", k, self.alpha_weight)
                 + F.reshape(self.dt_bias, (1, -1, 1)))
 
+    def log_decay(self, k):
+        """Raw key heads k (B, H, N, D) → log α = −e^{A_h} softplus(gate_input(k)) (module
+        docstring), (B, H, N) or, for KDA, (B, H, N, D)."""
+        # e^{A_h}, (1, H, 1) or, for a decay per channel, (1, H, 1, 1)
+        rate = F.reshape(F.exp(self.A_log), (1, -1) + (1,) * len(self._gate_shape()))
+        return -rate * F.softplus(self.gate_input(k))
+
     def features(self, q, k):
         """Raw heads q, k (B, H, N, D) → τ·(unit q), unit k, β (B, H, N), log α (module
         docstring)."""
         beta = F.sigmoid(F.einsum("bhnd,hd->bhn", k, self.beta_weight)
                          + F.reshape(self.beta_bias, (1, -1, 1)))
-        # e^{A_h}, (1, H, 1) or, for a decay per channel, (1, H, 1, 1)
-        rate = F.reshape(F.exp(self.A_log), (1, -1) + (1,) * len(self._gate_shape()))
-        log_alpha = -rate * F.softplus(self.gate_input(k))
+        # the gate's steps are kept by none but the backward, which recomputes them (for KDA
+        # each is D numbers a token)
+        log_alpha = checkpoint(self.log_decay, k)
         return (_unit_rows(q, self.eps) * self.scale, _unit_rows(k, self.eps),
                 self.hook_beta(beta), self.hook_log_alpha(log_alpha))
 
@@ -325,8 +364,9 @@ class GatedDeltaNet(RecurrentAttention):
 
     def _chunks(self, q, k, v, beta, log_alpha, state, chunk_size, causal=True):
         hooked = self.hook_pattern if self.hook_pattern.active else None
+        # a hooked pattern may be read or replaced: then the chunk's graph is the one recorded
         return run_gated_chunks(self._chunk_fn, q, k, v, beta, log_alpha, state, chunk_size,
-                                causal=causal, hook_pattern=hooked)
+                                recompute=hooked is None, causal=causal, hook_pattern=hooked)
 
     def extend(self, q, k, v, state):
         """The n new tokens after ``state``: q (B, H, n, D), k/v (B, Hkv, n, D) → (out, state)."""
@@ -465,7 +505,7 @@ class KimiDeltaAttention(GatedDeltaNet):
     Architecture", Moonshot AI; Yang, Kautz & Hatamizadeh (2025), "Gated Delta Networks", ICLR.
     """
 
-    complexity = "time O(B·H·N·(C·D + D²)), memory O(B·H·N·(C·D + D²/C))"
+    complexity = "time O(B·H·N·(C·D + D²)), memory O(B·H·(N·(C + D + D²/C) + C²·D))"
 
     _chunk_fn = staticmethod(kda_chunk)
 

@@ -12,11 +12,11 @@ from hypothesis import given, strategies as st
 import minitx
 import minitx.functional as F
 from minitx.attention import REGISTRY
-from minitx.attention.gated_delta import (gated_delta_chunk, gated_delta_recurrent, kda_chunk,
-                                          run_gated_chunks)
+from minitx.attention.gated_delta import (chunk_recomputed, gated_delta_chunk,
+                                          gated_delta_recurrent, kda_chunk, run_gated_chunks)
 from minitx.attention.retention import RecurrentState
 from minitx.models.gpt import GPT, GPTConfig
-from support import assert_close, qkv, tensor, to_host
+from support import assert_close, peak_bytes, qkv, tensor, to_host
 
 E, H = 8, 2
 D = E // H
@@ -208,6 +208,64 @@ def test_gradcheck_of_a_chunked_layer_reaches_its_gate_parameters(name, causal):
     lay.attend(*(tensor(a) for a in arrays)).sum().backward()
     for attr in ("beta_weight", "beta_bias", "alpha_weight", "dt_bias", "A_log"):
         assert np.any(to_host(getattr(lay, attr).grad)), attr
+
+
+# ---- the recomputed chunk: only the states between chunks are kept ---------------------------
+
+def random_gates(name, n, seed, b=1):
+    g = np.random.default_rng(seed)
+    beta = g.uniform(0.05, 1.0, (b, H, n))
+    return beta, np.log(g.uniform(0.3, 1.0, (b, H, n, D) if name == "kda" else (b, H, n)))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("with_state", [False, True])
+def test_gradcheck_of_the_recomputed_chunk_in_every_input(name, with_state):
+    q, k, v = qkv(5, b=1, h=H, d=D, scale=0.7, seed=6)
+    beta, log_alpha = random_gates(name, 5, 6)
+    arrays = [unit(q), unit(k), v, beta, log_alpha]
+    if with_state:
+        arrays.append(np.random.default_rng(7).standard_normal((1, H, D, D)))
+
+    def both(*t):                            # the output and the state, one Tensor to check
+        out, s = chunk_recomputed(CHUNK[name], *t)
+        return F.concatenate([out, s], axis=2)
+
+    minitx.gradcheck(both, tuple(tensor(a, requires_grad=True) for a in arrays))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@given(n=st.integers(1, 30), chunk=st.sampled_from([None, 1, 4, 7]), seed=st.integers(0, 999))
+def test_recomputing_each_chunk_gives_the_composed_values_and_gradients(name, n, chunk, seed):
+    q, k, v = qkv(n, b=2, h=H, d=D, seed=seed)
+    beta, log_alpha = random_gates(name, n, seed, b=2)
+    weights = np.random.default_rng(seed + 1).standard_normal((2, H, n + D, D))
+    results = []
+    for recompute in (False, True):
+        t = [tensor(a, requires_grad=True) for a in (unit(q), unit(k), v, beta, log_alpha)]
+        out, s = run_gated_chunks(CHUNK[name], *t, None, chunk, recompute=recompute)
+        (F.concatenate([out, s], axis=2) * tensor(weights)).sum().backward()
+        results.append([out, s] + [x.grad for x in t])
+    for composed, recomputed in zip(*results):
+        assert_close(recomputed, composed, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_recomputed_chunks_keep_no_in_chunk_terms(name):
+    """N = 256 in chunks of 16: the composed chunks keep their c × c scores and solves (KDA
+    its c × c × D decays too) for the backward; recomputed, forward + backward holds the
+    inputs, N/C states and one chunk's terms at a time."""
+    n, c = 256, 16
+    arrays = (unit(a) if i < 2 else a for i, a in enumerate(qkv(n, b=1, h=H, d=D, seed=8)))
+    arrays = list(arrays) + list(random_gates(name, n, 8))
+
+    def run(recompute):
+        t = [tensor(a, requires_grad=True) for a in arrays]
+        out, s = run_gated_chunks(CHUNK[name], *t, None, c, recompute=recompute)
+        (out.sum() + s.sum()).backward()
+
+    composed, recomputed = peak_bytes(lambda: run(False)), peak_bytes(lambda: run(True))
+    assert recomputed < composed / 2, (recomputed, composed)
 
 
 # ---- decoding ---------------------------------------------------------------------------------
