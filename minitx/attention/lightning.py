@@ -30,6 +30,23 @@ key j sits from the block's end. The equations are MiniMax's "query decay", "key
 "diagonal decay" and "block decay". One token per block is the recurrence (decoding); one
 block of N tokens is the parallel form; both equal the block form (``identities``).
 
+**The backward, over the blocks.** With P = Q Kᵀ ⊙ Λ, a_i = λ^i (query to state),
+e_j = λ^{c−j} (key to block end), dO the output's gradient and dS the state's (what the blocks
+after this one send back), the chain rule through the block equations reads
+
+$$
+\begin{aligned}
+dQ &= \left( dO\, V^\top \odot \Lambda \right) K + a \odot dO\, S_0^\top, &
+dK &= \left( dO\, V^\top \odot \Lambda \right)^{\!\top} Q + e \odot V\, dS^\top, \\
+dV &= P^\top dO + \left( e \odot K \right) dS, &
+dS_0 &= \lambda^{c}\, dS + \left( a \odot Q \right)^{\top} dO
+\end{aligned}
+$$
+
+run from the last block to the first (dS₀ is the dS of the block before). It needs Q, K, V
+and the state S₀ each block started from, nothing of size c² — P is recomputed per block —
+so ``lightning_blocks`` keeps (N/c)·D² numbers per head beside its inputs.
+
 **The decays.** MiniMax uses ALiBi's slopes (Press et al. 2022) as rates: head h of H
 decays by
 
@@ -45,6 +62,7 @@ from __future__ import annotations
 
 from .. import functional as F
 from .. import validate
+from ..autograd.function import Function
 from ..autograd.grad_mode import no_grad
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, host_xp, to_host, xp as active_xp
@@ -52,7 +70,8 @@ from ..nn.hooks import HookPoint
 from .base import check_heads, register, repeat_kv, repeat_kv_array
 from .retention import RecurrentAttention, Retention, decayed_recurrence
 
-__all__ = ["lightning_slopes", "lightning_block", "LightningAttention"]
+__all__ = ["lightning_slopes", "lightning_block", "lightning_blocks", "LightningBlocks",
+           "LightningAttention"]
 
 
 def lightning_slopes(num_heads: int, layer_index: int = 0, num_layers: int = None):
@@ -115,6 +134,81 @@ def lightning_block(q, k, v, slopes, state=None, causal: bool = True, hook_decay
         block_decay = _powers(slopes, host_xp.asarray([c]), q.data)[..., None]       # λ^c
         new_state = new_state + state * Tensor._wrap(block_decay)
     return out, new_state
+
+
+def _block_decays(slopes, c, like):
+    """The constants of one block of c tokens, in ``like``'s module and dtype: Λ (1, H, c, c)
+    (0 above the diagonal), a = λ^i and e = λ^{c−j} (1, H, c, 1), λ^c (1, H, 1, 1)."""
+    local = host_xp.arange(c)
+    dist = local[:, None] - local[None, :]                                # i − j
+    lam = _powers(slopes, host_xp.where(dist >= 0, dist, 0), like)
+    lam = lam * get_array_module(lam).asarray(dist >= 0, dtype=lam.dtype)
+    return (lam, _powers(slopes, local + 1, like)[..., None],
+            _powers(slopes, c - 1 - local, like)[..., None],
+            _powers(slopes, host_xp.asarray([c]), like)[..., None])
+
+
+class LightningBlocks(Function):
+    r"""Causal lightning attention over all its blocks as one graph node: q, k (B, H, n, D),
+    v (B, H, n, Dv), the start state S₀ (B, H, D, Dv) → O (B, H, n, Dv) and the final state S
+    packed along the token axis, (B, H, n + D, Dv) (a Function has one output;
+    ``lightning_blocks`` unpacks them). Forward: the block equations, block after block;
+    backward: the module docstring's, from the last block to the first, recomputing each
+    block's P from Q and K. Saved: the state at each block's start, (n/c)·D·Dv per head."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, state, slopes=None, block=None):
+        xp, n = get_array_module(q), q.shape[2]
+        slopes = to_host(slopes)        # host constants (apply moved them to q's device)
+        starts, out = [], xp.empty(q.shape[:3] + v.shape[3:], dtype=q.dtype)
+        for lo in range(0, n, block):
+            hi = min(n, lo + block)
+            lam, a, e, lam_c = _block_decays(slopes, hi - lo, q)
+            qb, kb, vb = q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi]
+            starts.append(state)          # S₀ of this block: all its backward needs besides q, k, v
+            # intra (Q Kᵀ ⊙ Λ) V plus inter (a ⊙ Q) S₀, then the state the block leaves
+            out[:, :, lo:hi] = (qb @ xp.swapaxes(kb, -1, -2) * lam) @ vb + (a * qb) @ state
+            state = lam_c * state + xp.swapaxes(e * kb, -1, -2) @ vb
+        # the output and the final state as one array, split again by ``lightning_blocks``
+        ctx.save_for_backward(q, k, v, *starts)
+        ctx.slopes, ctx.block = slopes, block
+        return xp.concatenate([out, state], axis=2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, *starts = ctx.saved_tensors
+        xp, n = get_array_module(q), q.shape[2]
+        d_out, d_state = grad[:, :, :n], grad[:, :, n:]
+        dq, dk, dv = xp.empty_like(q), xp.empty_like(k), xp.empty_like(v)
+        for index in range(len(starts) - 1, -1, -1):          # the last block first
+            lo = index * ctx.block
+            hi = min(n, lo + ctx.block)
+            lam, a, e, lam_c = _block_decays(ctx.slopes, hi - lo, q)
+            qb, kb, vb, gb, s0 = q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], \
+                d_out[:, :, lo:hi], starts[index]
+            # the module docstring's four equations; d_state arrives from the blocks after
+            dp = gb @ xp.swapaxes(vb, -1, -2) * lam                      # dO Vᵀ ⊙ Λ
+            p = qb @ xp.swapaxes(kb, -1, -2) * lam                       # P, recomputed
+            dq[:, :, lo:hi] = dp @ kb + a * (gb @ xp.swapaxes(s0, -1, -2))
+            dk[:, :, lo:hi] = xp.swapaxes(dp, -1, -2) @ qb + \
+                e * (vb @ xp.swapaxes(d_state, -1, -2))
+            dv[:, :, lo:hi] = xp.swapaxes(p, -1, -2) @ gb + (e * kb) @ d_state
+            d_state = lam_c * d_state + xp.swapaxes(a * qb, -1, -2) @ gb    # to the block before
+        return dq, dk, dv, d_state
+
+
+def lightning_blocks(q, k, v, slopes, block: int, state=None):
+    r"""Causal lightning attention in blocks of ``block`` tokens from the state S₀ (None:
+    zero): q, k (B, H, n, D), v (B, H, n, Dv) Tensors → (O (B, H, n, Dv), S (B, H, D, Dv)).
+    Equal to ``lightning_block`` run block after block (that loop is the test reference),
+    with the backward over the blocks (``LightningBlocks``): memory O(B·H·(n·D + (n/c)·D²)),
+    no c × c score kept."""
+    b, h, n, d = q.shape
+    if state is None:
+        state = Tensor._wrap(get_array_module(q.data).zeros((b, h, d, v.shape[-1]),
+                                                            dtype=q.data.dtype))
+    packed = LightningBlocks.apply(q, k, v, state, slopes=slopes, block=block)
+    return packed[:, :, :n], packed[:, :, n:]
 
 
 @register("lightning")
@@ -189,19 +283,12 @@ class LightningAttention(RecurrentAttention):
     def extend(self, q, k, v, state):
         """The n new tokens after ``state``, block by block: q (B, H, n, D), k/v (B, Hkv, n, D)
         → (out, state)."""
-        h, n = q.shape[1], q.shape[2]
-        k, v = repeat_kv(k, h), repeat_kv(v, h)
-        hooked = self.hook_decay.active or self.hook_pattern.active
-        size = n if hooked else self.block
-        slopes, outs = self.slopes, []
-        for start in range(0, n, size):                       # a loop over blocks, not tokens
-            part = slice(start, min(n, start + size))
-            out, state = lightning_block(
-                q[:, :, part], k[:, :, part], v[:, :, part], slopes, state,
-                hook_decay=self.hook_decay if hooked else None,
-                hook_pattern=self.hook_pattern if hooked else None)
-            outs.append(out)
-        return (outs[0] if len(outs) == 1 else F.concatenate(outs, axis=2)), state
+        k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
+        if self.hook_decay.active or self.hook_pattern.active:   # one block: Λ seen whole
+            return lightning_block(q, k, v, self.slopes, state, hook_decay=self.hook_decay,
+                                   hook_pattern=self.hook_pattern)
+        # blocks of c, as one graph node that keeps no c × c score (``LightningBlocks``)
+        return lightning_blocks(q, k, v, self.slopes, self.block, state)
 
     def attend(self, q, k, v):
         """q (B, H, N, D), k/v (B, Hkv, N, D) → (B, H, N, D)."""

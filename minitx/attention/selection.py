@@ -81,16 +81,17 @@ from ..nn.hooks import HookPoint
 from ..nn.layers import Linear
 from ..nn.module import Parameter
 from ..ops.activation import log_softmax, softmax
-from ..ops.elementwise import exp, relu, sigmoid
+from ..ops.attention_maths import attention_backward     # BlockAttention's backward
+from ..ops.elementwise import relu, sigmoid
 from ..ops.indexing import getitem, masked_fill
 from ..ops.linalg import matmul
-from ..ops.shape import concatenate, pad, reshape, swapaxes, transpose
+from ..ops.shape import concatenate, reshape, swapaxes, transpose
 from .base import (AttentionBase, causal_pattern, check_heads, dense_attention_array,
                    hooked_heads, merge_heads, register, repeat_kv, repeat_kv_array,
                    softmax_rows_array)
 
 __all__ = ["top_k_indices", "top_k_mask", "lightning_scores", "gathered_attention",
-           "block_attention", "block_means", "DeepSeekSparseAttention",
+           "block_attention", "BlockAttention", "block_means", "DeepSeekSparseAttention",
            "MixtureOfBlockAttention", "NativeSparseAttention"]
 
 #: queries scored by the indexer at a time (bounds its (B, h_I, C, Nk) scores)
@@ -174,48 +175,113 @@ def block_attention(q, k, v, blocks, allowed, block: int, scale: float):
     attention as ``gathered_attention`` over the c·b keys of those blocks, written by blocks:
     the (query, block) pairs are grouped by the block they read, and a loop over the blocks
     scores each block's b keys against all of its queries at once (one matmul) and weights its
-    b values the same way. The softmax is written out, p = e / Z with e = exp(s − m): a
-    query's pairs lie in several groups, so its shift m and its sum Z are gathered per query
-    (m without gradient: any shift gives the same p), and the output is divided by Z once,
-    o_t = Σ e V / Z_t. Returns (B, H, Nq, Dv); a query that may read nothing gives zeros.
-    Memory O(B·H·Nq·c·(b + D)): the scores, and one copy of each query per block it reads,
-    never a copy of the keys per query.
+    b values the same way (``BlockAttention``). Returns (B, H, Nq, Dv); a query that may read
+    nothing gives zeros. Memory O(B·H·Nq·c·(b + D)) at most (one block's scores at a time,
+    and one copy of each query per block it reads), never a copy of the keys per query.
     """
-    xp = get_array_module(q.data)
-    bsz, h, nq, d = q.shape
-    nk, dv, c = k.shape[2], v.shape[-1], blocks.shape[-1]
-    nb, n = -(-nk // block), bsz * h * nq
-    # the keys and values as blocks, the last one padded with zeros: (B·H, nb, b, D)
-    edge = ((0, 0), (0, 0), (0, nb * block - nk), (0, 0))
-    kb = reshape(pad(k, edge), (bsz * h, nb, block, d))
-    vb = reshape(pad(v, edge), (bsz * h, nb, block, dv))
-    rows = reshape(q * scale, (n, d))
-    # the pairs, (query row, slot) in order: each one's row of ``rows`` and its group, the
-    # (batch·head, block) it reads; sorted by group, so that each group is one slice
-    row = xp.repeat(xp.arange(n), c)                                      # (P,)
+    return BlockAttention.apply(q, k, v, blocks=blocks, allowed=allowed, block=block,
+                                scale=scale)
+
+
+def _pair_groups(blocks, allowed, nk: int, block: int):
+    """The (query row, slot) pairs of ``blocks`` (B, H, Nq, c), grouped by the block they
+    read: (row (P,) each pair's query row of the (B·H·Nq) rows, back (P,) the permutation
+    that puts pairs sorted by group back in order, ok (P, b) each sorted pair's allowed keys,
+    groups [(batch·head, keys of the block (a slice), pairs, where they sit in sorted order
+    (a slice))])."""
+    xp = get_array_module(blocks)
+    bsz, h, nq, c = blocks.shape
+    nb = -(-nk // block)
+    row = xp.repeat(xp.arange(bsz * h * nq), c)                           # (P,)
     group = (row // nq) * nb + blocks.reshape(-1)                         # (P,)
     order = xp.argsort(group, kind="stable")
     back = xp.argsort(order, kind="stable")                               # undoes ``order``
     ok = allowed.reshape(-1, block)[order]                                # (P, b), by group
     edges = to_host(xp.searchsorted(group[order], xp.arange(bsz * h * nb + 1)))
-    groups = [(g // nb, g % nb, order[int(edges[g]):int(edges[g + 1])],
-               slice(int(edges[g]), int(edges[g + 1])))
+    groups = [(g // nb, slice(g % nb * block, min(nk, (g % nb + 1) * block)),
+               order[int(edges[g]):int(edges[g + 1])], slice(int(edges[g]), int(edges[g + 1])))
               for g in range(bsz * h * nb) if edges[g + 1] > edges[g]]
-    # the scores, block by block: (pairs of the group, D) @ (D, b) -> (pairs, b), −inf where
-    # a key may not be read
-    s = [masked_fill(matmul(getitem(rows, (row[pairs],)), swapaxes(getitem(kb, (hb, j)), -1, -2)),
-                     ~ok[at], -math.inf) for hb, j, pairs, at in groups]
-    # the shift m, each query's largest score (0 where it may read nothing)
-    m = xp.concatenate([t.data.max(axis=-1) for t in s])[back].reshape(n, c).max(axis=-1)
-    m = xp.where(xp.isfinite(m), m, 0)
-    e = [exp(t - m[row[pairs], None]) for t, (_, _, pairs, _) in zip(s, groups)]
-    # Z, each query's sum over its pairs (1 where it may read nothing: then e = 0, o = 0)
-    z = reshape(getitem(concatenate([t.sum(axis=-1) for t in e]), (back,)), (n, c)).sum(-1)
-    z = z + Tensor._wrap((z.data == 0).astype(z.data.dtype))
-    # the values, block by block: (pairs, b) @ (b, Dv) -> (pairs, Dv), summed over the slots
-    o = concatenate([matmul(t, getitem(vb, (hb, j))) for t, (hb, j, _, _) in zip(e, groups)])
-    o = reshape(getitem(o, (back,)), (n, c, dv)).sum(axis=1) / reshape(z, (n, 1))
-    return reshape(o, (bsz, h, nq, dv))
+    return row, back, ok, groups
+
+
+class BlockAttention(Function):
+    r"""``block_attention`` as one graph node: inputs q (B, H, Nq, D), k, v (B, H, Nk, D);
+    options ``blocks``, ``allowed``, ``block``, ``scale`` (as there).
+
+    Forward, block by block: each (query, block) pair gets its own piece of the softmax — its
+    largest score m_j, its sum z_j = Σ e^{s − m_j} and its output u_j = Σ e^{s − m_j} v — and
+    each query joins its c pieces at its largest score m = max_j m_j (FlashAttention's rule):
+
+    $$
+    Z = \sum_j e^{m_j - m} z_j, \qquad o = \frac{1}{Z} \sum_j e^{m_j - m}\, u_j,
+    \qquad \mathrm{lse} = m + \log Z
+    $$
+
+    Saved: the output and lse per query besides q, k, v (memory O(B·H·Nq·D)); backward, block
+    by block again, recomputes each block's probabilities P = e^{S − lse} and applies the five
+    equations of ``ops/attention_maths.py`` (``attention_backward``), each pair's query
+    gradient summed over its c slots."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, blocks=None, allowed=None, block=None, scale=None):
+        xp = get_array_module(q)
+        bsz, h, nq, d = q.shape
+        nk, dv, c = k.shape[2], v.shape[-1], blocks.shape[-1]
+        row, back, ok, groups = _pair_groups(blocks, allowed, nk, block)
+        rows = q.reshape(-1, d) * scale                                   # (B·H·Nq, D)
+        keys, values = k.reshape(bsz * h, nk, d), v.reshape(bsz * h, nk, dv)
+        # each pair's piece of the softmax: (pairs, D) @ (D, b') scores, −inf where not allowed
+        m_j = xp.empty(len(row), dtype=q.dtype)
+        z_j = xp.empty(len(row), dtype=q.dtype)
+        u_j = xp.empty((len(row), dv), dtype=q.dtype)
+        for hb, span, pairs, at in groups:
+            width = span.stop - span.start
+            s = xp.where(ok[at, :width], rows[row[pairs]] @ keys[hb, span].T, -math.inf)
+            m_j[at] = s.max(axis=-1)
+            e = xp.exp(s - xp.where(xp.isfinite(m_j[at]), m_j[at], 0)[:, None])
+            z_j[at], u_j[at] = e.sum(axis=-1), e @ values[hb, span]
+        # each query's c pieces joined at its largest score (a piece with nothing allowed,
+        # m_j = −inf, weighs 0; a query with nothing allowed gets o = 0, lse = 0)
+        m_j, z_j = m_j[back].reshape(-1, c), z_j[back].reshape(-1, c)
+        m = m_j.max(axis=-1)
+        w = xp.where(xp.isfinite(m_j), xp.exp(m_j - xp.where(xp.isfinite(m), m, 0)[:, None]), 0)
+        z = (w * z_j).sum(axis=-1)
+        # o and lse for the backward (lse = 0 with nothing allowed: then every P is e^{−∞} = 0)
+        some = z > 0
+        u_j = u_j[back].reshape(-1, c, dv)          # in query order (the sorted copy is freed)
+        u_j *= w[..., None]
+        out = u_j.sum(axis=1) / xp.where(some, z, 1)[:, None]
+        lse = xp.where(some, m + xp.log(xp.where(some, z, 1)), 0)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.pairs, ctx.c, ctx.scale = (row, back, ok, groups), c, scale
+        return out.reshape(bsz, h, nq, dv)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        row, back, ok, groups = ctx.pairs
+        xp = get_array_module(q)
+        bsz, h, nq, d = q.shape
+        nk, dv = k.shape[2], v.shape[-1]
+        # the same rows, keys and values as the forward's, recomputed (not kept)
+        rows = q.reshape(-1, d) * ctx.scale
+        keys, values = k.reshape(bsz * h, nk, d), v.reshape(bsz * h, nk, dv)
+        do = grad.reshape(-1, dv)
+        delta = (do * out).sum(axis=-1, keepdims=True)                    # δ of (3)
+        dq_j = xp.empty((len(row), d), dtype=q.dtype)                     # per pair, sorted
+        dk, dv_ = xp.zeros_like(keys), xp.zeros_like(values)
+        for hb, span, pairs, at in groups:
+            # the block's probabilities, recomputed from lse: 0 where not allowed
+            r, width = row[pairs], span.stop - span.start
+            s = xp.where(ok[at, :width], rows[r] @ keys[hb, span].T, -math.inf)
+            p = xp.exp(s - lse[r, None])
+            one = (None, None)                                # as (1, 1, pairs, ·) arrays
+            gq, gk, gv, _ = attention_backward(do[r][one], p[one], rows[r][one],
+                                               keys[hb, span][one], values[hb, span][one],
+                                               delta[r][one], ctx.scale)
+            dq_j[at], dk[hb, span], dv_[hb, span] = gq[0, 0], gk[0, 0], gv[0, 0]
+        dq = dq_j[back].reshape(-1, ctx.c, d).sum(axis=1)    # each query over its c slots
+        return dq.reshape(q.shape), dk.reshape(k.shape), dv_.reshape(v.shape)
 
 
 def block_means(x, block: int):
@@ -243,6 +309,18 @@ def _block_means_array(x, block: int):
 def _positions(nq: int, nk: int, xp):
     """The text positions of Nq queries that are the last of Nk keys."""
     return xp.arange(nk - nq, nk)
+
+
+def _chosen_keys(blocks, ok, block: int, nk: int, positions=None):
+    """Which keys of each chosen block a query may read: (…, Nq, c) block numbers and their
+    validity → (…, Nq, c, b) bool, the key inside the sequence (and, given the queries'
+    ``positions`` (Nq,), not after the query)."""
+    xp = get_array_module(blocks)
+    keys = blocks[..., None] * block + xp.arange(block)                  # (…, Nq, c, b)
+    allowed = ok[..., None] & (keys < nk)
+    if positions is not None:
+        allowed &= keys <= positions[:, None, None]
+    return allowed
 
 
 def _read_only(hook, make):
@@ -536,10 +614,8 @@ class MixtureOfBlockAttention(AttentionBase):
         ok = xp.concatenate([xp.ones((b, h, nq, 1), dtype=bool), ok], axis=-1)
         _read_only(self.hook_selection,
                    lambda: index_mask(blocks, ok, eligible.shape[-1]))
-        keys = blocks[..., None] * size + xp.arange(size)                # (B, H, Nq, c, b)
-        allowed = ok[..., None] & (keys < nk)
-        if self.causal:
-            allowed &= keys <= _positions(nq, nk, xp)[:, None, None]
+        allowed = _chosen_keys(blocks, ok, size, nk,
+                               _positions(nq, nk, xp) if self.causal else None)
         return block_attention(q, k, v, blocks, allowed, size, self.scale)
 
     def reference(self, q, k, v):
@@ -655,13 +731,28 @@ class NativeSparseAttention(AttentionBase):
             xp.ones((nq, blocks.shape[0]), dtype=bool)
         forced = xp.where(blocks == own, 3, xp.where(blocks == own - 1, 2,
                                                      xp.where(blocks == 0, 1, 0)))
+        forced = forced.astype(xp.int8)              # four levels: (Nq, nb) in bytes
         return seen, forced, pos
 
     @staticmethod
     def _block_scores(xp, p_sum, seen, forced, size_g):
         """Selection scores: the summed probabilities of the blocks seen, −inf for the others;
         the always-chosen blocks above any sum (≤ size_g), own before previous before first."""
-        return xp.where(forced > 0, size_g + forced, xp.where(seen, p_sum, -math.inf))
+        return xp.where(forced > 0, forced + float(size_g), xp.where(seen, p_sum, -math.inf))
+
+    def _select(self, p, seen, forced, positions, nk):
+        """The blocks each key/value group reads, ranked by p (B, H, Nq, nb) summed over its
+        query heads, and the keys of them each query may read: raw (B, G, Nq, k) and
+        (B, G, Nq, k, b) (``positions`` None: not causal)."""
+        xp = get_array_module(p)
+        b, h, nq, _ = p.shape
+        groups, size_g = self._groups(h)
+        score = p.reshape(b, groups, size_g, nq, -1).sum(axis=2)         # (B, G, Nq, nb)
+        score = self._block_scores(xp, score, seen, forced, size_g)
+        score = self.hook_block_scores(Tensor._wrap(score)).data
+        chosen, ok = top_k_indices(score, self.top_k)                    # (B, G, Nq, k)
+        _read_only(self.hook_selection, lambda: index_mask(chosen, ok, score.shape[-1]))
+        return chosen, _chosen_keys(chosen, ok, self.block, nk, positions)
 
     def _window_blocks(self, pos, nk, xp):
         """The window as blocks of w keys: t − w < s ≤ t lies in t's own block of w keys and
@@ -687,21 +778,16 @@ class NativeSparseAttention(AttentionBase):
         nk, size = k.shape[2], self.block
         k, v = repeat_kv(k, h), repeat_kv(v, h)                          # (B, H, Nk, D)
         seen, forced, pos = self._masks(nq, nk, xp)
-        # compressed: one mean key and value per block
-        s = matmul(q, swapaxes(block_means(k, size), -1, -2)) * self.scale   # (B, H, Nq, nb)
-        p = softmax(masked_fill(s, ~seen, -math.inf), axis=-1)
+        # compressed: one mean key and value per block (the scale on the means: no (Nq, nb)
+        # product is kept for it)
+        kbar = block_means(k, size) * self.scale
+        p = softmax(masked_fill(matmul(q, swapaxes(kbar, -1, -2)), ~seen, -math.inf), -1)
         o_cmp = matmul(p, block_means(v, size))                          # (B, H, Nq, D)
-        # selected: rank blocks by p summed over the query heads of a key/value group
+        # selected: the top-k blocks of each key/value group, their keys read by blocks
         groups, size_g = self._groups(h)
-        score = p.data.reshape(b, groups, size_g, nq, -1).sum(axis=2)    # (B, G, Nq, nb)
-        score = self._block_scores(xp, score, seen, forced, size_g)
-        score = self.hook_block_scores(Tensor._wrap(score)).data
-        chosen, ok = top_k_indices(score, self.top_k)                    # (B, G, Nq, k)
-        _read_only(self.hook_selection, lambda: index_mask(chosen, ok, score.shape[-1]))
-        keys = chosen[..., None] * size + xp.arange(size)                # (B, G, Nq, k, b)
-        allowed = ok[..., None] & (keys < nk)
-        if self.causal:
-            allowed &= keys <= pos[:, None, None]
+        chosen, allowed = self._select(p.data, seen, forced, pos if self.causal else None,
+                                       nk)
+        del forced                                   # (Nq, nb): not needed past the choice
         o_slc = block_attention(q, k, v, xp.repeat(chosen, size_g, axis=1),
                                 xp.repeat(allowed, size_g, axis=1), size, self.scale)
         # window: the last w keys (both sides when not causal), read as blocks of w keys

@@ -18,7 +18,7 @@ $$
 
 with S_0 = 0 and MiniMax's rates s_h for layer l of L (``attention.lightning``'s
 ``lightning_slopes``). The recurrence is computed in blocks of c tokens
-(``lightning_block``, which ``attention/lightning.py`` proves equal to it); a cache keeps
+(``lightning_blocks``, which ``attention/lightning.py`` proves equal to it); a cache keeps
 S_t, D × D numbers per head whatever the length.
 
 Where HuggingFace's ``MiniMaxLightningAttention`` and this layer meet the paper: q, k and v
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from ... import validate
 from ...attention.base import hooked_heads
-from ...attention.lightning import lightning_block, lightning_slopes
+from ...attention.lightning import lightning_block, lightning_blocks, lightning_slopes
 from ...attention.retention import RecurrentState
 from ...nn.decoder_layers import DecoderRMSNorm
 from ...nn.hooks import HookPoint
@@ -43,7 +43,6 @@ from ...nn.module import Module
 from ...ops.elementwise import sigmoid, silu
 from ...ops.indexing import masked_fill
 from ...ops.sdpa import merge_heads
-from ...ops.shape import concatenate
 from . import register_mixer
 
 __all__ = ["LightningMixer"]
@@ -119,14 +118,10 @@ class LightningMixer(Module):
                    enumerate((self.hook_q, self.hook_k, self.hook_v)))
         # blocks of c tokens from the cached state (one block when Λ is hooked)
         state = None if kv_cache is None else kv_cache.tensor()
-        size = n if self.hook_decay.active else self.block
-        outs = []
-        for start in range(0, n, size):
-            part = slice(start, min(n, start + size))
-            out, state = lightning_block(q[:, :, part], k[:, :, part], v[:, :, part],
-                                         self.slopes, state, hook_decay=self.hook_decay)
-            outs.append(out)
-        z = outs[0] if len(outs) == 1 else concatenate(outs, axis=2)      # (B, H, N, D)
+        if self.hook_decay.active:
+            z, state = lightning_block(q, k, v, self.slopes, state, hook_decay=self.hook_decay)
+        else:
+            z, state = lightning_blocks(q, k, v, self.slopes, self.block, state)  # (B, H, N, D)
         state = self.hook_state(state)
         if kv_cache is not None:
             kv_cache.update(state, n)                 # its values: no graph is kept
