@@ -261,7 +261,8 @@ def _block_scores(q, k, cum, r0, r1, causal, scale):
     """Rows [r0, r1) of the scores with FoX's bias, over the keys [0, end) that they may see.
 
     Returns (Q·scale (B, H, b, D), S (B, H, b, end) with −inf above the causal diagonal, the
-    slope ∂D/∂(c_i − c_j) (B, H, b, end) of the symmetric bias or None when causal (1), end).
+    slope ∂D/∂(c_i − c_j) (B, H, b, end) of the symmetric bias or None when causal (where it
+    is 1), end).
     """
     xp = get_array_module(q, k, cum)
     nq, nk = q.shape[2], k.shape[2]
