@@ -33,6 +33,7 @@ import minitx  # before NumPy: it shortens OpenBLAS's idle spinning (minitx/fast
 import numpy as np
 
 from minitx.attention import REGISTRY
+from minitx.attention.gated import FOX_BLOCK
 from minitx.backend import to_host
 from minitx.tour import cached_numbers
 
@@ -61,6 +62,10 @@ def _io(n):
 
 def _floor_dense(n, o):
     return n * (n + 1) // 2 + _io(n)
+
+
+def _floor_fox(n, o):
+    return n * FOX_BLOCK + 2 * n + _io(n)
 
 
 def _floor_lightning(n, o):
@@ -98,11 +103,13 @@ def _floor_nsa(n, o):
 
 # The memory floor of each variant, in numbers: what its forward must keep for the backward,
 # the terms of its stated memory complexity at their least (as text; the count). Every floor
-# adds the 10·N·E numbers of ``_io``.
+# adds the 10·N·E numbers of ``_io``. FoX runs by blocks of query rows (``gated.py``; memory
+# O(N·(D + b))): its floor is one block's scores and two numbers per row, not dense's.
 FLOORS = {
     "mha": ("N(N+1)/2: the causal half of the probabilities (memory O(N²))", _floor_dense),
     "gated": ("N(N+1)/2: as dense (the gate adds N·D)", _floor_dense),
-    "fox": ("N(N+1)/2: as dense (the forget gate adds N)", _floor_dense),
+    "fox": (f"N·b + 2·N: one block of b = {FOX_BLOCK} query rows' scores, the row "
+            "log-sum-exp and c (memory O(N·(D + b)))", _floor_fox),
     "lightning": ("N·c + (N/c)·D²: in-block scores, one state per block "
                   "(memory O(N·(c + D)))", _floor_lightning),
     "gated_deltanet": ("N·C + 2·N·D + (N/C)·D²: chunk scores, the corrected values and "

@@ -33,6 +33,24 @@ softmax still picks among the keys left. With every f_t = 1 the bias vanishes an
 causal softmax attention; with a constant f it is ALiBi's linear distance bias (i − j) log f.
 The bias is a difference of cumulative sums c (one ``cumsum`` over the tokens, no loop), and
 a decoder needs to keep only c of each cached token: the query at t adds its own c_t.
+
+**FoX by blocks of query rows.** The bias need never exist whole: ``forgetting_attention``
+takes b query rows at a time, forms their scores S with the bias c_i − c_j (b × N), their
+probabilities P and their outputs, and keeps per row only the output and the log-sum-exp
+$\ell_i = \log \sum_j e^{S_{ij}}$. Backward rebuilds each block's $P = e^{S - \ell}$, takes
+dQ, dK, dV and dS from the five equations of softmax attention's backward
+(``ops/attention_maths.py``, applied to the block), and the gates' gradient from dS: D_ij
+depends on c only through c_i − c_j, so with
+$G_{ij} = dS_{ij}\, \partial D_{ij} / \partial (c_i - c_j)$
+
+$$
+\frac{\partial L}{\partial c_t} = \sum_j G_{tj} - \sum_i G_{it}, \qquad
+G = dS \ \text{(causal)}, \qquad G = -\operatorname{sgn}(c_i - c_j) \odot dS
+\ \text{(the symmetric bias)}
+$$
+
+the row sums of G minus its column sums. Memory O(N·(D + b)), where the composed form (the
+formula op by op) holds several N × N arrays and their gradients.
 """
 from __future__ import annotations
 
@@ -40,16 +58,20 @@ import math
 
 from .. import functional as F
 from .. import validate
+from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, host_xp, to_host
 from ..nn.hooks import HookPoint
 from ..nn.layers import Linear
+# FoX's fused op reads heads as softmax attention's backward does (grouped, without copies)
+from ..ops.attention_maths import grouped_key_grad, grouped_scores, grouped_values
 from .base import (AttentionBase, causal_pattern, check_heads, dense_attention_array,
                    hookable_attention, hooked_heads, merge_heads, register, repeat_kv,
                    repeat_kv_array, softmax_rows_array)
 from .kv_cache import KVCache
 
-__all__ = ["GatedAttention", "ForgettingAttention", "ForgetCache", "forget_bias"]
+__all__ = ["GatedAttention", "ForgettingAttention", "ForgetCache", "forget_bias",
+           "forgetting_attention", "ForgettingAttentionFunction"]
 
 # where ``gated``'s gate acts: one value per channel of each head, or one per head
 GATES = ("elementwise", "headwise")
@@ -231,6 +253,114 @@ class ForgetCache(KVCache):
         return self.cumulative
 
 
+# query rows per block of the fused op: a block's scores are (b, N), 2 MiB of float32 at N = 8,192
+FOX_BLOCK = 64
+
+
+def _block_scores(q, k, cum, r0, r1, causal, scale):
+    """Rows [r0, r1) of the scores with FoX's bias, over the keys [0, end) that they may see.
+
+    Returns (Q·scale (B, H, b, D), S (B, H, b, end) with −inf above the causal diagonal, the
+    slope ∂D/∂(c_i − c_j) (B, H, b, end) of the symmetric bias or None when causal (where it
+    is 1), end).
+    """
+    xp = get_array_module(q, k, cum)
+    nq, nk = q.shape[2], k.shape[2]
+    off = nk - nq                              # the queries are the last Nq of the Nk tokens
+    end = min(nk, r1 + off) if causal else nk  # past it, every key is in each row's future
+    qs = q[:, :, r0:r1] * scale
+    s = grouped_scores(qs, k[:, :, :end])                                # (B, H, b, end)
+    diff = cum[:, :, off + r0:off + r1, None] - cum[:, :, None, :end]    # c_i − c_j
+    if not causal:
+        s -= xp.abs(diff)
+        return qs, s, -xp.sign(diff), end
+    s += diff
+    # query r0 + t sees key j iff j ≤ r0 + t + off (bottom-right aligned, as everywhere)
+    xp.copyto(s, -xp.inf, where=~xp.tri(r1 - r0, end, r0 + off, dtype=bool))
+    return qs, s, None, end
+
+
+class ForgettingAttentionFunction(Function):
+    """FoX's attention as one node, by blocks of query rows (the module docstring's last
+    paragraph); inputs (q, k, v, cum).
+
+    Shapes: q (B, H, Nq, D), k/v (B, Hkv, Nk, D/Dv), Hkv | H, Nq ≤ Nk; cum (B, H, Nk) the
+    cumulative log forget gates c of the keys, the queries being the last Nq of them. Saved:
+    q, k, v, c, the output and the row log-sum-exp ℓ (B, H, Nq, 1); backward recomputes each
+    block's P = exp(S − ℓ). Every row sees one key at least (key 0), so no row is empty.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, cum, *, causal, scale, block):
+        xp = get_array_module(q, k, v, cum)
+        bsz, h, nq, _ = q.shape
+        out = xp.empty((bsz, h, nq, v.shape[-1]), dtype=q.dtype)
+        lse = xp.empty((bsz, h, nq, 1), dtype=q.dtype)
+        for r0 in range(0, nq, block):
+            r1 = min(r0 + block, nq)
+            _, s, _, end = _block_scores(q, k, cum, r0, r1, causal, scale)
+            m = s.max(axis=-1, keepdims=True)          # finite: key 0 is in every row
+            s -= m
+            p = xp.exp(s, out=s)                       # the block's P, in the scores' memory
+            total = p.sum(axis=-1, keepdims=True)
+            p /= total
+            out[:, :, r0:r1] = grouped_values(p, v[:, :, :end])                # P V
+            lse[:, :, r0:r1] = m + xp.log(total)                               # ℓ
+        ctx.save_for_backward(q, k, v, cum, out, lse)
+        ctx.options = (causal, scale, block)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, cum, out, lse = ctx.saved_tensors
+        causal, scale, block = ctx.options
+        xp = get_array_module(q, grad)
+        nq, nk, hkv = q.shape[2], k.shape[2], k.shape[1]
+        off = nk - nq
+        dq, dk, dv, dcum = (xp.zeros_like(a) for a in (q, k, v, cum))   # filled block by block
+        for r0 in range(0, nq, block):
+            r1 = min(r0 + block, nq)
+            qs, s, slope, end = _block_scores(q, k, cum, r0, r1, causal, scale)
+            kj, vj = k[:, :, :end], v[:, :, :end]
+            s -= lse[:, :, r0:r1]
+            p = xp.exp(s, out=s)                                       # P recomputed
+            do = grad[:, :, r0:r1]
+            delta = (do * out[:, :, r0:r1]).sum(axis=-1, keepdims=True)   # δ = rowsum(dO ⊙ O)
+            # Equations (1)–(5) of ops/attention_maths.py on the block, dS formed in dP's
+            # memory (two b × N arrays at a time); a key's gradient sums over every block.
+            dv[:, :, :end] += grouped_key_grad(p, do, hkv)             # (1) dV += Pᵀ dO
+            ds = grouped_scores(do, vj)                                # (2) dP = dO Vᵀ
+            ds -= delta
+            ds *= p                                                    # (3) dS = P ⊙ (dP − δ)
+            dq[:, :, r0:r1] = grouped_values(ds, kj) * scale           # (4) dQ = dS K·scale
+            dk[:, :, :end] += grouped_key_grad(ds, qs, hkv)            # (5) dK += dSᵀ Q·scale
+            g = ds if slope is None else ds * slope                    # G of the docstring
+            dcum[:, :, off + r0:off + r1] += g.sum(axis=-1)            # + row sums (c_i)
+            dcum[:, :, :end] -= g.sum(axis=-2)                         # − column sums (c_j)
+        return dq, dk, dv, dcum
+
+
+def forgetting_attention(q, k, v, cum, *, causal: bool = True, scale: float = None,
+                         block: int = FOX_BLOCK):
+    """softmax(Q Kᵀ·scale + D) V with FoX's bias D from c, by blocks of ``block`` query rows
+    (``ForgettingAttentionFunction``): q (B, H, Nq, D), k/v (B, Hkv, Nk, D/Dv), cum (B, H, Nk)
+    Tensors, Nq ≤ Nk (the queries are the last Nq tokens) → (B, H, Nq, Dv). ``causal``: the
+    bias c_i − c_j under the causal mask; otherwise −|c_i − c_j| over every key. ``scale``
+    None → 1/√D. Time O(B·H·Nq·Nk·D), memory O(B·H·(Nq + Nk)·D + B·H·block·Nk)."""
+    fn = "forgetting_attention"
+    _, h, _, nq, nk, d = check_heads(q, k, v, fn)
+    if tuple(cum.shape) != (q.shape[0], h, nk):
+        raise ValueError(f"{fn}: cum must be (B, H, Nk) = {(q.shape[0], h, nk)}, got "
+                         f"{tuple(cum.shape)}")
+    if nq > nk:
+        raise ValueError(f"{fn}: the queries are the last Nq of the Nk tokens, so Nq ≤ Nk; got "
+                         f"Nq = {nq}, Nk = {nk}")
+    block = validate.positive_int(block, "block", owner=fn)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    return ForgettingAttentionFunction.apply(q, k, v, cum, causal=validate.boolean(
+        causal, "causal", owner=fn), scale=scale, block=block)
+
+
 @register("fox")
 class ForgettingAttention(AttentionBase):
     r"""Forgetting attention (FoX): softmax attention whose scores get the bias c_i − c_j, the
@@ -252,7 +382,9 @@ class ForgettingAttention(AttentionBase):
     projections'; ``forget_linear`` always has its bias b_h). Decoding: ``kv_cache`` a
     ``ForgetCache`` (``new_cache()``: keys, values and c).
 
-    Complexity: {complexity} (the composed form: scores, bias and softmax are formed).
+    Complexity: {complexity}, by blocks of b = ``FOX_BLOCK`` query rows
+    (``forgetting_attention``). With a hook on the bias, the scores or the pattern set, the
+    composed form runs instead (``composed``: those N × N maps are formed, memory O(B·H·N²)).
 
     Exactness: a different score function (tested against its own dense formula,
     ``reference``); with every gate 1 it is exact causal softmax attention (``identities``).
@@ -265,7 +397,7 @@ class ForgettingAttention(AttentionBase):
     Attention with a Forget Gate" (ICLR).
     """
 
-    complexity = "time O(B·H·N²·D), memory O(B·H·N²)"
+    complexity = "time O(B·H·N²·D), memory O(B·H·N·(D + b))"
 
     kind = "score"
     supports_kv_cache = True
@@ -290,7 +422,15 @@ class ForgettingAttention(AttentionBase):
         return self.hook_forget(-F.softplus(-logits))
 
     def _attend(self, q, k, v, cum):
-        """Attention with the bias from c (B, H, Nk) of the keys; the queries take the last Nq."""
+        """Attention with the bias from c (B, H, Nk) of the keys; the queries take the last Nq.
+        By blocks of query rows, unless a hook must see (or replace) an N × N map."""
+        if self.hook_bias.active or self.hook_attn_scores.active or self.hook_pattern.active:
+            return self.composed(q, k, v, cum)
+        return forgetting_attention(q, k, v, cum, causal=self.causal, scale=self.scale)
+
+    def composed(self, q, k, v, cum):
+        """The module's formula op by op, through the hooks: the bias D (B, H, Nq, Nk) from c
+        (B, H, Nk), the scores, their softmax and the output (B, H, Nq, D) are each formed."""
         nq = q.shape[2]
         bias = self.hook_bias(forget_bias(cum[..., cum.shape[-1] - nq:], cum, self.causal))
         scores = F.attention_scores(q, k, is_causal=self.causal, scale=self.scale,
@@ -301,7 +441,10 @@ class ForgettingAttention(AttentionBase):
     def attend(self, q, k, v, log_forget=None):
         """q (B, H, Nq, D), k/v (B, Hkv, Nk, D), log_forget (B, H, Nk) or None →
         (B, H, Nq, D)."""
-        _, h, _, _, nk, _ = check_heads(q, k, v, f"{self.name}.attend")
+        _, h, _, nq, nk, _ = check_heads(q, k, v, f"{self.name}.attend")
+        if nq > nk:
+            raise ValueError(f"{self.name}.attend: the queries are the last Nq of the Nk "
+                             f"tokens, so Nq ≤ Nk; got Nq = {nq}, Nk = {nk}")
         if log_forget is None:
             xp = get_array_module(q.data)
             log_forget = Tensor._wrap(xp.zeros((q.shape[0], h, nk), dtype=q.dtype))

@@ -4,7 +4,9 @@ forgetting attention (FoX, a forget-gate bias on the scores, Lin et al. 2025).
 Each layer equals a NumPy formula written here (loops over query and key positions for FoX's
 bias), over hypothesis grids of sizes; float64 gradients of the whole layer, the gate and the
 forget gate included (the registry contract checks ``attend`` alone); decoding through GPT's
-caches equals the full forward; the hooks see what the formulas say; bad options are named."""
+caches equals the full forward; the hooks see what the formulas say; bad options are named.
+FoX's fused op (by blocks of query rows) equals its composed form, outputs and gradients, and
+holds no N × N array."""
 import math
 
 import numpy as np
@@ -12,10 +14,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import minitx
-from minitx.attention import REGISTRY, ForgetCache, KVCache
+from minitx import functional as F
+from minitx.attention import REGISTRY, ForgetCache, KVCache, forgetting_attention
 from minitx.models.gpt import GPT, GPTConfig
 from minitx.validate import OptionError
-from support import assert_close, params_to_float64, qkv, tensor, to_host
+from support import assert_close, params_to_float64, peak_bytes, qkv, tensor, to_host
 
 E, H = 8, 2
 D = E // H
@@ -251,6 +254,83 @@ def test_replacing_the_forget_gates_by_zero_logs_gives_softmax_attention():
         layer(tensor(x))
     q, k, v, z = (np.swapaxes(seen[s], 1, 2) for s in "qkvz")
     assert_close(z, softmax_attention(q, k, v), atol=1e-13)
+
+
+# ---- forgetting attention by blocks of query rows ------------------------------------------
+
+def fused_and_composed(q, k, v, log_f, upstream, block, causal, hkv):
+    """[output, dq, dk, dv, d log f] of the fused op (by blocks of ``block`` rows) and of the
+    composed form (bias, scores, softmax op by op), both from the same float64 inputs."""
+    layer = build("fox", causal=causal, num_kv_heads=hkv)
+    results = []
+    for fused in (True, False):
+        t = [tensor(a, requires_grad=True) for a in (q, k, v, log_f)]
+        cum = F.cumsum(t[3], axis=-1)
+        out = (forgetting_attention(*t[:3], cum, causal=causal, scale=layer.scale, block=block)
+               if fused else layer.composed(*t[:3], cum))
+        out.backward(tensor(upstream))
+        results.append([to_host(out)] + [to_host(a.grad) for a in t])
+    return results
+
+
+@settings(deadline=None, max_examples=25)
+@given(nk=st.integers(1, 19), drop=st.integers(0, 5), block=st.integers(1, 7),
+       hkv=st.sampled_from([1, 2]), causal=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_blocked_fox_equals_the_composed_form(nk, drop, block, hkv, causal, seed):
+    """Outputs and the gradients of q, k, v and log f, on sizes where N is rarely a multiple
+    of the block, with grouped heads and with fewer queries than keys (the last Nq)."""
+    nq = max(1, nk - drop)
+    g = np.random.default_rng(seed)
+    q, k, v = qkv(nq, nk, hkv=hkv, rng=g)
+    log_f = -g.uniform(0.0, 2.0, (2, H, nk))
+    upstream = g.standard_normal((2, H, nq, D))
+    fused, composed = fused_and_composed(q, k, v, log_f, upstream, block, causal, hkv)
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dlog_f"), fused, composed):
+        assert_close(a, b, atol=1e-12, rtol=0, err_msg=name)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_gradcheck_of_blocked_fox(causal):
+    """float64 central differences through q, k, v and c: 7 keys, the last 5 as queries, in
+    blocks of 2 rows (the last block holds one), grouped heads."""
+    g = np.random.default_rng(21)
+    q, k, v = (tensor(a, requires_grad=True) for a in qkv(5, 7, b=1, hkv=1, rng=g, scale=0.7))
+    # c strictly decreasing, as a cumulative sum of log gates < 0 is; in the symmetric bias
+    # no two c are equal, so |c_i − c_j| is differentiable at every pair i ≠ j
+    cum = tensor(np.cumsum(-g.uniform(0.1, 1.5, (1, H, 7)), axis=-1), requires_grad=True)
+    minitx.gradcheck(lambda a, b, c, d: forgetting_attention(a, b, c, d, causal=causal,
+                                                             block=2), (q, k, v, cum))
+
+
+def test_blocked_fox_keeps_no_n_by_n_array():
+    """N = 1,024, one head, D = 4, float64: the layer's forward + backward by blocks holds
+    less than one N × N array (8 MiB); the composed form (a hook on the pattern set) holds
+    several."""
+    n = 1024
+    layer = REGISTRY["fox"](4, 1, causal=True).to(dtype="float64")
+    x = np.random.default_rng(22).standard_normal((1, n, 4))
+
+    def run():
+        layer(tensor(x, requires_grad=True)).sum().backward()
+
+    blocked = peak_bytes(run)
+    assert blocked < n * n * 8, blocked
+    with layer.hooks([("hook_pattern", lambda t, hook: None)]):
+        composed = peak_bytes(run)
+    assert composed > 2 * n * n * 8, composed
+
+
+def test_blocked_fox_refuses_what_it_cannot_take():
+    q, k, v = (tensor(a) for a in qkv(4, 6))
+    cum = tensor(np.zeros((2, H, 6)))
+    with pytest.raises(ValueError, match=r"cum must be \(B, H, Nk\) = \(2, 2, 6\), got"):
+        forgetting_attention(q, k, v, tensor(np.zeros((2, H, 4))))
+    with pytest.raises(ValueError, match="Nq ≤ Nk; got Nq = 6, Nk = 4"):
+        forgetting_attention(k, q, q, tensor(np.zeros((2, H, 4))))
+    with pytest.raises(OptionError, match="block"):
+        forgetting_attention(q, k, v, cum, block=0)
+    with pytest.raises(ValueError, match="Nq ≤ Nk"):
+        build("fox").attend(k, q, q, log_forget=tensor(np.zeros((2, H, 4))))
 
 
 # ---- decoding through GPT: the caches of both ------------------------------------------------
