@@ -500,22 +500,27 @@ def cache_section(embed: int = 64, heads: int = 8, lengths=(32, 96)) -> list:
 def decoder_section() -> list:
     """One line per decoder family of ``minitx.pretrained.families``: the published model,
     its MLP, attention and windows as minitx's loader reads them, and its KV cache per
-    token; a family the loader lacks says so."""
+    token; a family the loader lacks says so. Columns as wide as their longest entry (the
+    rows sit two columns in, so the longest names fit the tour's width)."""
+    rows = {kind: families.family_row(kind) for kind in families.TODAY}
+    names = ("model", "MLP", "attention", "window pattern")
+    wide = {name: max([len(name)] + [len(r[name]) for r in rows.values() if name in r])
+            for name in names}
+    family = max(len(k) for k in rows)
     lines = ["7. Today's decoders: GPT-2 plus a few switches each, read from the published "
              "configurations", "   (python -m minitx site: the course chapter "
-             "\"From GPT-2 to today's decoders\")", "",
-             f"   {'family':<12} {'model':<15} {'MLP':<6} {'attention':<18} "
-             f"{'window pattern':<26} KV KiB/token"]
-    for kind in families.TODAY:
-        row = families.family_row(kind)
-        head = f"   {kind:<12} {row['model']:<15}"
+             "\"From GPT-2 to today's decoders\")",
+             "   KV KiB: the cache kept per token (by W: a sliding window bounds it)", "",
+             f"  {'family':<{family}} " + " ".join(f"{n:<{wide[n]}}" for n in names)
+             + " KV KiB"]
+    for kind, row in rows.items():
+        head = f"  {kind:<{family}} {row['model']:<{wide['model']}}"
         if "status" in row:
             lines.append(f"{head} {row['status']}"[:WIDTH])
             continue
         kib = families.kv_cache_bytes_per_token(families.family_config(kind)) / 1024
-        lines.append(f"{head} {row['MLP']:<6} {row['attention']:<18} "
-                     f"{row['window pattern']:<26} " + (f"{kib:>6.1f}" if kib else
-                                                        "bounded by W"))
+        cells = " ".join(f"{row[n]:<{wide[n]}}" for n in names[1:])
+        lines.append(f"{head} {cells} " + (f"{kib:>6.1f}" if kib else f"{'by W':>6}"))
     return lines
 
 
