@@ -123,3 +123,31 @@ def tiny_decoder(root, case):
     model.save_pretrained(folder)
     _BUILT[case] = folder
     return folder
+
+
+def hf_model(folder, dtype="float64"):
+    """HF's model of a saved tiny checkpoint in eval mode, in float64 or float32 (its eager
+    loop over experts: HF's grouped-matmul experts take no float64)."""
+    import transformers
+    m = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, experts_implementation="eager").eval()
+    return m.double() if dtype == "float64" else m
+
+
+def relative(a, b):
+    """max |a − b| / max |b|: the parity tests' measure of a difference."""
+    import numpy as np
+    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
+
+
+def saved_tiny(tmp_path_factory, config, seed, name):
+    """Folder of a random tiny HF model of ``config`` (every parameter redrawn by
+    ``randomize(seed)``), saved with ``save_pretrained``."""
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    randomize(model, torch, seed=seed)
+    path = str(tmp_path_factory.mktemp(name) / f"tiny-{name}")
+    model.save_pretrained(path)
+    return path

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
 transformers = pytest.importorskip("transformers", reason="needs transformers (the oracle)")
 
 import minitx.pretrained as pt  # noqa: E402
-from decoder_util import SIZES, randomize  # noqa: E402
+from decoder_util import SIZES, hf_model, relative, saved_tiny  # noqa: E402
 from minitx import interop, validate  # noqa: E402
 from minitx.models import count_parameters  # noqa: E402
 from minitx.models.decoder import check_config  # noqa: E402
@@ -44,24 +44,9 @@ TOL = {"float64": 1e-5, "float32": 1e-4}
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(
-        transformers.DeepseekV32Config(**{**SIZES, **EXTRA}))
-    randomize(model, torch, seed=32)
-    path = str(tmp_path_factory.mktemp("dsv32") / "tiny-deepseek_v32")
-    model.save_pretrained(path)
-    return path
+    return saved_tiny(tmp_path_factory, transformers.DeepseekV32Config(**{**SIZES, **EXTRA}),
+                      32, "deepseek_v32")
 
-
-def hf_model(folder, dtype="float64"):
-    # HF's grouped-matmul experts take no float64: its eager loop over experts does
-    m = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, experts_implementation="eager").eval()
-    return m.double() if dtype == "float64" else m
-
-
-def relative(a, b):
-    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

@@ -23,7 +23,7 @@ if not hasattr(transformers, "KimiLinearConfig"):
 
 import minitx.interop as interop  # noqa: E402
 import minitx.pretrained as pt  # noqa: E402
-from decoder_util import randomize  # noqa: E402
+from decoder_util import hf_model, randomize, relative, saved_tiny  # noqa: E402
 from minitx.backend import to_host  # noqa: E402
 from minitx.models import count_parameters  # noqa: E402
 from minitx.models.mixers.kda import KDACache  # noqa: E402
@@ -51,23 +51,9 @@ CONFIG = dict(
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(
-        transformers.KimiLinearConfig(**CONFIG))
-    randomize(model, torch, seed=11)
-    path = str(tmp_path_factory.mktemp("kimi") / "tiny-kimi_linear")
-    model.save_pretrained(path)
-    return path
+    return saved_tiny(tmp_path_factory, transformers.KimiLinearConfig(**CONFIG), 11,
+                      "kimi_linear")
 
-
-def hf_model(folder, dtype="float64"):
-    m = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, experts_implementation="eager").eval()
-    return m.double() if dtype == "float64" else m
-
-
-def relative(a, b):
-    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
 
 
 def test_the_layers_are_read_as_the_checkpoint_says(folder):

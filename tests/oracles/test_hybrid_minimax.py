@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
 transformers = pytest.importorskip("transformers", reason="needs transformers (the oracle)")
 
 import minitx.pretrained as pt  # noqa: E402
-from decoder_util import SIZES, randomize  # noqa: E402
+from decoder_util import SIZES, hf_model, randomize, relative  # noqa: E402
 from minitx.models import DecoderConfig, count_parameters  # noqa: E402
 from minitx.models.decoder import check_config  # noqa: E402
 from minitx.models.mixers.lightning import LightningMixer  # noqa: E402
@@ -64,15 +64,6 @@ def tiny(root, case):
         model.save_pretrained(_BUILT[case])
     return _BUILT[case]
 
-
-def hf_model(folder, dtype="float64"):
-    m = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, experts_implementation="eager").eval()
-    return m.double() if dtype == "float64" else m
-
-
-def relative(a, b):
-    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
 
 
 def test_the_config_is_read_as_hf_builds_the_layers(root):

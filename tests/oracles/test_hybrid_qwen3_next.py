@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
 transformers = pytest.importorskip("transformers", reason="needs transformers (the oracle)")
 
 import minitx.pretrained as pt  # noqa: E402
-from decoder_util import randomize  # noqa: E402
+from decoder_util import hf_model, relative, saved_tiny  # noqa: E402
 from minitx.models import Decoder, count_parameters  # noqa: E402
 from minitx.models.decoder import check_config  # noqa: E402
 from minitx.ops.loss import cross_entropy  # noqa: E402
@@ -55,23 +55,9 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(
-        transformers.Qwen3NextConfig(**CONFIG))
-    randomize(model, torch, seed=3)
-    path = str(tmp_path_factory.mktemp("qwen3_next") / "tiny-qwen3_next")
-    model.save_pretrained(path)
-    return path
+    return saved_tiny(tmp_path_factory, transformers.Qwen3NextConfig(**CONFIG), 3,
+                      "qwen3_next")
 
-
-def hf_model(folder, dtype="float64"):
-    m = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, experts_implementation="eager").eval()
-    return m.double() if dtype == "float64" else m
-
-
-def relative(a, b):
-    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers", reason="needs transformers (t
 
 import minitx  # noqa: E402
 import minitx.pretrained as pt  # noqa: E402
-from decoder_util import CASES, tiny_decoder  # noqa: E402
+from decoder_util import CASES, hf_model, relative, tiny_decoder  # noqa: E402
 from minitx.ops.loss import cross_entropy  # noqa: E402
 from minitx.ops.shape import reshape  # noqa: E402
 
@@ -34,16 +34,6 @@ TOL = {"float64": 1e-5, "float32": 1e-4}
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("decoders")
 
-
-def hf_model(folder, dtype="float64"):
-    # HF's grouped-matmul experts take no float64: its eager loop over experts does
-    m = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, experts_implementation="eager").eval()
-    return m.double() if dtype == "float64" else m
-
-
-def relative(a, b):
-    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max())
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
