@@ -32,11 +32,11 @@ SM_LIMITS = {
 
 def min_blocks(name: str) -> int:
     """The minimum-blocks-per-SM of an instantiation's __launch_bounds__(128, N) (mirrors the
-    kernel sources: flash_tc.cuh, flash_tf32.cuh, flash_simt.cuh, flash_naive.cuh,
-    flash_common.cuh)."""
+    kernel sources: flash_tc.cuh, flash_tc_levers.cuh, flash_tf32.cuh, flash_simt.cuh,
+    flash_naive.cuh, flash_common.cuh)."""
     if name.startswith("flash_bwd_dot<"):
         return 4
-    if "_tf32<" in name:
+    if "_tf32<" in name or "_tc_bm128<" in name or "_tc_kvreg<" in name or "_tc_onepass<" in name:
         return 2
     if "_simt<" in name or "_naive<" in name:
         return 3
@@ -334,7 +334,9 @@ def doctor_lines(compile: bool = False, archs=("sm_80", "sm_90"), jobs: int = 2)
                                             "attention runs instead"))
     lines.append(f"flash instantiations: {len(flash_cuda.all_kernel_names())} "
                  f"(fp16 -> tensor-core kernels *_tc, fp32 -> CUDA-core kernels *_simt; "
-                 f"MINITX_FLASH_KERNEL=naive -> *_naive, fp32, one thread per row; D in "
+                 f"MINITX_FLASH_KERNEL=naive -> *_naive, fp32, one thread per row; =tf32 -> "
+                 f"*_tf32, fp32 as 3xTF32; =tc_bm128 / tc_kvreg / tc_onepass -> the fp16 "
+                 f"levers, tc with one kernel replaced; D in "
                  f"{flash_cuda.SUPPORTED_HEAD_DIMS}, causal or not; other D, Dv <= 128 zero "
                  f"padded)")
     lines.append("flash kernel choice: " + _safe(

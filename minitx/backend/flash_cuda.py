@@ -70,7 +70,8 @@ __all__ = [
     "module_names", "kernel_source", "kernel_path", "kernel_files", "padded_head_dim",
     "smem_bytes", "smem_bytes_of", "tile_rows", "kernel_name", "all_kernel_names", "plan_launch",
     "validate_inputs", "check_shared_memory", "SUPPORTED_HEAD_DIMS", "THREADS",
-    "DEFAULT_SMEM_LIMIT", "MAX_GRID_Y", "FP16_MIN_CC", "KERNEL_ENV", "KERNEL_CHOICES",
+    "DEFAULT_SMEM_LIMIT", "MAX_GRID_Y", "FP16_MIN_CC", "KERNEL_ENV", "KERNEL_CHOICES", "LEVERS",
+    "pass_kernel", "family_kinds",
 ]
 
 # Limits every launch respects: the compiled head dims, the block size, the shared memory a
@@ -84,11 +85,24 @@ FP16_MIN_CC = 80       # mma.sync m16n8k16 / m16n8k8.tf32 and cp.async need sm_8
 # tf32 families are float32 only.
 _CTYPE = {"float32": "float", "float16": "__half"}
 _FAMILY = {"float32": "simt", "float16": "tc"}          # the tiled family of each dtype
-_FAMILY_DTYPE = {"simt": "float32", "tc": "float16", "naive": "float32", "tf32": "float32"}
+_FAMILY_DTYPE = {"simt": "float32", "tc": "float16", "naive": "float32", "tf32": "float32",
+                 "tc_bm128": "float16", "tc_kvreg": "float16", "tc_onepass": "float16"}
 KERNEL_ENV = "MINITX_FLASH_KERNEL"
-# tiled: tc for float16, simt for float32; naive and tf32: float32 only, that family
-KERNEL_CHOICES = ("tiled", "naive", "tf32")
-_TENSOR_CORE_FAMILIES = ("tc", "tf32")   # need sm_80+
+# tiled: tc for float16, simt for float32; naive and tf32: float32 only, that family; the three
+# tc_* levers: float16 only, the tc family with one pass changed (LEVERS)
+KERNEL_CHOICES = ("tiled", "naive", "tf32", "tc_bm128", "tc_kvreg", "tc_onepass")
+# The fp16 levers, each the tc family with one kernel replaced, so that a GPU run can time each
+# change on its own: the pass a lever replaces runs that lever's kernel, the others tc's.
+#   tc_bm128:   forward with two 16-row m-tiles per warp (128 query rows a block): every K and
+#               V fragment read from shared memory feeds two mma instead of one
+#   tc_kvreg:   dK/dV with the block's K and V rows kept as mma A fragments in registers (read
+#               from shared memory once, not once per query tile)
+#   tc_onepass: dK/dV that also adds dS K into a float32 dQ with atomicAdd (FlashAttention-2's
+#               single pass: S and dP are computed once, not twice; dQ's summation order, and
+#               so its last bits, then vary from run to run); there is no dQ pass
+LEVERS = {"tc_bm128": {"fwd": "tc_bm128"}, "tc_kvreg": {"bwd_dkdv": "tc_kvreg"},
+          "tc_onepass": {"bwd_dkdv": "tc_onepass", "bwd_dq": None}}
+_TENSOR_CORE_FAMILIES = ("tc", "tf32") + tuple(LEVERS)   # need sm_80+
 log = logging.getLogger("minitx.flash_cuda")
 _KINDS = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_dot")
 _KIND_INDEX = {"fwd": 0, "bwd_dkdv": 1, "bwd_dq": 2}   # the `kind` of *_smem_bytes<D>(kind)
@@ -185,15 +199,19 @@ def _choice_reason(dtype_name: str, choice: str):
     """Why the chosen kernel cannot take ``dtype_name`` (None when it can)."""
     if choice in ("naive", "tf32") and dtype_name != "float32":
         return f"{KERNEL_ENV}={choice} takes float32 only (got {dtype_name})"
+    if choice in LEVERS and dtype_name != "float16":
+        return f"{KERNEL_ENV}={choice} takes float16 only (got {dtype_name})"
     return None
 
 
 def chosen_kernel(dtype, choice=None) -> str:
-    """The family that runs arrays of ``dtype``: ``"naive"``, ``"simt"``, ``"tc"`` or ``"tf32"``.
+    """The family that runs arrays of ``dtype``: ``"naive"``, ``"simt"``, ``"tc"``, ``"tf32"`` or
+    one of the fp16 levers (:data:`LEVERS`).
 
-    ``choice`` is ``"tiled"``, ``"naive"`` or ``"tf32"``; None reads :func:`kernel_choice`. Tests
+    ``choice`` is one of :data:`KERNEL_CHOICES`; None reads :func:`kernel_choice`. Tests
     and dispatchers ask it so that the kernel a call will use is observable, not inferred. Raises
-    ``ValueError`` when the choice cannot take the dtype (naive or tf32 and float16)."""
+    ``ValueError`` when the choice cannot take the dtype (naive or tf32 and float16, a lever and
+    float32)."""
     name = _dtype_name(dtype)
     choice = kernel_choice() if choice is None else _checked_choice(choice, "kernel")
     reason = _choice_reason(name, choice)
@@ -209,6 +227,25 @@ def _tc_cfg(D):
                 dkdv_bq=32 if D == 128 else 64)
 
 
+def _tc_bm128_cfg(D):
+    # Q in registers for D <= 64 (two m-tiles of D/16 fragments); at D = 128 the two m-tiles'
+    # fp32 O accumulators alone take 128 registers, so Q is read from shared memory and the key
+    # tile is halved
+    return dict(rows=128, stride=D + 8, fwd_bn=32 if D == 128 else 64)
+
+
+def _tc_kvreg_bq(D):
+    # TcKvregCfg<D>::kBQ: at D = 128 the K and V fragments (64 registers) cost half the tile
+    return 16 if D == 128 else _tc_cfg(D)["dkdv_bq"]
+
+
+def _tc_onepass_ds_bytes(D):
+    """The tc_onepass dK/dV kernel's extra shared memory: the block's dS^T tile (64 keys x BQ
+    queries, fp16, rows padded by 8 halves) read back as dS for dQ += dS K."""
+    c = _tc_cfg(D)
+    return 2 * c["rows"] * (c["dkdv_bq"] + 8)
+
+
 def _tf32_cfg(D):
     streamed = 32 if D < 128 else None  # dQ's key tiles and dK/dV's query tiles
     return dict(rows=64, stride=D + 4, fwd_bn=32 if D == 128 else 64, dq_bn=streamed or 16,
@@ -218,6 +255,26 @@ def _tf32_cfg(D):
 def _simt_cfg(D):
     return dict(stride=D + 4, fwd_bm=64, fwd_bn=32 if D == 128 else 64,
                 dq_bm=32 if D == 128 else 64, dq_bn=32, dkdv_bk=32 if D == 128 else 64, dkdv_bq=32)
+
+
+def pass_kernel(fam: str, kind: str):
+    """The kernel family whose ``kind`` kernel the family ``fam`` launches: ``fam`` itself, or for
+    a lever (:data:`LEVERS`) its own kernel for the pass it changes, tc's for the others, None
+    for a pass it does not have (tc_onepass computes dQ inside its dK/dV kernel)."""
+    if fam not in _FAMILY_DTYPE:
+        raise ValueError(f"family must be one of {tuple(_FAMILY_DTYPE)}, got {fam!r}")
+    if kind == "bwd_dot":
+        return fam
+    if kind not in _KIND_INDEX:
+        raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+    if fam in LEVERS:
+        return LEVERS[fam].get(kind, "tc")
+    return fam
+
+
+def family_kinds(fam: str) -> tuple:
+    """The passes a family launches, in order (every family but tc_onepass has all four)."""
+    return tuple(kind for kind in _KINDS if pass_kernel(fam, kind) is not None)
 
 
 def _family_of(dtype, fam):
@@ -231,14 +288,27 @@ def _family_of(dtype, fam):
     return fam
 
 
+def _kernel_of(dtype, fam, kind):
+    """The kernel family that runs pass ``kind`` of family ``fam`` (checked against ``dtype``);
+    ``ValueError`` for a pass the family does not have."""
+    fam = _family_of(dtype, fam)
+    impl = pass_kernel(fam, kind)
+    if impl is None:
+        raise ValueError(f"the {fam} family has no {kind} kernel (its passes: "
+                         f"{family_kinds(fam)})")
+    return impl
+
+
 def tile_rows(kind: str, dtype, D: int, fam=None) -> int:
     """Rows (queries for fwd/dq, keys for dkdv) one block owns: grid.x = ceil(N / tile_rows).
     ``fam`` None is the tiled family of the dtype; ``"naive"`` owns one row per thread."""
     if kind not in _KIND_INDEX:
         raise ValueError(f"kind must be one of {tuple(_KIND_INDEX)}, got {kind!r}")
-    fam = _family_of(dtype, fam)
+    fam = _kernel_of(dtype, fam, kind)
     if fam == "naive":
         return THREADS
+    if fam == "tc_bm128":
+        return 128  # TcBm128Cfg kRows: 4 warps x 2 m-tiles x 16 rows
     if fam in _TENSOR_CORE_FAMILIES:
         return 64   # TcCfg / Tf32Cfg kRows: 4 warps x 16 rows
     c = _simt_cfg(D)
@@ -252,19 +322,26 @@ def smem_bytes(kind: str, dtype, D: int, fam=None) -> int:
         return 0
     if kind not in _KIND_INDEX:
         raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
-    fam = _family_of(dtype, fam)
+    fam = _kernel_of(dtype, fam, kind)
     if fam == "naive":
         return 0
+    if fam == "tc_bm128":        # Q | K | V, fp16
+        c = _tc_bm128_cfg(D)
+        return 2 * (c["rows"] + 2 * c["fwd_bn"]) * c["stride"]
+    extra = _tc_onepass_ds_bytes(D) if fam == "tc_onepass" else 0   # + dS^T
+    if fam == "tc_kvreg":        # tc's dK/dV layout with the lever's query tile
+        bq = _tc_kvreg_bq(D)
+        return 2 * (2 * 64 + 4 * bq) * (D + 8) + 4 * 4 * bq
     # Bytes = element size × (rows of the tiles held at once) × padded row stride. The two
     # tensor-core families share one layout, double-buffered ("2 stages") in the backward: fp16
     # tiles (2 bytes) for tc, fp32 (4 bytes) for tf32; lse and Dvec are fp32 in both.
     if fam in _TENSOR_CORE_FAMILIES:
-        c, e = (_tc_cfg(D), 2) if fam == "tc" else (_tf32_cfg(D), 4)
+        c, e = (_tf32_cfg(D), 4) if fam == "tf32" else (_tc_cfg(D), 2)
         S = c["stride"]
         if kind == "fwd":        # Q | K | V
             return e * (c["rows"] + 2 * c["fwd_bn"]) * S
         if kind == "bwd_dkdv":   # K, V | 2 stages x (Q, dO) | 2 stages x (lse, Dvec)
-            return e * (2 * c["rows"] + 4 * c["dkdv_bq"]) * S + 4 * 4 * c["dkdv_bq"]
+            return e * (2 * c["rows"] + 4 * c["dkdv_bq"]) * S + 4 * 4 * c["dkdv_bq"] + extra
         return e * (2 * c["rows"] + 4 * c["dq_bn"]) * S   # Q, dO | 2 stages x (K, V)
     # SIMT tiles are fp32 (4 bytes), plus a score tile (P or dS) whose rows are padded by 4
     # floats, like the D + 4 stride, to spread rows over shared-memory banks.
@@ -289,11 +366,12 @@ def kernel_name(kind: str, dtype, D: int = 64, causal: bool = False, fam=None) -
         raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
     if D not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"D must be one of {SUPPORTED_HEAD_DIMS}, got {D}")
-    fam = _family_of(name, fam)
+    fam = _kernel_of(name, fam, kind)
     return f"flash_{kind}_{fam}<{int(D)}, {'true' if causal else 'false'}>"
 
 
-_NAME = re.compile(r"flash_(fwd|bwd_dkdv|bwd_dq)_(tc|simt|naive|tf32)<(\d+), (true|false)>$")
+_NAME = re.compile(r"flash_(fwd|bwd_dkdv|bwd_dq)_(tc_bm128|tc_kvreg|tc_onepass|tc|simt|naive|tf32)"
+                   r"<(\d+), (true|false)>$")
 
 
 def smem_bytes_of(name: str) -> int:
@@ -308,9 +386,10 @@ def smem_bytes_of(name: str) -> int:
 
 
 def all_kernel_names(dtypes=("float32", "float16"), head_dims=SUPPORTED_HEAD_DIMS,
-                     kinds=_KINDS, naive=True, tf32=True) -> list:
-    """Every instantiation: the tiled family of each dtype, then (float32 in ``dtypes``) the
-    naive kernels (``naive``) and the 3xTF32 ones (``tf32``); ``flash_bwd_dot<T>`` once per
+                     kinds=_KINDS, naive=True, tf32=True, levers=True) -> list:
+    """Every instantiation, once each: the tiled family of each dtype, then (float32 in
+    ``dtypes``) the naive kernels (``naive``) and the 3xTF32 ones (``tf32``), then (float16 in
+    ``dtypes``) each fp16 lever's own kernel (``levers``); ``flash_bwd_dot<T>`` once per
     dtype."""
     names = []
     fams = [(dt, None) for dt in dtypes]
@@ -318,6 +397,8 @@ def all_kernel_names(dtypes=("float32", "float16"), head_dims=SUPPORTED_HEAD_DIM
         fams.append(("float32", "naive"))
     if tf32 and "float32" in dtypes:
         fams.append(("float32", "tf32"))
+    if levers and "float16" in dtypes:
+        fams += [("float16", lever) for lever in LEVERS]
     # Each family: its three kernels for every head dim, causal or not; the Dvec pre-pass once
     # per dtype (it belongs to no family).
     for dt, fam in fams:
@@ -326,6 +407,8 @@ def all_kernel_names(dtypes=("float32", "float16"), head_dims=SUPPORTED_HEAD_DIM
                 if fam is None:
                     names.append(kernel_name(kind, dt))
                 continue
+            if fam in LEVERS and pass_kernel(fam, kind) != fam:
+                continue          # tc's kernel, or no kernel: listed once, with tc
             for D in head_dims:
                 for causal in (False, True):
                     names.append(kernel_name(kind, dt, D, causal, fam))
@@ -620,13 +703,20 @@ def _backward(xp, launch, q, k, v, o, lse, do, *, causal=False, scale=None, key_
     check_shared_memory(plan.smem, smem_limit, plan.name)
     common = (ln, km, numpy.int32(H), numpy.int32(Hkv), numpy.int32(Nq), numpy.int32(Nk),
               numpy.float32(sc))
-    launch(plan, (qp, kp, vp, dop, lse32, dvec, dk32, dv32) + common)
 
-    # Pass 3, one block per query tile: dQ = scale · dS K.
-    dq = xp.empty((B, H, Nq, Dp), dtype=dt)
-    plan = plan_launch("bwd_dq", dt, B=B, H=H, Nq=Nq, Nk=Nk, D=Dp, causal=causal, fam=fam)
-    check_shared_memory(plan.smem, smem_limit, plan.name)
-    launch(plan, (qp, kp, vp, dop, lse32, dvec, dq) + common)
+    if pass_kernel(fam, "bwd_dq") is None:
+        # Single pass (tc_onepass): the dK/dV kernel also adds dS K into a float32 dQ.
+        dq32 = xp.zeros((B, H, Nq, Dp), dtype=numpy.float32)
+        launch(plan, (qp, kp, vp, dop, lse32, dvec, dk32, dv32, dq32) + common)
+        dq = (dq32 * numpy.float32(sc)).astype(dt)
+    else:
+        launch(plan, (qp, kp, vp, dop, lse32, dvec, dk32, dv32) + common)
+        # Pass 3, one block per query tile: dQ = scale · dS K.
+        dq = xp.empty((B, H, Nq, Dp), dtype=dt)
+        plan = plan_launch("bwd_dq", dt, B=B, H=H, Nq=Nq, Nk=Nk, D=Dp, causal=causal, fam=fam)
+        check_shared_memory(plan.smem, smem_limit, plan.name)
+        launch(plan, (qp, kp, vp, dop, lse32, dvec, dq) + common)
+    dq = xp.ascontiguousarray(dq[..., :D])
 
     # GQA: the G query heads that share a kv head each add their dK, dV to it; then the
     # padding is sliced off and the result cast to q's dtype.
@@ -636,7 +726,6 @@ def _backward(xp, launch, q, k, v, o, lse, do, *, causal=False, scale=None, key_
         dv32 = dv32.reshape(B, Hkv, G, Nk, Dp).sum(axis=2)
     dk = xp.ascontiguousarray(dk32[..., :D].astype(dt))
     dv = xp.ascontiguousarray(dv32[..., :Dv].astype(dt))
-    dq = xp.ascontiguousarray(dq[..., :D])
     return dq, dk, dv
 
 
@@ -679,8 +768,9 @@ def is_available() -> bool:
 
 
 def module_names(fam: str, D: int, causal: bool) -> list:
-    """The four name expressions one NVRTC module of family ``fam`` compiles."""
-    return [kernel_name(kind, _FAMILY_DTYPE[fam], D, causal, fam) for kind in _KINDS]
+    """The name expressions one NVRTC module of family ``fam`` compiles: one per pass it
+    launches (:func:`family_kinds`)."""
+    return [kernel_name(kind, _FAMILY_DTYPE[fam], D, causal, fam) for kind in family_kinds(fam)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -750,7 +840,8 @@ def _resolve(q, v, kernel, causal, what):
     choice = kernel_choice() if kernel is None else _checked_choice(kernel, "kernel")
     fam = chosen_kernel(q.dtype, choice)
     Dp = compiled_head_dim(q, v)
-    names = [kernel_name(kind, q.dtype, Dp, bool(causal), fam) for kind in _PASSES[what]]
+    names = [kernel_name(kind, q.dtype, Dp, bool(causal), fam) for kind in _PASSES[what]
+             if pass_kernel(fam, kind) is not None]
     log.debug("%s: %s (%s=%s): %s", what, fam, KERNEL_ENV if kernel is None else "kernel",
               choice, ", ".join(names))
     return choice, fam, Dp

@@ -22,6 +22,11 @@
 //                   three products; sm_80+), the fp16 kernels' loop with fp32 tiles
 //                   flash_fwd_tf32<D, CAUSAL>, flash_bwd_dq_tf32<D, CAUSAL>,
 //                   flash_bwd_dkdv_tf32<D, CAUSAL>
+// and, chosen with MINITX_FLASH_KERNEL=tc_bm128 | tc_kvreg | tc_onepass, three fp16 levers,
+// each one tc kernel replaced (the family's other passes are tc's):
+//   flash_tc_levers.cuh  flash_fwd_tc_bm128<D, CAUSAL> (two m-tiles per warp),
+//                   flash_bwd_dkdv_tc_kvreg<D, CAUSAL> (K and V fragments in registers),
+//                   flash_bwd_dkdv_tc_onepass<D, CAUSAL> (dQ added with atomics: no dQ pass)
 // and flash_bwd_dot<T> (T = float | __half, flash_common.cuh), the backward's pre-pass.
 // D = 32 | 64 | 128 (the launcher zero pads other head dims), CAUSAL = bottom-right aligned.
 #include "flash_common.cuh"
@@ -29,3 +34,4 @@
 #include "flash_simt.cuh"
 #include "flash_tc.cuh"
 #include "flash_tf32.cuh"
+#include "flash_tc_levers.cuh"

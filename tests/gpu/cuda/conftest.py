@@ -1,7 +1,8 @@
 """Session-wide builds for tests/gpu/cuda, compiled once and in parallel (2 workers: CI has 2 cores).
 
 Builds: the full emulation library (ctypes), a ThreadSanitizer executable, the deliberately
-broken emulation library, one whose 3xTF32 kernels lost the split's small products, and the
+broken emulation library, one whose 3xTF32 kernels lost the split's small products, a
+ThreadSanitizer executable whose single-pass backward lost its dS^T barrier, and the
 nvcc/ptxas compile of every instantiation for sm_80 and sm_90.
 Only the builds that the collected tests need are started; they all start together (at the first
 request of any of them) on a shared ThreadPoolExecutor(2), so g++ and nvcc overlap.
@@ -24,9 +25,11 @@ _FIXTURE_BUILDS = {
     "broken_lib": ("broken",),
     "single_tf32_lib": ("single_tf32",),
     "chained_tf32_lib": ("chained_tf32",),
+    "onepass_broken_tsan_exe": ("onepass_broken",),
     "ptxas_report": ("nvcc_sm_80", "nvcc_sm_90"),
 }
-_ORDER = ("emu", "nvcc_sm_80", "nvcc_sm_90", "tsan", "broken", "single_tf32", "chained_tf32")
+_ORDER = ("emu", "nvcc_sm_80", "nvcc_sm_90", "tsan", "broken", "single_tf32", "chained_tf32",
+          "onepass_broken")
 
 
 # The files that compile the kernels or run them in the CPU emulation hand NumPy arrays to the
@@ -35,7 +38,7 @@ _ORDER = ("emu", "nvcc_sm_80", "nvcc_sm_90", "tsan", "broken", "single_tf32", "c
 # catch host/device mixes in the backend, skips them rather than build and run them again.
 BACKEND_FREE = ("test_cuda_emulation.py", "test_cuda_harness.py", "test_cuda_causal_alignment.py",
                 "test_cuda_naive.py", "test_cuda_tf32.py", "test_cuda_compile.py",
-                "test_cuda_nvrtc.py")
+                "test_cuda_nvrtc.py", "test_cuda_tc_levers.py")
 STRICT_CUPY = os.environ.get("MINITX_TEST_BACKEND", "").strip().lower() == "strict-cupy"
 
 
@@ -88,6 +91,12 @@ class _Builds:
                 fh.write(H.chained_tf32_source(flash_cuda.kernel_source()))
             return H.build_shared(os.path.join(self.root, "libminitx_emu_chained_tf32.so"),
                                   kernel_file=path)
+        if name == "onepass_broken":
+            path = os.path.join(self.root, "flash_attn_onepass_broken.cu")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(H.onepass_broken_source(flash_cuda.kernel_source()))
+            return H.build_tsan_exe(os.path.join(self.root, "emu_tsan_onepass_broken"),
+                                    kernel_file=path)
         if name.startswith("nvcc_"):
             arch = name[len("nvcc_"):]
             wd = os.path.join(self.root, name)
@@ -143,6 +152,11 @@ def single_tf32_lib(cuda_builds):
 @pytest.fixture(scope="session")
 def chained_tf32_lib(cuda_builds):
     return cuda_builds.get("chained_tf32")
+
+
+@pytest.fixture(scope="session")
+def onepass_broken_tsan_exe(cuda_builds):
+    return cuda_builds.get("onepass_broken")
 
 
 @pytest.fixture(scope="session")

@@ -64,6 +64,21 @@ def build_tsan_exe(out_path, kernel_file=None):
     return out_path
 
 
+# The single-pass backward's barrier between every warp writing its dS^T rows to shared memory
+# and the block reading them back as dS for dQ += dS K.
+ONEPASS_BARRIER = "__syncthreads();  // [tc_onepass_dkdv:ds-written]"
+
+
+def onepass_broken_source(src: str) -> str:
+    """The kernels (``flash_cuda.kernel_source()``) with the single pass's dS^T barrier removed:
+    the harness self-test that the emulation sees it."""
+    n = src.count(ONEPASS_BARRIER)
+    if n != 1:
+        raise AssertionError(f"expected the marker {ONEPASS_BARRIER!r} exactly once, found {n}")
+    return src.replace(ONEPASS_BARRIER, "/* barrier removed by the harness self-test */  "
+                                        + ONEPASS_BARRIER[ONEPASS_BARRIER.index("//"):])
+
+
 # The 3xTF32 split's two small products; without them each product is one tf32 multiply (a
 # relative error of ~2^-11 per operand), which the fp32 bounds must reject.
 TF32_SMALL_TERMS = """    mma_1688(acc, a_small, b_big);

@@ -9,7 +9,7 @@ from minitx.backend import cuda_tools, flash_cuda
 @pytest.mark.slow
 def test_every_instantiation_compiles_without_spills(ptxas_report):
     names = flash_cuda.all_kernel_names()
-    assert len(names) == 74                       # 38 tiled + 18 naive + 18 tf32
+    assert len(names) == 92                       # 38 tiled + 18 naive + 18 tf32 + 18 levers
     assert len(ptxas_report) == 2 * len(names)
     print("\n" + "\n".join(cuda_tools.format_report(ptxas_report)))
     bad = [r for r in ptxas_report if not r["ok"]]
@@ -18,8 +18,8 @@ def test_every_instantiation_compiles_without_spills(ptxas_report):
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
         assert r["stack"] == 0, r
         # __launch_bounds__(128, N) is kept: N blocks of this register use fit in an SM
-        # (N = 2 tensor-core kernels, 3xTF32 ones included, 3 CUDA-core and naive kernels, 4 the
-        # Dvec pre-pass)
+        # (N = 2 tensor-core kernels, 3xTF32 ones and the fp16 levers included, 3 CUDA-core and
+        # naive kernels, 4 the Dvec pre-pass)
         occ = cuda_tools.occupancy(r["registers"], r["smem_dynamic"], r["arch"])
         assert 0 < r["registers"] and occ["by_regs"] >= cuda_tools.min_blocks(r["kernel"]), (r, occ)
 
@@ -80,7 +80,7 @@ def test_doctor_lines_report_the_kernel_choice(monkeypatch):
     monkeypatch.setenv("MINITX_FLASH_KERNEL", "fast")     # reported, not raised
     line = [ln for ln in cuda_tools.doctor_lines() if ln.startswith("flash kernel choice")]
     assert line == ["flash kernel choice: invalid (ValueError: MINITX_FLASH_KERNEL must be one "
-                    "of ('tiled', 'naive', 'tf32'), got 'fast')"]
+                    "of ('tiled', 'naive', 'tf32', 'tc_bm128', 'tc_kvreg', 'tc_onepass'), got 'fast')"]
 
 
 def test_doctor_lines_default_is_fast_and_does_not_compile(monkeypatch):
@@ -95,7 +95,7 @@ def test_doctor_lines_default_is_fast_and_does_not_compile(monkeypatch):
     lines = cuda_tools.doctor_lines()
     assert time.perf_counter() - t < 10.0
     text = "\n".join(lines)
-    for needle in ("numpy", "cupy", "GPU", "nvcc", "NVRTC", "flash instantiations: 74",
+    for needle in ("numpy", "cupy", "GPU", "nvcc", "NVRTC", "flash instantiations: 92",
                    "dynamic shared memory"):
         assert needle in text, needle
 
@@ -115,7 +115,7 @@ def test_doctor_lines_compile_gives_the_per_instantiation_table(monkeypatch):
     monkeypatch.setattr(cuda_tools, "compile_report", fake_report)
     lines = cuda_tools.doctor_lines(compile=True)
     assert seen["archs"] == ("sm_80", "sm_90")
-    assert any("148/148 ok" in ln for ln in lines)
+    assert any("184/184 ok" in ln for ln in lines)
     for arch in ("sm_80", "sm_90"):
         for n in names:
             assert sum(ln.startswith(n + " ") and f" {arch} " in ln for ln in lines) == 1, (n, arch)

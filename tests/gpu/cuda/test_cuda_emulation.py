@@ -126,17 +126,22 @@ def test_fully_masked_rows_are_zero_not_nan(emu_lib, dtype):
 
 def test_shared_memory_arithmetic_matches_kernel(emu_lib):
     """The launcher's shared-memory sizes are the kernels' constexpr ones (driver family ids:
-    0 simt, 1 tc, 3 tf32)."""
-    families = ((0, "float32", "simt"), (1, "float16", "tc"), (3, "float32", "tf32"))
+    0 simt, 1 tc, 3 tf32; the fp16 levers' own kernels 4 tc_bm128 (forward), 5 tc_kvreg and
+    6 tc_onepass (dK/dV))."""
+    families = ((0, "float32", "simt", ("fwd", "bwd_dkdv", "bwd_dq")),
+                (1, "float16", "tc", ("fwd", "bwd_dkdv", "bwd_dq")),
+                (3, "float32", "tf32", ("fwd", "bwd_dkdv", "bwd_dq")),
+                (4, "float16", "tc_bm128", ("fwd",)), (5, "float16", "tc_kvreg", ("bwd_dkdv",)),
+                (6, "float16", "tc_onepass", ("bwd_dkdv",)))
+    index = {"fwd": 0, "bwd_dkdv": 1, "bwd_dq": 2}
 
     def work(launch, lib):
-        return {(dt, fam, kind, D): lib.emu_smem_bytes(f, i, D)
-                for f, dt, fam in families
-                for i, kind in enumerate(("fwd", "bwd_dkdv", "bwd_dq"))
+        return {(dt, fam, kind, D): lib.emu_smem_bytes(f, index[kind], D)
+                for f, dt, fam, kinds in families for kind in kinds
                 for D in fc.SUPPORTED_HEAD_DIMS}
 
     got = H.run_isolated(emu_lib, work, timeout=60)
-    assert len(got) == 27
+    assert len(got) == 36
     for (dt, fam, kind, D), nbytes in got.items():
         assert nbytes == fc.smem_bytes(kind, dt, D, fam), (dt, fam, kind, D)
 

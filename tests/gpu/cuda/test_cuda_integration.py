@@ -536,7 +536,8 @@ def test_an_unknown_kernel_choice_is_an_error_on_every_path(emu, monkeypatch):
     """A mistyped MINITX_FLASH_KERNEL raises (naming the variable, the values and the given
     one) on the GPU path and on the CPU path alike, and under MINITX_FLASH=off: never silent."""
     q, k, v, _ = _qkv(1, 2, 2, 9, 9, 32)
-    msg = r"MINITX_FLASH_KERNEL must be one of \('tiled', 'naive', 'tf32'\), got 'Naiev'"
+    msg = (r"MINITX_FLASH_KERNEL must be one of \('tiled', 'naive', 'tf32', 'tc_bm128', "
+           r"'tc_kvreg', 'tc_onepass'\), got 'Naiev'")
     with gpu_path(emu, kernel="Naiev"):
         ts = [minitx.tensor(x) for x in (q, k, v)]
         with pytest.raises(ValueError, match=msg):

@@ -96,9 +96,12 @@ def test_launch_plans():
 
 def test_kernel_names_and_families():
     names = fc.all_kernel_names()
-    assert len(names) == len(set(names)) == 74        # 38 tiled + 18 naive + 18 tf32
-    assert len(fc.all_kernel_names(naive=False, tf32=False)) == 38
-    assert len(fc.all_kernel_names(naive=False)) == 56
+    # 38 tiled + 18 naive + 18 tf32 + 18 of the fp16 levers' own (6 each)
+    assert len(names) == len(set(names)) == 92
+    assert len(fc.all_kernel_names(naive=False, tf32=False, levers=False)) == 38
+    assert len(fc.all_kernel_names(naive=False, levers=False)) == 56
+    assert len(fc.all_kernel_names(dtypes=("float16",))) == 19 + 18
+    assert "flash_bwd_dkdv_tc_onepass<64, true>" in names and "flash_fwd_tc_bm128<32, false>" in names
     assert "flash_bwd_dkdv_tf32<128, true>" in names
     assert "flash_bwd_dq_tc<128, true>" in names and "flash_fwd_simt<32, false>" in names
     assert "flash_bwd_dot<__half>" in names and "flash_bwd_dot<float>" in names
@@ -111,13 +114,15 @@ def test_kernel_source_inlines_every_header_once():
     src = fc.kernel_source()
     assert '#include "' not in src.replace('#include "cuda_emu.h"', "")   # self-contained for NVRTC
     for name in ("flash_common.cuh", "flash_naive.cuh", "flash_simt.cuh", "flash_tc.cuh",
-                 "flash_tf32.cuh"):
+                 "flash_tf32.cuh", "flash_tc_levers.cuh"):
         assert src.count(f"// ---- begin {name}") == 1
     files = [f for f in fc.kernel_files() if f.endswith(".cuh")]
-    assert len(files) == 5
+    assert len(files) == 6
     for kind in ("fwd", "bwd_dkdv", "bwd_dq"):
         for fam in ("tc", "simt", "naive", "tf32"):
             assert f"flash_{kind}_{fam}(" in src
+    for kernel in ("flash_fwd_tc_bm128(", "flash_bwd_dkdv_tc_kvreg(", "flash_bwd_dkdv_tc_onepass("):
+        assert kernel in src
     # the naive kernels come first: the file a reader opens first is the one NVRTC sees first
     assert src.index("// ---- begin flash_naive.cuh") < src.index("// ---- begin flash_simt.cuh")
 
@@ -301,7 +306,8 @@ def test_kernel_choice_reads_the_environment_at_each_call(monkeypatch):
 def test_an_unknown_kernel_choice_names_the_variable_the_choices_and_the_value(monkeypatch,
                                                                                value):
     monkeypatch.setenv("MINITX_FLASH_KERNEL", value)
-    msg = f"MINITX_FLASH_KERNEL must be one of ('tiled', 'naive', 'tf32'), got {value!r}"
+    msg = (f"MINITX_FLASH_KERNEL must be one of ('tiled', 'naive', 'tf32', 'tc_bm128', "
+           f"'tc_kvreg', 'tc_onepass'), got {value!r}")
     for call in (fc.kernel_choice, lambda: fc.chosen_kernel(np.float32),
                  lambda: fc.decline_reason(*_qkv())):
         with pytest.raises(ValueError) as info:

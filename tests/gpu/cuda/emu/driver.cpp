@@ -51,12 +51,18 @@ template <> struct FamT<0> { using T = float; };    // simt
 template <> struct FamT<1> { using T = __half; };   // tc
 template <> struct FamT<2> { using T = float; };    // naive
 template <> struct FamT<3> { using T = float; };    // tf32 (fp32 on tensor cores, 3xTF32)
+template <> struct FamT<4> { using T = __half; };   // tc_bm128 (the fp16 levers)
+template <> struct FamT<5> { using T = __half; };   // tc_kvreg
+template <> struct FamT<6> { using T = __half; };   // tc_onepass
 }  // namespace
 
 #define FAM_simt 0
 #define FAM_tc 1
 #define FAM_naive 2
 #define FAM_tf32 3
+#define FAM_tc_bm128 4
+#define FAM_tc_kvreg 5
+#define FAM_tc_onepass 6
 
 extern "C" {
 
@@ -65,13 +71,17 @@ int emu_set_seed(unsigned long long s) { emu::set_seed(s); return 0; }
 int emu_set_mma_truncates(int on) { emu::set_mma_truncates(on); return 0; }
 long long emu_arena_bytes() { return (long long)kArenaBytes; }
 
-// family: 0 simt, 1 tc, 3 tf32; kind: 0 fwd, 1 dkdv, 2 dq -> bytes of dynamic shared memory
-// (constexpr functions of the kernel headers)
+// family: 0 simt, 1 tc, 3 tf32, 4 tc_bm128 (fwd only), 5 tc_kvreg and 6 tc_onepass (dkdv only);
+// kind: 0 fwd, 1 dkdv, 2 dq -> bytes of dynamic shared memory (constexpr functions of the
+// kernel headers)
 int emu_smem_bytes(int family, int kind, int D) {
     using namespace minitx_flash;
 #define SMEM_CASE(DD)                                                            \
     if (D == DD) return family == 0 ? simt_smem_bytes<DD>(kind)                  \
-                      : family == 3 ? tf32_smem_bytes<DD>(kind) : tc_smem_bytes<DD>(kind);
+                      : family == 3 ? tf32_smem_bytes<DD>(kind)                  \
+                      : family == 4 ? tc_bm128_smem_bytes<DD>()                  \
+                      : family == 5 ? tc_kvreg_smem_bytes<DD>()                  \
+                      : family == 6 ? tc_onepass_smem_bytes<DD>() : tc_smem_bytes<DD>(kind);
     SMEM_CASE(32) SMEM_CASE(64) SMEM_CASE(128)
 #undef SMEM_CASE
     return -1;
@@ -98,6 +108,7 @@ DEFINE_FWD(simt)
 DEFINE_FWD(tc)
 DEFINE_FWD(naive)
 DEFINE_FWD(tf32)
+DEFINE_FWD(tc_bm128)
 
 #define DEFINE_DKDV(FAM)                                                                     \
     int flash_bwd_dkdv_##FAM##_launch(const char* name, unsigned gx, unsigned gy,             \
@@ -123,6 +134,29 @@ DEFINE_DKDV(simt)
 DEFINE_DKDV(tc)
 DEFINE_DKDV(naive)
 DEFINE_DKDV(tf32)
+DEFINE_DKDV(tc_kvreg)
+
+// The single-pass backward's dK/dV kernel: the dK/dV arguments plus the float32 dQ it adds to.
+int flash_bwd_dkdv_tc_onepass_launch(const char* name, unsigned gx, unsigned gy, unsigned gz,
+                                     unsigned bx, unsigned by, unsigned bz, size_t smem,
+                                     const void* q, const void* k, const void* v,
+                                     const void* dout, const float* lse, const float* dvec,
+                                     float* dk, float* dv, float* dq32, const int* lengths,
+                                     const unsigned char* kmask, int H, int Hkv, int Nq, int Nk,
+                                     float scale) {
+    dim3 grid(gx, gy, gz), block(bx, by, bz);
+    using T = __half;
+#define ONEPASS_CASE(FAM, D, C, CN)                                                          \
+    if (!std::strcmp(name, "flash_bwd_dkdv_" #FAM "<" #D ", " CN ">"))                      \
+        return emu::launch(grid, block, smem, [&] {                                         \
+            flash_bwd_dkdv_##FAM<D, C>((const T*)q, (const T*)k, (const T*)v,                \
+                                       (const T*)dout, lse, dvec, dk, dv, dq32, lengths,     \
+                                       kmask, H, Hkv, Nq, Nk, scale);                        \
+        });
+    EMU_DIMS(ONEPASS_CASE, tc_onepass)
+#undef ONEPASS_CASE
+    return -1;
+}
 
 #define DEFINE_DQ(FAM)                                                                       \
     int flash_bwd_dq_##FAM##_launch(const char* name, unsigned gx, unsigned gy, unsigned gz,  \
@@ -229,7 +263,8 @@ int emu_cp_async_probe(const unsigned* src, unsigned* out) {
 }  // extern "C"
 
 #ifdef EMU_MAIN
-// Small forward + backward of every family (simt fp32, tc fp16, naive fp32, tf32 fp32; D=32, causal with
+// Small forward + backward of every family (simt fp32, tc fp16, naive fp32, tf32 fp32, and the fp16
+// levers' own kernels; D=32, causal with
 // Nq < Nk, lengths, GQA, several key tiles) for the ThreadSanitizer run. Prints "EMU_MAIN OK"
 // when every launch succeeded and every output is finite.
 #include <cmath>
@@ -291,11 +326,52 @@ static int run_family(const char* fam) {
     return 0;
 }
 
+// The fp16 levers' own kernels on the same case: the two-m-tile forward, then the dK/dV
+// kernels with K and V in registers and with dQ added by atomics (Dvec from the forward's o).
+static int run_levers() {
+    using T = __half;
+    using namespace minitx_flash;
+    const int B = 1, H = 2, Hkv = 1, Nq = 33, Nk = 140, D = 32;
+    const float scale = 0.17677669f;
+    std::vector<T> q(B * H * Nq * D), k(B * Hkv * Nk * D), v(k.size()), dout(q.size()), o(q.size());
+    unsigned s = 7;
+    auto rnd = [&] { s = s * 1664525u + 1013904223u; return float(s >> 8) / float(1 << 24) - 0.5f; };
+    for (auto* a : {&q, &k, &v, &dout})
+        for (auto& x : *a) x = from_f<T>(rnd());
+    std::vector<float> lse(B * H * Nq), dvec(B * H * Nq), dk(B * H * Nk * D), dv(dk.size()),
+        dq32(q.size(), 0.0f);
+    int lengths[1] = {131};
+    int rc = flash_fwd_tc_bm128_launch("flash_fwd_tc_bm128<32, true>", (Nq + 127) / 128, B * H,
+                                       1, 128, 1, 1, tc_bm128_smem_bytes<32>(), q.data(),
+                                       k.data(), v.data(), o.data(), lse.data(), lengths,
+                                       nullptr, H, Hkv, Nq, Nk, scale);
+    rc |= flash_bwd_dot_launch("flash_bwd_dot<__half>", (B * H * Nq + 3) / 4, 1, 1, 128, 1, 1,
+                               0, o.data(), dout.data(), dvec.data(), B * H * Nq, D);
+    rc |= flash_bwd_dkdv_tc_kvreg_launch("flash_bwd_dkdv_tc_kvreg<32, true>", (Nk + 63) / 64,
+                                         B * H, 1, 128, 1, 1, tc_kvreg_smem_bytes<32>(),
+                                         q.data(), k.data(), v.data(), dout.data(), lse.data(),
+                                         dvec.data(), dk.data(), dv.data(), lengths, nullptr, H,
+                                         Hkv, Nq, Nk, scale);
+    rc |= flash_bwd_dkdv_tc_onepass_launch("flash_bwd_dkdv_tc_onepass<32, true>", (Nk + 63) / 64,
+                                           B * H, 1, 128, 1, 1, tc_onepass_smem_bytes<32>(),
+                                           q.data(), k.data(), v.data(), dout.data(), lse.data(),
+                                           dvec.data(), dk.data(), dv.data(), dq32.data(),
+                                           lengths, nullptr, H, Hkv, Nq, Nk, scale);
+    if (rc != 0) { std::printf("EMU_MAIN levers launch error %d\n", rc); return 2; }
+    for (const T& x : o)
+        if (!std::isfinite(to_f(x))) { std::printf("EMU_MAIN levers non-finite\n"); return 3; }
+    for (const auto* a : {&lse, &dk, &dv, &dq32})
+        for (float x : *a)
+            if (!std::isfinite(x)) { std::printf("EMU_MAIN levers non-finite\n"); return 3; }
+    return 0;
+}
+
 int main() {
     int rc = run_family<0>("simt");
     if (rc == 0) rc = run_family<1>("tc");
     if (rc == 0) rc = run_family<2>("naive");
     if (rc == 0) rc = run_family<3>("tf32");
+    if (rc == 0) rc = run_levers();
     if (rc == 0) std::printf("EMU_MAIN OK\n");
     return rc;
 }
