@@ -6,7 +6,9 @@ One command on a GPU machine does all three:
 
 1. build: compiles every kernel instantiation of every family in ``KERNEL_FAMILIES`` with NVRTC
    (the fp16 tensor-core kernels *_tc, the fp32 CUDA-core kernels *_simt, the naive kernels
-   *_naive and the fp32 3xTF32 tensor-core kernels *_tf32, D = 32/64/128, causal or not) and prints the compile time; ``--jobs`` processes compile the modules at once
+   *_naive, the fp32 3xTF32 tensor-core kernels *_tf32 and the fp16 levers *_tc_bm128,
+   *_tc_kvreg, *_tc_onepass, D = 32/64/128, causal or not) and prints the compile time;
+   ``--jobs`` processes compile the modules at once
    first, into CuPy's kernel cache, so the build itself then mostly loads them;
 2. check (``--check``): runs each kernel family against a float64 PyTorch reference on the GPU
    (ragged N, Nq != Nk causal with bottom-right alignment, GQA/MQA, D = 32/48/64/80/128 and
@@ -23,7 +25,8 @@ One command on a GPU machine does all three:
    kernel, so fp32 uses its memory-efficient backend), and the ratios kernel/PyTorch and
    kernel/dense in throughput (> 1: the kernel is faster). N = 4096 runs first, and the run ends
    with one ``GOAL`` line per target: fp16 forward+backward at N = 4096, D = 64 and 128, as a
-   percentage of PyTorch's flash SDPA throughput (goal >= 80 %), and fp32 as a multiple of
+   percentage of PyTorch's flash SDPA throughput (goal >= 80 %) for the best fp16 family (tc or
+   one of the levers; the line names each one's percentage), and fp32 as a multiple of
    PyTorch's fp32 memory-efficient SDPA (goal >= 1.0x) for the best float32 family (the
    faster of the 3xTF32 and the CUDA-core kernels; the line names both).
 
@@ -64,22 +67,30 @@ KERNEL_FAMILIES = [
     ("simt", "float32", {}),      # fp32 register-tiled, CUDA cores
     ("naive", "float32", {"MINITX_FLASH_KERNEL": "naive"}),   # one thread per row: read first
     ("tf32", "float32", {"MINITX_FLASH_KERNEL": "tf32"}),     # fp32 on the tensor cores, 3xTF32
+    # the fp16 levers: tc with one kernel replaced (flash_cuda.LEVERS), each timed on its own
+    ("tc_bm128", "float16", {"MINITX_FLASH_KERNEL": "tc_bm128"}),      # fwd: 2 m-tiles a warp
+    ("tc_kvreg", "float16", {"MINITX_FLASH_KERNEL": "tc_kvreg"}),      # dK/dV: K, V in registers
+    ("tc_onepass", "float16", {"MINITX_FLASH_KERNEL": "tc_onepass"}),  # dQ by atomics, no dQ pass
 ]
 TILED = ("tc", "simt")            # the families the launcher picks by dtype alone
 KINDS = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_dot")
 
 GOAL_N = 4096
-# (families, D, what the ratio is, goal); each is printed for causal False and True. The fp32
-# goal is met by the best float32 family: the faster of the 3xTF32 tensor-core kernels and the
-# CUDA-core kernels the launcher picks by default (the line names each one's ratio). The goals'
-# order is the order in which the benchmark measures them.
+# (families, D, what the ratio is, goal); each is printed for causal False and True. A goal is
+# met by the best family of its dtype: fp16 by the fastest of the tc kernels and the levers,
+# fp32 by the faster of the 3xTF32 tensor-core kernels and the CUDA-core kernels the launcher
+# picks by default (the line names each one's ratio).
 GOALS = [
-    (("tc",), 64, "pct", 0.80),
-    (("tc",), 128, "pct", 0.80),
+    (("tc", "tc_bm128", "tc_kvreg", "tc_onepass"), 64, "pct", 0.80),
+    (("tc", "tc_bm128", "tc_kvreg", "tc_onepass"), 128, "pct", 0.80),
     (("tf32", "simt"), 64, "times", 1.0),
     (("tf32", "simt"), 128, "times", 1.0),
 ]
-GOAL_FAMILIES = ("tc", "tf32", "simt")
+# The order in which the benchmark measures the families at N = GOAL_N, so that a budget that
+# runs out leaves out the least needed: tc and tf32 first (the fp16 baseline, and the fp32
+# kernels never timed before), then the levers, then the CUDA-core kernels (timed on the first
+# hardware run).
+GOAL_FAMILIES = ("tc", "tf32", "tc_bm128", "tc_onepass", "tc_kvreg", "simt")
 
 
 # ------------------------------------------------------------------ helpers
@@ -253,7 +264,7 @@ def build(flash_cuda, families=None):
                 except Exception as exc:  # noqa: BLE001 - reported, and the run fails
                     ok = False
                     status = f"FAILED: {type(exc).__name__}: {str(exc)[:300]}"
-                print(f"  build {fam:5s} {dt:7s} D={D:3d} causal={causal!s:5s} "
+                print(f"  build {fam:10s} {dt:7s} D={D:3d} causal={causal!s:5s} "
                       f"{time.perf_counter() - t:6.2f}s {status}", flush=True)
     print(f"build: {'ok' if ok else 'FAILED'} in {time.perf_counter() - t0:.1f}s")
     return ok
@@ -358,7 +369,7 @@ def check(xp, flash_cuda, tm, device="cuda", cases=None, families=None):
     tf32_long = None
     print("FlashAttention's rule: each error <= 2x PyTorch's own SDPA error at the same dtype "
           "(+ a floor); lse within 1e-4")
-    print(f"{'case':28s} {'family':6s} {'err O':>9s} {'lse':>9s} {'dQ':>9s} {'dK':>9s} {'dV':>9s} "
+    print(f"{'case':28s} {'family':10s} {'err O':>9s} {'lse':>9s} {'dQ':>9s} {'dK':>9s} {'dV':>9s} "
           f"{'torch O':>9s} {'torch dQ':>9s} {'torch dK':>9s} {'torch dV':>9s}  result")
     for fam, dtype, env in families or KERNEL_FAMILIES:
         tdt = getattr(torch, dtype)
@@ -380,7 +391,7 @@ def check(xp, flash_cuda, tm, device="cuda", cases=None, families=None):
                         cq, ck, cv, o, lse, cdo, causal=causal, key_mask=ckm, lengths=cln)
             except Exception as exc:  # noqa: BLE001 - a launch error fails this case, not the run
                 all_ok = False
-                print(f"{name:28s} {fam:6s} FAILED: {type(exc).__name__}: {str(exc)[:300]}",
+                print(f"{name:28s} {fam:10s} FAILED: {type(exc).__name__}: {str(exc)[:300]}",
                       flush=True)
                 continue
             got = [torch.from_dlpack(x) for x in (o, lse, dq, dk, dv)]
@@ -414,7 +425,7 @@ def check(xp, flash_cuda, tm, device="cuda", cases=None, families=None):
             all_ok &= ok
             if fam == "tf32" and case[4:9] == TF32_ACCURACY_CASE:
                 tf32_long = [(errs[i], terr[i - 1], tol[i]) for i in (3, 4)]
-            print(f"{name:28s} {fam:6s} " + " ".join(f"{e:9.2e}" for e in errs) + " "
+            print(f"{name:28s} {fam:10s} " + " ".join(f"{e:9.2e}" for e in errs) + " "
                   + " ".join(f"{e:9.2e}" for e in terr) + f"  {'ok' if ok else 'FAIL'}", flush=True)
             if name.startswith("Nq<<Nk"):
                 tl = _keep_mask(torch, B, Nq, Nk, causal, key_mask, lengths, dev, top_left=True)
@@ -458,8 +469,11 @@ def _configs(args, families):
     return sorted(out, key=lambda c: (c[0] != GOAL_N, rank.get(c[2][0], len(rank))))
 
 
-def _one_config(timing, flash_cuda, tm, args, N, D, family, causal):
-    """Rows (one per pass) of one configuration."""
+def _one_config(timing, flash_cuda, tm, args, N, D, family, causal, peers=None):
+    """Rows (one per pass) of one configuration. ``peers`` (a dict) keeps the dense and PyTorch
+    times of each (N, D, dtype, causal, pass): the families of one dtype share them, so that a
+    lever costs only its own timing."""
+    peers = {} if peers is None else peers
     fam, dt, env = family
     xp = timing.xp
     H = args.heads
@@ -480,6 +494,11 @@ def _one_config(timing, flash_cuda, tm, args, N, D, family, causal):
                    flops=_flops(B, H, N, D, causal, bwd), dense=None, torch=None, backend="-")
         with family_env(env):
             row["mine"] = timing.time(mine, args.repeat)
+        key = (N, D, dt, causal, label)
+        if key in peers:
+            row["dense"], row["torch"], row["backend"] = peers[key]
+            rows.append(row)
+            continue
         dense_bytes = B * H * N * N * 4 * (4 if bwd else 2)
         if dense_bytes < 0.6 * timing.free_bytes():
             row["dense"] = timing.time(lambda: _dense(xp, q, k, v, causal, scale,
@@ -502,6 +521,7 @@ def _one_config(timing, flash_cuda, tm, args, N, D, family, causal):
                 row["torch"] = timing.time(sdpa, args.repeat)
             except RuntimeError as exc:   # no kernel for this backend/shape, OOM
                 row["torch"] = type(exc).__name__
+        peers[key] = (row["dense"], row["torch"], row["backend"])
         rows.append(row)
     return rows
 
@@ -519,7 +539,7 @@ def _format_row(r):
         torch_s = f"{'-':>9s} {'-':>7s} {'-':9s} {'-':>7s}"
     else:
         torch_s = f"{'err':>9s} {'-':>7s} {r['backend']:9s} {r['torch'][:7]:>7s}"
-    return (f"{r['label']:8s} {r['fam']:5s} {r['dtype']:7s} {r['D']:4d} {r['N']:6d} {r['B']:3d} "
+    return (f"{r['label']:8s} {r['fam']:10s} {r['dtype']:7s} {r['D']:4d} {r['N']:6d} {r['B']:3d} "
             f"{str(r['causal']):6s} {mine * 1e3:10.3f} {r['flops'] / mine / 1e12:7.1f} "
             f"{dense_s} {torch_s}")
 
@@ -527,16 +547,16 @@ def _format_row(r):
 def benchmark(timing, flash_cuda, tm, args, families=None, deadline=None):
     """Time every configuration (``_configs``) until ``deadline`` (a ``time.perf_counter()``
     value; None: no limit); returns the rows measured."""
-    print(f"{'pass':8s} {'fam':5s} {'dtype':7s} {'D':>4s} {'N':>6s} {'B':>3s} {'causal':6s} "
+    print(f"{'pass':8s} {'fam':10s} {'dtype':7s} {'D':>4s} {'N':>6s} {'B':>3s} {'causal':6s} "
           f"{'minitx ms':>10s} {'TF/s':>7s} {'dense ms':>9s} {'x dense':>7s} {'torch ms':>9s} "
           f"{'TF/s':>7s} {'backend':9s} {'x torch':>7s}")
-    rows, skipped = [], []
+    rows, skipped, peers = [], [], {}
     for N, D, family, causal in _configs(args, families or KERNEL_FAMILIES):
         if deadline is not None and time.perf_counter() > deadline:
             skipped.append(f"{family[0]} N={N} D={D}{' causal' if causal else ''}")
             continue
         try:
-            new = _one_config(timing, flash_cuda, tm, args, N, D, family, causal)
+            new = _one_config(timing, flash_cuda, tm, args, N, D, family, causal, peers)
         except Exception as exc:  # noqa: BLE001 - one configuration's failure is reported
             print(f"{family[0]} N={N} D={D} causal={causal}: FAILED: {type(exc).__name__}: "
                   f"{str(exc)[:300]}", flush=True)
@@ -556,11 +576,13 @@ def goal_lines(rows):
     a target of several families is judged on the fastest of those measured."""
     names = {"tc": "fp16 tensor-core kernel", "simt": "fp32 CUDA-core kernel",
              "tf32": "fp32 3xTF32 tensor-core kernel"}
+    dtype_of = {f[0]: f[1] for f in KERNEL_FAMILIES}
     lines = []
     for fams, D, kind, target in GOALS:
         for causal in (False, True):
+            short = {"float16": "fp16", "float32": "fp32"}[dtype_of[fams[0]]]
             who = names.get(fams[0], fams[0]) if len(fams) == 1 else \
-                "fp32 best float32 family (" + " or ".join(fams) + ")"
+                f"{short} best {dtype_of[fams[0]]} family (" + " or ".join(fams) + ")"
             what = (f"GOAL {who} fwd+bwd N={GOAL_N} D={D} "
                     f"{'causal' if causal else 'non-causal'}:")
             found = [r for r in rows if r["fam"] in fams and r["D"] == D and r["N"] == GOAL_N
@@ -578,8 +600,11 @@ def goal_lines(rows):
             met = "met" if ratio >= target else "not met"
             peer = f"PyTorch {row['backend']} SDPA {torch_tf:.1f} TF/s"
             if kind == "pct":
-                lines.append(f"{what} {mine_tf:.1f} TF/s = {100 * ratio:.1f}% of {peer} "
-                             f"(goal >= {100 * target:.0f}%: {met})")
+                each = ", ".join(f"{f} {100 * ratios[f]:.1f}%" if f in ratios
+                                 else f"{f} not measured" for f in fams)
+                lines.append(f"{what} {row['fam']} {mine_tf:.1f} TF/s = {100 * ratio:.1f}% of "
+                             f"{peer} (goal >= {100 * target:.0f}%: {met}"
+                             + (f"; {each})" if len(fams) > 1 else ")"))
             else:
                 each = ", ".join(f"{f} {ratios[f]:.2f}x" if f in ratios else f"{f} not measured"
                                  for f in fams)

@@ -79,8 +79,14 @@ def test_the_check_covers_what_the_gpu_issue_lists():
     assert any(c[3] == 1 < c[2] for c in cases)                       # MQA
     assert {"mask", "mask_empty", "lengths", "zero_length"} <= {c[9] for c in cases}
     assert any(c[4] > c[5] and c[8] for c in cases)                   # rows with no key
-    assert [f[0] for f in g.KERNEL_FAMILIES] == ["tc", "simt", "naive", "tf32"]   # every family
-    assert dict((f[0], f[2]) for f in g.KERNEL_FAMILIES)["tf32"] == {"MINITX_FLASH_KERNEL": "tf32"}
+    from minitx.backend import flash_cuda
+    assert [f[0] for f in g.KERNEL_FAMILIES] == ["tc", "simt", "naive", "tf32", "tc_bm128",
+                                                 "tc_kvreg", "tc_onepass"]   # every family
+    envs = dict((f[0], f[2]) for f in g.KERNEL_FAMILIES)
+    assert envs["tf32"] == {"MINITX_FLASH_KERNEL": "tf32"}
+    for lever in flash_cuda.LEVERS:                    # each lever under its own choice, fp16
+        assert envs[lever] == {"MINITX_FLASH_KERNEL": lever}
+        assert flash_cuda.chosen_kernel("float16", envs[lever]["MINITX_FLASH_KERNEL"]) == lever
 
 
 def test_goal_rows_run_first_and_goal_lines_compute_throughput_ratios():
@@ -88,16 +94,25 @@ def test_goal_rows_run_first_and_goal_lines_compute_throughput_ratios():
     import types
     args = types.SimpleNamespace(n=[1024, 4096, 16384], d=[64, 128], causal=False)
     configs = g._configs(args, g.KERNEL_FAMILIES)
-    goals = [c for c in configs if c[0] == g.GOAL_N and c[2][0] in ("tc", "tf32", "simt")]
-    assert len(goals) == 12 and configs[:12] == goals        # 3 families × 2 D × causal or not
-    assert [c[2][0] for c in goals[::4]] == ["tc", "tf32", "simt"]   # in the goals' order
-    assert configs[12][0] == g.GOAL_N and configs[12][2][0] == "naive"
+    goals = [c for c in configs if c[0] == g.GOAL_N and c[2][0] != "naive"]
+    assert len(goals) == 24 and configs[:24] == goals        # 6 families × 2 D × causal or not
+    # in the goals' order: the fp16 baseline and the never-timed tf32 first, the levers, then
+    # the CUDA-core kernels timed on the first hardware run
+    assert [c[2][0] for c in goals[::4]] == ["tc", "tf32", "tc_bm128", "tc_onepass", "tc_kvreg",
+                                             "simt"]
+    assert configs[24][0] == g.GOAL_N and configs[24][2][0] == "naive"
     row = dict(label="fwd+bwd", fam="tc", D=64, N=g.GOAL_N, causal=False, flops=1e12,
                mine=0.010, torch=0.002, backend="flash")
     lines = g.goal_lines([row, dict(row, fam="simt", torch=0.020, backend="efficient")])
     tc = [ln for ln in lines if "fp16" in ln and "D=64 non-causal" in ln][0]
-    assert "100.0 TF/s = 20.0% of PyTorch flash SDPA 500.0 TF/s" in tc and "not met" in tc
-    assert "(goal >= 80%" in tc                                  # the current fp16 target
+    assert "tc 100.0 TF/s = 20.0% of PyTorch flash SDPA 500.0 TF/s" in tc and "not met" in tc
+    assert "(goal >= 80%: not met; tc 20.0%, tc_bm128 not measured" in tc   # the fp16 target
+    # the fp16 target is judged on the fastest fp16 family: a lever at 85% meets it, named
+    lever = dict(row, fam="tc_onepass", mine=0.0020 / 0.85)
+    line = [ln for ln in g.goal_lines([row, lever]) if "fp16" in ln and "D=64 non-" in ln][0]
+    assert "non-causal: tc_onepass 425.0 TF/s = 85.0% of" in line, line
+    assert "(goal >= 80%: met; tc 20.0%, tc_bm128 not measured, tc_kvreg not measured, " \
+           "tc_onepass 85.0%)" in line, line
     fp32 = [ln for ln in lines if "best float32 family" in ln and "D=64 non-causal" in ln][0]
     assert "simt 100.0 TF/s = 2.00x PyTorch efficient SDPA" in fp32
     assert "(goal >= 1.0x: met; tf32 not measured, simt 2.00x)" in fp32
