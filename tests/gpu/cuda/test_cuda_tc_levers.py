@@ -95,8 +95,8 @@ HEAD_DIMS = st.sampled_from([8, 32, 40, 64, 100, 128])   # 32/64/128 compiled, o
 
 
 @pytest.mark.slow
-@settings(max_examples=5, derandomize=True, deadline=None)
-@given(lever=st.sampled_from(LEVERS), Nq=st.integers(1, 160), Nk=st.integers(1, 160),
+@settings(max_examples=4, derandomize=True, deadline=None)
+@given(lever=st.sampled_from(LEVERS), Nq=st.integers(1, 140), Nk=st.integers(1, 140),
        D=HEAD_DIMS, heads=st.sampled_from([(2, 2), (4, 2), (2, 1)]), causal=st.booleans(),
        masking=st.sampled_from([None, "lengths", "mask", "both", "empty_batch"]),
        seed=st.integers(0, 2 ** 16))
@@ -109,8 +109,8 @@ HEAD_DIMS = st.sampled_from([8, 32, 40, 64, 100, 128])   # 32/64/128 compiled, o
 @example(lever="tc_onepass", Nq=150, Nk=40, D=32, heads=(2, 1), causal=True, masking="both",
          seed=4)                      # Nq > Nk causal: leading rows see no key, dQ = 0 there
 def test_levers_over_a_grid_of_sizes(emu_lib, lever, Nq, Nk, D, heads, causal, masking, seed):
-    check_lever(emu_lib, lever, 1 if masking is None else 2, heads[0], heads[1], Nq, Nk, D,
-                causal, masking, seed)
+    check_lever(emu_lib, lever, 2 if masking == "empty_batch" else 1, heads[0], heads[1], Nq,
+                Nk, D, causal, masking, seed)
 
 
 # ------------------------------------------------------------------ what the levers promise
@@ -142,8 +142,8 @@ def test_onepass_without_its_barrier_is_a_race(onepass_broken_tsan_exe):
     usually there in time; ThreadSanitizer sees the missing happens-before edge whatever the
     timing."""
     env = dict(os.environ, TSAN_OPTIONS="halt_on_error=0 exitcode=66 report_signal_unsafe=0")
-    p = subprocess.run([onepass_broken_tsan_exe], capture_output=True, text=True, timeout=300,
-                       env=env)
+    p = subprocess.run([onepass_broken_tsan_exe, "levers"], capture_output=True, text=True,
+                       timeout=300, env=env)
     out = p.stdout + p.stderr
     assert "WARNING: ThreadSanitizer: data race" in out, out[-4000:]
     assert "flash_bwd_dkdv_tc_onepass" in out, out[-4000:]
