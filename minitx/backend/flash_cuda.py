@@ -27,10 +27,13 @@ and two float32-only families chosen by ``MINITX_FLASH_KERNEL``: ``naive``
 everything read from global memory), and ``tf32`` (``kernels/flash_tf32.cuh``: float32 on the
 tensor cores with the 3xTF32 split, each operand written as two tf32 numbers and each product
 taken as three ``mma.sync`` m16n8k8, fp32 accuracy; sm_80+). :func:`kernel_choice` reads that
-variable (``tiled``, the default, ``naive`` or ``tf32``) at every call; :func:`chosen_kernel`
-says which family runs a dtype; every launch is logged at DEBUG level on the
-``minitx.flash_cuda`` logger with the kernel's name. A float16 call under ``naive`` or ``tf32``
-is declined with the reason (it is not silently computed another way).
+variable (``tiled``, the default, ``naive``, ``tf32``, or one of the fp16 levers of
+:data:`LEVERS`: ``tc_bm128``, ``tc_kvreg``, ``tc_onepass``, each the ``tc`` family with one kernel
+replaced, ``kernels/flash_tc_levers.cuh``) at every call; :func:`chosen_kernel` says which
+family runs a dtype and :func:`pass_kernel` which kernel runs each of its passes; every launch is logged at DEBUG level on the
+``minitx.flash_cuda`` logger with the kernel's name. A float16 call under ``naive`` or ``tf32``,
+or a float32 call under a lever, is declined with the reason (it is not silently computed
+another way).
 The forward and the backward each read the choice when they run; every family writes the same
 ``o`` and ``lse``, so any backward is exact for any forward's outputs.
 
@@ -38,7 +41,8 @@ Head dims 32/64/128 are compiled; q, k and v are zero padded to the smallest one
 (zero columns of q/k add nothing to the scores, zero columns of v give zero output columns which
 are sliced off). ``scale`` defaults to ``1/sqrt(D)`` of the *unpadded* D. The kernels compute
 dK/dV per *query* head into a float32 (B, H, Nk, D) buffer; for GQA the ``H // Hkv`` heads of a
-group are summed here, in Python (deterministic, no atomics anywhere).
+group are summed here, in Python (deterministic, no atomics; the one exception is the opt-in
+``tc_onepass`` lever, whose dK/dV kernel adds dQ into a float32 buffer with ``atomicAdd``).
 
 Dispatchers ask :func:`decline_reason` (pure Python on ``.shape``/``.dtype``; ``None`` = the kernels
 take these arrays) and :func:`unavailable_reason` (``None`` = CuPy, a GPU and NVRTC are usable);
@@ -646,7 +650,7 @@ def _masks(xp, key_mask, lengths):
 def _forward(xp, launch, q, k, v, *, causal=False, scale=None, key_mask=None, lengths=None,
              smem_limit=DEFAULT_SMEM_LIMIT, kernel="tiled"):
     """Run the forward with ``launch(plan, args)``; ``xp`` is numpy (emulation) or cupy.
-    ``kernel`` is the choice ("tiled", "naive" or "tf32"), explicit here: the public functions
+    ``kernel`` is the choice (one of :data:`KERNEL_CHOICES`), explicit here: the public functions
     resolve ``MINITX_FLASH_KERNEL`` before they call this."""
     B, H, Hkv, Nq, Nk, D = validate_inputs(q, k, v, key_mask, lengths)
     Dv = int(v.shape[-1])
@@ -849,8 +853,8 @@ def _resolve(q, v, kernel, causal, what):
 
 def flash_attention_forward(q, k, v, *, causal=False, scale=None, key_mask=None, lengths=None,
                             kernel=None):
-    """Flash-attention forward on CuPy arrays; returns ``(o, lse)``. ``kernel``: "tiled",
-    "naive" or "tf32"; None reads ``MINITX_FLASH_KERNEL`` (:func:`kernel_choice`)."""
+    """Flash-attention forward on CuPy arrays; returns ``(o, lse)``. ``kernel``: one of
+    :data:`KERNEL_CHOICES`; None reads ``MINITX_FLASH_KERNEL`` (:func:`kernel_choice`)."""
     cp = _require_gpu(q)
     validate_inputs(q, k, v, key_mask, lengths)
     _refuse_declined(q, k, v, key_mask, lengths, kernel)

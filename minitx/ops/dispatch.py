@@ -15,8 +15,10 @@ array code runs (the same math, written against ``xp``). The decision is never h
   tests that must not silently measure the fallback);
 - ``MINITX_FLASH_KERNEL`` chooses *which* kernel, also read at every call (in one place,
   ``flash_cuda.kernel_choice``): ``tiled`` (default: tensor cores for float16, the register-tiled
-  CUDA-core kernel for float32) or ``naive`` (one thread per row, float32 only: the kernel to read
-  first; a float16 call is declined with the reason). ``flash_cuda.chosen_kernel(dtype)`` says
+  CUDA-core kernel for float32), ``naive`` (one thread per row, float32 only: the kernel to read
+  first; a float16 call is declined with the reason), ``tf32`` (float32 on the tensor cores) or
+  one of the float16 levers in ``flash_cuda.LEVERS`` (a float32 call is declined). The full list
+  is ``flash_cuda.KERNEL_CHOICES``. ``flash_cuda.chosen_kernel(dtype)`` says
   which family runs, and each launch is logged at DEBUG on ``minitx.flash_cuda`` with its name.
   An unknown value of either variable is a ``ValueError`` naming it, the allowed values and the
   value given.
