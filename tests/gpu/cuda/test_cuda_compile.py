@@ -37,6 +37,7 @@ def test_occupancy_arithmetic():
     assert cuda_tools.occupancy(128, 70 * 1024, "sm_80")["limiter"] == "shared memory"
 
 
+@pytest.mark.slow    # it reads the ptxas report, whose compile the slow lane makes anyway
 def test_dynamic_shared_memory_fits_the_devices(ptxas_report):
     for r in ptxas_report:
         assert r["smem_static"] == 0, r       # everything is dynamic (poisonable in emulation)
