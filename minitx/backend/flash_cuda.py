@@ -30,10 +30,10 @@ taken as three ``mma.sync`` m16n8k8, fp32 accuracy; sm_80+). :func:`kernel_choic
 variable (``tiled``, the default, ``naive``, ``tf32``, or one of the fp16 levers of
 :data:`LEVERS`: ``tc_bm128``, ``tc_kvreg``, ``tc_onepass``, each the ``tc`` family with one kernel
 replaced, ``kernels/flash_tc_levers.cuh``) at every call; :func:`chosen_kernel` says which
-family runs a dtype and :func:`pass_kernel` which kernel runs each of its passes; every launch is logged at DEBUG level on the
-``minitx.flash_cuda`` logger with the kernel's name. A float16 call under ``naive`` or ``tf32``,
-or a float32 call under a lever, is declined with the reason (it is not silently computed
-another way).
+family runs a dtype and :func:`pass_kernel` which kernel runs each of its passes; every launch
+is logged at DEBUG level on the ``minitx.flash_cuda`` logger with the kernel's name. A float16
+call under ``naive`` or ``tf32``, or a float32 call under a lever, is declined with the reason
+(it is not silently computed another way).
 The forward and the backward each read the choice when they run; every family writes the same
 ``o`` and ``lse``, so any backward is exact for any forward's outputs.
 

@@ -157,7 +157,8 @@ def test_levers_launch_plans_and_shared_memory():
     assert (p.name, p.grid, p.smem) == ("flash_fwd_tc_bm128<64, true>", (2, 6, 1),
                                         2 * (128 + 2 * 64) * 72)
     assert fc.smem_bytes("fwd", np.float16, 128, "tc_bm128") == 2 * (128 + 2 * 32) * 136
-    assert fc.kernel_name("bwd_dq", np.float16, 64, False, "tc_bm128") == "flash_bwd_dq_tc<64, false>"
+    assert fc.kernel_name("bwd_dq", np.float16, 64, False, "tc_bm128") == \
+        "flash_bwd_dq_tc<64, false>"
     p = fc.plan_launch("bwd_dkdv", np.float16, B=1, H=2, Nq=5, Nk=129, D=128, fam="tc_kvreg")
     assert (p.name, p.grid, p.smem) == ("flash_bwd_dkdv_tc_kvreg<128, false>", (3, 2, 1),
                                         2 * (128 + 4 * 16) * 136 + 16 * 16)
