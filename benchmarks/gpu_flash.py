@@ -482,6 +482,9 @@ def _one_config(timing, flash_cuda, tm, args, N, D, family, causal, peers=None):
     scale = 1.0 / math.sqrt(D)
     rows = []
     passes = [("fwd", False)] + ([] if args.no_backward else [("fwd+bwd", True)])
+    from minitx.backend.flash_cuda import LEVERS, pass_kernel
+    if fam in LEVERS and pass_kernel(fam, "fwd") == "tc" and len(passes) == 2:
+        passes = passes[1:]   # a backward lever runs tc's forward: its fwd row would be tc's
     for label, bwd in passes:
         if bwd:
             def mine():

@@ -143,3 +143,43 @@ def test_the_tf32_accumulation_goal_reads_the_long_causal_case_under_the_check_r
         "(not met)")
     assert g.tf32_accuracy_goal([(1e-6, 2e-6, 2.5e-5), (2e-5, 2e-6, 2.4e-5)]).endswith("(met)")
     assert "not checked" in g.tf32_accuracy_goal(None)
+
+
+def test_a_lever_times_only_what_it_changes_and_shares_its_peers():
+    """A backward lever runs tc's forward, so it gets no forward row of its own; and the dense
+    and PyTorch columns of one configuration are measured once for all families of a dtype."""
+    import types
+    import numpy as np
+    g = _script()
+    timed = []
+
+    class Timing:
+        xp = np
+
+        def randn(self, shapes, dtype, seed=0):
+            return [np.zeros(s, dtype=dtype) for s in shapes]
+
+        def time(self, fn, repeat, warmup=0):
+            timed.append(fn)
+            return 1e-3
+
+        def free_bytes(self):
+            return 1 << 40
+
+        def release(self):
+            pass
+
+    kernels = types.SimpleNamespace(flash_attention_forward=lambda *a, **k: (None, None),
+                                    flash_attention_backward=lambda *a, **k: None)
+    args = types.SimpleNamespace(heads=2, batch=1, tokens=64, repeat=1, no_backward=False)
+    fams = {f[0]: f for f in g.KERNEL_FAMILIES}
+    peers = {}
+    rows = {name: g._one_config(Timing(), kernels, None, args, 64, 32, fams[name], True, peers)
+            for name in ("tc", "tc_bm128", "tc_kvreg", "tc_onepass")}
+    assert [r["label"] for r in rows["tc"]] == ["fwd", "fwd+bwd"]
+    assert [r["label"] for r in rows["tc_bm128"]] == ["fwd", "fwd+bwd"]   # its own forward
+    assert [r["label"] for r in rows["tc_kvreg"]] == ["fwd+bwd"]
+    assert [r["label"] for r in rows["tc_onepass"]] == ["fwd+bwd"]
+    # tc: mine + dense per pass (no PyTorch here); each lever: its own kernels only
+    assert len(timed) == 2 * 2 + 2 + 1 + 1
+    assert rows["tc_onepass"][0]["dense"] == rows["tc"][1]["dense"] == 1e-3
