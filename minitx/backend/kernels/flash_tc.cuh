@@ -499,19 +499,47 @@ flash_bwd_dq_tc(const __half* __restrict__ q, const __half* __restrict__ k,
 //     dS^T = P^T (dP^T - Dvec[query]),  dV += P^T dO,  dK += dS^T Q
 // Writes per-q-head fp32 dk, dv (B, H, Nk, D); the launcher sums GQA groups (deterministic).
 // ------------------------------------------------------------------------------------------
-// __launch_bounds__: two fp32 D-wide accumulators per thread; D = 32 fits in 168 registers
-// (3 blocks per SM), D = 64 / 128 need ~220-240 (2 blocks)
-template <int D, bool CAUSAL>
-__global__ void __launch_bounds__(128, D <= 32 ? 3 : 2)
-flash_bwd_dkdv_tc(const __half* __restrict__ q, const __half* __restrict__ k,
-                  const __half* __restrict__ v, const __half* __restrict__ dout,
-                  const float* __restrict__ lse, const float* __restrict__ dvec,
-                  float* __restrict__ dk, float* __restrict__ dv,
-                  const int* __restrict__ lengths, const unsigned char* __restrict__ kmask,
-                  int H, int Hkv, int Nq, int Nk, float scale) {
+namespace minitx_flash {
+
+// Bytes of the dK/dV loop's shared memory with BQ-query tiles: K, V | 2 x (Q, dO) | 2 x (lse,
+// Dvec). (flash_bwd_dkdv_tc's is tc_smem_bytes<D>(1); the levers of flash_tc_levers.cuh that
+// share the loop lay out the same, with their own BQ, and tc_onepass adds its dS^T after it.)
+template <int D, int BQ>
+__host__ __device__ constexpr int dkdv_tc_smem_bytes() {
+    return 2 * (2 * TcCfg<D>::kRows + 4 * BQ) * TcCfg<D>::kStride + 4 * 4 * BQ;
+}
+
+// What flash_bwd_dkdv_tc does after each query tile: nothing (the single-pass lever adds dS K
+// to dQ there, flash_tc_levers.cuh).
+struct NoTileStep {
+    template <class Frags>
+    __device__ __forceinline__ void operator()(const Frags&, int, const __half*) const {}
+};
+
+}  // namespace minitx_flash
+
+// The dK/dV loop, one block. Shared by flash_bwd_dkdv_tc (BQ = TcCfg's, K and V read from shared
+// memory at every tile, no tile step) and two levers: KV_IN_REGS keeps the warp's K and V rows
+// as mma A fragments for the whole loop (tc_kvreg), and tile_step(dsf, q0, Ks) runs after each
+// tile's dV and dK updates, before the barrier that frees the tile (tc_onepass adds dS K to dQ
+// there; dsf is the warp's dS^T as fp16 A fragments).
+// (Outside the namespace: its `extern __shared__` declaration must name the same array as the
+// kernels' in the CPU emulation, where it is an ordinary global.)
+template <int D, bool CAUSAL, int BQ, bool KV_IN_REGS, class TileStep>
+__device__ __forceinline__ void dkdv_tc_loop(const __half* __restrict__ q,
+                                             const __half* __restrict__ k,
+                                             const __half* __restrict__ v,
+                                             const __half* __restrict__ dout,
+                                             const float* __restrict__ lse,
+                                             const float* __restrict__ dvec,
+                                             float* __restrict__ dk, float* __restrict__ dv,
+                                             const int* __restrict__ lengths,
+                                             const unsigned char* __restrict__ kmask, int H,
+                                             int Hkv, int Nq, int Nk, float scale,
+                                             TileStep tile_step) {
     using namespace minitx_flash;
     using Cfg = TcCfg<D>;
-    constexpr int BK = Cfg::kRows, BQ = Cfg::kDkdvBQ, S = Cfg::kStride;
+    constexpr int BK = Cfg::kRows, S = Cfg::kStride;
     constexpr int KS = D / 16, NT = BQ / 8, DT = D / 8;
     extern __shared__ float flash_smem[];
     __half* Ks = reinterpret_cast<__half*>(flash_smem);    // BK x S
@@ -540,6 +568,7 @@ flash_bwd_dkdv_tc(const __half* __restrict__ q, const __half* __restrict__ k,
     float dkacc[DT][4], dvacc[DT][4];
     zero(dkacc);
     zero(dvacc);
+    unsigned kf[KV_IN_REGS ? KS : 1][4], vf[KV_IN_REGS ? KS : 1][4];   // KV_IN_REGS: K, V rows
     if (qt_begin < qt_end) {
         load_tile_async<__half, D>(Ks, S, kb, k0, Nk, BK);
         load_tile_async<__half, D>(Vs, S, vb, k0, Nk, BK);
@@ -569,8 +598,17 @@ flash_bwd_dkdv_tc(const __half* __restrict__ q, const __half* __restrict__ k,
         float s[NT][4], dp[NT][4];   // 16 keys x BQ queries (transposed scores)
         zero(s);
         zero(dp);
-        warp_gemm_smem_nt<KS, NT>(s, Ks + 16 * warp * S, S, Qs, S);     // S^T  = K Q^T
-        warp_gemm_smem_nt<KS, NT>(dp, Vs + 16 * warp * S, S, dOs, S);   // dP^T = V dO^T
+        if constexpr (KV_IN_REGS) {
+            if (qt == qt_begin) {   // K and V have landed with the first tile
+                load_a_frags<KS>(kf, Ks + 16 * warp * S, S);
+                load_a_frags<KS>(vf, Vs + 16 * warp * S, S);
+            }
+            warp_gemm_reg_nt<KS, NT>(s, kf, Qs, S);     // S^T  = K Q^T
+            warp_gemm_reg_nt<KS, NT>(dp, vf, dOs, S);   // dP^T = V dO^T
+        } else {
+            warp_gemm_smem_nt<KS, NT>(s, Ks + 16 * warp * S, S, Qs, S);     // S^T  = K Q^T
+            warp_gemm_smem_nt<KS, NT>(dp, Vs + 16 * warp * S, S, dOs, S);   // dP^T = V dO^T
+        }
         const bool need = tile_needs_mask<CAUSAL>(q0, k0, BK, kv_len, Nq, Nk, kmask);
         ds_of_cols<CAUSAL, NT>(s, dp, sl2, Ls, Dvs, need, b, q0, krow, kv_len, Nq, Nk, kmask);
         unsigned pf[NT / 2][4], dsf[NT / 2][4];
@@ -578,7 +616,23 @@ flash_bwd_dkdv_tc(const __half* __restrict__ q, const __half* __restrict__ k,
         acc_to_a_frags<NT>(dsf, dp);
         warp_gemm_reg_t<NT / 2, DT>(dvacc, pf, dOs, S);   // dV += P^T dO
         warp_gemm_reg_t<NT / 2, DT>(dkacc, dsf, Qs, S);   // dK += dS^T Q
+        tile_step(dsf, q0, Ks);
         __syncthreads();  // every warp is done with stage st before it is refilled
     }
     store_dkdv<DT>(dk, dv, bh, Nk, krow, dkacc, dvacc, scale);
+}
+
+// __launch_bounds__: two fp32 D-wide accumulators per thread; D = 32 fits in 168 registers
+// (3 blocks per SM), D = 64 / 128 need ~220-240 (2 blocks)
+template <int D, bool CAUSAL>
+__global__ void __launch_bounds__(128, D <= 32 ? 3 : 2)
+flash_bwd_dkdv_tc(const __half* __restrict__ q, const __half* __restrict__ k,
+                  const __half* __restrict__ v, const __half* __restrict__ dout,
+                  const float* __restrict__ lse, const float* __restrict__ dvec,
+                  float* __restrict__ dk, float* __restrict__ dv,
+                  const int* __restrict__ lengths, const unsigned char* __restrict__ kmask,
+                  int H, int Hkv, int Nq, int Nk, float scale) {
+    using namespace minitx_flash;
+    dkdv_tc_loop<D, CAUSAL, TcCfg<D>::kDkdvBQ, false>(q, k, v, dout, lse, dvec, dk, dv, lengths,
+                                                      kmask, H, Hkv, Nq, Nk, scale, NoTileStep{});
 }

@@ -48,11 +48,10 @@ template <int D>
 __host__ __device__ constexpr int tc_bm128_smem_bytes() {
     return 2 * (TcBm128Cfg<D>::kRows + 2 * TcBm128Cfg<D>::kFwdBN) * TcBm128Cfg<D>::kStride;
 }
-// tc's dK/dV layout with the lever's query tile: K, V | 2 x (Q, dO) | 2 x (lse, Dvec)
+// tc's dK/dV layout with the lever's query tile
 template <int D>
 __host__ __device__ constexpr int tc_kvreg_smem_bytes() {
-    return 2 * (2 * TcKvregCfg<D>::kRows + 4 * TcKvregCfg<D>::kBQ) * TcKvregCfg<D>::kStride
-         + 4 * 4 * TcKvregCfg<D>::kBQ;
+    return dkdv_tc_smem_bytes<D, TcKvregCfg<D>::kBQ>();
 }
 // tc's dK/dV layout, then the block's dS^T (64 keys x BQ queries, rows padded by 8 halves)
 template <int D>
@@ -247,11 +246,10 @@ flash_fwd_tc_bm128(const __half* __restrict__ q, const __half* __restrict__ k,
 }
 
 // ------------------------------------------------------------------------------------------
-// Backward, dK and dV with K and V in registers: flash_bwd_dkdv_tc with S^T = K Q^T and
-// dP^T = V dO^T taken from the fragments kf, vf (loaded once, after the first tile lands).
+// Backward, dK and dV with K and V in registers: flash_bwd_dkdv_tc's loop (dkdv_tc_loop,
+// flash_tc.cuh) with S^T = K Q^T and dP^T = V dO^T taken from fragments loaded once.
 // ------------------------------------------------------------------------------------------
-// __launch_bounds__: flash_bwd_dkdv_tc's, 2 blocks per SM at every D here (K, V fragments add
-// D / 2 registers each)
+// __launch_bounds__: 2 blocks per SM at every D (K, V fragments add D / 2 registers each)
 template <int D, bool CAUSAL>
 __global__ void __launch_bounds__(128, 2)
 flash_bwd_dkdv_tc_kvreg(const __half* __restrict__ q, const __half* __restrict__ k,
@@ -261,93 +259,76 @@ flash_bwd_dkdv_tc_kvreg(const __half* __restrict__ q, const __half* __restrict__
                         const int* __restrict__ lengths, const unsigned char* __restrict__ kmask,
                         int H, int Hkv, int Nq, int Nk, float scale) {
     using namespace minitx_flash;
-    using Cfg = TcKvregCfg<D>;
-    constexpr int BK = Cfg::kRows, BQ = Cfg::kBQ, S = Cfg::kStride;
-    constexpr int KS = D / 16, NT = BQ / 8, DT = D / 8;
-    extern __shared__ float flash_smem[];
-    __half* Ks = reinterpret_cast<__half*>(flash_smem);    // BK x S
-    __half* Vs = Ks + BK * S;                              // BK x S
-    __half* QdO = Vs + BK * S;   // 2 stages of [Q (BQ x S) | dO (BQ x S)]
-    float* LD = reinterpret_cast<float*>(QdO + 4 * BQ * S);   // 2 stages of [lse log2e | Dvec]
-
-    const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4;
-    const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hkv);
-    const int k0 = blockIdx.x * BK;
-    const int krow[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
-    const int diag = Nk - Nq;
-    const __half* qb = q + (long long)bh * Nq * D;
-    const __half* dob = dout + (long long)bh * Nq * D;
-    const float* lseb = lse + (long long)bh * Nq;
-    const float* dvb = dvec + (long long)bh * Nq;
-    const __half* kb = k + ((long long)b * Hkv + hk) * Nk * D;
-    const __half* vb = v + ((long long)b * Hkv + hk) * Nk * D;
-    const int kv_len = key_end<false>(b, 0, Nq, Nq, Nk, lengths);
-    int q_first = CAUSAL ? k0 - diag : 0;
-    q_first = q_first < 0 ? 0 : q_first;
-    const int qt_begin = q_first / BQ;
-    const int qt_end = k0 < kv_len ? (Nq + BQ - 1) / BQ : 0;
-    const float sl2 = scale * kLog2e;
-
-    float dkacc[DT][4], dvacc[DT][4];
-    zero(dkacc);
-    zero(dvacc);
-    unsigned kf[KS][4], vf[KS][4];   // the warp's 16 K and V rows as mma A fragments
-    if (qt_begin < qt_end) {
-        load_tile_async<__half, D>(Ks, S, kb, k0, Nk, BK);
-        load_tile_async<__half, D>(Vs, S, vb, k0, Nk, BK);
-        load_tile_async<__half, D>(QdO, S, qb, qt_begin * BQ, Nq, BQ);
-        load_tile_async<__half, D>(QdO + BQ * S, S, dob, qt_begin * BQ, Nq, BQ);
-        cp_async_commit();
-        stage_query_rows<BQ>(LD, qt_begin, Nq, lseb, dvb);
-    }
-    for (int qt = qt_begin; qt < qt_end; ++qt) {
-        const int q0 = qt * BQ, st = (qt - qt_begin) & 1;
-        const __half* Qs = QdO + st * 2 * BQ * S;
-        const __half* dOs = Qs + BQ * S;
-        const float* Ls = LD + st * 2 * BQ;
-        const float* Dvs = Ls + BQ;
-        if (qt + 1 < qt_end) {
-            __half* Qn = QdO + (st ^ 1) * 2 * BQ * S;
-            load_tile_async<__half, D>(Qn, S, qb, q0 + BQ, Nq, BQ);
-            load_tile_async<__half, D>(Qn + BQ * S, S, dob, q0 + BQ, Nq, BQ);
-            cp_async_commit();
-            stage_query_rows<BQ>(LD + (st ^ 1) * 2 * BQ, qt + 1, Nq, lseb, dvb);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();  // [tc_kvreg_dkdv:tile-landed]
-        if (qt == qt_begin) {
-            load_a_frags<KS>(kf, Ks + 16 * warp * S, S);
-            load_a_frags<KS>(vf, Vs + 16 * warp * S, S);
-        }
-
-        float s[NT][4], dp[NT][4];
-        zero(s);
-        zero(dp);
-        warp_gemm_reg_nt<KS, NT>(s, kf, Qs, S);     // S^T  = K Q^T
-        warp_gemm_reg_nt<KS, NT>(dp, vf, dOs, S);   // dP^T = V dO^T
-        const bool need = tile_needs_mask<CAUSAL>(q0, k0, BK, kv_len, Nq, Nk, kmask);
-        ds_of_cols<CAUSAL, NT>(s, dp, sl2, Ls, Dvs, need, b, q0, krow, kv_len, Nq, Nk, kmask);
-        unsigned pf[NT / 2][4], dsf[NT / 2][4];
-        acc_to_a_frags<NT>(pf, s);
-        acc_to_a_frags<NT>(dsf, dp);
-        warp_gemm_reg_t<NT / 2, DT>(dvacc, pf, dOs, S);   // dV += P^T dO
-        warp_gemm_reg_t<NT / 2, DT>(dkacc, dsf, Qs, S);   // dK += dS^T Q
-        __syncthreads();  // every warp is done with stage st before it is refilled
-    }
-    store_dkdv<DT>(dk, dv, bh, Nk, krow, dkacc, dvacc, scale);
+    dkdv_tc_loop<D, CAUSAL, TcKvregCfg<D>::kBQ, true>(q, k, v, dout, lse, dvec, dk, dv, lengths,
+                                                      kmask, H, Hkv, Nq, Nk, scale, NoTileStep{});
 }
 
 // ------------------------------------------------------------------------------------------
-// Backward in one pass: flash_bwd_dkdv_tc, plus dQ += dS K for the block's 64 keys. After a
-// query tile's dS^T is known (fp16 A fragments, rows = the warp's 16 keys), each warp writes it
-// to shared memory dSs (64 keys x BQ queries); after a barrier the block reads it back
-// transposed as dS (BQ queries x 64 keys) and multiplies by the K tile it holds: the BQ x D
-// result is split over the warps (BQ / 16 m-tiles, D / 8 columns shared among the warps of an
-// m-tile) and added into dq32 (B, H, Nq, D) fp32 with atomicAdd; the launcher multiplies by
-// scale and rounds to fp16 afterwards.
+// Backward in one pass: flash_bwd_dkdv_tc's loop, plus dQ += dS K for the block's 64 keys after
+// each query tile (OnepassDqStep). Each warp writes its dS^T rows (fp16 A fragments, rows = the
+// warp's 16 keys) to shared memory dSs (64 keys x BQ queries); after a barrier the block reads
+// them back transposed as dS (BQ queries x 64 keys) and multiplies by the K tile it holds: the
+// BQ x D result is split over the warps (BQ / 16 m-tiles, D / 8 columns shared among the warps
+// of an m-tile) and added into dq32 (B, H, Nq, D) fp32 with atomicAdd; the launcher multiplies
+// by scale and rounds to fp16 afterwards.
 // ------------------------------------------------------------------------------------------
+namespace minitx_flash {
+
+template <int D, int BQ>
+struct OnepassDqStep {
+    float* dqb;     // this (batch, head)'s rows of dq32
+    __half* dSs;    // 64 keys x (BQ + 8) halves of shared memory, after the loop's tiles
+    int Nq;
+
+    __device__ __forceinline__ void operator()(const unsigned (&dsf)[BQ / 16][4], int q0,
+                                               const __half* Ks) const {
+        constexpr int BK = TcCfg<D>::kRows, S = TcCfg<D>::kStride;
+        constexpr int SD = BQ + 8;              // dSs row stride in halves (16-byte rows)
+        constexpr int MT = BQ / 16;             // m-tiles of dQ's BQ rows
+        constexpr int WPM = 4 / MT;             // warps per m-tile
+        constexpr int DTW = D / 8 / WPM;        // 8-column tiles of dQ per warp
+        constexpr int DTC = DTW < 4 ? DTW : 4;  // ... taken 4 at a time (16 accumulators)
+        static_assert(MT * WPM == 4 && DTW % DTC == 0 && DTC % 2 == 0, "dQ's split over 4 warps");
+        const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+
+        // dS^T to shared memory: fragment dsf[j] holds (key row g, queries 16j + 2t, + 1),
+        // (row g + 8, the same), (row g, 16j + 8 + 2t, + 1), (row g + 8, the same)
+        unsigned* dsw = reinterpret_cast<unsigned*>(dSs + (16 * warp + g) * SD + 2 * t);
+#pragma unroll
+        for (int j = 0; j < BQ / 16; ++j) {
+            dsw[8 * j] = dsf[j][0];
+            dsw[8 * j + 4 * SD] = dsf[j][1];
+            dsw[8 * j + 4] = dsf[j][2];
+            dsw[8 * j + 4 * SD + 4] = dsf[j][3];
+        }
+        __syncthreads();  // [tc_onepass_dkdv:ds-written] dS^T visible to every warp
+
+        // dQ[q0 + 16 mt ..] += dS K over the block's 64 keys, DTC column tiles at a time
+        const int mt = warp / WPM, col0 = (warp % WPM) * DTW * 8;   // this warp's part of dQ
+        unsigned af[BK / 16][4];
+        load_a_frags_trans<BK / 16>(af, dSs + 16 * mt, SD);
+#pragma unroll
+        for (int c0 = 0; c0 < DTW; c0 += DTC) {
+            float acc[DTC][4];
+            zero(acc);
+            warp_gemm_reg_t<BK / 16, DTC>(acc, af, Ks + col0 + 8 * c0, S);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int r = q0 + 16 * mt + g + 8 * hh;
+                if (r >= Nq) continue;
+                float* dst = dqb + (long long)r * D + col0 + 8 * c0 + 2 * t;
+#pragma unroll
+                for (int n = 0; n < DTC; ++n) {
+                    atomicAdd(dst + 8 * n, acc[n][2 * hh]);
+                    atomicAdd(dst + 8 * n + 1, acc[n][2 * hh + 1]);
+                }
+            }
+        }
+    }   // the loop's barrier after this step frees dSs for the next tile
+};
+
+}  // namespace minitx_flash
+
 template <int D, bool CAUSAL>
 __global__ void __launch_bounds__(128, 2)
 flash_bwd_dkdv_tc_onepass(const __half* __restrict__ q, const __half* __restrict__ k,
@@ -357,116 +338,10 @@ flash_bwd_dkdv_tc_onepass(const __half* __restrict__ q, const __half* __restrict
                           const int* __restrict__ lengths, const unsigned char* __restrict__ kmask,
                           int H, int Hkv, int Nq, int Nk, float scale) {
     using namespace minitx_flash;
-    using Cfg = TcCfg<D>;
-    constexpr int BK = Cfg::kRows, BQ = Cfg::kDkdvBQ, S = Cfg::kStride;
-    constexpr int KS = D / 16, NT = BQ / 8, DT = D / 8;
-    constexpr int SD = BQ + 8;                  // dSs row stride in halves (16-byte rows)
-    constexpr int MT = BQ / 16;                 // m-tiles of dQ's BQ rows
-    constexpr int WPM = 4 / MT;                 // warps per m-tile
-    constexpr int DTW = DT / WPM;               // 8-column tiles of dQ per warp
-    constexpr int DTC = DTW < 4 ? DTW : 4;      // ... taken 4 at a time (16 accumulators)
-    static_assert(MT * WPM == 4 && DTW % DTC == 0 && DTC % 2 == 0, "dQ's split over 4 warps");
+    constexpr int BQ = TcCfg<D>::kDkdvBQ;
     extern __shared__ float flash_smem[];
-    __half* Ks = reinterpret_cast<__half*>(flash_smem);    // BK x S
-    __half* Vs = Ks + BK * S;                              // BK x S
-    __half* QdO = Vs + BK * S;   // 2 stages of [Q (BQ x S) | dO (BQ x S)]
-    float* LD = reinterpret_cast<float*>(QdO + 4 * BQ * S);   // 2 stages of [lse log2e | Dvec]
-    __half* dSs = reinterpret_cast<__half*>(LD + 4 * BQ);      // BK x SD: dS^T
-
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hkv);
-    const int k0 = blockIdx.x * BK;
-    const int krow[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
-    const int diag = Nk - Nq;
-    const __half* qb = q + (long long)bh * Nq * D;
-    const __half* dob = dout + (long long)bh * Nq * D;
-    const float* lseb = lse + (long long)bh * Nq;
-    const float* dvb = dvec + (long long)bh * Nq;
-    const __half* kb = k + ((long long)b * Hkv + hk) * Nk * D;
-    const __half* vb = v + ((long long)b * Hkv + hk) * Nk * D;
-    float* dqb = dq32 + (long long)bh * Nq * D;
-    const int kv_len = key_end<false>(b, 0, Nq, Nq, Nk, lengths);
-    int q_first = CAUSAL ? k0 - diag : 0;
-    q_first = q_first < 0 ? 0 : q_first;
-    const int qt_begin = q_first / BQ;
-    const int qt_end = k0 < kv_len ? (Nq + BQ - 1) / BQ : 0;
-    const float sl2 = scale * kLog2e;
-    const int dq_mt = warp / WPM, dq_col0 = (warp % WPM) * DTW * 8;   // this warp's dQ part
-
-    float dkacc[DT][4], dvacc[DT][4];
-    zero(dkacc);
-    zero(dvacc);
-    if (qt_begin < qt_end) {
-        load_tile_async<__half, D>(Ks, S, kb, k0, Nk, BK);
-        load_tile_async<__half, D>(Vs, S, vb, k0, Nk, BK);
-        load_tile_async<__half, D>(QdO, S, qb, qt_begin * BQ, Nq, BQ);
-        load_tile_async<__half, D>(QdO + BQ * S, S, dob, qt_begin * BQ, Nq, BQ);
-        cp_async_commit();
-        stage_query_rows<BQ>(LD, qt_begin, Nq, lseb, dvb);
-    }
-    for (int qt = qt_begin; qt < qt_end; ++qt) {
-        const int q0 = qt * BQ, st = (qt - qt_begin) & 1;
-        const __half* Qs = QdO + st * 2 * BQ * S;
-        const __half* dOs = Qs + BQ * S;
-        const float* Ls = LD + st * 2 * BQ;
-        const float* Dvs = Ls + BQ;
-        if (qt + 1 < qt_end) {
-            __half* Qn = QdO + (st ^ 1) * 2 * BQ * S;
-            load_tile_async<__half, D>(Qn, S, qb, q0 + BQ, Nq, BQ);
-            load_tile_async<__half, D>(Qn + BQ * S, S, dob, q0 + BQ, Nq, BQ);
-            cp_async_commit();
-            stage_query_rows<BQ>(LD + (st ^ 1) * 2 * BQ, qt + 1, Nq, lseb, dvb);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();  // [tc_onepass_dkdv:tile-landed]
-
-        float s[NT][4], dp[NT][4];
-        zero(s);
-        zero(dp);
-        warp_gemm_smem_nt<KS, NT>(s, Ks + 16 * warp * S, S, Qs, S);     // S^T  = K Q^T
-        warp_gemm_smem_nt<KS, NT>(dp, Vs + 16 * warp * S, S, dOs, S);   // dP^T = V dO^T
-        const bool need = tile_needs_mask<CAUSAL>(q0, k0, BK, kv_len, Nq, Nk, kmask);
-        ds_of_cols<CAUSAL, NT>(s, dp, sl2, Ls, Dvs, need, b, q0, krow, kv_len, Nq, Nk, kmask);
-        unsigned pf[NT / 2][4], dsf[NT / 2][4];
-        acc_to_a_frags<NT>(pf, s);
-        acc_to_a_frags<NT>(dsf, dp);
-        // dS^T to shared memory: fragment dsf[j] holds (key row g, queries 16j + 2t, + 1),
-        // (row g + 8, the same), (row g, 16j + 8 + 2t, + 1), (row g + 8, the same)
-        unsigned* dsw = reinterpret_cast<unsigned*>(dSs + (16 * warp + g) * SD + 2 * t);
-#pragma unroll
-        for (int j = 0; j < NT / 2; ++j) {
-            dsw[8 * j] = dsf[j][0];
-            dsw[8 * j + 4 * SD] = dsf[j][1];
-            dsw[8 * j + 4] = dsf[j][2];
-            dsw[8 * j + 4 * SD + 4] = dsf[j][3];
-        }
-        warp_gemm_reg_t<NT / 2, DT>(dvacc, pf, dOs, S);   // dV += P^T dO
-        warp_gemm_reg_t<NT / 2, DT>(dkacc, dsf, Qs, S);   // dK += dS^T Q
-        __syncthreads();  // [tc_onepass_dkdv:ds-written] dS^T visible to every warp
-
-        // dQ[q0 + 16 dq_mt ..] += dS K over the block's 64 keys, DTC column tiles at a time
-        unsigned af[BK / 16][4];
-        load_a_frags_trans<BK / 16>(af, dSs + 16 * dq_mt, SD);
-#pragma unroll
-        for (int c0 = 0; c0 < DTW; c0 += DTC) {
-            float acc[DTC][4];
-            zero(acc);
-            warp_gemm_reg_t<BK / 16, DTC>(acc, af, Ks + dq_col0 + 8 * c0, S);
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int r = q0 + 16 * dq_mt + g + 8 * hh;
-                if (r >= Nq) continue;
-                float* dst = dqb + (long long)r * D + dq_col0 + 8 * c0 + 2 * t;
-#pragma unroll
-                for (int n = 0; n < DTC; ++n) {
-                    atomicAdd(dst + 8 * n, acc[n][2 * hh]);
-                    atomicAdd(dst + 8 * n + 1, acc[n][2 * hh + 1]);
-                }
-            }
-        }
-        __syncthreads();  // every warp is done with stage st and dSs before they are refilled
-    }
-    store_dkdv<DT>(dk, dv, bh, Nk, krow, dkacc, dvacc, scale);
+    __half* dSs = reinterpret_cast<__half*>(flash_smem) + dkdv_tc_smem_bytes<D, BQ>() / 2;
+    const OnepassDqStep<D, BQ> step{dq32 + (long long)blockIdx.y * Nq * D, dSs, Nq};
+    dkdv_tc_loop<D, CAUSAL, BQ, false>(q, k, v, dout, lse, dvec, dk, dv, lengths, kmask, H, Hkv,
+                                       Nq, Nk, scale, step);
 }
