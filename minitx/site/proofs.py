@@ -13,9 +13,10 @@ For each key op and each registered attention variant:
 - **growth**, proven by counts, never by a clock: the floating-point operations of the forward,
   counted from the shapes of every matrix product and element-wise step it performs
   (``flops.py``: the same on a busy machine and an idle one), and the peak memory
-  ``tracemalloc`` traces (the bytes the forward allocates, on one thread), over a few N. The fitted exponent p
-  of each (count ∝ N^p) is checked against the limit the *stated* complexity sets (≤ 1.4
-  where the docstring's time or memory term is linear in N, ≤ 2.4 where it is N²). The
+  ``tracemalloc`` traces (the bytes the forward allocates, on one thread), over a few N. The
+  fitted exponent p of each (count ∝ N^p) is checked against the limit the *stated* complexity
+  sets (≤ 1.4 where the docstring's time or memory term is linear in N, ≤ 2.4 where it is
+  N²). The
   forward's wall-clock time is drawn too, fenced as measured and judged by nothing: at these
   N a call's fixed overhead and the machine's other work dominate the clock, so it shows what
   one call costs here and now, not how the cost grows;
