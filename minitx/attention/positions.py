@@ -66,8 +66,9 @@ from ..backend import get_array_module, xp as active_xp
 from ..nn import init
 from ..nn.hooks import HookPoint
 from ..nn.module import Parameter
-from ..ops.indexing import getitem
-from ..ops.linalg import einsum
+from ..ops.indexing import embedding
+from ..ops.linalg import matmul
+from ..ops.shape import expand_dims, squeeze, swapaxes
 
 # The variants below subclass the exact layer and change only the scores (a bias, or rotated
 # q and k); the softmax, the weighted sum of values and the heads are inherited.
@@ -145,14 +146,19 @@ class RelativePositionAttention(ExactSelfAttention):
 
     def score_bias(self, q, k):
         nq, nk = q.shape[2], k.shape[2]
-        a_k = getitem(self.rel_k, self._index(nq, nk, q))          # (Nq, Nk, D)
-        # (B, H, Nq, D) · (Nq, Nk, D) -> (B, H, Nq, Nk):  q_i · a^K_ij, scaled like q·k
-        return self.hook_rel_key_term(einsum("bhqd,qkd->bhqk", q, a_k) * self.scale)
+        a_k = embedding(self._index(nq, nk, q), self.rel_k)        # (Nq, Nk, D): a^K_{r_ij}
+        # q_i · a^K_ij, scaled like q·k: one (1, D) @ (D, Nk) product per query, a batched
+        # matmul (BLAS; einsum's loop for "bhqd,qkd->bhqk" is about 3× slower)
+        # (B, H, Nq, 1, D) @ (Nq, D, Nk) -> (B, H, Nq, 1, Nk) -> (B, H, Nq, Nk)
+        term = squeeze(matmul(expand_dims(q, -2), swapaxes(a_k, -1, -2)), -2)
+        return self.hook_rel_key_term(term * self.scale)
 
     def value_term(self, weights, nq, nk):
-        a_v = getitem(self.rel_v, self._index(nq, nk, weights))    # (Nq, Nk, D)
-        # (B, H, Nq, Nk) · (Nq, Nk, D) -> (B, H, Nq, D):  Σ_j α_ij a^V_ij
-        return hooked_heads(self.hook_rel_value_term, einsum("bhqk,qkd->bhqd", weights, a_v))
+        a_v = embedding(self._index(nq, nk, weights), self.rel_v)  # (Nq, Nk, D): a^V_{r_ij}
+        # Σ_j α_ij a^V_ij, batched over the queries as the key term is
+        # (B, H, Nq, 1, Nk) @ (Nq, Nk, D) -> (B, H, Nq, 1, D) -> (B, H, Nq, D)
+        term = squeeze(matmul(expand_dims(weights, -2), a_v), -2)
+        return hooked_heads(self.hook_rel_value_term, term)
 
     def reference(self, q, k, v):
         """Raw arrays: Shaw's formula with an explicit clipped-distance table, (B, H, Nq, D)."""

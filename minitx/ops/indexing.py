@@ -84,7 +84,8 @@ class Embedding(Function):
     def forward(ctx, indices, weight, padding_idx):
         ctx.save_for_backward(indices)
         ctx.shape, ctx.padding_idx = weight.shape, padding_idx
-        return weight[indices]                        # (...,) -> (..., E)
+        # weight[indices], (...,) -> (..., E); NumPy's take reads the rows several times faster
+        return get_array_module(weight).take(weight, indices, axis=0)
 
     @staticmethod
     def backward(ctx, grad):
