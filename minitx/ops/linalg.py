@@ -1,8 +1,10 @@
 """Linear algebra: batched broadcasting ``matmul``, ``linear`` (x Wᵀ + b) and ``einsum``."""
 from __future__ import annotations
 
+import functools
+
 from ..autograd.function import Function
-from ..backend import get_array_module
+from ..backend import get_array_module, host_xp
 from ._util import unbroadcast
 
 __all__ = ["matmul", "linear", "einsum"]
@@ -116,15 +118,32 @@ def _parse_einsum(subscripts, operands):
     return fixed, rhs
 
 
-# The forward is numpy.einsum itself; with three or more operands optimize= picks an order
-# of pairwise contractions instead of one loop over every index.
+@functools.lru_cache(maxsize=512)
+def _contraction_order(subscripts: str, shapes: tuple) -> list:
+    """NumPy's order of pairwise contractions for ``subscripts`` on operands of ``shapes``: it
+    depends on the shapes alone, and finding it is Python work that can cost more than a small
+    contraction itself, so it is found once per (subscripts, shapes)."""
+    shells = [host_xp.broadcast_to(host_xp.empty((), dtype="float32"), s) for s in shapes]
+    return host_xp.einsum_path(subscripts, *shells, optimize="greedy")[0]
+
+
+def _einsum(xp, subscripts, operands):
+    """``xp.einsum``; with three or more operands in an order of pairwise contractions."""
+    optimize = len(operands) > 2
+    if optimize and xp is host_xp:
+        optimize = _contraction_order(subscripts, tuple(op.shape for op in operands))
+    return xp.einsum(subscripts, *operands, optimize=optimize)
+
+
+# The forward is numpy.einsum itself; with three or more operands an order of pairwise
+# contractions (optimize=) replaces one loop over every index.
 class Einsum(Function):
     @staticmethod
     def forward(ctx, *operands, terms, out_term):
         xp = get_array_module(*operands)
         ctx.save_for_backward(*operands)
         ctx.terms, ctx.out_term = terms, out_term
-        return xp.einsum(",".join(terms) + "->" + out_term, *operands, optimize=len(operands) > 2)
+        return _einsum(xp, ",".join(terms) + "->" + out_term, operands)
 
     # Backward: each operand's gradient is another einsum, of the output gradient with the other
     # operands; operands that need no gradient are skipped.
@@ -144,7 +163,7 @@ class Einsum(Function):
             available = set(ctx.out_term).union(*[set(t) for _, t in others])
             kept = "".join(c for c in term if c in available)
             spec = ",".join([ctx.out_term] + [t for _, t in others]) + "->" + kept
-            g = xp.einsum(spec, grad, *[o for o, _ in others], optimize=len(others) > 1)
+            g = _einsum(xp, spec, [grad] + [o for o, _ in others])
             shape = [op.shape[term.index(c)] if c in kept else 1 for c in term]
             g = xp.broadcast_to(g.reshape(shape), op.shape)
             grads.append(g.astype(op.dtype, copy=False))
