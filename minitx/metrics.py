@@ -72,17 +72,20 @@ def _attend(layer, q, k, v):
 
 
 def approx_distances(name, budget_option, budget, n=128, d=16, heads=2, seed=0, fixed=None,
-                     scale=0.5):
+                     scale=0.5, smooth=None):
     """(attention distance, output distance) of one approximate variant at one budget.
 
     q, k entries are N(0, scale²) (scale 0.5: attention rows of moderate peakedness), float64.
+    ``smooth``: keys and values made cumulative means (None: for Linformer only, see the
+    module docstring).
     """
     options = {budget_option: budget, **(fixed or {})}
     if name == "linformer":
         options.setdefault("max_len", n)
     minitx.manual_seed(seed)
     layer = _layer(name, heads, d, options)
-    q, k, v = _inputs(n, d, heads, seed, scale, smooth=name == "linformer")
+    smooth = name == "linformer" if smooth is None else smooth
+    q, k, v = _inputs(n, d, heads, seed, scale, smooth=smooth)
     if name == "reformer":
         allowed, keys = layer.pattern_reference(q, v)
         exact_a = dense_attention_array(q, keys, _identity_values(q), allowed)

@@ -31,6 +31,7 @@ import minitx.functional as F
 from minitx.attention import REGISTRY, causal_pattern, dense_attention_array
 from minitx.backend import to_host
 from minitx.metrics import APPROX_BUDGETS, approx_distances
+from minitx.models import kv_cache_bytes_per_token
 from minitx.pretrained import families
 from minitx.viz import render_mask
 
@@ -161,10 +162,11 @@ def _reference_error(cls, embed=16, heads=2, n=32):
     elif kind == "approximate":
         # The regime of benchmarks/approx_quality.py (minitx.metrics): a mid-sized budget,
         # q, k ~ N(0, 0.5²), N = 128; output distance ‖O − O*‖/‖O*‖ from exact attention.
+        # Every row on the same random inputs (the legend adds Linformer on smooth ones).
         if cls.name in APPROX_BUDGETS:
             option, budgets, fixed = APPROX_BUDGETS[cls.name]
             budget = budgets[-2]
-            _, err = approx_distances(cls.name, option, budget, fixed=fixed)
+            _, err = approx_distances(cls.name, option, budget, fixed=fixed, smooth=False)
             short = {"num_features": "m", "proj_dim": "k", "n_hashes": "rounds",
                      "num_clusters": "clusters"}.get(option, option)
             return f"{err:.1e} full, {short}={budget}"
@@ -181,30 +183,52 @@ def _reference_error(cls, embed=16, heads=2, n=32):
     return f"{err:.1e} {label}"
 
 
-def time_call(call, repeat: int = 5, loop_seconds: float = 0.02, clock=time.perf_counter):
+def time_call(call, repeat: int = 5, loop_seconds: float = 0.02, clock=time.perf_counter,
+              warm_up: bool = True, budget_s: float | None = None):
     """Seconds one ``call()`` takes, measured as ``timeit`` measures: one warm-up call first (a
-    first call pays for caches, lazy imports and the allocator growing), then ``repeat`` timed
-    loops of ``number`` calls each, ``number`` doubled until one loop lasts ``loop_seconds``;
+    first call pays for caches, lazy imports and the allocator growing; ``warm_up=False`` when
+    the caller has just made one), then up to ``repeat`` timed loops of ``number`` calls each,
+    ``number`` doubled until one loop lasts ``loop_seconds`` (that loop is the first timed one);
     returns the best loop's time per call — the one least disturbed by other processes (the
-    spread of the others is noise from the machine, never from the code). ``clock``: the
-    wall clock, or ``time.process_time`` for the CPU time this process used (see
-    ``_time_and_memory``)."""
-    call()
-    number = 1
-    while True:
+    spread of the others is noise from the machine, never from the code). ``budget_s``: stop
+    once the timed loops have taken this long, so that a slow call is timed once (on one
+    thread, in CPU time, single warm calls of the slowest variants were measured to vary by
+    under 3%). ``clock``: the wall clock, or ``time.process_time`` for the CPU time this
+    process used (see ``_time_and_memory``)."""
+    if warm_up:
+        call()
+    number, loops, spent, best = 1, 0, 0.0, float("inf")
+    while True:                                   # calibrate: the last loop counts as timed
         t0 = clock()
         for _ in range(number):
             call()
-        if clock() - t0 >= loop_seconds or number >= 1024:
+        took = clock() - t0
+        if took >= loop_seconds or number >= 1024:
             break
         number *= 2
-    best = float("inf")
-    for _ in range(repeat):
+    while True:
+        loops, spent, best = loops + 1, spent + took, min(best, took / number)
+        if loops >= repeat or (budget_s is not None and spent >= budget_s):
+            return best
         t0 = clock()
         for _ in range(number):
             call()
-        best = min(best, (clock() - t0) / number)
-    return best
+        took = clock() - t0
+
+
+# The tour times every variant in a few seconds: loops of at least 1 ms, the best of 3, and one
+# call only where a call alone takes 20 ms. ``python -m minitx bench`` keeps the defaults.
+TOUR_TIMING = {"repeat": 3, "loop_seconds": 0.001, "budget_s": 0.02}
+BENCH_TIMING = {"repeat": 5, "loop_seconds": 0.02, "budget_s": None}
+
+
+def timing_said(timing) -> str:
+    """How ``timing`` (``TOUR_TIMING``, ``BENCH_TIMING``) measures, in words."""
+    said = f"the best of {timing['repeat']} timed loops of at least " \
+           f"{timing['loop_seconds'] * 1e3:g} ms"
+    if timing["budget_s"]:
+        said += f" (one call where a call takes over {timing['budget_s'] * 1e3:g} ms)"
+    return said
 
 
 @contextlib.contextmanager
@@ -234,11 +258,14 @@ def compute_threads(n):
             os.environ["MINITX_THREADS"] = before
 
 
-def _time_and_memory(cls, n, embed, heads, batch=1, threads=1):
-    """(seconds per forward, as ``time_call`` measures it with ``threads`` compute threads —
-    see ``compute_threads`` — in CPU time on one thread, else wall-clock; peak bytes
-    ``tracemalloc`` traces in one forward) of variant ``cls`` at length ``n``, in float32
-    under ``no_grad``."""
+def _time_and_memory(cls, n, embed, heads, batch=1, threads=1, timing=None):
+    """(seconds per forward, as ``time_call`` measures it with ``timing`` (default
+    ``TOUR_TIMING``) and ``threads`` compute threads — see ``compute_threads`` — in CPU time on
+    one thread, else wall-clock; peak bytes ``tracemalloc`` traces in the first forward) of
+    variant ``cls`` at length ``n``, in float32 under ``no_grad``. The traced forward is also
+    the timing's warm-up call: on every variant its peak was measured equal to a warm
+    forward's, to within 0.2 MiB (the first call's caches are small), and one call fewer keeps
+    the tour fast."""
     layer = cls(embed, heads, **_init_options(cls, n))
     layer.eval()
     x = minitx.tensor(np.random.default_rng(3).standard_normal((batch, n, embed)),
@@ -256,18 +283,17 @@ def _time_and_memory(cls, n, embed, heads, batch=1, threads=1):
         y = layer(x)
         if on_gpu:
             to_host(y.data.reshape(-1)[:1])
-    with minitx.no_grad():
-        with compute_threads(None if on_gpu else threads):
-            elapsed = time_call(call, clock=clock)
+    with minitx.no_grad(), compute_threads(None if on_gpu else threads):
         was_tracing = tracemalloc.is_tracing()
         if not was_tracing:
             tracemalloc.start()
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
-        layer(x)
+        call()
         peak = tracemalloc.get_traced_memory()[1] - base
         if not was_tracing:
             tracemalloc.stop()
+        elapsed = time_call(call, clock=clock, warm_up=False, **(timing or TOUR_TIMING))
     return elapsed, peak
 
 
@@ -276,12 +302,20 @@ def _short(exc) -> str:
     return "error: " + (msg[:60] + "…" if len(msg) > 61 else msg)
 
 
+# Variants timed at a shorter length than the table's, and why (the table marks them †).
+# Additive attention forms a tanh feature per (query, key, hidden unit): 256 MiB at N = 1,024,
+# and the first touch of that much fresh memory cost the tour more than the other 38 rows.
+SHORTER_N = {"additive": 512}
+SHORTER_WHY = {"additive": "its (N, N, A) tanh features alone are 256 MiB at N = 1,024"}
+
+
 def variant_rows(names=None, n: int = 1024, embed: int = 32, heads: int = 2):
     """One dict per registered variant: name, kind, gradcheck, error, time_s, peak_bytes,
-    complexity. A failing step puts "error: …" in its cell instead of raising."""
+    n (the length timed: ``n``, or ``SHORTER_N``'s where shorter), complexity. A failing step
+    puts "error: …" in its cell instead of raising."""
     rows = []
     for name in (names or sorted(REGISTRY)):
-        row = {"name": name, "kind": "?", "gradcheck": "-", "error": "-", "time_s": None,
+        row = {"name": name, "kind": "?", "gradcheck": "-", "error": "-", "time_s": None, "n": n,
                "peak_bytes": None, "complexity": "?", "note": ""}
         cls = REGISTRY.get(name)
         if cls is None:
@@ -299,7 +333,8 @@ def variant_rows(names=None, n: int = 1024, embed: int = 32, heads: int = 2):
         except Exception as exc:  # noqa: BLE001
             row["error"] = _short(exc)
         try:
-            row["time_s"], row["peak_bytes"] = _time_and_memory(cls, n, embed, heads)
+            row["n"] = min(n, SHORTER_N.get(name, n))
+            row["time_s"], row["peak_bytes"] = _time_and_memory(cls, row["n"], embed, heads)
         except Exception as exc:  # noqa: BLE001
             row["note"] = _short(exc)
         rows.append(row)
@@ -329,6 +364,17 @@ ERROR_LEGEND = [
 ]
 
 
+def _linformer_smooth_line(rows) -> list:
+    """The legend's line on Linformer's own regime, measured, when its row is in the table."""
+    if not any(r["name"] == "linformer" and r["error"][:1].isdigit() for r in rows):
+        return []
+    option, budgets, fixed = APPROX_BUDGETS["linformer"]
+    _, err = approx_distances("linformer", option, budgets[-2], fixed=fixed, smooth=True)
+    return _wrapped([f"Every row's inputs are random. Linformer's pooling projections assume "
+                     f"smooth keys and values: on cumulative means of the same draws its error "
+                     f"is {err:.1e}."], _PAD, _PAD)
+
+
 def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) -> list:
     """The variants as a table (kind, gradcheck, error against a named reference, time, peak
     memory), a legend saying what each error compares, and each variant's complexity."""
@@ -336,16 +382,20 @@ def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) ->
     w = name_width()
     head = (f"   {'variant':<{w}} {'kind':<12} {'gradcheck':<9} {'rel. error':>10}  "
             f"{'O_ref':<22} {'time':>9} {'peak mem':>10}")
-    lines = [f"3. Every registered attention variant (forward at N = {n:,}, B = 1, E = {embed}, "
-             f"H = {heads};",
-             "   gradcheck in float64 on N = 6, along a random direction per input; time: CPU "
-             "time on one thread,",
-             "   the best of 5 timed loops after a warm-up call, as timeit measures)", "", head,
-             "   " + "-" * (len(head) - 3)]
+    lines = _wrapped([f"3. Every registered attention variant (forward at N = {n:,}, B = 1, "
+                      f"E = {embed}, H = {heads}; gradcheck in float64 on N = 6, along a random "
+                      "direction per input; peak mem: the peak tracemalloc traces in the first "
+                      "forward; time: CPU time on one thread, "
+                      f"{timing_said(TOUR_TIMING)} after it)"], "", "   ")
+    lines += ["", head, "   " + "-" * (len(head) - 3)]
     notes = []
+    shorter = []
     for r in rows:
         t = f"{r['time_s'] * 1e3:7.1f} ms" if r["time_s"] is not None else "-"
         mem = fmt_bytes(r["peak_bytes"])
+        if r["n"] != n and r["time_s"] is not None:         # marked, in the same width
+            t, mem = f"{r['time_s'] * 1e3:6.1f} ms†", mem + "†"
+            shorter.append(r)
         gc = r["gradcheck"] if len(r["gradcheck"]) <= 9 else "error"
         err, _, ref = r["error"].partition(" ")
         if err == "error:" or r["error"] in ("-", "n/a"):
@@ -354,7 +404,9 @@ def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) ->
                      f"{t:>9} {mem:>10}".rstrip())
         notes += [f"{r['name']}: {cell}" for cell in (r["gradcheck"], r["error"], r["note"])
                   if cell.startswith("error:")]
-    lines += [""] + ERROR_LEGEND
+    lines += [f"   † time and peak mem at N = {r['n']:,}: {SHORTER_WHY[r['name']]}"
+              for r in shorter]
+    lines += [""] + ERROR_LEGEND + _linformer_smooth_line(rows)
     if notes:
         lines += ["", "   Failures:"] + _wrapped(notes, "   ", "     ")
     lines += ["", "   Complexity (B batch, H heads, N length, D head size; the other letters as in "
@@ -375,9 +427,11 @@ def _wrapped(texts, first, rest) -> list:
 
 # ---- 4. why 1/√d_k ------------------------------------------------------------------------
 
-def scale_section(dims=(4, 16, 64, 256), samples: int = 20000, n_keys: int = 16) -> list:
-    """Var(q·k) ≈ d_k for unit-variance q, k; softmax saturation and its Jacobian without
-    the scale, measured."""
+def scale_section(dims=(4, 16, 64, 256), samples: int = 10000, n_keys: int = 16,
+                  queries: int = 200) -> list:
+    """Var(q·k) ≈ d_k for unit-variance q, k (``samples`` pairs: the variance is estimated to
+    about √(2/samples), 1.4%); softmax saturation and its Jacobian without the scale, over
+    ``queries`` queries of ``n_keys`` keys, measured."""
     gen = np.random.default_rng(0)
     lines = ["4. Why divide by √d_k",
              f"   q, k with independent N(0, 1) entries: Var(q·k) = d_k. With {n_keys} keys per "
@@ -386,8 +440,10 @@ def scale_section(dims=(4, 16, 64, 256), samples: int = 20000, n_keys: int = 16)
              "diag(s) − s sᵀ",
              "   shrinks (it is exactly 0 for a one-hot s), so less and less gradient reaches "
              "the scores.",
-             "   Measured (w: the largest softmax weight of a query; ‖J‖F: its Jacobian's "
-             "Frobenius norm):",
+             f"   Measured on {samples:,} pairs (the variances) and {queries} queries (max w: "
+             "the mean over the queries",
+             "   of the largest softmax weight; ‖J‖F: the median of the Jacobian's Frobenius "
+             "norm):",
              "",
              f"   {'d_k':>5} {'Var(q·k)':>9} {'Var(q·k/√d_k)':>14} {'max w raw':>10} "
              f"{'max w scaled':>13} {'‖J‖F raw':>10} {'‖J‖F scaled':>12}"]
@@ -396,9 +452,9 @@ def scale_section(dims=(4, 16, 64, 256), samples: int = 20000, n_keys: int = 16)
         k = gen.standard_normal((samples, d))
         dots = (q * k).sum(-1)
         var_raw, var_scaled = dots.var(), (dots / math.sqrt(d)).var()
-        qs = gen.standard_normal((200, 1, d))
-        ks = gen.standard_normal((200, n_keys, d))
-        raw = (qs * ks).sum(-1)                                    # (200, n_keys)
+        qs = gen.standard_normal((queries, 1, d))
+        ks = gen.standard_normal((queries, n_keys, d))
+        raw = (qs * ks).sum(-1)                                    # (queries, n_keys)
         out = {}
         for label, s in (("raw", raw), ("scaled", raw / math.sqrt(d))):
             x = minitx.tensor(s, dtype="float64")
@@ -408,9 +464,7 @@ def scale_section(dims=(4, 16, 64, 256), samples: int = 20000, n_keys: int = 16)
             out[label] = (w.max(-1).mean(), np.median(np.sqrt((J ** 2).sum(axis=(-2, -1)))))
         lines.append(f"   {d:>5} {var_raw:>9.2f} {var_scaled:>14.3f} {out['raw'][0]:>10.3f} "
                      f"{out['scaled'][0]:>13.3f} {out['raw'][1]:>10.2e} {out['scaled'][1]:>12.2e}")
-    lines.append("   (max w and ‖J‖F are means and medians over 200 queries; uniform weights "
-                 "over 16 keys")
-    lines.append("   would give max w = 0.0625)")
+    lines.append(f"   (uniform weights over {n_keys} keys would give max w = {1 / n_keys:.4f})")
     return lines
 
 
@@ -510,17 +564,22 @@ def decoder_section() -> list:
     lines = ["7. Today's decoders: GPT-2 plus a few switches each, read from the published "
              "configurations", "   (python -m minitx site: the course chapter "
              "\"From GPT-2 to today's decoders\")",
-             "   KV KiB: the cache kept per token (by W: a sliding window bounds it)", "",
+             "   KiB: what the caches grow by per token of context once every sliding "
+             "window is full, in bf16",
+             "   (models.kv_cache_bytes_per_token: full layers only; a sliding layer keeps at "
+             "most W − 1 past",
+             "   tokens, a recurrent one a state of fixed size; by W: every layer is bounded)",
+             "",
              f"  {'family':<{family}} " + " ".join(f"{n:<{wide[n]}}" for n in names)
-             + " KV KiB"]
+             + "   KiB"]
     for kind, row in rows.items():
         head = f"  {kind:<{family}} {row['model']:<{wide['model']}}"
         if "status" in row:
             lines.append(f"{head} {row['status']}"[:WIDTH])
             continue
-        kib = families.kv_cache_bytes_per_token(families.family_config(kind)) / 1024
+        kib = kv_cache_bytes_per_token(families.family_config(kind)) / 1024
         cells = " ".join(f"{row[n]:<{wide[n]}}" for n in names[1:])
-        lines.append(f"{head} {cells} " + (f"{kib:>6.1f}" if kib else f"{'by W':>6}"))
+        lines.append(f"{head} {cells} " + (f"{kib:>5.1f}" if kib else f"{'by W':>5}"))
     return lines
 
 

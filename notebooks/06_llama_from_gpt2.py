@@ -12,14 +12,13 @@
 #
 # Then the families after Llama, read off minitx's own translation of their published
 # configurations: KV-cache bytes per token at real sizes, parameters active per token under a
-# mixture of experts, and a table of all ten. Last, a tiny random Llama made by HuggingFace
+# mixture of experts, and a table of every family. Last, a tiny random Llama made by HuggingFace
 # `transformers` (when it is installed) gives the same logits as minitx.
 
 # %%
 import dataclasses
 import os
 import tempfile
-import time
 import warnings
 
 import numpy as np
@@ -27,19 +26,21 @@ import numpy as np
 # the decoder, its blocks and the loader's translation of a config.json
 import minitx
 from minitx.backend import to_host
-from minitx.models.decoder import Decoder, DecoderConfig, check_config, count_parameters
+from minitx.models.decoder import (Decoder, DecoderConfig, check_config, count_parameters,
+                                   kv_cache_bytes, kv_cache_bytes_per_token)
 from minitx.nn.layers import LayerNorm
 from minitx.nn.decoder_layers import DecoderRMSNorm
 from minitx.nn.rotary import Rotary
 from minitx.pretrained import families
 from minitx.pretrained.decoders import decoder_config
 from minitx.tour import cached_numbers
-from minitx.viz import have_matplotlib, notebook_pyplot
+from minitx.viz import notebook_pyplot
 
 # the picture is optional here: every number it draws is printed too
-plt = notebook_pyplot("06_llama_from_gpt2.py") if have_matplotlib() else None
+plt = notebook_pyplot("06_llama_from_gpt2.py", required=False)
 
-# MINITX_QUICK=1 is the tests' setting; it changes only how long the timing runs.
+# MINITX_QUICK=1 is the tests' setting; this notebook counts rather than times, and runs the
+# same either way.
 QUICK = os.environ.get("MINITX_QUICK", "0") == "1"
 SEED = int(os.environ.get("MINITX_SEED", "0"))
 minitx.manual_seed(SEED)
@@ -102,33 +103,28 @@ _ = step("0. GPT-2", gpt2)
 #
 # LayerNorm centres and scales, $\gamma \odot (x - \mu)/\sigma + \beta$; RMSNorm (Zhang and
 # Sennrich 2019) only scales, $\gamma \odot x / \operatorname{rms}(x)$. Centring bought
-# nothing measurable, and it costs a mean, a subtraction and the bias. The diff, then the two
-# norms timed on the same (64, 128, E) batch (this machine, this moment: illustrative).
+# nothing measurable, and it costs a mean, a subtraction and the bias. The diff, then the work
+# of the two norms on the same (64, 128, E) batch, counted: floating-point operations per
+# element of the reference code (`minitx/site/flops.py`). A count, not a timing: the same on
+# every machine, where the time of a kernel this small depends on memory traffic and on what
+# else the machine is doing.
 
 # %%
+from minitx.site.flops import count_call
+
 rms = dataclasses.replace(gpt2, norm="rmsnorm", norm_bias=False, norm_eps=1e-6)
 _ = step("1. norm: LayerNorm → RMSNorm", rms)
 
-
-def best_time(module, x, repeats):
-    """The fastest of ``repeats`` forwards, in seconds (the least disturbed by others)."""
-    best = float("inf")
-    with minitx.no_grad():
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            module(x)
-            best = min(best, time.perf_counter() - t0)
-    return best
-
-
 x = minitx.tensor(rng.standard_normal((64, 128, E)), dtype="float32")
-norm_times = {"LayerNorm": best_time(LayerNorm(E), x, 5 if QUICK else 30),
-              "RMSNorm": best_time(DecoderRMSNorm(E), x, 5 if QUICK else 30)}
+norm_flops = {}
+for label, norm in (("LayerNorm", LayerNorm(E)), ("RMSNorm", DecoderRMSNorm(E))):
+    with minitx.no_grad(), minitx.using_config(fast=False):
+        norm_flops[label] = count_call(lambda: norm(x), x, *norm.parameters()) / x.data.size
 
 # %% tags=["measured"]
-print("  " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in norm_times.items())
-      + f": RMSNorm takes {norm_times['RMSNorm'] / norm_times['LayerNorm']:.2f}× LayerNorm's "
-      "time")
+print("  floating-point operations per element: " + ", ".join(
+    f"{k} {v:.2f}" for k, v in norm_flops.items())
+    + f"; RMSNorm does {norm_flops['RMSNorm'] / norm_flops['LayerNorm']:.2f}× LayerNorm's work")
 
 # %% [markdown]
 # ## 2. A gated MLP: SwiGLU
@@ -226,14 +222,18 @@ for title, _, params, per_token, _ in steps:
 #
 # The cache per token of context, summed over layers, in bfloat16 (2 bytes a number),
 # counted from each family's published configuration as minitx translates it
-# (`minitx/pretrained/families.py`): full layers keep 2·Hkv·D numbers a token; sliding
-# layers keep at most W tokens, so once full they add nothing; DeepSeek's multi-head latent
-# attention (MLA) keeps one latent of r numbers and one rotary key of D_r. Beside each, the
-# same model with every head its own keys and values (MHA).
+# (`minitx/pretrained/families.py`), with the definitions of `minitx/models/decoder.py`:
+# `kv_cache_bytes(config, N)` is every layer's cache after N tokens, and
+# `kv_cache_bytes_per_token(config)` what it grows by per token once every window is full.
+# Full layers keep 2·Hkv·D numbers a token; a sliding layer keeps at most its last W − 1
+# tokens (the W-th is the one being decoded), so once full it adds nothing; DeepSeek's
+# multi-head latent attention (MLA) keeps one latent of r numbers and one rotary key of D_r.
+# Beside each, the same model with every head its own keys and values (MHA), and the part of
+# the cache that stops growing: the sliding layers' W − 1 tokens and the hybrids' states.
 
 # %%
 kv = {}
-print(f"{'family':<12} {'model':<16} {'KiB/token':>10} {'as MHA':>10} {'+ sliding, MiB':>15}"
+print(f"{'family':<12} {'model':<16} {'KiB/token':>10} {'as MHA':>10} {'+ bounded, MiB':>15}"
       "   attention")
 for kind in families.TODAY:
     c = families.attention_config(kind)
@@ -243,10 +243,10 @@ for kind in families.TODAY:
     else:
         full = sum(t == "full" for t in c.layer_types)
         mha = 2 * full * c.num_heads * c.head_dim * 2
-    kv[kind] = (families.kv_cache_bytes_per_token(c), mha)
-    # the sliding layers' caches, full: W tokens each, whatever the context
-    bounded = sum(t == "sliding" for t in c.layer_types) * 2 * c.num_kv_heads * (
-        c.head_dim or 0) * 2 * (c.sliding_window or 0)
+    kv[kind] = (kv_cache_bytes_per_token(c), mha)
+    # the bounded part: the total after any N past every window, less the growing part
+    past = (c.sliding_window or 0) + 1
+    bounded = kv_cache_bytes(c, past) - past * kv[kind][0]
     what = (f"MLA, r + D_r = {c.kv_lora_rank + c.qk_rope_head_dim}" if c.attention == "mla"
             else f"H {c.num_heads}, Hkv {c.num_kv_heads}, D {c.head_dim}, "
             f"{sum(t == 'full' for t in c.layer_types)} of {c.num_layers} layers full")
@@ -275,7 +275,7 @@ for kind in families.TODAY:
           f"{(r['active'] - r['lookup']) / 1e9:>17.2f}B")
 
 # %% [markdown]
-# ## Ten families, side by side
+# ## Today's families, side by side
 #
 # Generated from `minitx/pretrained/decoders.py`'s family table: each row is the
 # `DecoderConfig` its published configuration translates to. A family minitx does not load

@@ -109,7 +109,8 @@ try:
 except ImportError:  # pragma: no cover - depends on the tree
     MoE = load_balancing_loss = None
 
-__all__ = ["DecoderConfig", "check_config", "count_parameters", "kv_cache_bytes", "Decoder",
+__all__ = ["DecoderConfig", "check_config", "count_parameters", "kv_cache_bytes",
+           "kv_cache_bytes_per_token", "Decoder",
            "DecoderBlock", "DecoderAttention", "LatentDecoderAttention", "NORMS", "MLPS",
            "PLACEMENTS", "POSITIONS", "QK_NORMS", "LAYER_TYPES", "ATTENTIONS"]
 
@@ -288,9 +289,11 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
                                        "sinks, soft-cap or output gate")
     if c.index_topk is not None:
         check_indexer(c, who)
-    # the experts' width (default F), and the layers that stay dense
-    c.expert_hidden = c.ffn_hidden if c.expert_hidden is None else \
+    # the experts' width (default F, and only where there are experts), and the dense layers
+    if c.expert_hidden is not None:
         validate.positive_int(c.expert_hidden, "expert_hidden", owner=who)
+    elif c.mlp == "moe":
+        c.expert_hidden = c.ffn_hidden
     c.dense_layers = tuple(validate.integer(i, "dense_layers", minimum=0,
                                             maximum=c.num_layers - 1, owner=who)
                            for i in c.dense_layers)
@@ -367,6 +370,18 @@ def kv_cache_bytes(config: DecoderConfig, tokens: int = 1, bytes_per_number: int
                  (min(tokens, c.sliding_window - 1) if t == "sliding" else tokens)
                  for t in c.layer_types]
     return sum(per_layer) * bytes_per_number
+
+
+def kv_cache_bytes_per_token(config: DecoderConfig, bytes_per_number: int = 2) -> int:
+    """Bytes the caches grow by per token of context once every sliding window is full:
+    ``kv_cache_bytes(config, T + 1) − kv_cache_bytes(config, T)`` for a T past every window,
+    so only what grows without bound counts — the full layers' keys and values, or MLA's
+    latent and rotary key; a sliding layer (its last W − 1 tokens) and a recurrent state add
+    nothing. Below the windows every layer grows: ``kv_cache_bytes(config, N) / N``."""
+    c = check_config(dataclasses.replace(config))
+    past = (c.sliding_window or 0) + 1             # every window full, every state made
+    return (kv_cache_bytes(c, past + 1, bytes_per_number)
+            - kv_cache_bytes(c, past, bytes_per_number))
 
 
 def _norm(c: DecoderConfig, dim: int):

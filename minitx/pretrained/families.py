@@ -5,16 +5,18 @@ family whose ``model_type`` is not in ``decoders.FAMILIES`` yet, or whose config
 translation refuses, says so in its row: nothing here is written by hand but the configs.
 
 Two costs are counted from a configuration alone (no model is built, so real sizes cost
-nothing). The KV cache a full layer adds per token of context: keys and values of Hkv heads
+nothing). The KV cache's growth per token of context once every window is full
+(``models.decoder.kv_cache_bytes_per_token``, read off the total ``kv_cache_bytes``): what a
+full layer adds per token, keys and values of Hkv heads
 of D numbers (GQA; MHA when Hkv = H), or MLA's latent of r numbers and one rotary key of D_r
 (and DeepSeek-V3.2's indexer key of d_I numbers; d_I = 0 without it); a sliding layer's
-cache is bounded by its window W and adds nothing once full, and a hybrid's recurrent layer
+cache keeps at most its last W − 1 tokens and adds nothing once full, and a hybrid's recurrent layer
 (gated DeltaNet, KDA, lightning attention) keeps a state of fixed size. With b bytes a number,
 over the L_full full layers:
 
 $$
 \text{GQA: } 2\, L_{\text{full}}\, H_{kv}\, D\, b, \qquad
-\text{MLA: } L\, (r + D_r + d_I)\, b \quad \text{bytes per token}
+\text{MLA: } L_{\text{full}}\, (r + D_r + d_I)\, b \quad \text{bytes per token}
 $$
 
 And the parameters a token meets under a mixture of experts: of n experts of width I per
@@ -34,7 +36,8 @@ from __future__ import annotations
 import dataclasses
 
 from .. import validate
-from ..models.decoder import DecoderConfig, check_config, count_parameters
+from ..models.decoder import (DecoderConfig, check_config, count_parameters,
+                              kv_cache_bytes_per_token)
 from . import decoders
 
 __all__ = ["TODAY", "REPRESENTATIVE", "COLUMNS", "family_config", "attention_config",
@@ -227,18 +230,6 @@ def attention_config(kind: str) -> DecoderConfig:
         return check_config(dataclasses.replace(c, **extra))
 
 
-def kv_cache_bytes_per_token(c: DecoderConfig, bytes_per_number: int = 2) -> int:
-    """Bytes the caches of all layers grow by per token of context (module docstring): the
-    full layers' keys and values, or MLA's latent and rotary key (and the indexer's key);
-    bfloat16 by default."""
-    if c.attention == "mla":                # a hybrid's other layers keep a fixed state
-        full = sum(t == "full" for t in c.layer_types)
-        index = 0 if c.index_topk is None else c.index_head_dim
-        return full * (c.kv_lora_rank + c.qk_rope_head_dim + index) * bytes_per_number
-    full = sum(t == "full" for t in c.layer_types)           # sliding layers are bounded
-    return 2 * full * c.num_kv_heads * c.head_dim * bytes_per_number
-
-
 def expert_counts(kind: str) -> dict:
     """{"total", "active", "lookup", "experts", "top_k", "shared"}: the parameters of
     ``kind``'s representative model and those one token runs through (module docstring), from
@@ -274,24 +265,14 @@ def expert_counts(kind: str) -> dict:
 # ---- the table ----------------------------------------------------------------------------
 
 def _pattern(types, window):
-    """'all full', 'all sliding (W 4096)', or the repeating unit: '5 sliding : 1 full …';
-    a hybrid's unit names its mixer, '3 gated_deltanet : 1 full', or without a repeating unit
-    its counts, '20 kda, 7 full'."""
+    """'all full', 'all sliding (W 4096)', or how many layers of each type, in the order they
+    first appear: '15 sliding, 3 full (W 512)', '36 gated_deltanet, 12 full'."""
     if set(types) == {"full"}:
         return "all full"
     if set(types) == {"sliding"}:
         return f"all sliding (W {window})"
-    period = next(p for p in range(1, len(types) + 1)
-                  if all(types[i] == types[i % p] for i in range(len(types))))
-    unit = types[:period]
-    if not set(types) <= {"full", "sliding"}:   # a hybrid: its repeating unit, else its counts
-        if period == len(types):
-            return ", ".join(f"{types.count(t)} {t}" for t in dict.fromkeys(types))
-        return " : ".join(f"{unit.count(t)} {t}" for t in dict.fromkeys(unit)) + \
-            (f" (W {window})" if "sliding" in types else "")
-    return (f"{unit.count('sliding')} sliding : {unit.count('full')} full (W {window})"
-            if period < len(types) else f"{types.count('sliding')} of {len(types)} sliding "
-                                        f"(W {window})")
+    return ", ".join(f"{types.count(t)} {t}" for t in dict.fromkeys(types)) + \
+        (f" (W {window})" if "sliding" in types else "")
 
 
 def _cells(c: DecoderConfig) -> dict:

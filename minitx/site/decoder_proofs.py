@@ -17,7 +17,8 @@ import dataclasses
 import numpy as np
 
 import minitx
-from minitx.models.decoder import Decoder, DecoderConfig, count_parameters
+from minitx.models.decoder import (Decoder, DecoderConfig, count_parameters,
+                                   kv_cache_bytes_per_token)
 from minitx.nn.decoder_layers import DecoderRMSNorm, GatedMLP
 from minitx.nn.moe import MoE
 from minitx.nn.rotary import Rotary
@@ -156,18 +157,19 @@ def _as_mha(c) -> int:
 
 
 def _families():
-    """families.py: real models' caches and counts, and the table, from their configs."""
+    """Real models' caches (on decoder.py's page, beside ``kv_cache_bytes_per_token``) and
+    counts and the table (families.py), from their configs."""
     kv = Proof("kv_cache_bytes_per_token", "kv_cache_bytes_per_token")
     for kind in families.TODAY:
         c = families.attention_config(kind)
         kv.check(f"{families.REPRESENTATIVE[kind][0]} ({kind}): KV cache per token, bf16, KiB "
                  f"(limit: the same model as GPT-2's MHA)",
-                 families.kv_cache_bytes_per_token(c) / 1024, _as_mha(c) / 1024, fmt="{:.1f}")
+                 kv_cache_bytes_per_token(c) / 1024, _as_mha(c) / 1024, fmt="{:.1f}")
     llama = families.attention_config("llama")
     mha = dataclasses.replace(llama, num_kv_heads=llama.num_heads)
     kv.check("Llama-3.2-1B as MHA / as published (GQA: 32 query heads, 8 key/value) − 4",
-             abs(families.kv_cache_bytes_per_token(mha)
-                 / families.kv_cache_bytes_per_token(llama) - 4), 0.0)
+             abs(kv_cache_bytes_per_token(mha)
+                 / kv_cache_bytes_per_token(llama) - 4), 0.0)
     # two counters that share no code: the hand count from config.json, and the decoder's own
     experts = Proof("expert_counts", "expert_counts")
     for kind in families.TODAY:
@@ -187,7 +189,7 @@ def _families():
                       f"{kind} ({row['model']}): " + (row.get("status") or " · ".join(
                           row[col] for col in families.COLUMNS[2:]))
                       for kind, row in ((k, families.family_row(k)) for k in families.TODAY)))
-    return {"minitx/pretrained/families.py": [kv, experts, table]}
+    return {"minitx/pretrained/families.py": [experts, table], "minitx/models/decoder.py": [kv]}
 
 
 def decoder_proofs(sizes, seed: int) -> dict:
@@ -196,5 +198,6 @@ def decoder_proofs(sizes, seed: int) -> dict:
     pages = {}
     for part in (_blocks(g, sizes.grad_n), _rotary(g), _moe(g, sizes.grad_n), _decoder(g),
                  _families()):
-        pages.update(part)
+        for path, proofs in part.items():
+            pages.setdefault(path, []).extend(proofs)
     return pages

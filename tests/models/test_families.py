@@ -27,7 +27,7 @@ def test_rows_read_the_published_configurations():
     assert (llama["positions"], llama["window pattern"]) == ("RoPE llama3", "all full")
     # Gemma 3: five local layers to one global, W = 512, one key/value head, (1 + w) norms
     gemma = _row("gemma3_text")
-    assert gemma["window pattern"] == "5 sliding : 1 full (W 512)"
+    assert gemma["window pattern"] == "15 sliding, 3 full (W 512)"
     assert gemma["attention"] == "MQA, QK-norm" and gemma["MLP"] == "GeGLU"
     assert gemma["norm"] == "RMSNorm, sandwich, (1+w)"
     assert _row("mistral")["window pattern"] == "all sliding (W 4096)"
@@ -84,7 +84,7 @@ def test_kv_cache_bytes_per_token_at_real_sizes():
     # Qwen3-Next-80B: only its 12 gated attention layers of 48 grow (2 heads of 256 dims);
     # the 36 gated DeltaNet layers keep a state of constant size
     c = families.attention_config("qwen3_next")
-    assert families._pattern(c.layer_types, None) == "3 gated_deltanet : 1 full"
+    assert families._pattern(c.layer_types, None) == "36 gated_deltanet, 12 full"
     assert families.kv_cache_bytes_per_token(c) == 12 * 2 * 2 * 256 * 2
 
 
