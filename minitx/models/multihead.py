@@ -55,8 +55,8 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
 
     ``attn_mask`` (L, S) or (N·H, L, S) and ``key_padding_mask`` (N, S): bool True = NOT
     allowed, or float (added — the trap: HuggingFace's 1/0 ``attention_mask`` as floats masks
-    nothing; a float key_padding_mask of only 0s and 1s warns; an ``attn_mask`` hiding every
-    query's own position warns when the result reaches attention). ``is_causal`` without
+    nothing; such a mask of only 0s and 1s, and an ``attn_mask`` hiding every query's own
+    position, warn when the result reaches attention). ``is_causal`` without
     ``attn_mask`` adds the causal mask. Returns None, a bool mask (True = MAY attend) or a
     float mask (−inf where not allowed), broadcastable to (N, H, L, S). A mask of another dtype
     or shape raises an ``OptionError`` naming ``owner`` (the module the caller called), the
@@ -81,11 +81,8 @@ def torch_masks_to_sdpa(attn_mask, key_padding_mask, is_causal, n, num_heads, nq
         validate.mask(m, "key_padding_mask", shape=(n, nk), dims="(N, S)", owner=owner,
                       hint="True = padding (PyTorch's rule; HuggingFace's attention_mask "
                            "is the opposite: pass attention_mask == 0)")
-        if m.dtype.kind == "f" and m.size and bool(((m == 0) | (m == 1)).all()):
-            warnings.warn("key_padding_mask is a float 0/1 array: a float mask is ADDED to the "
-                          "scores (PyTorch's rule), so it masks nothing. For padding pass a bool "
-                          "mask (True = padding), e.g. HuggingFace's attention_mask == 0.",
-                          UserWarning, stacklevel=4)
+        # a float mask of 0s and 1s masks nothing: the attention op warns about it, for every
+        # caller (ops/sdpa.py, warn_if_float_mask_is_binary), when the mask below reaches it
         # HuggingFace's attention_mask given as is marks every sequence's first token True;
         # PyTorch-polarity padding leaves the first key of the longest sequence visible, however
         # much padding the batch has (short reviews padded to 48 are legitimate)

@@ -12,7 +12,8 @@ This file is what a PyTorch user calls, and what it takes to get there:
   j ≤ i + Nk − Nq), where PyTorch's is top-left (j ≤ i); the two agree when Nq = Nk;
 - **the polarity warning**: a self-attention mask that hides every query's own position is
   almost always a mask of the other polarity (``MultiheadAttention``'s True = NOT allowed
-  given here, or the reverse): it warns, at the caller's line, one rule for every caller;
+  given here, or the reverse): it warns, at the caller's line, one rule for every caller; so
+  does a float mask of only 0s and 1s, a "1 = attend" mask that, added, masks nothing;
 - **which code runs**: the CUDA kernel, the fused reference ``SDPAFunction`` or its fast
   twin in ``minitx/fast/sdpa.py`` (the same maths by cache-sized blocks on every core), or the
   composed form (``attention_scores``, then softmax, then P V, each an op of its own: what
@@ -48,7 +49,8 @@ __all__ = ["scaled_dot_product_attention", "attention_weights", "attention_score
            "why_not_flash", "split_heads", "merge_heads", "repeat_kv", "check_heads",
            "mask_scores", "attention_forward", "attention_backward", "grouped_scores",
            "grouped_values", "grouped_key_grad", "SDPAFunction", "AttentionScoresFunction",
-           "merge_masks", "check_scale", "hides_own_positions", "warn_if_polarity_inverted"]
+           "merge_masks", "check_scale", "hides_own_positions", "warn_if_polarity_inverted",
+           "is_binary_float_mask", "warn_if_float_mask_is_binary"]
 
 
 # ---- head bookkeeping --------------------------------------------------------------------
@@ -210,6 +212,8 @@ def _prepare(fn, query, key, value, attn_mask, scale, enable_gqa):
                             f"(added to the scores), got dtype {mdata.dtype} (an int 1/0 "
                             "mask is ambiguous: use mask.astype(bool))")
         warn_if_polarity_inverted(allowed if bias is None else bias, nq, nk)
+        if bias is not None:
+            warn_if_float_mask_is_binary(bias)
     return q4, k4, v4, allowed, bias, check_scale(fn, scale, d), lead, (b, h, nq, dv)
 
 
@@ -264,6 +268,43 @@ def warn_if_polarity_inverted(allowed, nq: int, nk: int) -> None:
     if hides_own_positions(allowed, nq, nk):
         warnings.warn(POLARITY_WARNING.format(n=nq), UserWarning,
                       stacklevel=_first_frame_outside_minitx())
+
+
+# The other trap: a float mask of 0s and 1s meant as "1 = attend" (HuggingFace's
+# attention_mask as floats, a bool mask cast to float). A float mask is ADDED to the scores, so
+# such a mask shifts some scores by 1 and masks nothing. PyTorch runs it silently.
+
+BINARY_FLOAT_WARNING = (
+    "a float mask of 0s and 1s (attn_mask, or a module's key_padding_mask) is added to the "
+    "scores (0 = unchanged, -inf = may not attend), so it masks nothing. If 1 means \"may "
+    "attend\", pass a bool mask: m.astype(bool) for scaled_dot_product_attention and the "
+    "registry's variants (True = may attend), m == 0 for MultiheadAttention and the "
+    "transformer layers (True = NOT allowed); or the additive form numpy.where(m == 1, 0.0, "
+    "-numpy.inf). If +1 biases are meant: warnings.filterwarnings(\"ignore\", message=\"a float "
+    "mask of 0s and 1s\").")
+
+
+def is_binary_float_mask(bias) -> bool:
+    """True when a float mask's finite entries are all 0 or 1 and at least one is 1: a "1 =
+    attend" mask given where an additive one is read. Its −inf entries (where a bool mask was
+    merged in) are left out; a real additive mask (0 / −inf, ALiBi's negative distances,
+    learned biases) never holds only 0s and 1s. One reduction first (its largest finite
+    entry is 1), the full check only then."""
+    data = bias.data if isinstance(bias, Tensor) else bias
+    if data.dtype.kind != "f" or data.size == 0:
+        return False
+    xp = get_array_module(data)
+    finite = xp.where(xp.isfinite(data), data, 0)
+    if float(finite.max()) != 1.0:
+        return False
+    return bool(((finite == 0) | (finite == 1)).all())
+
+
+def warn_if_float_mask_is_binary(bias) -> None:
+    """Warn (``UserWarning``, at the caller's line) when ``is_binary_float_mask``: the message
+    names both readings and the fix."""
+    if is_binary_float_mask(bias):
+        warnings.warn(BINARY_FLOAT_WARNING, UserWarning, stacklevel=_first_frame_outside_minitx())
 
 
 def _key_mask(allowed, b, nk):
