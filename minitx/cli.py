@@ -5,7 +5,7 @@ tour, bench, train, patterns, doctor, site.
     python -m minitx bench --max-n 4096 --variants mha,flash,local,performer
     python -m minitx train seq2seq --quick
     python -m minitx patterns --n 24
-    python -m minitx doctor
+    python -m minitx doctor               # what this machine has; --kernels: the CUDA report
     python -m minitx site --out site --quick   # the reading site (needs the [docs] extra)
 
 The helpers ``add_common_args`` and ``setup_run`` give every example the same
@@ -29,11 +29,12 @@ import minitx
 from minitx import backend
 
 from .attention import REGISTRY
-from .backend.cuda_tools import doctor_lines
+from . import doctor
 from .checkpoints import (CheckpointError, CheckpointWarning, load_checkpoint, read_header,
                           save_checkpoint)
 from .site import command as site_command
-from .tour import PATTERN_VARIANTS, _short, _time_and_memory, fmt_bytes, pattern_section, run_tour
+from .tour import (BENCH_TIMING, PATTERN_VARIANTS, _short, _time_and_memory, fmt_bytes,
+                   pattern_section, run_tour, timing_said)
 from .viz import line_plot
 
 __all__ = ["main", "add_common_args", "setup_run", "select_backend", "result_line",
@@ -57,8 +58,8 @@ def select_backend(name) -> None:
         print(f"error: cannot use backend {name!r}: {exc}", file=sys.stderr)
         if name == "cupy":
             print("hint: run with --backend numpy (the default), or install CuPy on a machine "
-                  "with an NVIDIA GPU (`pip install cupy-cuda12x`); `python -m minitx doctor` "
-                  "shows what is found.", file=sys.stderr)
+                  "with an NVIDIA GPU (`python -m pip install \".[gpu]\"`); "
+                  "`python -m minitx doctor` shows what is found.", file=sys.stderr)
         raise SystemExit(2)
 
 
@@ -313,8 +314,8 @@ def bench_rows(names, sizes, embed=32, heads=2, batch=1, on_row=None, threads=1)
                 row["error"] = "error: not registered"
             else:
                 try:
-                    row["time_s"], row["peak_bytes"] = _time_and_memory(cls, n, embed, heads,
-                                                                        batch, threads)
+                    row["time_s"], row["peak_bytes"] = _time_and_memory(
+                        cls, n, embed, heads, batch, threads, timing=BENCH_TIMING)
                 except Exception as exc:  # noqa: BLE001
                     row["error"] = _short(exc)
             rows.append(row)
@@ -369,15 +370,18 @@ def cmd_bench(args) -> int:
     cpu_time = args.threads == 1 and minitx.get_backend() != "cupy"   # see tour.time_call
     print(f"bench: forward pass, B = 1, E = {args.embed}, H = {args.heads}; N = "
           f"{', '.join(map(str, sizes))}; variants {', '.join(names)}\n"
-          "time: the best of 5 timed loops after a warm-up call, as timeit measures (a first, "
-          "cold call pays for caches and allocation; the best loop is the least disturbed by "
-          f"other processes), on {threads_said(args.threads)}"
+          f"time: {timing_said(BENCH_TIMING)} after a warm-up call (the traced one), as timeit "
+          "measures (a first, cold call pays for caches and allocation; the best loop is the "
+          f"least disturbed by other processes), on {threads_said(args.threads)}"
           f"{'; CPU time: it leaves out waits for a core' if cpu_time else ''}")
     rows = bench_rows(names, sizes, args.embed, args.heads, threads=args.threads or None)
     print("\n".join(bench_table(rows, sizes)))
     for r in rows:
         if r["error"]:
             print(f"  {r['variant']} N={r['n']}: {r['error']}")
+    if args.out is None:
+        print("plots: none written (--out DIR writes bench_time.png and bench_memory.png)")
+        return 0
     os.makedirs(args.out, exist_ok=True)
     for key, label, fname, scale in (("time_s", "time per forward (ms)", "bench_time.png", 1e3),
                                      ("peak_bytes", "peak memory (MiB)", "bench_memory.png",
@@ -418,15 +422,19 @@ def cmd_train(args, extra) -> int:
 
 
 def cmd_doctor(args) -> int:
-    compile_ = not getattr(args, "quick", False)
+    """The learner's report; ``--kernels``: the CUDA kernels' (``minitx/doctor.py``)."""
+    if not args.kernels:
+        print("\n".join(doctor.report_lines()))
+        return 0
+    compile_ = not args.quick
     if compile_:
         print("compiling every kernel instantiation for sm_80 and sm_90 with nvcc "
-              "(about a minute; --quick skips this) ...", flush=True)
+              "(minutes; --quick skips this) ...", flush=True)
     print(f"minitx {minitx.__version__}, active backend {minitx.get_backend()}")
     twins = sorted(minitx.configuration.twins())
     print(f"fast layer: {'on' if minitx.config.fast else 'off (MINITX_FAST=0)'}, "
           f"{len(twins)} twins ({', '.join(twins)})")
-    print("\n".join(str(line) for line in doctor_lines(compile=compile_)))
+    print("\n".join(doctor.kernel_lines(compile=compile_)))
     return 0
 
 
@@ -457,7 +465,8 @@ def build_parser():
                         "thread, figures that repeat on a busy machine, where the wall clock "
                         "and threads waiting for each other make one run 10-100x slower than "
                         "the next; 0: as configured, every core, timed by the wall clock)")
-    p.add_argument("--out", default="minitx_out/bench", help="folder for the plots")
+    p.add_argument("--out", default=None,
+                   help="folder for the plots (default: none; nothing is written)")
     p = sub.add_parser("train", help="run an example task: " + ", ".join(EXAMPLES),
                        description="Runs examples/<task>.py (shipped inside the installed "
                                    "package as minitx.examples); further arguments (e.g. "
@@ -471,10 +480,14 @@ def build_parser():
                         "(default 16)")
     p.add_argument("--variants", default=None, type=variant_list,
                    help="comma-separated registry names")
-    p = sub.add_parser("doctor", help="backend, NumPy/CuPy versions, GPU, nvcc, and the "
-                                      "CUDA kernels' compile report for sm_80 and sm_90")
+    p = sub.add_parser("doctor", help="what this machine gives minitx: the backend, the fast "
+                                      "layer and its threads, the optional packages present "
+                                      "and missing, and whether a GPU can be used")
+    p.add_argument("--kernels", action="store_true",
+                   help="the CUDA kernels' report instead: sources, nvcc, NVRTC and the ptxas "
+                        "table of every instantiation for sm_80 and sm_90 (minutes)")
     p.add_argument("--quick", action="store_true",
-                   help="skip compiling every kernel instantiation with nvcc (about a minute)")
+                   help="with --kernels: skip compiling the instantiations with nvcc")
     site_command.add_parser(sub)
     return parser
 

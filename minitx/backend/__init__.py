@@ -63,7 +63,7 @@ def _require_cupy():
     if cp is None:
         raise RuntimeError(
             "backend 'cupy' requested but CuPy is not installed "
-            f"({_cupy['error']}); install it with `pip install minitx[gpu]`")
+            f"({_cupy['error']}); install it with `python -m pip install \".[gpu]\"`")
     if not gpu_available():
         raise RuntimeError(
             "backend 'cupy' requested but no CUDA GPU is available "

@@ -104,14 +104,19 @@ def test_tour_counts_what_each_decode_cache_keeps(tour):
         assert _cache_row(tour, name)[:2] == [8 * 8 * 8, 8 * 8 * 8], name
 
 
-def test_patterns_and_doctor():
+def test_patterns():
     proc = run("patterns", "--n", "12", "--variants", "local,strided")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("■") > 12 and "strided" in proc.stdout
-    proc = run("doctor", "--quick")           # the full compile report is tested in tests/gpu/cuda
+
+
+def test_bench_without_out_writes_nothing(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "minitx", "bench", "--variants", "mha",
+                           "--min-n", "32", "--max-n", "32"], capture_output=True, text=True,
+                          timeout=60, env=ENV, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "nvcc" in proc.stdout.lower() and "minitx" in proc.stdout
-    assert "fast layer: on," in proc.stdout and "sdpa" in proc.stdout
+    assert "N=32" in proc.stdout and "--out DIR" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bench_small(tmp_path):
