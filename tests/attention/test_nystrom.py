@@ -11,7 +11,7 @@ import minitx
 from minitx.attention import REGISTRY, dense_attention_array
 from minitx.attention.nystrom import (NystromAttention, depthwise_sequence_conv,
                                       iterative_pinv, segment_means_matrix)
-from support import assert_close, params_to_float64, qkv, tensor, to_host
+from support import assert_close, params_to_float64, qkv, tensor, to_host, need
 
 E, H = 16, 2
 D = E // H
@@ -440,8 +440,8 @@ def test_runs_in_an_encoder_classifier_and_gpt_refuses_it():
                                       (12, 12, None), (10, 10, 3)])
 def test_matches_huggingface_nystromformer_self_attention(n, m, conv):
     """m = N included: there HuggingFace, as the authors' code, computes softmax attention."""
-    torch = pytest.importorskip("torch")
-    hf = pytest.importorskip("transformers.models.nystromformer.modeling_nystromformer")
+    torch = need("torch")
+    hf = need("transformers.models.nystromformer.modeling_nystromformer")
     from transformers import NystromformerConfig
     config = NystromformerConfig(hidden_size=E, num_attention_heads=H, num_landmarks=m,
                                  segment_means_seq_len=n, conv_kernel_size=conv or 3,
@@ -468,7 +468,7 @@ def test_matches_huggingface_nystromformer_self_attention(n, m, conv):
 
 
 def test_depthwise_conv_matches_torch_conv2d():
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     rng = np.random.default_rng(5)
     v, w = rng.standard_normal((2, 3, 10, 4)), rng.standard_normal((3, 7))
     want = torch.nn.functional.conv2d(torch.from_numpy(v), torch.from_numpy(w)[:, None, :, None],

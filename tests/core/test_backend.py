@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 import minitx
 from minitx import backend
-from support import REPO
+from support import REPO, need
 
 ROOT = REPO
 
@@ -156,7 +156,7 @@ def test_add_at_in_order_refuses_an_index_out_of_range_and_changes_nothing():
 # ---- GPU (skipped without CuPy and a device) ----------------------------------------------
 
 def _need_gpu():
-    pytest.importorskip("cupy")
+    need("cupy")
     if not minitx.gpu_available():
         pytest.skip("CuPy imports but no CUDA GPU is available")
 

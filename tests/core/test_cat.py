@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import minitx
 import minitx.functional as F
 from minitx.validate import OptionError
-from support import assert_close, tensor
+from support import assert_close, tensor, need
 
 
 @st.composite
@@ -62,7 +62,7 @@ def test_cat_gradient_is_the_upstream_gradient_cut_at_the_seams():
 
 
 def test_cat_matches_torch_cat():
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal((2, n, 3)) for n in (1, 4, 2)]
     expected = torch.cat([torch.from_numpy(a) for a in arrays], dim=-2).numpy()

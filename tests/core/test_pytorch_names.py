@@ -18,7 +18,7 @@ import minitx
 import minitx.functional as MF
 import minitx.nn as nn
 from minitx import optim
-from support import assert_close, tensor, to_host
+from support import assert_close, tensor, to_host, need
 
 DTYPE_NAMES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
                "bool", "half", "float", "double", "short", "int", "long")
@@ -44,7 +44,7 @@ def test_nn_utils_clip_grad_norm_is_optims():
 
 
 def test_clip_grad_norm_equals_pytorchs():
-    torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
+    torch = need("torch")
     g = np.random.default_rng(0).standard_normal((3, 5))
     p = tensor(np.zeros((3, 5)), requires_grad=True)
     (p * tensor(g)).sum().backward()
@@ -84,7 +84,7 @@ def test_randint_refuses_what_pytorch_refuses():
 
 
 def test_randint_takes_pytorchs_call_forms():
-    torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
+    torch = need("torch")
     for args, kwargs in [((5, (2, 3)), {}), ((2, 5, (4,)), {}), ((5,), {"size": (3, 1)}),
                          ((), {"low": 1, "high": 3, "size": (2,)})]:
         mine, theirs = minitx.randint(*args, **kwargs), torch.randint(*args, **kwargs)
@@ -104,7 +104,7 @@ def test_stack_tril_triu_at_the_top_level():
 
 
 def test_stack_tril_triu_equal_pytorchs():
-    torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
+    torch = need("torch")
     x = np.random.default_rng(1).standard_normal((2, 4, 5))
     t = torch.from_numpy(x)
     assert_close(minitx.stack([tensor(x), tensor(x)], dim=2), torch.stack([t, t], dim=2).numpy())
@@ -122,7 +122,7 @@ def test_dtype_names_are_numpys_dtypes(name):
 
 @pytest.mark.parametrize("name", DTYPE_NAMES)
 def test_dtype_names_mean_what_they_mean_in_pytorch(name):
-    torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
+    torch = need("torch")
     assert str(np.dtype(getattr(minitx, name))) == str(getattr(torch, name)).split(".")[1]
 
 
@@ -188,7 +188,7 @@ def test_cross_entropy_loss_takes_pytorchs_layout(shape, reduction, smoothing):
 @pytest.mark.parametrize("shape", [(5,), (4, 5), (2, 5, 3), (2, 5, 3, 2)])
 @pytest.mark.parametrize("reduction,smoothing", [("mean", 0.0), ("sum", 0.1), ("none", 0.3)])
 def test_cross_entropy_loss_equals_pytorchs_with_its_gradient(shape, reduction, smoothing):
-    torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
+    torch = need("torch")
     rng = np.random.default_rng(4)
     logits = rng.standard_normal(shape)
     target = rng.integers(0, 5, shape[:1] + shape[2:] if len(shape) > 1 else ())
@@ -256,7 +256,7 @@ def test_a_scheduler_minitx_does_without_names_lambda_lr():
     ("LambdaLR", {"lr_lambda": lambda s: 0.9 ** s + math.sin(s) ** 2}),
 ])
 def test_lr_schedulers_set_pytorchs_lrs(name, kwargs):
-    torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
+    torch = need("torch")
     mine, sched = _lrs(lambda o: getattr(optim.lr_scheduler, name)(o, **kwargs), 30, base=0.2)
     p = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([p], lr=0.2)
@@ -301,7 +301,7 @@ def test_pad_refuses_what_numpy_refuses_and_says_how_pytorchs_tuple_reads():
 
 
 def test_pad_of_the_last_axis_is_pytorchs_f_pad():
-    torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
+    torch = need("torch")
     x = np.random.default_rng(5).standard_normal((2, 3, 4))
     theirs = torch.nn.functional.pad(torch.from_numpy(x), (0, 1, 2, 0)).numpy()
     assert_close(MF.pad(tensor(x), ((0, 0), (2, 0), (0, 1))), theirs)

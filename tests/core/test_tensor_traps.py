@@ -7,7 +7,7 @@ import ast
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from support import tensor
+from support import tensor, need
 
 import minitx
 from minitx.validate import OptionError
@@ -133,7 +133,7 @@ def test_contiguous_returns_the_tensor_and_the_pytorch_idiom_around_it_runs():
 
 
 def test_the_pytorch_spellings_agree_with_pytorch():
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     data = np.random.default_rng(4).standard_normal((2, 3, 4))
     x, tx = tensor(data), torch.from_numpy(data)
     np.testing.assert_array_equal(x.permute(2, 0, 1).numpy(), tx.permute(2, 0, 1).numpy())

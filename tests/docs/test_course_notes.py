@@ -18,13 +18,12 @@ import io
 import os
 import tokenize
 
-import pytest
 
-from support import REPO
+from support import REPO, need
 
 MAX_RUN = 15
 
-pytest.importorskip("markdown_it", reason='markdown-it-py missing: pip install ".[docs]"')
+need("markdown_it")
 from minitx.site.build import COURSE  # noqa: E402
 
 

@@ -3,7 +3,9 @@ beside a section its page has, and a wrong number fails the build. The proofs ar
 as the build computes them, on NumPy whatever the backend (``build.numpy_backend``)."""
 import pytest
 
-pytest.importorskip("markdown_it", reason='pip install ".[docs]"')
+from support import need
+
+need("markdown_it")
 
 from minitx.site import build as site_build  # noqa: E402
 from minitx.site import decoder_proofs, proofs  # noqa: E402

@@ -17,7 +17,7 @@ import tokenize
 import pytest
 
 from minitx.attention import REGISTRY
-from support import REPO
+from support import REPO, need
 
 ROOT = REPO / "minitx"
 CODE_SPAN = re.compile(r"``.+?``|`[^`\n]+`", re.S)
@@ -80,8 +80,7 @@ def test_there_are_formulas():
 @pytest.mark.parametrize("where, latex, display", FORMULAS,
                          ids=[f"{w}:{i}" for i, (w, _, _) in enumerate(FORMULAS)])
 def test_formula_converts(where, latex, display):
-    converter = pytest.importorskip("latex2mathml.converter",
-                                    reason="latex2mathml is not installed (the [docs] extra)")
+    converter = need("latex2mathml.converter")
     assert latex.count("{") == latex.count("}"), (where, latex)
     assert len(re.findall(r"\\left\b", latex)) == len(re.findall(r"\\right\b", latex)), latex
     mathml = converter.convert(latex, display="block" if display else "inline")

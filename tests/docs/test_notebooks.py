@@ -19,11 +19,13 @@ import sys
 
 import pytest
 
+from support import need
+
 # the same pytest-xdist worker as the site tests: each notebook executes once per session
 pytestmark = pytest.mark.xdist_group("site")
 
 for _module in ("jupytext", "nbclient", "nbformat", "ipykernel"):
-    pytest.importorskip(_module, reason=f"{_module} is missing: pip install -e '.[docs]'")
+    need(_module)
 
 import jupytext  # noqa: E402
 import nbformat  # noqa: E402
@@ -47,7 +49,7 @@ def test_notebook_list_matches_folder():
 
 
 def test_every_notebook_has_its_place_in_the_course():
-    pytest.importorskip("markdown_it", reason='markdown-it-py missing: pip install ".[docs]"')
+    need("markdown_it")
     from minitx.site.build import COURSE
     placed = {path for _, _, files in COURSE for path in files}
     assert not [p.name for p in PATHS if f"notebooks/{p.name}" not in placed]
@@ -217,7 +219,7 @@ def test_notebook_runs_as_a_script(path, tmp_path):
 @numpy_pass_only
 def test_notebook_01_converts_and_executes_the_documented_jupyter_way(tmp_path):
     """``jupytext --to notebook`` then ``jupyter nbconvert --to notebook --execute``."""
-    pytest.importorskip("nbconvert", reason='nbconvert missing: pip install -e ".[docs]"')
+    need("nbconvert")
     source = PATHS[0]
     made = tmp_path / "01.ipynb"
     for command in ([sys.executable, "-m", "jupytext", "--to", "notebook", str(source),

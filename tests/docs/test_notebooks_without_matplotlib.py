@@ -36,4 +36,4 @@ def test_a_notebook_without_matplotlib_says_which_extra_in_one_line():
     assert p.returncode == 1, p.stdout + p.stderr
     assert p.stderr.splitlines() == [
         '01_attention_by_hand.py draws its figures with matplotlib, which is not installed '
-        'here: pip install ".[viz]" (or ".[docs]")'], p.stderr
+        'here: python -m pip install ".[viz]" (or ".[docs]")'], p.stdout + p.stderr

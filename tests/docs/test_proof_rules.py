@@ -10,7 +10,9 @@ import re
 import numpy as np
 import pytest
 
-pytest.importorskip("markdown_it", reason='markdown-it-py missing: pip install ".[docs]"')
+from support import need
+
+need("markdown_it")
 
 from minitx.attention import REGISTRY  # noqa: E402
 from minitx.site import build as site_build  # noqa: E402

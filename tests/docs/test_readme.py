@@ -1,6 +1,6 @@
 """The README's recipes run as written, and what it says they print is what they print: the
-block under "A GPT in ten lines" is executed as is (with the fast layer on and off), the anomaly
-example raises, and the front door stays short."""
+block under "A GPT, trained and sampled" is executed as is (with the fast layer on and off),
+the anomaly example raises, and the front door stays short."""
 import re
 
 import pytest
@@ -27,7 +27,7 @@ def readme_block(heading: str, index: int = 0) -> str:
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "reference"])
 def test_the_gpt_in_ten_lines_prints_what_the_readme_says(capsys, fast):
-    code = readme_block("A GPT in ten lines")
+    code = readme_block("A GPT, trained and sampled")
     for needed in ("GPTConfig(", "GPT(", "model(x, y)", ".backward()", ".step()", ".generate("):
         assert needed in code, needed
     scope = {"__name__": "readme"}
@@ -39,7 +39,7 @@ def test_the_gpt_in_ten_lines_prints_what_the_readme_says(capsys, fast):
     assert out.shape == (1, 9 + 18)
     # the README's own words about the run, checked against it
     said = re.search(r"prints a loss of about ([0-9.]+) and `([^`]+)`",
-                     " ".join(readme_section("A GPT in ten lines").split()))
+                     " ".join(readme_section("A GPT, trained and sampled").split()))
     assert said, "the README no longer says what the block prints"
     assert abs(loss.item() - float(said.group(1))) < 0.05, loss.item()
     assert printed[-1] == said.group(2)            # the continuation, byte for byte
@@ -65,7 +65,7 @@ def test_read_it_gives_the_site_command():
     text = README.read_text(encoding="utf-8")
     assert 'python -m pip install ".[docs]" && python -m minitx site --out site' in text
     assert text.index("## The tour") < text.index("## The course") < \
-        text.index("## A GPT in ten lines") < text.index("## The examples")
+        text.index("## A GPT, trained and sampled") < text.index("## The examples")
     first_screen = text[:text.index("## Set up")]
     assert "CuPy" not in first_screen.split("\n\n")[1]     # the opening paragraph is the learner's
 

@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from support import REPO
+from support import REPO, need
 
 STRICT_CUPY = os.environ.get("MINITX_TEST_BACKEND", "").strip().lower() == "strict-cupy"
 
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.skipif(STRICT_CUPY, reason="the site is built on NumPy
 ROOT = str(REPO)
 
 for _module in ("markdown_it", "mdit_py_plugins", "pygments", "latex2mathml"):
-    pytest.importorskip(_module, reason=f'{_module} missing: pip install ".[docs]"')
+    need(_module)
 
 from minitx.cli import main  # noqa: E402
 from site_support import quick_site  # noqa: E402
@@ -425,7 +425,7 @@ def test_two_builds_with_one_seed_are_identical_outside_the_measured_regions(
 # ---- notebooks ----------------------------------------------------------------------------
 
 def _notebook(outputs, tags=()):
-    nbformat = pytest.importorskip("nbformat")
+    nbformat = need("nbformat")
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# Attention\n\nWith $\\sqrt{d_k}$ and\n\n"
                                               "$$\\frac{QK^\\top}{\\sqrt{d_k}}$$"),
@@ -435,7 +435,7 @@ def _notebook(outputs, tags=()):
 
 
 def test_a_notebook_renders_maths_code_text_and_figures():
-    nbformat = pytest.importorskip("nbformat")
+    nbformat = need("nbformat")
     png = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWj"
            "R9awAAAABJRU5ErkJggg==")          # a 1×1 PNG
     r = Renderer("notebooks/x.py")
@@ -451,7 +451,7 @@ def test_a_notebook_renders_maths_code_text_and_figures():
 
 
 def test_outputs_of_a_measured_cell_are_fenced():
-    nbformat = pytest.importorskip("nbformat")
+    nbformat = need("nbformat")
     out = site_build.notebook_html(
         _notebook([nbformat.v4.new_output("stream", name="stdout", text="0.3 s\n")],
                   tags=["measured"]), Renderer("n"), "x")
@@ -478,7 +478,7 @@ def test_timings_and_traced_memory_are_fenced_as_measured_and_the_maths_is_not()
 
 
 def test_an_error_output_in_a_notebook_fails_the_build():
-    nbformat = pytest.importorskip("nbformat")
+    nbformat = need("nbformat")
     nb = _notebook([nbformat.v4.new_output("error", ename="AssertionError",
                                            evalue="heads differ", traceback=[])])
     with pytest.raises(site_build.NotebookError, match="notebooks/x.py, cell 1: AssertionError"):
@@ -576,8 +576,8 @@ def test_code_spans_that_name_a_page_or_a_section_link_there(site):
 
 
 def test_notebooks_are_the_last_chapter_executed_or_marked_not_run(tmp_path, monkeypatch):
-    pytest.importorskip("jupytext")
-    nbformat = pytest.importorskip("nbformat")
+    need("jupytext")
+    nbformat = need("nbformat")
     root = tmp_path / "repo"
     (root / "notebooks").mkdir(parents=True)
     (root / "minitx" / "ops").mkdir(parents=True)
@@ -659,7 +659,7 @@ class _Runner:
 @pytest.mark.parametrize("mode", ["run", "reuse", "skip"])
 def test_notebooks_run_reuse_or_skip_and_the_log_says_which_did_not_run(tmp_path, monkeypatch,
                                                                          mode):
-    pytest.importorskip("jupytext")
+    need("jupytext")
     runner = _Runner()
     monkeypatch.setattr(site_build, "notebook_runner", runner)
     lines = []
@@ -688,7 +688,7 @@ def test_notebooks_run_reuse_or_skip_and_the_log_says_which_did_not_run(tmp_path
 
 
 def test_run_executes_what_the_cache_lacks_within_the_cell_limit(tmp_path, monkeypatch):
-    pytest.importorskip("jupytext")
+    need("jupytext")
     runner = _Runner()
     runner.cached_notebook = lambda path, **kw: None
     monkeypatch.setattr(site_build, "notebook_runner", runner)
@@ -720,7 +720,7 @@ def test_help_lists_the_notebook_options(capsys):
 
 
 def test_printed_lines_render_the_same_however_the_kernel_split_them():
-    nbformat = pytest.importorskip("nbformat")
+    nbformat = need("nbformat")
     out = lambda name, text: nbformat.v4.new_output("stream", name=name, text=text)  # noqa
     one = _notebook([out("stdout", "a\nb\nc\n"), out("stderr", "w\n"), out("stdout", "d\n")])
     three = _notebook([out("stdout", "a\n"), out("stdout", "b\n"), out("stdout", "c\n"),
@@ -808,8 +808,8 @@ def test_proofs_are_computed_from_the_code_a_wrong_softmax_fails(monkeypatch):
 
 
 def test_a_notebook_that_fails_fails_the_build(tmp_path, notebook_cache):
-    pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
+    need("nbclient")
+    need("ipykernel")
     if site_build.notebook_runner is None:
         pytest.skip(site_build.RUNNER_MISSING)
     root = tmp_path / "repo"

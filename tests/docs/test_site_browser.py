@@ -18,6 +18,8 @@ import shutil
 
 import pytest
 
+from support import need
+
 STRICT_CUPY = os.environ.get("MINITX_TEST_BACKEND", "").strip().lower() == "strict-cupy"
 
 pytestmark = [pytest.mark.skipif(STRICT_CUPY, reason="the site is built on NumPy; the NumPy "
@@ -31,9 +33,8 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 for _module in ("markdown_it", "mdit_py_plugins", "pygments", "latex2mathml"):
-    pytest.importorskip(_module, reason=f'{_module} missing: pip install ".[docs]"')
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason='playwright missing: pip install ".[docs]"')
+    need(_module)
+sync_api = need("playwright.sync_api")
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"chromium missing (looked for {CHROMIUM}): apt-get install -y chromium",
                 allow_module_level=True)

@@ -14,7 +14,7 @@ import minitx
 import minitx.nn as nn
 from minitx import configuration, optim
 from minitx.fast import optim as fast_optim
-from support import to_host
+from support import to_host, need
 from twin_spy import spy_on
 
 
@@ -236,7 +236,7 @@ def test_the_switch_picks_the_twin_or_the_reference(monkeypatch):
 def test_the_twin_matches_torch_optim(name, kwargs, monkeypatch):
     """One group holding W and b, both with gradients, the fast layer on: against torch.optim
     over six steps (float64)."""
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     rng = np.random.default_rng(1)
     data = {k: rng.standard_normal(s) for k, s in
             dict(W=(3, 4), b=(3,), x=(5, 4), y=(5, 3)).items()}

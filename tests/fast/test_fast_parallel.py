@@ -19,7 +19,7 @@ import minitx.functional as F
 from minitx.backend import device_of
 from minitx.fast import parallel
 from minitx.fast import sdpa as fast_sdpa
-from support import qkv, tensor
+from support import qkv, tensor, need
 
 try:
     from threadpoolctl import threadpool_limits
@@ -65,7 +65,7 @@ def test_threads_leave_blas_as_they_found_it_even_when_called_from_threads():
     is restored once the last one finishes (each restoring its own view would leave it at 1),
     and every call still gives the single-thread answer."""
     import threading
-    threadpoolctl = pytest.importorskip("threadpoolctl")
+    threadpoolctl = need("threadpoolctl")
     blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
     before = [lib["num_threads"] for lib in blas.info()]
     q, k, v = qkv(64, b=2, h=4, d=8)
@@ -90,7 +90,7 @@ def test_blas_is_restored_by_the_last_caller_out_not_the_first():
     """Interleaved callers (A in, B in, A out, B out): BLAS stays at one thread until B is
     out, then is back where it was — a per-call limit would restore A's saved value at A's
     exit and B's saved value (one thread) at B's exit."""
-    threadpoolctl = pytest.importorskip("threadpoolctl")
+    threadpoolctl = need("threadpoolctl")
     blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
     before = [lib["num_threads"] for lib in blas.info()]
     controller = parallel._blas_controller()

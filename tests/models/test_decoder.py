@@ -16,7 +16,7 @@ from minitx.attention import KVCache, WindowKVCache
 from minitx.models import Decoder, DecoderConfig, count_parameters
 from minitx.nn.decoder_layers import DecoderRMSNorm, DenseMLP, GatedMLP, softcap
 from minitx.nn.rotary import Rotary, apply_rotary, rope_frequencies
-from support import assert_close, tensor, to_host
+from support import assert_close, tensor, to_host, need
 
 SWITCHES = dict(
     norm=st.sampled_from(["rmsnorm", "layernorm"]),
@@ -161,7 +161,7 @@ ROPES = [{"rope_type": "default", "rope_theta": 500.0},
 
 @pytest.mark.parametrize("rope", ROPES, ids=lambda r: r["rope_type"] + str(len(r)))
 def test_rope_frequencies_equal_transformers(rope):
-    transformers = pytest.importorskip("transformers", reason="needs transformers (the oracle)")
+    transformers = need("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     cfg = transformers.LlamaConfig(hidden_size=64, num_attention_heads=2,
                                    max_position_embeddings=128, rope_parameters=dict(rope))

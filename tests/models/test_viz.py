@@ -4,6 +4,8 @@ import os
 import numpy as np
 import pytest
 
+from support import need
+
 from minitx import viz
 
 
@@ -30,7 +32,7 @@ def test_fallback_writes_txt(tmp_path, monkeypatch, capsys):
 
 
 def test_png_with_matplotlib(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
+    need("matplotlib")
     monkeypatch.delenv("MINITX_NO_MATPLOTLIB", raising=False)
     p = viz.heatmap(np.random.default_rng(0).random((4, 5)), list("abcd"), list("vwxyz"),
                     str(tmp_path / "h.png"), "title")
@@ -50,7 +52,7 @@ def test_render_mask():
 def test_a_heatmap_title_fits_inside_its_figure(tmp_path, monkeypatch, size):
     """A small matrix with a long title (the sentiment example's short reviews): the title's
     box lies inside the saved figure instead of running past its left edge."""
-    pytest.importorskip("matplotlib")
+    need("matplotlib")
     import matplotlib.pyplot as plt
     monkeypatch.delenv("MINITX_NO_MATPLOTLIB", raising=False)
     boxes = []

@@ -10,6 +10,8 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
+from support import need
+
 import minitx
 import minitx.nn as nn
 from minitx.nn import init
@@ -584,7 +586,7 @@ def test_nn_compute_files_do_not_import_numpy():
 # ---- against torch.nn -------------------------------------------------------------------------
 
 def test_state_dict_keys_and_outputs_match_torch():
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     tnet = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.GELU(), torch.nn.LayerNorm(6),
                                torch.nn.Linear(6, 3, bias=False)).double()
     mnet = nn.Sequential(nn.Linear(4, 6), nn.GELU(), nn.LayerNorm(6),

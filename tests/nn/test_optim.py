@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support import need
+
 import minitx
 import minitx.nn as nn
 from minitx import optim
@@ -259,7 +261,7 @@ TORCH_CASES = [
 
 @pytest.mark.parametrize("name, kwargs", TORCH_CASES)
 def test_matches_torch_optim_over_several_steps(name, kwargs):
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     data = _problem()
 
     def run(lib, make_param, wrap, opt_cls):
@@ -345,7 +347,7 @@ def test_clip_grad_value_clamps_elementwise():
 
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, float("inf")])
 def test_clip_grad_norm_matches_torch(norm_type):
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     rng = np.random.default_rng(2)
     grads = [rng.standard_normal(s) * 3 for s in [(4, 3), (5,), (2, 2, 2)]]
     ours = _with_grads(*grads)
@@ -441,7 +443,7 @@ def test_schedule_argument_errors(make, fragment):
 
 
 def test_schedules_match_torch_lambda_lr():
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
 
     def torch_lrs(lr_lambdas, base_lrs, steps):
         opt = torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)], "lr": lr}

@@ -35,9 +35,9 @@ import pytest
 
 import minitx
 import minitx.functional as F
-from support import tensor
+from support import tensor, need
 
-torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
+torch = need("torch")
 
 C = 4.0
 DTYPES = ["float32", "float16"]

@@ -5,7 +5,7 @@ import pytest
 
 import minitx
 import minitx.functional as F
-from support import tensor
+from support import tensor, need
 
 
 @pytest.mark.parametrize("shape,axis", [((5,), -1), ((3, 4), -1), ((2, 3, 6), 1), ((4, 3), 0)])
@@ -30,7 +30,7 @@ def test_jacobian_rows_sum_to_zero_and_symmetric(rng):
 
 
 def test_jacobian_matches_torch(rng):
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     x = rng.standard_normal(6)
     ours = F.softmax_jacobian(minitx.tensor(x)).numpy()
     theirs = torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1),

@@ -2,11 +2,12 @@
 on the tiny random checkpoints: the cached patterns are HuggingFace's attentions and the cached
 residual stream is HuggingFace's hidden states, in float64."""
 import numpy as np
-import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
+from support import need
+
+torch = need("torch")
+transformers = need("transformers")
+need("tokenizers")
 
 import minitx.pretrained as pt  # noqa: E402
 from pretrained_util import max_abs, tiny_bert, tiny_gpt2  # noqa: E402

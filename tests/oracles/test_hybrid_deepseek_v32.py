@@ -18,8 +18,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
-transformers = pytest.importorskip("transformers", reason="needs transformers (the oracle)")
+from support import need
+
+torch = need("torch")
+transformers = need("transformers")
 
 import minitx.pretrained as pt  # noqa: E402
 from decoder_util import SIZES, hf_model, relative, saved_tiny  # noqa: E402

@@ -16,10 +16,13 @@ import shutil
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
-transformers = pytest.importorskip("transformers", reason="needs transformers (the oracle)")
+from support import INSTALL, need
+
+torch = need("torch")
+transformers = need("transformers")
 if not hasattr(transformers, "KimiLinearConfig"):
-    pytest.skip("needs transformers with Kimi Linear (5.x; the oracle)", allow_module_level=True)
+    pytest.skip(f"needs transformers with Kimi Linear: {INSTALL['transformers']}",
+                allow_module_level=True)
 
 import minitx.interop as interop  # noqa: E402
 import minitx.pretrained as pt  # noqa: E402

@@ -17,8 +17,10 @@ import shutil
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
-transformers = pytest.importorskip("transformers", reason="needs transformers (the oracle)")
+from support import need
+
+torch = need("torch")
+transformers = need("transformers")
 
 import minitx.pretrained as pt  # noqa: E402
 from decoder_util import SIZES, hf_model, randomize, relative  # noqa: E402

@@ -5,11 +5,13 @@ import sys
 import numpy as np
 import pytest
 
+from support import need
+
 import minitx
 import minitx.interop as interop
 from minitx import nn
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 
 from pretrained_util import max_abs  # noqa: E402
 
@@ -102,8 +104,8 @@ def test_decoder_layer_both_ways(rng):
 
 
 def test_pretrained_models_go_to_transformers_and_back(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("tokenizers")
+    transformers = need("transformers")
+    need("tokenizers")
     import minitx.pretrained as pt
     from pretrained_util import tiny_bert, tiny_gpt2
     root = tmp_path_factory.getbasetemp()

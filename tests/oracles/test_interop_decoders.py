@@ -4,8 +4,10 @@ back unchanged (tiny random checkpoints of ``decoder_util.py``)."""
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
-transformers = pytest.importorskip("transformers", reason="needs transformers (the oracle)")
+from support import need
+
+torch = need("torch")
+transformers = need("transformers")
 
 import minitx  # noqa: E402
 import minitx.interop as interop  # noqa: E402

@@ -16,8 +16,10 @@ import shutil
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
-transformers = pytest.importorskip("transformers", reason="needs transformers (the oracle)")
+from support import need
+
+torch = need("torch")
+transformers = need("transformers")
 
 import minitx  # noqa: E402
 import minitx.pretrained as pt  # noqa: E402

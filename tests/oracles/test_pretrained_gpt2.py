@@ -3,9 +3,11 @@
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
+from support import need
+
+torch = need("torch")
+transformers = need("transformers")
+need("tokenizers")
 
 import minitx  # noqa: E402
 import minitx.pretrained as pt  # noqa: E402

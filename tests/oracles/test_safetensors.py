@@ -7,6 +7,8 @@ import struct
 import numpy as np
 import pytest
 
+from support import need
+
 from minitx.pretrained.safetensors import (SafetensorsError, UnsafeCheckpointError,
                                            bf16_to_float32, float32_to_bf16, load_file,
                                            read_header, save_file)
@@ -31,7 +33,7 @@ def good_tensors(rng):
 
 
 def test_reads_what_the_reference_writes(tmp_path, rng):
-    st = pytest.importorskip("safetensors.numpy")
+    st = need("safetensors.numpy")
     tensors = good_tensors(rng)
     path = str(tmp_path / "ref.safetensors")
     st.save_file(tensors, path, metadata={"format": "np"})
@@ -46,7 +48,7 @@ def test_reads_what_the_reference_writes(tmp_path, rng):
 
 
 def test_reference_reads_what_we_write(tmp_path, rng):
-    st = pytest.importorskip("safetensors.numpy")
+    st = need("safetensors.numpy")
     tensors = good_tensors(rng)
     path = save_file(tensors, tmp_path / "ours.safetensors", metadata={"who": "minitx"})
     got = st.load_file(path)
@@ -55,8 +57,8 @@ def test_reference_reads_what_we_write(tmp_path, rng):
 
 
 def test_bfloat16_widening_matches_torch(tmp_path, rng):
-    torch = pytest.importorskip("torch")
-    st = pytest.importorskip("safetensors.torch")
+    torch = need("torch")
+    st = need("safetensors.torch")
     x = torch.tensor(rng.standard_normal(1000) * 100, dtype=torch.float32)
     x[:4] = torch.tensor([0.0, -0.0, float("inf"), float("nan")])
     path = str(tmp_path / "bf16.safetensors")

@@ -11,6 +11,8 @@ import unicodedata
 import numpy as np
 import pytest
 
+from support import INSTALL
+
 from hypothesis import given, settings, strategies as st
 
 from minitx.pretrained import ByteLevelBPETokenizer, WordPieceTokenizer
@@ -22,7 +24,8 @@ try:
     import tokenizers
 except ImportError:                                 # the oracle: tests that need it skip
     tokenizers = None
-needs_oracle = pytest.mark.skipif(tokenizers is None, reason="tokenizers (test oracle) absent")
+needs_oracle = pytest.mark.skipif(tokenizers is None,
+                                  reason=f"needs tokenizers: {INSTALL['tokenizers']}")
 
 N_STRINGS = 2500
 

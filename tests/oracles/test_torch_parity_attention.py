@@ -12,9 +12,9 @@ import pytest
 import minitx
 import minitx.nn as nn
 from minitx.attention import causal_pattern, scaled_dot_product_attention as sdpa
-from support import tensor, to_host
+from support import tensor, to_host, need
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 ATOL = 1e-5
 
 

@@ -18,9 +18,9 @@ import pytest
 import minitx
 from minitx.attention import REGISTRY
 from minitx.backend import get_array_module
-from support import params_to_float64, tensor, to_host
+from support import params_to_float64, tensor, to_host, need
 
-torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
+torch = need("torch")
 ATOL = 1e-12
 E, H, D = 8, 2, 4
 
@@ -43,7 +43,7 @@ def to_minitx(linear, weight, bias=None):
 
 @pytest.mark.parametrize("num_kv_heads", [2, 1])
 def test_gated_matches_qwen3_next_attention(num_kv_heads):
-    pytest.importorskip("transformers", reason="needs transformers (the oracle)")
+    need("transformers")
     from transformers.models.qwen3_next.configuration_qwen3_next import Qwen3NextConfig
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextAttention
     config = Qwen3NextConfig(hidden_size=E, num_attention_heads=H,
@@ -189,7 +189,7 @@ def test_lightning_attend_matches_minimax_block_equations(n, block):
 @pytest.mark.parametrize("layer_idx,num_layers,n,block", [(0, 3, 11, 4), (2, 3, 7, 2),
                                                           (1, 2, 6, 8)])
 def test_lightning_matches_minimax_lightning_attention(layer_idx, num_layers, n, block):
-    pytest.importorskip("transformers", reason="needs transformers (the oracle)")
+    need("transformers")
     from transformers.models.minimax.configuration_minimax import MiniMaxConfig
     from transformers.models.minimax.modeling_minimax import MiniMaxLightningAttention
     config = MiniMaxConfig(hidden_size=E, num_attention_heads=H, num_key_value_heads=H,

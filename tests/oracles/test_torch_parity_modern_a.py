@@ -17,9 +17,9 @@ import pytest
 
 import minitx
 from minitx.attention import REGISTRY
-from support import tensor, to_host
+from support import tensor, to_host, need
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 ATOL = 1e-10
 
 

@@ -27,10 +27,10 @@ import pytest
 
 import minitx
 import minitx.nn as nn
-from support import tensor, to_host
+from support import tensor, to_host, need
 
-torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
-transformers = pytest.importorskip("transformers", reason="needs transformers (the oracle)")
+torch = need("torch")
+transformers = need("transformers")
 
 EXACT = 1e-10
 FLOAT32_ROUTER = 1e-6      # HF rounds the router's weights to float32 (2^-24 ≈ 6e-8 each)
@@ -427,7 +427,7 @@ def from_checkpoint(files, prefix, family):
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss",
                                     "deepseek_v3"])
 def test_checkpoint_files_map_as_documented(family, tmp_path):
-    safetensors = pytest.importorskip("safetensors.numpy", reason="needs safetensors")
+    safetensors = need("safetensors.numpy")
     model = tiny_model(family)
     model.save_pretrained(tmp_path)
     files = safetensors.load_file(str(tmp_path / "model.safetensors"))

@@ -13,9 +13,9 @@ import pytest
 
 import minitx
 import minitx.functional as F
-from support import tensor
+from support import tensor, need
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 TF = torch.nn.functional
 
 TOL = {np.float32: dict(rtol=1e-4, atol=2e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}

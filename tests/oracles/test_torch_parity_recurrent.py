@@ -24,9 +24,9 @@ from hypothesis import given, strategies as st
 
 import minitx
 from minitx.attention import REGISTRY
-from support import tensor, to_host
+from support import tensor, to_host, need
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 OUT_TOL = 1e-10        # outputs
 GRAD_TOL = 1e-9        # gradients: one more pass through the same sums
 

@@ -30,14 +30,13 @@ references are causal only). A top-k whose boundary falls on a tie is ambiguous 
 import math
 
 import numpy as np
-import pytest
 from hypothesis import assume, given, strategies as st
 
 import minitx
 from minitx.attention import REGISTRY
-from support import params_to_float64, tensor, to_host
+from support import params_to_float64, tensor, to_host, need
 
-torch = pytest.importorskip("torch", reason="needs PyTorch (the oracle)")
+torch = need("torch")
 OUT_TOL = 1e-12
 GRAD_TOL = 1e-11
 D = 4

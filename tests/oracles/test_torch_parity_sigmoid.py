@@ -8,9 +8,9 @@ import pytest
 
 import minitx
 from minitx.attention import REGISTRY, causal_pattern
-from support import params_to_float64, tensor, to_host
+from support import params_to_float64, tensor, to_host, need
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 ATOL = 1e-12
 E, H = 8, 2
 

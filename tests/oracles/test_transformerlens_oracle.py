@@ -23,11 +23,11 @@ them at start-up).
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-bridge_sources = pytest.importorskip(
-    "transformer_lens.model_bridge.sources",
-    reason="TransformerLens 4.x is an optional oracle: see this file's docstring to install it")
+from support import need
+
+torch = need("torch")
+transformers = need("transformers")
+bridge_sources = need("transformer_lens.model_bridge.sources")
 
 import minitx.pretrained as pt  # noqa: E402
 from pretrained_util import _randomize  # noqa: E402

@@ -7,8 +7,7 @@ import re
 import subprocess
 import sys
 
-import pytest
-from support import REPO
+from support import REPO, need
 
 SCRIPT = REPO / "benchmarks" / "cpu_vs_torch.py"
 ROWS = ("sgemm 2,048³", "engine chain", "SDPA forward + backward", "matmuls/torch",
@@ -45,7 +44,7 @@ def test_quick_run_prints_every_row():
 
 
 def test_without_torch_it_says_so_and_still_measures_minitx():
-    pytest.importorskip("torch")        # (without torch the test above already covers this)
+    need("torch")        # (without torch the test above already covers this)
     code = ("import sys, runpy; sys.modules['torch'] = None; sys.argv = ['x', '--quick']; "
             f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
     out = run_script("-c", code)

@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
+from support import need
+
 import cuda_emu_harness as H
 
 TIMEOUT = 240.0
@@ -99,7 +101,7 @@ def test_causal_far_from_square_with_lengths(emu_lib, pair, dtype, cut):
 def test_reference_alignment_is_lower_right():
     """The float64 reference keeps exactly torch's ``causal_lower_right`` pattern (and differs
     from ``is_causal=True`` = ``causal_upper_left`` when Nq != Nk)."""
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     from torch.nn.attention.bias import causal_lower_right, causal_upper_left
     for Nq, Nk in ((5, 300), (300, 5), (7, 7), (1, 9)):
         ours = H.keep_mask(1, Nq, Nk, causal=True)[0, 0]
@@ -115,7 +117,7 @@ def test_the_reported_magnitudes_are_the_alignment_difference():
     """Top-left (PyTorch is_causal) against bottom-right (minitx) at Nq = 5, Nk = 300 gives
     O(1) differences of the size that run reported (2.5 O, 1.4 dQ, 1.3 dK, 2.9 dV), while the
     kernel itself (tests above, same shape) is within fp32 rounding of the bottom-right one."""
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(1, 2, n, 64, dtype=torch.float64) for n in (5, 300, 300, 5))
     q, k, v = (x.requires_grad_() for x in (q, k, v))
