@@ -117,8 +117,8 @@ def decoding_table(context, embed, heads, reps=32, seed=0):
 def main(argv=None):
     args = parse_args(argv)
     out = setup_run(args, "efficient_report: cost, approximation quality, decoding",
-                    full_run="The full run (`python examples/efficient_report.py`, about 3 s "
-                    "on 2 cores) measures more variants to a larger N, the approximation error "
+                    full_run="The full run (`python examples/efficient_report.py`; timed in "
+                    "docs/benchmarks.md) measures more variants to a larger N, the approximation error "
                     "over three seeds, and the KV cache (MQA = 1/8 of MHA, GQA = 1/4, H = 8).")
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     sizes, n = [], 128 if args.max_n >= 512 else 64

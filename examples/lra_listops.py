@@ -139,8 +139,8 @@ def run_variant(name, args, data, seq_len):
 def main(argv=None):
     args = parse_args(argv)
     out = setup_run(args, "lra_listops: one model, many attention variants",
-                    full_run="The full run (`python examples/lra_listops.py`, about 185 s on "
-                    "2 cores) trains eleven variants on longer sequences; all beat the majority "
+                    full_run="The full run (`python examples/lra_listops.py`; timed in "
+                    "docs/benchmarks.md) trains eleven variants on longer sequences; all beat the majority "
                     "class (0.153): mla 0.303, mha 0.300 … reformer 0.233, at 16–76 ms/step.")
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     t0 = time.perf_counter()

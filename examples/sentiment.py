@@ -89,8 +89,8 @@ def evaluate(model, x, y, batch_size=256):
 def main(argv=None):
     args = parse_args(argv)
     out = setup_run(args, "sentiment: 2-layer transformer encoder classifier",
-                    full_run="The full run (`python examples/sentiment.py`, about 9 s on 2 "
-                    "cores) reaches 98.4% test accuracy, and [CLS] puts 0.83 of its weight on "
+                    full_run="The full run (`python examples/sentiment.py`; timed in "
+                    "docs/benchmarks.md) reaches 98.4% test accuracy, and [CLS] puts 0.83 of its weight on "
                     "\"not\"; a smoke run's model is barely trained.")
     train, test, source = load(args)
     vocab = Vocab.build([t for t, _ in train], max_size=args.vocab_size)

@@ -41,12 +41,11 @@ STEPS = 500 if QUICK else 1500
 CHARS = 100_000 if QUICK else 400_000
 BLOCK, BATCH, LAYERS, HEADS, D_MODEL, LR = 64, 16, 2, 4, 64, 3e-3
 if QUICK:
-    print(f"QUICK SETTING - a smoke run: {STEPS} training steps (about 15 s on one idle core). "
-          "The loss falls to about 2.0 nats, the sample is still mostly noise, and layer-0 heads "
-          "only start to look back (previous-token scores near 0.2). The full setting "
-          "(MINITX_QUICK=0) trains 1500 steps (about 50 s on one idle core; on a busy machine "
-          "the wall clock runs longer): loss near 1.7 nats (held-out near 1.5), Python-shaped "
-          "samples, and previous-token scores near 0.35.")
+    print(f"QUICK SETTING - a smoke run: {STEPS} training steps. The loss falls to about 2.0 "
+          "nats, the sample is still mostly noise, and layer-0 heads only start to look back "
+          "(previous-token scores near 0.2). The full setting (MINITX_QUICK=0) trains 1500 "
+          "steps: loss near 1.7 nats (held-out near 1.5), Python-shaped samples, and "
+          "previous-token scores near 0.35.")
 
 # %% [markdown]
 # ## The data and the model

@@ -11,13 +11,15 @@ next to the requested path; the function returns the path actually written. Set
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
 from ..backend import to_host
 
-__all__ = ["have_matplotlib", "notebook_pyplot", "text_heatmap", "heatmap", "heatmap_grid",
-           "line_plot", "text_line_plot", "render_mask", "SHADES", "layer_head_figure"]
+__all__ = ["have_matplotlib", "notebook_pyplot", "script_note", "text_heatmap", "heatmap",
+           "heatmap_grid", "line_plot", "text_line_plot", "render_mask", "SHADES",
+           "layer_head_figure"]
 
 SHADES = " ░▒▓█"
 
@@ -33,15 +35,31 @@ def have_matplotlib() -> bool:
     return True
 
 
-def notebook_pyplot(notebook: str):
+def notebook_pyplot(notebook: str, required: bool = True):
     """``matplotlib.pyplot`` for a notebook (``plt = notebook_pyplot("01_….py")``, in Jupyter
     or run as a script). Without matplotlib the notebook stops before its first cell's work
-    with one line naming the extra to install, and no traceback (``SystemExit``)."""
+    with one line naming the extra to install, and no traceback (``SystemExit``); with
+    ``required=False`` it returns None instead (a notebook whose pictures are optional). Run as
+    a script, it first says in one line where the notebook's text is (``script_note``)."""
+    script_note(notebook)
     if not have_matplotlib():
+        if not required:
+            return None
         raise SystemExit(f"{notebook} draws its figures with matplotlib, which is not "
-                         f"installed here: pip install \".[viz]\" (or \".[docs]\")")
+                         f"installed here: python -m pip install \".[viz]\" (or \".[docs]\")")
     import matplotlib.pyplot as plt  # noqa: PLC0415 (the [viz] extra, only here)
     return plt
+
+
+def script_note(notebook: str) -> None:
+    """Run as a script (``python notebooks/01_….py``), a notebook prints its numbers but not
+    its markdown cells, where the teaching is: say so, and where to read them. In a Jupyter
+    kernel (IPython loaded) it prints nothing."""
+    if "IPython" in sys.modules:
+        return
+    print(f"{notebook} run as a script prints its numbers only. The text that explains them is\n"
+          f"in its markdown cells: the '# %% [markdown]' comments of notebooks/{notebook}, or\n"
+          "the same in Jupyter or on the reading site (python -m minitx site).\n")
 
 
 def _plt():
