@@ -12,7 +12,8 @@ by key, its tensors renamed by one table.
 **The switches.** ``FAMILIES[model_type]`` holds what a family fixes (its MLP, norm
 placement, QK-norm, Gemma's details); the sizes, eps, rope, biases, windows and tying come
 from ``config.json`` (``decoder_config``). Every key of ``config.json`` is read, listed as
-not changing the forward (``IGNORED``, with the reason in docs/decoders.md), or refused by
+not changing the forward (``changes_nothing``: metadata, token ids and ``IGNORED``, with the
+reasons in docs/decoders.md), or refused by
 name: a rope_type minitx does not compute, an activation it does not have, bidirectional
 attention, quantisation (MXFP4 by name). Adding a family is one more row; the
 mixture-of-experts families add ``mlp="moe"``, and ``_moe`` translates their router's and
@@ -62,7 +63,7 @@ from ..models.mixers.lightning import LightningMixer
 from ..nn.moe import MoE
 from ..nn.rotary import check_rope
 
-__all__ = ["FAMILIES", "IGNORED", "decoder_config", "decoder_state_from_hf",
+__all__ = ["FAMILIES", "IGNORED", "changes_nothing", "decoder_config", "decoder_state_from_hf",
            "decoder_state_to_hf", "decoder_from_hf", "hf_norm_names", "hf_config_dict"]
 
 # What each family fixes. The rest comes from config.json.
@@ -151,15 +152,27 @@ _KIMI_KEYS = ("linear_attn_config", "linear_num_heads", "linear_head_dim",
 _MOE_DEFAULTS["deepseek_v32"] = _MOE_DEFAULTS["deepseek_v3"]
 
 # config.json keys that do not change the forward pass (docs/decoders.md gives each reason).
+# The rule, stated once (``changes_nothing``): a key is accepted unread when it is writer's
+# metadata (a leading "_": _name_or_path, _attn_implementation …), a token id (…_token_id or
+# …_token_ids: which token starts or ends a text is the tokenizer's and generation's business,
+# not the forward's), or one of the names below (the library's bookkeeping, training-only
+# settings, and the switches a family reads from other keys). Every other key is translated
+# or refused by name.
 IGNORED = frozenset({
     "architectures", "model_type", "dtype", "torch_dtype", "transformers_version",
-    "_name_or_path", "bos_token_id", "eos_token_id", "use_cache", "initializer_range",
-    "attention_dropout", "pretraining_tp", "tokenizer_class",
+    "use_cache", "initializer_range", "attention_dropout", "pretraining_tp", "tokenizer_class",
     "output_attentions", "output_hidden_states", "return_dict", "max_window_layers",
-    "use_sliding_window", "sliding_window_pattern", "_sliding_window_pattern",
+    "use_sliding_window", "sliding_window_pattern",
     "attn_logit_softcapping", "qk_head_dim", "num_nextn_predict_layers", "output_router_logits",
-    "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings",
+    "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings", "id2label", "label2id",
+    "task_specific_params", "finetuning_task", "problem_type", "chunk_size_feed_forward",
 })
+
+
+def changes_nothing(key: str) -> bool:
+    """True when config.json's ``key`` cannot change the forward pass (the rule above)."""
+    return key.startswith("_") or key.endswith(("_token_id", "_token_ids")) or key in IGNORED
+
 
 # What a key that changes the maths must hold for minitx to run the family as HF does.
 _REFUSED = {"use_bidirectional_attention": (False, None), "quantization_config": (None,)}
@@ -324,7 +337,7 @@ def _kimi_layer_types(cfg, n, source):
 
 def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
     """A parsed ``config.json`` of a family in ``FAMILIES`` → ``DecoderConfig``; a key that
-    is neither translated nor in ``IGNORED`` is refused by name."""
+    is neither translated nor ``changes_nothing`` is refused by name."""
     kind = cfg.get("model_type")
     if kind not in FAMILIES:
         _fail(source, f"model_type {kind!r} is not a decoder family minitx loads "
@@ -397,7 +410,7 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
             *_ROUTER_KEYS, *_LINEAR_KEYS, "full_attention_interval", *_KIMI_KEYS,
             *(_INDEX_KEYS if kind == "deepseek_v32" else ()),
             *(_MINIMAX_KEYS if kind == "minimax" else ())}
-    unknown = sorted(set(cfg) - read - IGNORED)
+    unknown = sorted(k for k in set(cfg) - read if not changes_nothing(k))
     if unknown:
         _fail(source, f"config.json key(s) {', '.join(map(repr, unknown))} are not known to "
                       f"minitx's {kind} translation (neither read nor known not to change the "
