@@ -77,6 +77,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import backend, validate
+from ..backend import host_xp
 # The attention pieces are minitx's own: the caches, the hookable (fused or composed) softmax
 # attention, the head plumbing; the layers below are the nn blocks the families add.
 from ..attention import KVCache, WindowKVCache, cached_length
@@ -405,6 +406,16 @@ def _mlp(c: DecoderConfig, index: int = 0):
         raise validate.OptionError("DecoderConfig: mlp='moe' needs minitx.nn.moe, which this "
                                    "tree does not have")
     return MoE(c.hidden_size, c.expert_hidden, c.num_experts, c.top_k, **c.moe_options)
+
+
+def _stop_ids(eos_token_id, vocab: int, who: str) -> list:
+    """``eos_token_id`` (None, an id or a list of ids) as a list of ids in [0, vocab)."""
+    if eos_token_id is None:
+        return []
+    ids = [eos_token_id] if isinstance(eos_token_id, (int, host_xp.integer)) else \
+        list(eos_token_id)
+    return [validate.integer(i, "eos_token_id", minimum=0, maximum=vocab - 1, owner=who)
+            for i in ids]
 
 
 def _keep_mask(attention_mask, shape, xp):
@@ -831,23 +842,38 @@ class Decoder(Module, AttentionMaps, HookedModel):
                                    attention_mask)
 
     def generate(self, idx, max_new_tokens: int, temperature: float = 0.0, top_k: int = None,
-                 use_cache: bool = True, attention_mask=None):
-        """Extend idx (B, T) by ``max_new_tokens`` tokens; returns an int Tensor (B, T + n).
+                 use_cache: bool = True, attention_mask=None, top_p: float = None,
+                 seed: int = None, eos_token_id=None, on_token=None):
+        """Extend idx (B, T) by at most ``max_new_tokens`` tokens; returns an int Tensor
+        (B, T + n), n ≤ ``max_new_tokens``.
 
         ``temperature=0`` (default) is greedy (HuggingFace's ``do_sample=False``); otherwise
-        softmax(logits/temperature) sampling among the ``top_k`` most likely. With
-        ``use_cache`` the prompt runs once and each step feeds only the newest token through
-        the per-layer caches (the same logits as a full forward over all tokens).
-        ``attention_mask`` (B, T), 1 = token, 0 = padding, for prompts of different lengths
-        padded on the left: the padding is never attended to and each row's positions count
-        its real tokens only (HuggingFace's ``generate`` does the same)."""
+        softmax(logits/temperature) sampling among the ``top_k`` most likely and the ``top_p``
+        nucleus (``models.gpt.sample_next``), drawn from ``numpy.random.default_rng(seed)``
+        when ``seed`` is given (the same tokens on every run), else from
+        ``minitx.manual_seed``'s generator. With ``use_cache`` the prompt runs once and each
+        step feeds only the newest token through the per-layer caches (the same logits as a
+        full forward over all tokens). ``attention_mask`` (B, T), 1 = token, 0 = padding, for
+        prompts of different lengths padded on the left: the padding is never attended to and
+        each row's positions count its real tokens only (HuggingFace's ``generate`` does the
+        same).
+
+        ``eos_token_id`` (an id or a list of ids: end of text, end of turn): a row stops when it
+        produces one (the id is kept), and is padded with its first id while the others go on;
+        generation ends when every row has stopped. ``on_token(step, ids)`` is called with each
+        step's (B,) host ids as they come (streaming); raising ``StopIteration`` in it ends the
+        generation there (a stop string found by the caller)."""
         who = "Decoder.generate"
         tokens = token_ids(idx).copy()
         if tokens.shape[1] == 0:
             raise ValueError(f"{who}: idx is empty: the first new token needs a prompt")
         max_new_tokens = validate.nonnegative_int(max_new_tokens, "max_new_tokens", owner=who)
+        stops = _stop_ids(eos_token_id, self.config.vocab_size, who)
+        generator = None if seed is None else \
+            host_xp.random.default_rng(validate.nonnegative_int(seed, "seed", owner=who))
         xp = backend.get_array_module(tokens)
         keep = _keep_mask(attention_mask, tokens.shape, xp)             # None: no padding
+        done = host_xp.zeros(tokens.shape[0], dtype=bool)               # rows that have stopped
         # Step 0 runs the prompt; each later step one token, through the caches if any.
         caches = self.new_caches() if use_cache else None
         with no_grad():
@@ -861,6 +887,19 @@ class Decoder(Module, AttentionMaps, HookedModel):
                     logits = self(tokens[:, new], kv_caches=caches, attention_mask=keep,
                                   position_ids=pos[:, new])
                     keep = xp.concatenate([keep, xp.ones((len(keep), 1), dtype=bool)], axis=1)
-                nxt = sample_next(logits.data[:, -1, :], temperature, top_k)    # (B, 1)
-                tokens = xp.concatenate([tokens, nxt.astype(tokens.dtype)], axis=1)
+                nxt = sample_next(logits.data[:, -1, :], temperature, top_k, top_p,
+                                  generator)                            # (B, 1)
+                host = backend.to_host(nxt).reshape(-1)
+                if stops:
+                    host = host_xp.where(done, stops[0], host)          # stopped rows: padded
+                    done |= host_xp.isin(host, stops)
+                tokens = xp.concatenate([tokens, xp.asarray(host[:, None]).astype(tokens.dtype)],
+                                        axis=1)
+                if on_token is not None:
+                    try:
+                        on_token(step, host)
+                    except StopIteration:
+                        break
+                if stops and done.all():
+                    break
         return Tensor(tokens)

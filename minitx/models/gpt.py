@@ -41,11 +41,14 @@ __all__ = ["GPTConfig", "GPT", "GPTBlock", "sample_next"]
 _POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
 
 
-def sample_next(logits, temperature: float = 1.0, top_k: int = None):
+def sample_next(logits, temperature: float = 1.0, top_k: int = None, top_p: float = None,
+                generator=None):
     """Pick the next token per row of ``logits`` (B, V) (raw array): argmax when
     ``temperature == 0`` (or ``top_k == 1``), else sample softmax(logits / temperature)
-    restricted to the ``top_k`` largest (drawn from ``minitx.manual_seed``'s generator).
-    Returns (B, 1) ints.
+    restricted to the ``top_k`` largest, then to the smallest set of most likely tokens whose
+    probabilities sum to at least ``top_p`` (nucleus sampling, Holtzman et al. 2020; the most
+    likely token is always kept). ``generator``: a ``numpy.random.Generator`` for the draws
+    (default ``minitx.manual_seed``'s). Returns (B, 1) ints.
 
     Computed as exp((logits − max) / temperature), so a tiny temperature tends to the argmax
     instead of overflowing (no NaN for any finite temperature ≥ 0).
@@ -54,19 +57,35 @@ def sample_next(logits, temperature: float = 1.0, top_k: int = None):
     vocab = logits.shape[-1]
     if top_k is not None:
         top_k = validate.integer(top_k, "top_k", minimum=1, maximum=vocab, owner="sample_next")
+    if top_p is not None:
+        top_p = validate.real(top_p, "top_p", minimum=0.0, maximum=1.0, owner="sample_next")
+        if top_p == 0.0:
+            raise validate.OptionError("sample_next: top_p must be in (0, 1], got 0.0 (use "
+                                       "temperature=0 for greedy decoding)")
     xp = backend.get_array_module(logits)
     if temperature == 0 or top_k == 1:
         return logits.argmax(axis=-1)[:, None]
-    # Sampling by the inverse CDF: shift by the max so exp never overflows, cut to the top k,
-    # then take the first token whose cumulative probability reaches a uniform r.
+    # Sampling by the inverse CDF: shift by the max so exp never overflows, cut to the top k
+    # and the nucleus, then take the first token whose cumulative probability reaches r.
     z = logits.astype("float64")
     z = (z - z.max(axis=-1, keepdims=True)) / temperature               # ≤ 0, max at 0
     if top_k is not None:
         kth = xp.sort(z, axis=-1)[:, -top_k][:, None]
         z = xp.where(z < kth, -xp.inf, z)
     p = xp.exp(z)                                                       # the max entry is 1
-    cdf = xp.cumsum(p / p.sum(axis=-1, keepdims=True), axis=-1)
-    r = backend.to_device(backend.rng().random((z.shape[0], 1)), backend.device_of(z))
+    p = p / p.sum(axis=-1, keepdims=True)
+    if top_p is not None and top_p < 1.0:
+        # keep a token iff the tokens more likely than it sum to less than top_p
+        order = xp.argsort(-p, axis=-1, kind="stable")                  # most likely first
+        ranked = xp.take_along_axis(p, order, axis=-1)
+        before = xp.cumsum(ranked, axis=-1) - ranked                    # mass ranked above
+        keep = xp.zeros(p.shape, dtype=bool)
+        keep[xp.arange(p.shape[0])[:, None], order] = before < top_p    # back to vocab order
+        p = xp.where(keep, p, 0.0)
+        p = p / p.sum(axis=-1, keepdims=True)
+    cdf = xp.cumsum(p, axis=-1)
+    draw = (generator or backend.rng()).random((z.shape[0], 1))
+    r = backend.to_device(draw, backend.device_of(z))
     return xp.minimum((cdf < r).sum(axis=-1), vocab - 1)[:, None]
 
 
