@@ -21,12 +21,14 @@ the backward variance), and ``gain = calculate_gain(nonlinearity, a)``.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 from .. import backend, validate
 from ..autograd.tensor import Tensor
 
-__all__ = ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "zeros_",
+__all__ = ["skipped", "calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_",
+           "zeros_",
            "ones_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_",
            "_calculate_fan_in_and_fan_out"]
 
@@ -38,9 +40,26 @@ def _check_tensor(tensor, fn: str) -> None:
         raise TypeError(f"{fn} expects a floating-point tensor, got dtype {tensor.dtype}")
 
 
-def _fill(tensor: Tensor, host_values) -> Tensor:
-    """Write host (NumPy) values into ``tensor.data`` in place, on its device and dtype."""
-    return tensor.copy_(host_values)
+_SKIPPING = [0]                 # depth of open ``skipped()`` blocks
+
+
+@contextlib.contextmanager
+def skipped():
+    """Inside this block every initialiser leaves its tensor as it is and draws nothing: a
+    model about to receive a checkpoint's weights is built without filling them first
+    (HuggingFace's ``no_init_weights``), which is most of the time a large model takes to
+    build. The parameters keep the zeros or ones they were allocated with."""
+    _SKIPPING[0] += 1
+    try:
+        yield
+    finally:
+        _SKIPPING[0] -= 1
+
+
+def _fill(tensor: Tensor, draw) -> Tensor:
+    """Write the host (NumPy) values ``draw()`` returns into ``tensor.data`` in place, on its
+    device and dtype (nothing is drawn inside ``skipped()``)."""
+    return tensor if _SKIPPING[0] else tensor.copy_(draw())
 
 
 def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
@@ -88,7 +107,7 @@ def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
     _check_tensor(tensor, "uniform_")
     if not a <= b:
         raise ValueError(f"uniform_ needs a <= b, got a={a}, b={b}")
-    return _fill(tensor, backend.rng().uniform(a, b, size=tensor.shape))
+    return _fill(tensor, lambda: backend.rng().uniform(a, b, size=tensor.shape))
 
 
 def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
@@ -96,7 +115,7 @@ def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
     _check_tensor(tensor, "normal_")
     if std < 0:
         raise ValueError(f"normal_ needs std >= 0, got {std}")
-    return _fill(tensor, backend.rng().normal(mean, std, size=tensor.shape))
+    return _fill(tensor, lambda: backend.rng().normal(mean, std, size=tensor.shape))
 
 
 def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0,
@@ -118,19 +137,21 @@ def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float 
                          f"N({mean}, {std}²); rejection sampling would not finish")
     # Redraw only the entries outside [a, b] until none is left; each round keeps a fraction
     # `mass` of them, so few rounds are needed.
-    gen = backend.rng()
-    values = gen.normal(mean, std, size=tensor.shape)
-    outside = (values < a) | (values > b)
-    while outside.any():
-        values[outside] = gen.normal(mean, std, size=int(outside.sum()))
+    def draw():
+        gen = backend.rng()
+        values = gen.normal(mean, std, size=tensor.shape)
         outside = (values < a) | (values > b)
-    return _fill(tensor, values)
+        while outside.any():
+            values[outside] = gen.normal(mean, std, size=int(outside.sum()))
+            outside = (values < a) | (values > b)
+        return values
+    return _fill(tensor, draw)
 
 
 def constant_(tensor: Tensor, val: float) -> Tensor:
     """Fill with ``val``."""
     _check_tensor(tensor, "constant_")
-    return tensor.fill_(val)
+    return tensor if _SKIPPING[0] else tensor.fill_(val)
 
 
 def zeros_(tensor: Tensor) -> Tensor:
@@ -151,7 +172,7 @@ def xavier_uniform_(tensor: Tensor, gain: float = 1.0) -> Tensor:
     _check_tensor(tensor, "xavier_uniform_")
     fan_in, fan_out = _calculate_fan_in_and_fan_out(tensor)
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
-    return _fill(tensor, backend.rng().uniform(-bound, bound, size=tensor.shape))
+    return _fill(tensor, lambda: backend.rng().uniform(-bound, bound, size=tensor.shape))
 
 
 def xavier_normal_(tensor: Tensor, gain: float = 1.0) -> Tensor:
@@ -159,7 +180,7 @@ def xavier_normal_(tensor: Tensor, gain: float = 1.0) -> Tensor:
     _check_tensor(tensor, "xavier_normal_")
     fan_in, fan_out = _calculate_fan_in_and_fan_out(tensor)
     std = gain * math.sqrt(2.0 / (fan_in + fan_out))
-    return _fill(tensor, backend.rng().normal(0.0, std, size=tensor.shape))
+    return _fill(tensor, lambda: backend.rng().normal(0.0, std, size=tensor.shape))
 
 
 def kaiming_uniform_(tensor: Tensor, a: float = 0.0, mode: str = "fan_in",
@@ -172,7 +193,7 @@ def kaiming_uniform_(tensor: Tensor, a: float = 0.0, mode: str = "fan_in",
     _check_tensor(tensor, "kaiming_uniform_")
     fan = _calculate_correct_fan(tensor, mode)
     bound = calculate_gain(nonlinearity, a) * math.sqrt(3.0 / fan)
-    return _fill(tensor, backend.rng().uniform(-bound, bound, size=tensor.shape))
+    return _fill(tensor, lambda: backend.rng().uniform(-bound, bound, size=tensor.shape))
 
 
 def kaiming_normal_(tensor: Tensor, a: float = 0.0, mode: str = "fan_in",
@@ -181,4 +202,4 @@ def kaiming_normal_(tensor: Tensor, a: float = 0.0, mode: str = "fan_in",
     _check_tensor(tensor, "kaiming_normal_")
     fan = _calculate_correct_fan(tensor, mode)
     std = calculate_gain(nonlinearity, a) / math.sqrt(fan)
-    return _fill(tensor, backend.rng().normal(0.0, std, size=tensor.shape))
+    return _fill(tensor, lambda: backend.rng().normal(0.0, std, size=tensor.shape))

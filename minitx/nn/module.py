@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, Mapping, NamedTuple
 
 from .. import backend, validate
+from ..autograd import versions
 from ..autograd.tensor import Tensor
 
 __all__ = ["Parameter", "Module", "Sequential", "ModuleList", "ModuleDict", "IncompatibleKeys"]
@@ -407,7 +408,8 @@ class Module:
         """
         return OrderedDict((k, _copy_to_host(t.data)) for k, t in self._state_entries().items())
 
-    def load_state_dict(self, state: Mapping, strict: bool = True) -> IncompatibleKeys:
+    def load_state_dict(self, state: Mapping, strict: bool = True,
+                        assign: bool = False) -> IncompatibleKeys:
         """Copy ``state`` (name → NumPy array, Tensor, or CuPy array) into the parameters and
         persistent buffers, in place, keeping each one's dtype and device.
 
@@ -415,6 +417,11 @@ class Module:
         unexpected key, and in every mode any shape mismatch or non-numeric value, raises one
         ``RuntimeError`` listing all problems, and the module is left unchanged. With
         ``strict=False`` the keys present in both are loaded and the skipped ones returned.
+
+        ``assign=True`` (PyTorch's name) makes each array the tensor's data instead of copying
+        it, when it already has the tensor's dtype and device and is writable (else a copy):
+        a checkpoint then never sits in memory twice. The caller gives the arrays away — a
+        later change to one is a change to the model.
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"load_state_dict expects a mapping of name -> array, got "
@@ -447,7 +454,15 @@ class Module:
             raise RuntimeError(f"error(s) loading state_dict into {type(self).__name__} "
                                "(nothing was changed):\n  " + "\n  ".join(problems))
         for key, array in arrays.items():
-            entries[key].copy_(array)        # on its device, in its dtype; counted as a write
+            target = entries[key]
+            if assign:
+                data = backend.to_device(array, target.device).astype(target.dtype,
+                                                                     copy=False)
+                writable = getattr(data.flags, "writeable", True)      # CuPy: always
+                target.data = data if writable and data.flags.c_contiguous else data.copy()
+                versions.mark_written(target.data)
+            else:
+                target.copy_(array)          # on its device, in its dtype; counted as a write
         return IncompatibleKeys(missing, unexpected)
 
     @staticmethod
