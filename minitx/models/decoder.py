@@ -374,11 +374,9 @@ def kv_cache_bytes(config: DecoderConfig, tokens: int = 1, bytes_per_number: int
 
 
 def kv_cache_bytes_per_token(config: DecoderConfig, bytes_per_number: int = 2) -> int:
-    """Bytes the caches grow by per token of context once every sliding window is full:
-    ``kv_cache_bytes(config, T + 1) − kv_cache_bytes(config, T)`` for a T past every window,
-    so only what grows without bound counts — the full layers' keys and values, or MLA's
-    latent and rotary key; a sliding layer (its last W − 1 tokens) and a recurrent state add
-    nothing. Below the windows every layer grows: ``kv_cache_bytes(config, N) / N``."""
+    """The caches' growth per token once every window is full, ``kv_cache_bytes(T + 1) −
+    kv_cache_bytes(T)`` for T past them: full layers' keys and values (or MLA's latent), not a
+    sliding layer's W − 1 tokens or a recurrent state. Below the windows every layer grows."""
     c = check_config(dataclasses.replace(config))
     past = (c.sliding_window or 0) + 1             # every window full, every state made
     return (kv_cache_bytes(c, past + 1, bytes_per_number)

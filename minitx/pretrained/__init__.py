@@ -19,12 +19,23 @@ their tokenizers, in minitx's own modules.
   "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3", "deepseek_v32", and the hybrids
   "qwen3_next", "kimi_linear", "minimax" → ``minitx.models.Decoder``
   (``model(ids)`` → logits (B, N, V); ``model.generate``), configured by
-  ``minitx.pretrained.decoders``; no tokenizer yet (pass ``tokenizer=False``).
+  ``minitx.pretrained.decoders``, and the folder's ``tokenizer.json`` as a
+  ``hf_tokenizer.Tokenizer`` (with its chat template).
 
-Weights come only from ``*.safetensors`` files (sharded ones through
-``model.safetensors.index.json``), read and validated by ``minitx.pretrained.safetensors``;
-pickle-based ``pytorch_model.bin`` files are refused. Every layer's attention:
-``model.record_attention(True)``, run, ``model.attention_maps()``.
+``load`` also takes a **GGUF file** (``model.gguf``, llama.cpp's container: ``gguf.py`` reads
+it, ``gguf_load.py`` undoes llama.cpp's conventions): the model dequantized to ``dtype``, and
+the tokenizer its metadata describes. ``load_tokenizer(path)`` reads a tokenizer alone, from
+a folder, a ``tokenizer.json`` or a GGUF file.
+
+    model, tok = pt.load("SmolLM2-135M-Instruct.Q4_1.gguf")
+    ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}],
+                                  add_generation_prompt=True)
+    tok.decode(model.generate(Tensor([ids]), 20).numpy()[0, len(ids):])
+
+Weights come only from ``*.safetensors`` and ``.gguf`` files (sharded safetensors through
+``model.safetensors.index.json``), read and validated by ``minitx.pretrained.safetensors``
+and ``minitx.pretrained.gguf``; pickle-based ``pytorch_model.bin`` files are refused. Every
+layer's attention: ``model.record_attention(True)``, run, ``model.attention_maps()``.
 
 ``attention_mask`` is HuggingFace's (1 = token, 0 = padding). Do not pass it on to
 ``nn.TransformerEncoder`` as ``src_key_padding_mask``: that one means True = padding, and a
@@ -46,12 +57,16 @@ from .bert import BertConfig, BertModel, bert_state_from_hf, bert_state_to_hf
 from .bpe import ByteLevelBPETokenizer
 from .decoders import FAMILIES as DECODER_FAMILIES
 from .decoders import decoder_from_hf, decoder_state_from_hf, decoder_state_to_hf
+from .gguf import GGUFError, GGUFFile
+from .gguf_load import load_gguf_model
 from .gpt2 import GPT2Config, GPT2Model, gpt2_state_from_hf, gpt2_state_to_hf
 from .safetensors import (PICKLE_SUFFIXES, SafetensorsError, UnsafeCheckpointError,
                           load_file, refuse_pickle)
+from .hf_tokenizer import Tokenizer, load_tokenizer
 from .wordpiece import WordPieceTokenizer
 
-__all__ = ["load", "load_weights", "mean_pool", "FAMILIES", "BertConfig", "BertModel",
+__all__ = ["load", "load_tokenizer", "Tokenizer", "GGUFFile", "GGUFError", "load_weights",
+           "mean_pool", "FAMILIES", "BertConfig", "BertModel",
            "GPT2Config", "GPT2Model", "WordPieceTokenizer", "ByteLevelBPETokenizer",
            "SafetensorsError", "UnsafeCheckpointError", "bert_state_from_hf",
            "bert_state_to_hf", "gpt2_state_from_hf", "gpt2_state_to_hf", "DECODER_FAMILIES",
@@ -111,7 +126,8 @@ def load_weights(folder, dtype="float32") -> dict:
 
 def load(folder, dtype=None, tokenizer: bool = True):
     """``(model, tokenizer)`` from a HuggingFace folder (config.json, *.safetensors,
-    tokenizer files); the family comes from ``config.json``'s ``model_type``.
+    tokenizer files) or a ``.gguf`` file; the family comes from ``config.json``'s
+    ``model_type`` (a GGUF's ``general.architecture``).
 
     ``dtype``: "float32" (default) or "float64" parameters (bfloat16/float16 checkpoints are
     widened exactly). Parameters live on the active backend (``minitx.set_backend``). The
@@ -119,6 +135,16 @@ def load(folder, dtype=None, tokenizer: bool = True):
     ``tokenizer=False`` skips the tokenizer (returns ``(model, None)``).
     """
     folder = os.fspath(folder)
+    target = np.dtype("float32" if dtype is None else dtype)
+    if target not in (np.float32, np.float64):
+        raise TypeError(f"load: dtype must be float32 or float64, got {target}")
+    if folder.lower().endswith(".gguf") and not os.path.isdir(folder):
+        if not os.path.isfile(folder):
+            raise FileNotFoundError(f"{folder}: no such GGUF file")
+        model, reader = load_gguf_model(folder, dtype=target)
+        with reader:
+            tok = Tokenizer.from_gguf_metadata(reader.metadata) if tokenizer else None
+        return model, tok
     config = _read_config(folder)
     kind = config.get("model_type")
     if kind not in FAMILIES and kind not in DECODER_FAMILIES:
@@ -127,18 +153,15 @@ def load(folder, dtype=None, tokenizer: bool = True):
                          f"{', '.join(sorted([*FAMILIES, *DECODER_FAMILIES]))}")
     # Checkpoints may hold bf16/f16, but the model computes in float32 or float64: the weights
     # are widened exactly on load.
-    target = np.dtype("float32" if dtype is None else dtype)
-    if target not in (np.float32, np.float64):
-        raise TypeError(f"load: dtype must be float32 or float64, got {target}")
     # Weights → the family's key mapping → a model in eval mode; the tokenizer's length limit
     # is the model's position table.
-    tensors = load_weights(folder, dtype=target)
-    # Today's decoders: one Decoder, the family a row of switches (decoders.py).
+    # Today's decoders: one Decoder, the family a row of switches (decoders.py); the
+    # tokenizer is read first, so that a folder without one fails before the weights load.
     if kind in DECODER_FAMILIES:
-        if tokenizer:
-            raise ValueError(f"load: minitx has no tokenizer for model_type {kind!r} yet; pass "
-                             "tokenizer=False and tokenize with the family's own tokenizer")
-        return decoder_from_hf(config, tensors, source=folder, dtype=target), None
+        tok = Tokenizer.from_folder(folder) if tokenizer else None
+        tensors = load_weights(folder, dtype=target)
+        return decoder_from_hf(config, tensors, source=folder, dtype=target, assign=True), tok
+    tensors = load_weights(folder, dtype=target)
     model_cls, tok_cls, positions_key = FAMILIES[kind]
     model = model_cls.from_hf(config, tensors, source=folder, dtype=target)
     model.eval()

@@ -60,6 +60,7 @@ from .. import validate
 from ..backend import to_host
 from ..models.decoder import Decoder, DecoderConfig, check_config
 from ..models.mixers.lightning import LightningMixer
+from ..nn import init
 from ..nn.moe import MoE
 from ..nn.rotary import check_rope
 
@@ -714,7 +715,8 @@ def decoder_state_from_hf(tensors: dict, model: Decoder, source: str = "checkpoi
     """{HF key: array} → {minitx key: array} for ``model``; a tensor the model does not
     have, one it needs that is missing, or one of the wrong shape raises, naming it."""
     norms = hf_norm_names(model.config.norm_placement)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    # the shapes alone (state_dict() would copy every parameter to read them)
+    expected = {k: tuple(v.shape) for k, v in model._state_entries().items()}
     if _is_kimi(model):
         tensors = _kimi_from_hf(tensors, model)
     # the experts stacked first (docs/moe.md); errors name the HF key a tensor came from
@@ -842,15 +844,21 @@ def _kimi_to_hf(out: dict, model, files: bool) -> dict:
 
 
 def decoder_from_hf(cfg: dict, tensors: dict, source: str = "checkpoint",
-                    dtype=None) -> Decoder:
+                    dtype=None, assign: bool = False) -> Decoder:
     """A ``Decoder`` in eval mode from a parsed ``config.json`` and {HF key: array};
-    parameters in ``dtype`` (default float32). ``model.hf_config`` keeps the config."""
-    model = Decoder(decoder_config(cfg, f"{source}/config.json"))
+    parameters in ``dtype`` (default float32). ``model.hf_config`` keeps the config.
+
+    The model is built without its random initialisation (``init.skipped()``: every weight
+    is the checkpoint's). ``assign=True`` gives ``tensors``' arrays to the model as its
+    parameters where their dtype allows (``load_state_dict(assign=True)``), so that the
+    weights are not held twice; ``load`` does, for the arrays it read itself."""
+    with init.skipped():
+        model = Decoder(decoder_config(cfg, f"{source}/config.json"))
     if dtype is not None:
         model.to(dtype=dtype)                  # before loading: no float32 round trip
     model.config_source = cfg["model_type"]
     model.hf_config = dict(cfg)
-    model.load_state_dict(decoder_state_from_hf(tensors, model, source))
+    model.load_state_dict(decoder_state_from_hf(tensors, model, source), assign=assign)
     return model.eval()
 
 
