@@ -73,10 +73,17 @@ def generate_text(model, tokenizer, prompt, max_new_tokens: int = 64,
     if not ids:
         raise validate.OptionError(f"{who}: the prompt encodes to no tokens; the first new "
                                    "token needs at least one")
-    stops = [stop] if isinstance(stop, str) else list(stop)
+    stops = [s for s in ([stop] if isinstance(stop, str) else list(stop)) if s]
     decoder = StreamDecoder(tokenizer)
-    state = {"text": "", "ids": [], "stopped": "length", "first": None}
+    # "shown": how much of the text went to ``stream``; the tail that could still begin a
+    # stop string is held back until the next token settles it
+    state = {"text": "", "shown": 0, "ids": [], "stopped": "length", "first": None}
     t0 = time.perf_counter()
+
+    def show(upto):
+        if stream and upto > state["shown"]:
+            stream(state["text"][state["shown"]:upto])
+        state["shown"] = max(state["shown"], upto)
 
     def on_token(step, new):
         if state["first"] is None:
@@ -86,18 +93,15 @@ def generate_text(model, tokenizer, prompt, max_new_tokens: int = 64,
         if token in ends:
             state["stopped"] = "end"
             return
-        piece = decoder.push(token)
-        text = state["text"] + piece
+        text = state["text"] = state["text"] + decoder.push(token)
         cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
         if cut >= 0:                           # a stop string: keep the text before it
-            piece = text[len(state["text"]):cut] if cut > len(state["text"]) else ""
             state["text"], state["stopped"] = text[:cut], "stop string"
-            if stream and piece:
-                stream(piece)
+            show(cut)
             raise StopIteration
-        state["text"] = text
-        if stream and piece:
-            stream(piece)
+        held = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])),
+                   default=0)
+        show(len(text) - held)
 
     ends = end_ids(tokenizer)
     try:
@@ -107,10 +111,8 @@ def generate_text(model, tokenizer, prompt, max_new_tokens: int = 64,
     except KeyboardInterrupt:
         state["stopped"] = "interrupted"
     if state["stopped"] != "stop string":
-        rest = decoder.flush()
-        state["text"] += rest
-        if stream and rest:
-            stream(rest)
+        state["text"] += decoder.flush()
+        show(len(state["text"]))
     t1 = time.perf_counter()
     first = state["first"] or t1
     return Generation(state["text"], state["ids"], state["stopped"], len(ids), first - t0,
