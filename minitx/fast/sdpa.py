@@ -208,10 +208,12 @@ class BlockedSDPAFunction(Function):
             o[bs, hq, i0:i1] = ob
             return block + (e, r, kb)
 
-        groups = _by_heads(attention_blocks(b, hkv, h // hkv, nq, nk, causal, scores=scores,
-                                            causal_rows=causal_rows, pack=pack,
-                                            parts=thread_count()))
-        ctx.groups = map_in_threads(lambda g: [one(blk) for blk in g], groups, like=qs)
+        # every block writes its own rows of O, so the forward runs block by block (the
+        # threads stay busy when the heads do not divide among them); the backward's
+        # accumulations into dK and dV need whole heads, so it runs by _by_heads' groups
+        blocks = attention_blocks(b, hkv, h // hkv, nq, nk, causal, scores=scores,
+                                  causal_rows=causal_rows, pack=pack, parts=thread_count())
+        ctx.groups = _by_heads(map_in_threads(one, blocks, like=qs))
         ctx.save_for_backward(qs, k, v, o)
         ctx.scale, ctx.delta_in_matmul = scale, delta_in_matmul
         ctx.bias_meta = None if bias is None else (bias.shape, bias.dtype)

@@ -788,9 +788,15 @@ class Decoder(Module, AttentionMaps, HookedModel):
         """One empty cache per layer: ``WindowKVCache`` for sliding ones, else ``KVCache``."""
         return [b.attn.new_cache() for b in self.blocks]
 
-    def forward(self, idx, kv_caches=None, attention_mask=None, position_ids=None):
+    def forward(self, idx, kv_caches=None, attention_mask=None, position_ids=None,
+                logits_to_keep: int = 0):
+        """Logits (B, N, V) of ``idx`` (B, N); ``logits_to_keep`` = k > 0 (HuggingFace's
+        name) gives the last k positions' only, (B, k, V): generation needs the last one, and
+        a 512-token prompt's full logits would be 512 · V numbers."""
         tokens = token_ids(idx)
         n = tokens.shape[1]
+        keep_last = validate.nonnegative_int(logits_to_keep, "logits_to_keep",
+                                             owner="Decoder")
         offset = cached_length(kv_caches, len(self.blocks), owner="Decoder")
         xp = backend.get_array_module(self.embed.weight.data)
         keep = _keep_mask(attention_mask, (tokens.shape[0], offset + n), xp)
@@ -814,6 +820,8 @@ class Decoder(Module, AttentionMaps, HookedModel):
         for i, block in enumerate(self.blocks):
             x = block(x, None if kv_caches is None else kv_caches[i], keep, position_ids)
         # Final norm, then the head (W_E when tied), then Gemma's soft-cap on the logits.
+        if keep_last:
+            x = x[:, -keep_last:]
         x = self.ln_final(x)
         w = self.embed.weight if self.unembed is None else self.unembed.weight
         logits = linear(x, w)                                           # (B, N, V)
@@ -878,12 +886,12 @@ class Decoder(Module, AttentionMaps, HookedModel):
             for step in range(max_new_tokens):
                 new = slice(None) if caches is None or step == 0 else slice(-1, None)
                 if keep is None:
-                    logits = self(tokens[:, new], kv_caches=caches)
+                    logits = self(tokens[:, new], kv_caches=caches, logits_to_keep=1)
                 else:
                     # a row's positions count its real tokens; padding sits at 1, as in HF
                     pos = xp.where(keep, xp.cumsum(keep, axis=1) - 1, 1)
                     logits = self(tokens[:, new], kv_caches=caches, attention_mask=keep,
-                                  position_ids=pos[:, new])
+                                  position_ids=pos[:, new], logits_to_keep=1)
                     keep = xp.concatenate([keep, xp.ones((len(keep), 1), dtype=bool)], axis=1)
                 nxt = sample_next(logits.data[:, -1, :], temperature, top_k, top_p,
                                   generator)                            # (B, 1)

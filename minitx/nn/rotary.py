@@ -161,6 +161,10 @@ def apply_rotary(x, cos, sin, rotary_dim: int):
     return concatenate(parts, axis=-1)
 
 
+_TABLES = {}          # (ω, a, dtype, positions) → (cos, sin) on the host → (cos, sin), oldest first
+_TABLES_KEPT = 8      # a model's kinds of layer (Gemma 3: two) for a step or two
+
+
 class Rotary:
     """The rotary table of one kind of layer: ``Rotary(head_dim, rope)``.
 
@@ -178,9 +182,22 @@ class Rotary:
 
     def tables(self, positions, dtype):
         """(cos, sin), each (…, N, R/2): a·cos(m ω_i), a·sin(m ω_i) for positions (…, N), on
-        the positions' device."""
+        the positions' device. Every layer of a forward asks for the same tables, twice (q
+        and k): the last few are kept (``_TABLES``), and must not be written to."""
         xp = get_array_module(positions)
-        angles = xp.asarray(positions, dtype="float64")[..., None] * xp.asarray(self.omega)
+        positions = xp.asarray(positions)
+        if xp is not host_xp:                  # on a device, a key would cost a transfer
+            return self._tables(positions, dtype, xp)
+        key = (self.omega.tobytes(), self.attention_factor, str(dtype), positions.shape,
+               positions.tobytes())
+        if key not in _TABLES:
+            _TABLES[key] = self._tables(positions, dtype, xp)
+            while len(_TABLES) > _TABLES_KEPT:
+                _TABLES.pop(next(iter(_TABLES)))
+        return _TABLES[key]
+
+    def _tables(self, positions, dtype, xp):
+        angles = positions.astype("float64")[..., None] * xp.asarray(self.omega)
         a = self.attention_factor
         return (a * xp.cos(angles)).astype(dtype), (a * xp.sin(angles)).astype(dtype)
 

@@ -67,6 +67,7 @@ __all__ = ["GGUFError", "GGUFFile", "TensorInfo", "dequantize", "GGML_TYPES", "V
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
+CHUNK_BYTES = 4 << 20      # GGUFFile.dequantize decodes about this many output bytes at a time
 
 #: metadata value type id → (name, NumPy dtype or None for string/array/bool)
 VALUE_TYPES = {0: ("uint8", "<u1"), 1: ("int8", "<i1"), 2: ("uint16", "<u2"),
@@ -390,11 +391,31 @@ class GGUFFile:
         return self._buf[info.offset:info.offset + info.n_bytes]
 
     def dequantize(self, name: str, dtype="float32") -> np.ndarray:
-        """The tensor's values, NumPy's shape, a new array of ``dtype``."""
+        """The tensor's values, NumPy's shape, a new array of ``dtype``.
+
+        Decoded a few rows at a time into the result, and the file's pages handed back to the
+        system once read, so that loading a model holds its weights once and little else."""
         info = self._info(name)
-        out = dequantize(self.raw(name), info.type_name, info.shape, dtype=dtype)
-        return np.array(out, copy=True) if out.base is not None and \
-            np.shares_memory(out, self._buf) else out
+        out = np.empty(info.shape, dtype=dtype)
+        raw = self.raw(name)
+        if out.size:
+            rows = out.reshape(-1, info.shape[-1]) if out.ndim else out.reshape(1)
+            row_bytes = info.n_bytes // len(rows)
+            step = max(1, CHUNK_BYTES // max(1, rows.shape[-1] * 4))
+            for r in range(0, len(rows), step):
+                part = raw[r * row_bytes:(r + step) * row_bytes]
+                rows[r:r + step] = dequantize(part, info.type_name,
+                                              (len(part) // row_bytes,) + rows.shape[1:])
+        del raw
+        self._release(info.offset, info.n_bytes)
+        return out
+
+    def _release(self, offset: int, size: int) -> None:
+        """Drop the mapped pages of these bytes from memory (clean pages of a read-only file:
+        read again from disk if touched again)."""
+        if hasattr(mmap, "MADV_DONTNEED") and size:
+            start = offset - offset % mmap.PAGESIZE
+            self._map.madvise(mmap.MADV_DONTNEED, start, offset + size - start)
 
     def close(self):
         """Release the mapping and the file (arrays from ``dequantize`` stay valid)."""

@@ -251,3 +251,12 @@ def test_bf16_is_the_upper_half_of_a_float32():
     x = np.array([1.0, -2.5, 3.140625, 0.0], np.float32)
     raw = (x.view(np.uint32) >> 16).astype("<u2").view(np.uint8)
     np.testing.assert_array_equal(dequantize(raw, "BF16", (4,)), x)
+
+
+def test_a_tensor_read_in_many_chunks_equals_it_read_whole(tmp_path, monkeypatch):
+    import minitx.pretrained.gguf as gguf_module
+    raw = _random_blocks("Q4_K", 10 * 2, np.random.default_rng(4)).reshape(-1)
+    path = write_gguf(tmp_path / "m.gguf", {}, {"w": (12, (10, 512), raw.tobytes())})
+    monkeypatch.setattr(gguf_module, "CHUNK_BYTES", 3 * 512 * 4)       # 3 rows at a time
+    with GGUFFile(path) as f:
+        np.testing.assert_array_equal(f.dequantize("w"), dequantize(raw, "Q4_K", (10, 512)))

@@ -106,3 +106,21 @@ def test_greedy_is_unchanged_by_the_new_options():
     a = model.generate(prompt, 8).numpy()
     b = model.generate(prompt, 8, top_p=0.5, seed=1).numpy()         # temperature 0: argmax
     np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 9), k=st.integers(1, 9), cached=st.booleans())
+def test_logits_to_keep_are_the_last_positions_of_the_full_logits(n, k, cached):
+    minitx.manual_seed(1)
+    model = Decoder(DecoderConfig(vocab_size=23, hidden_size=16, num_layers=2, num_heads=2,
+                                  max_position=32, positions="rope")).eval()
+    model.to(dtype="float64")
+    ids = minitx.tensor(np.random.default_rng(n).integers(0, 23, (2, n)))
+    with minitx.no_grad():
+        full = model(ids, kv_caches=model.new_caches() if cached else None).numpy()
+        last = model(ids, kv_caches=model.new_caches() if cached else None,
+                     logits_to_keep=k).numpy()
+    # equal to rounding: BLAS may block a product of fewer rows differently
+    np.testing.assert_allclose(last, full[:, -min(k, n):], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        model(ids, logits_to_keep=-1)
