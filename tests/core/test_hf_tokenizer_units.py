@@ -415,6 +415,7 @@ def _gpt2_metadata(pre="smollm"):
 
 def test_gguf_byte_level_pre_tokenizers_by_name():
     need("regex")
+    need("jinja2")
     smol = Tokenizer.from_gguf_metadata(_gpt2_metadata("smollm"))   # one digit at a time
     gpt2 = Tokenizer.from_gguf_metadata(_gpt2_metadata("gpt-2"))
     assert smol.tokenize("he 1") == ["he", "Ġ", "1"] and gpt2.tokenize("he 1") == ["he", "Ġ1"]
@@ -559,6 +560,7 @@ def test_model_errors():
 
 
 def test_files_and_folders(tmp_path):
+    need("jinja2")
     with pytest.raises(FileNotFoundError, match="no tokenizer file; expected tokenizer.json, "
                                                 "or vocab.json \\+ merges.txt"):
         Tokenizer.from_folder(tmp_path)

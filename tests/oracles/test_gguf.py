@@ -18,6 +18,7 @@ FILES = {"smollm2": (real.smollm2_gguf, {"F32", "Q4_1", "Q8_0"}),
          "gemma3": (real.gemma3_gguf, {"F32", "Q4_K", "Q5_0", "Q6_K", "Q8_0"})}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FILES)
 def test_every_tensor_and_key_of_the_real_files_equals_the_gguf_package(name):
     find, formats = FILES[name]

@@ -44,6 +44,9 @@ from minitx.pretrained.hf_tokenizer import Tokenizer, load_tokenizer
 
 tokenizers = need("tokenizers")
 
+# the real models' files, loaded twice (minitx and the oracle): the slow lane (setup.cfg)
+pytestmark = pytest.mark.slow
+
 NAMES = ("qwen3", "llama3", "gemma3", "gpt2")
 # the tests sharing an expensive fixture (a GGUF read twice: 10-30 s) stay on one worker
 SMOLLM2 = pytest.mark.xdist_group("hf_tokenizer_smollm2")

@@ -20,7 +20,7 @@ from minitx.pretrained.bpe import bytes_to_unicode
 from minitx.pretrained.generation import chat_text, end_ids, generate_text
 from minitx.pretrained.hf_tokenizer import Tokenizer
 
-from support import REPO
+from support import REPO, need
 
 
 def _tokenizer():
@@ -103,6 +103,7 @@ def test_ctrl_c_ends_the_answer_with_the_text_so_far():
 
 
 def test_chat_text_renders_the_template_with_the_generation_prompt():
+    need("jinja2")
     tok = _tokenizer()
     model = Scripted(_ids(tok, "Hi!") + [tok.vocab["<|im_end|>"]])
     out = chat_text(model, tok, [{"role": "user", "content": "Hello"}])
@@ -136,6 +137,7 @@ def _smollm2():
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("real_llm")
 def test_generate_as_typed_continues_the_sentence():
     _smollm2()
@@ -147,6 +149,7 @@ def test_generate_as_typed_continues_the_sentence():
     assert "tokens/s" in run.stderr and "prompt tokens" in run.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("real_llm")
 def test_chat_answers_each_message_and_ends_at_ctrl_d(monkeypatch, capsys):
     _smollm2()
