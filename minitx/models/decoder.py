@@ -790,13 +790,11 @@ class Decoder(Module, AttentionMaps, HookedModel):
 
     def forward(self, idx, kv_caches=None, attention_mask=None, position_ids=None,
                 logits_to_keep: int = 0):
-        """Logits (B, N, V) of ``idx`` (B, N); ``logits_to_keep`` = k > 0 (HuggingFace's
-        name) gives the last k positions' only, (B, k, V): generation needs the last one, and
-        a 512-token prompt's full logits would be 512 · V numbers."""
+        """Logits (B, N, V) of ``idx`` (B, N), or with ``logits_to_keep`` = k > 0 (HF's name)
+        the last k positions' (B, k, V): generation needs one, not a whole prompt's N · V."""
         tokens = token_ids(idx)
         n = tokens.shape[1]
-        keep_last = validate.nonnegative_int(logits_to_keep, "logits_to_keep",
-                                             owner="Decoder")
+        keep_last = validate.nonnegative_int(logits_to_keep, "logits_to_keep", owner="Decoder")
         offset = cached_length(kv_caches, len(self.blocks), owner="Decoder")
         xp = backend.get_array_module(self.embed.weight.data)
         keep = _keep_mask(attention_mask, (tokens.shape[0], offset + n), xp)
@@ -820,9 +818,7 @@ class Decoder(Module, AttentionMaps, HookedModel):
         for i, block in enumerate(self.blocks):
             x = block(x, None if kv_caches is None else kv_caches[i], keep, position_ids)
         # Final norm, then the head (W_E when tied), then Gemma's soft-cap on the logits.
-        if keep_last:
-            x = x[:, -keep_last:]
-        x = self.ln_final(x)
+        x = self.ln_final(x[:, -keep_last:] if keep_last else x)
         w = self.embed.weight if self.unembed is None else self.unembed.weight
         logits = linear(x, w)                                           # (B, N, V)
         if self.config.final_logit_softcap is not None:

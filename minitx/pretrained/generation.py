@@ -80,13 +80,15 @@ def generate_text(model, tokenizer, prompt, max_new_tokens: int = 64,
     state = {"text": "", "shown": 0, "ids": [], "stopped": "length", "first": None}
     t0 = time.perf_counter()
 
-    def show(upto):
+    def show(upto):                            # stream the text up to ``upto``, once
         if stream and upto > state["shown"]:
             stream(state["text"][state["shown"]:upto])
         state["shown"] = max(state["shown"], upto)
 
     def on_token(step, new):
-        if state["first"] is None:
+        """Called by ``generate`` with each new token: decode it, stop at an end id or a stop
+        string, stream what no stop string can still claim."""
+        if state["first"] is None:             # the first token ends the prefill's time
             state["first"] = time.perf_counter()
         token = int(new[0])
         state["ids"].append(token)
@@ -99,6 +101,7 @@ def generate_text(model, tokenizer, prompt, max_new_tokens: int = 64,
             state["text"], state["stopped"] = text[:cut], "stop string"
             show(cut)
             raise StopIteration
+        # the longest tail that is a stop string's beginning waits for the next token
         held = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])),
                    default=0)
         show(len(text) - held)
@@ -108,7 +111,7 @@ def generate_text(model, tokenizer, prompt, max_new_tokens: int = 64,
         model.generate(Tensor(np.asarray([ids], dtype=np.int64)), max_new_tokens,
                        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                        eos_token_id=ends or None, on_token=on_token)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:                  # Ctrl-C: the answer ends, the text so far stays
         state["stopped"] = "interrupted"
     if state["stopped"] != "stop string":
         state["text"] += decoder.flush()

@@ -243,14 +243,15 @@ def dequantize(raw, ggml_type, shape, dtype="float32") -> np.ndarray:
     if name not in BLOCKS:
         raise GGUFError(f"dequantize: ggml_type must be one of {', '.join(BLOCKS)}, got {name!r}")
     shape = tuple(int(s) for s in shape)
-    per_block, size = BLOCKS[name]
-    if shape and shape[-1] % per_block:
+    per_block, size = BLOCKS[name]             # values and bytes per block
+    if shape and shape[-1] % per_block:        # blocks run along the last axis, never across rows
         raise GGUFError(f"dequantize: a {name} tensor's last axis must be whole blocks of "
                         f"{per_block}, got shape {shape}")
     raw = np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw
     if raw.size != n_bytes(name, shape):
         raise GGUFError(f"dequantize: a {name} tensor of shape {shape} takes "
                         f"{n_bytes(name, shape)} bytes, got {raw.size}")
+    # the float formats are views (BF16 is float32's top half); the others decode block by block
     if name == "F32":
         out = raw.view("<f4")
     elif name == "F16":
@@ -271,6 +272,7 @@ class _Cursor:
         self.buf, self.pos, self.path = buf, 0, path
 
     def take(self, n: int, what: str):
+        """The next ``n`` bytes; ``what`` names the field in the error when the file ends."""
         if self.pos + n > len(self.buf):
             raise GGUFError(f"{self.path}: truncated: {what} at byte {self.pos} needs {n} "
                             f"bytes, the file has {len(self.buf)}")
@@ -279,6 +281,7 @@ class _Cursor:
         return out
 
     def scalar(self, dtype: str, what: str):
+        """One number of NumPy ``dtype`` (little-endian), as a Python int or float."""
         dt = np.dtype(dtype)
         return np.frombuffer(self.take(dt.itemsize, what), dtype=dt)[0].item()
 
@@ -290,13 +293,14 @@ class _Cursor:
             raise GGUFError(f"{self.path}: {what} is not UTF-8 ({exc})") from None
 
     def value(self, vtype: int, what: str):
+        """One metadata value of type id ``vtype``: a number, a bool, a string or an array."""
         if vtype not in VALUE_TYPES:
             raise GGUFError(f"{self.path}: {what} has unknown value type {vtype}; expected "
                             f"one of {sorted(VALUE_TYPES)}")
         name, dtype = VALUE_TYPES[vtype]
         if name == "string":
             return self.string(what)
-        if name == "array":
+        if name == "array":                            # element type, count, elements
             etype = self.scalar("<u4", what)
             count = self.scalar("<u8", what)
             if etype in VALUE_TYPES and VALUE_TYPES[etype][1] is not None:
@@ -331,6 +335,7 @@ class GGUFFile:
 
     def _read_header(self):
         cur = _Cursor(self._buf, self.path)
+        # the header: magic, version, the two counts, then the metadata as (key, type, value)
         magic = bytes(cur.take(4, "the magic number"))
         if magic != MAGIC:
             raise GGUFError(f"{self.path}: bad magic number {magic!r}; a GGUF file starts "
@@ -339,17 +344,20 @@ class GGUFFile:
         if self.version not in VERSIONS:
             raise GGUFError(f"{self.path}: GGUF version {self.version} is not read; minitx "
                             f"reads versions {', '.join(map(str, VERSIONS))}")
-        n_tensors = cur.scalar("<u8", "the tensor count")
+        n_tensors = cur.scalar("<u8", "the tensor count")      # versions 2 and 3: 64-bit
         n_kv = cur.scalar("<u8", "the metadata count")
         self.metadata = {}
         for i in range(n_kv):
             key = cur.string(f"metadata key {i}")
             vtype = cur.scalar("<u4", f"the type of {key!r}")
             self.metadata[key] = cur.value(vtype, f"metadata {key!r}")
+        # tensors start at multiples of the alignment (32 bytes unless the metadata says)
         self.alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
         if self.alignment <= 0 or self.alignment & (self.alignment - 1):
             raise GGUFError(f"{self.path}: general.alignment must be a power of two, got "
                             f"{self.alignment}")
+        # the tensor table: name, rank, dims (fastest first: reversed into NumPy's order), type
+        # and offset from the data section, which starts at the next multiple of the alignment
         table = []
         for i in range(n_tensors):
             name = cur.string(f"tensor name {i}")
@@ -360,6 +368,7 @@ class GGUFFile:
             table.append((name, tuple(reversed(dims)), ggml_type, offset))
         start = -(-cur.pos // self.alignment) * self.alignment
         self.data_offset = start
+        # every entry checked before any is read: whole blocks, aligned, inside the file, unique
         self.tensors = {}
         for name, shape, ggml_type, offset in table:
             where = f"{self.path}: tensor {name!r}"
@@ -371,7 +380,7 @@ class GGUFFile:
             if offset % self.alignment:
                 raise GGUFError(f"{where}: offset {offset} is not a multiple of the "
                                 f"alignment {self.alignment}")
-            size = n_bytes(type_name, shape)
+            size = n_bytes(type_name, shape)                # blocks × bytes per block
             if start + offset + size > len(self._buf):
                 raise GGUFError(f"{where}: its {size} bytes at {start + offset} end beyond the "
                                 f"end of the file ({len(self._buf)} bytes)")

@@ -62,8 +62,10 @@ _COMMON = {
     "attention.head_count_kv": "num_key_value_heads",
     "attention.layer_norm_rms_epsilon": "rms_norm_eps",
     "rope.freq_base": "rope_theta",
-    "vocab_size": "vocab_size",
+    "vocab_size": "vocab_size",        # often absent: then read off the embedding's rows
 }
+# the keys each architecture adds: Llama's rotary dimension is its head size; Gemma 3 states
+# its head size apart from E / H, and its sliding window
 METADATA = {
     "llama": {"model_type": "llama", **_COMMON, "rope.dimension_count": "head_dim"},
     "gemma3": {"model_type": "gemma3_text", **_COMMON, "attention.key_length": "head_dim",
@@ -83,6 +85,7 @@ _ATTN_MLP = {
     "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight", "attn_norm.weight": "input_layernorm.weight",
 }
+# each family's per-layer tensors; the norms are where the two differ
 TENSORS = {
     "llama": {"ffn_norm.weight": "post_attention_layernorm.weight", **_ATTN_MLP},
     "gemma3": {"attn_q_norm.weight": "self_attn.q_norm.weight",
@@ -96,6 +99,7 @@ _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight
 
 
 def _architecture(meta: dict, source: str) -> str:
+    """``general.architecture``, refused by name unless ``METADATA`` translates it."""
     arch = meta.get("general.architecture")
     if arch not in METADATA:
         raise validate.OptionError(
@@ -113,7 +117,7 @@ def gguf_config(meta: dict, tensor_shapes: dict, source: str = "model.gguf") -> 
     table = METADATA[arch]
     cfg = {"model_type": table["model_type"]}
     unknown = []
-    for key, value in meta.items():
+    for key, value in meta.items():                # every ARCH.* key: translated, or refused
         if not key.startswith(arch + "."):
             continue                              # general.*, tokenizer.*: not the model's
         name = key[len(arch) + 1:]
@@ -125,18 +129,20 @@ def gguf_config(meta: dict, tensor_shapes: dict, source: str = "model.gguf") -> 
         raise validate.OptionError(
             f"{source}: GGUF key(s) {', '.join(map(repr, sorted(unknown)))} are not translated "
             f"for architecture {arch!r} (they may change the forward); refused")
+    # two tensors that change the config: stored RoPE factors (refused), and the embedding
     if "rope_freqs.weight" in tensor_shapes:
         raise validate.OptionError(f"{source}: tensor 'rope_freqs.weight' (llama.cpp's stored "
                                    "RoPE frequency scaling, Llama 3.1's) is not read; refused")
     if "token_embd.weight" not in tensor_shapes:
         raise validate.OptionError(f"{source}: no tensor 'token_embd.weight' (the embedding)")
     cfg.setdefault("vocab_size", int(tensor_shapes["token_embd.weight"][0]))
-    cfg["tie_word_embeddings"] = "output.weight" not in tensor_shapes
-    if arch == "gemma3":
+    cfg["tie_word_embeddings"] = "output.weight" not in tensor_shapes   # no output: tied
+    if arch == "gemma3":                           # HF's class defaults, as HF fills them
         d = GEMMA3_DEFAULTS
         n = cfg["num_hidden_layers"]
         cfg["layer_types"] = ["full_attention" if (i + 1) % d["sliding_window_pattern"] == 0
                               else "sliding_attention" for i in range(n)]
+        # two RoPE bases: the file's for the full layers, the default local one for sliding
         cfg["rope_parameters"] = {
             "full_attention": {"rope_type": "default", "rope_theta": cfg.pop("rope_theta")},
             "sliding_attention": {"rope_type": "default",

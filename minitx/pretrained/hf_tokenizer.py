@@ -30,8 +30,8 @@ each part from its JSON and runs them in HuggingFace's order:
    each distinct word is merged once (a cache). ``ignore_merges`` (Llama 3) takes a word that
    is itself in the vocabulary whole.
 5. **Post-process** (``post_processor``): add the model's special tokens — a
-   ``TemplateProcessing`` ("<bos> $A"), BERT's and RoBERTa's, or none (``ByteLevel`` only trims
-   offsets, which this module does not compute).
+   ``TemplateProcessing`` (``"<bos> $A"``), BERT's and RoBERTa's, or none (``ByteLevel``
+   only trims offsets, which this module does not compute).
 
 **Decoding** maps ids back to token strings (dropping special added tokens with
 ``skip_special_tokens=True``) and runs the ``decoder`` chain over the list: ``ByteLevel``
