@@ -62,6 +62,7 @@ from .gguf_load import load_gguf_model
 from .gpt2 import GPT2Config, GPT2Model, gpt2_state_from_hf, gpt2_state_to_hf
 from .safetensors import (PICKLE_SUFFIXES, SafetensorsError, UnsafeCheckpointError,
                           load_file, refuse_pickle)
+from . import real
 from .hf_tokenizer import Tokenizer, load_tokenizer
 from .wordpiece import WordPieceTokenizer
 

@@ -174,6 +174,15 @@ COURSE = [
       "minitx/pretrained/bpe.py", "notebooks/04_pretrained_bert.py"]),
     ("Look inside a model", "Hook points, caches, patching: what every head and variant computes.",
      ["docs/look_inside.md", "minitx/nn/hooks.py", "minitx/patching.py"]),
+    ("A real LLM, text to text",
+     "SmolLM2 and Gemma 3 from their GGUF files: the container and its block formats, "
+     "llama.cpp's conventions undone, generation that streams and stops as a user expects.",
+     ["docs/llm.md", "minitx/pretrained/gguf.py", "minitx/pretrained/gguf_load.py",
+      "minitx/pretrained/generation.py", "minitx/chat.py"]),
+    ("Inside a real LLM",
+     "SmolLM2's attention sinks, previous-token and induction heads, the logit lens layer by "
+     "layer, and the KV cache's bytes against the formula, all measured on the real weights.",
+     ["docs/inside_llm.md", "notebooks/09_inside_a_real_llm.py"]),
 ]
 
 CHAPTER_BUDGET = 1500       # lines (whole files, notes included) of a course chapter
