@@ -60,6 +60,7 @@ NOTEBOOKS = (
     "notebooks/06_llama_from_gpt2.py",
     "notebooks/07_choosing_keys.py",
     "notebooks/08_state_against_n.py",
+    "notebooks/09_inside_a_real_llm.py",
 )
 
 KERNEL_NAME = "python3"          # ipykernel's kernel: jupyter_client runs it with sys.executable
