@@ -48,7 +48,7 @@ import os
 
 import numpy as np
 
-from .. import backend
+from .. import backend, validate
 from .. import functional as F
 from ..autograd.tensor import Tensor
 # Each family brings a config, a model, its tokenizer and the two key mappings
@@ -56,7 +56,8 @@ from ..autograd.tensor import Tensor
 from .bert import BertConfig, BertModel, bert_state_from_hf, bert_state_to_hf
 from .bpe import ByteLevelBPETokenizer
 from .decoders import FAMILIES as DECODER_FAMILIES
-from .decoders import decoder_from_hf, decoder_state_from_hf, decoder_state_to_hf
+from .decoders import (decoder_config, decoder_from_hf, decoder_state_from_hf,
+                       decoder_state_to_hf)
 from .gguf import GGUFError, GGUFFile
 from .gguf_load import load_gguf_model
 from .gpt2 import GPT2Config, GPT2Model, gpt2_state_from_hf, gpt2_state_to_hf
@@ -71,7 +72,7 @@ __all__ = ["load", "load_tokenizer", "Tokenizer", "GGUFFile", "GGUFError", "load
            "GPT2Config", "GPT2Model", "WordPieceTokenizer", "ByteLevelBPETokenizer",
            "SafetensorsError", "UnsafeCheckpointError", "bert_state_from_hf",
            "bert_state_to_hf", "gpt2_state_from_hf", "gpt2_state_to_hf", "DECODER_FAMILIES",
-           "decoder_from_hf", "decoder_state_from_hf", "decoder_state_to_hf"]
+           "decoder_from_hf", "decoder_state_from_hf", "decoder_state_to_hf", "real"]
 
 # model_type in config.json → (model class, tokenizer class, config key of the position limit)
 FAMILIES = {
@@ -90,9 +91,14 @@ def _read_config(folder):
         raise FileNotFoundError(f"{path}: missing; a HuggingFace model folder has config.json")
     with open(path, encoding="utf-8") as fh:
         try:
-            return json.load(fh)
+            cfg = json.load(fh)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+            raise validate.OptionError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(cfg, dict):
+        raise validate.OptionError(f"{path}: a config.json is a JSON object of keys "
+                                   f"(model_type, hidden_size, …), got a JSON "
+                                   f"{type(cfg).__name__}")
+    return cfg
 
 
 def load_weights(folder, dtype="float32") -> dict:
@@ -104,7 +110,17 @@ def load_weights(folder, dtype="float32") -> dict:
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index, encoding="utf-8") as fh:
-            files = sorted(set(json.load(fh)["weight_map"].values()))
+            try:
+                weight_map = json.load(fh)["weight_map"]
+                files = sorted(set(weight_map.values()))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+                raise validate.OptionError(f"{index}: expected a JSON object whose "
+                                           f"'weight_map' maps tensor names to shard files "
+                                           f"({type(exc).__name__}: {exc})") from exc
+        missing = [f for f in files if not os.path.exists(os.path.join(folder, f))]
+        if missing:
+            raise FileNotFoundError(f"{index}: names shard(s) {', '.join(missing)}, which "
+                                    f"the folder does not have")
     else:
         files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
     # No safetensors: refuse the pickle files if that is what is there, rather than a bare
@@ -159,6 +175,7 @@ def load(folder, dtype=None, tokenizer: bool = True):
     # Today's decoders: one Decoder, the family a row of switches (decoders.py); the
     # tokenizer is read first, so that a folder without one fails before the weights load.
     if kind in DECODER_FAMILIES:
+        decoder_config(config, os.path.join(folder, "config.json"))   # refusals before reading
         tok = Tokenizer.from_folder(folder) if tokenizer else None
         tensors = load_weights(folder, dtype=target)
         return decoder_from_hf(config, tensors, source=folder, dtype=target, assign=True), tok

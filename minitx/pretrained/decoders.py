@@ -15,7 +15,10 @@ from ``config.json`` (``decoder_config``). Every key of ``config.json`` is read,
 not changing the forward (``changes_nothing``: metadata, token ids and ``IGNORED``, with the
 reasons in docs/decoders.md), or refused by
 name: a rope_type minitx does not compute, an activation it does not have, bidirectional
-attention, quantisation (MXFP4 by name). Adding a family is one more row; the
+attention, quantisation (MXFP4 by name). A key the file leaves out takes HF's configuration
+class's default (``HF_DEFAULTS``): HF's ``save_pretrained`` writes every key, other writers do
+not. A ``mistral`` file with ``layer_types`` is read as HF's ``AutoConfig`` reads it, as
+Ministral's (each layer slides or not as the list says). Adding a family is one more row; the
 mixture-of-experts families add ``mlp="moe"``, and ``_moe`` translates their router's and
 experts' keys into ``nn.moe.MoE``'s options (docs/moe.md).
 
@@ -64,8 +67,9 @@ from ..nn import init
 from ..nn.moe import MoE
 from ..nn.rotary import check_rope
 
-__all__ = ["FAMILIES", "IGNORED", "changes_nothing", "decoder_config", "decoder_state_from_hf",
-           "decoder_state_to_hf", "decoder_from_hf", "hf_norm_names", "hf_config_dict"]
+__all__ = ["FAMILIES", "IGNORED", "HF_DEFAULTS", "SIZE_KEYS", "changes_nothing",
+           "decoder_config", "decoder_state_from_hf", "decoder_state_to_hf", "decoder_from_hf",
+           "hf_norm_names", "hf_config_dict"]
 
 # What each family fixes. The rest comes from config.json.
 FAMILIES = {
@@ -115,6 +119,45 @@ _LINEAR_DEFAULTS = {"linear_num_key_heads": 16, "linear_num_value_heads": 32,
                     "linear_conv_kernel_dim": 4}
 _ROUTER_KEYS = ("n_shared_experts", "routed_scaling_factor", "n_group", "topk_group",
                 "norm_topk_prob", "topk_method", "scoring_func")
+# HF's configuration classes' defaults (transformers 5.24) for the keys that change the
+# forward, when a config.json leaves them out: HF's own save_pretrained writes every key, other
+# writers do not. The experts' are in _MOE_DEFAULTS below; a default that HF derives from other
+# keys (head_dim = E / H, num_key_value_heads = H) is derived here too. A rope default applies
+# only when the file has no rope key at all (rope_parameters, rope_theta or rope_scaling).
+HF_DEFAULTS = {
+    "llama": dict(rms_norm_eps=1e-6, max_position_embeddings=2048),
+    "mistral": dict(rms_norm_eps=1e-6, sliding_window=4096, num_key_value_heads=8,
+                    max_position_embeddings=131072),
+    "qwen2": dict(rms_norm_eps=1e-6, num_key_value_heads=32, max_position_embeddings=32768),
+    "qwen3": dict(rms_norm_eps=1e-6, num_key_value_heads=32, head_dim=128,
+                  max_position_embeddings=32768),
+    "olmo2": dict(rms_norm_eps=1e-5, max_position_embeddings=2048),
+    "gemma3_text": dict(rms_norm_eps=1e-6, num_key_value_heads=4, head_dim=256,
+                        query_pre_attn_scalar=256, sliding_window=4096,
+                        max_position_embeddings=131072),
+    "mixtral": dict(rms_norm_eps=1e-5, num_key_value_heads=8, max_position_embeddings=131072,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    "qwen3_moe": dict(rms_norm_eps=1e-6, num_key_value_heads=4, max_position_embeddings=32768),
+    "gpt_oss": dict(rms_norm_eps=1e-5, num_key_value_heads=8, head_dim=64, attention_bias=True,
+                    sliding_window=128, max_position_embeddings=131072,
+                    rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                     "beta_slow": 1.0, "truncate": False,
+                                     "original_max_position_embeddings": 4096,
+                                     "rope_theta": 150000.0}),
+    "deepseek_v3": dict(rms_norm_eps=1e-6, num_key_value_heads=128, q_lora_rank=1536,
+                        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                        v_head_dim=128, max_position_embeddings=4096),
+    "deepseek_v32": dict(rms_norm_eps=1e-6, num_key_value_heads=128, q_lora_rank=1536,
+                         kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                         v_head_dim=128, max_position_embeddings=163840),
+    "qwen3_next": dict(rms_norm_eps=1e-6, num_key_value_heads=2, head_dim=256,
+                       max_position_embeddings=32768),
+    "minimax": dict(rms_norm_eps=1e-5, num_key_value_heads=8, max_position_embeddings=131072),
+}
+_ROPE_KEYS = ("rope_parameters", "rope_theta", "rope_scaling")
+# the sizes a checkpoint's config.json must state (its tensors are made to them)
+SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+
 # HF's defaults, for a config.json that leaves a key out
 _MOE_DEFAULTS = {
     "qwen3_moe": dict(router_aux_loss_coef=0.001, num_experts=128, num_experts_per_tok=8,
@@ -178,7 +221,8 @@ def changes_nothing(key: str) -> bool:
 # What a key that changes the maths must hold for minitx to run the family as HF does.
 _REFUSED = {"use_bidirectional_attention": (False, None), "quantization_config": (None,)}
 _ACTIVATIONS = {"silu": None, "gelu_pytorch_tanh": True, "gelu_new": True, "gelu": False}
-_DEFAULT_THETA = {"gemma3_text": (1_000_000.0, 10_000.0), "minimax": (1_000_000.0, None)}
+_DEFAULT_THETA = {"gemma3_text": (1_000_000.0, 10_000.0), "minimax": (1_000_000.0, None),
+                  "mixtral": (1_000_000.0, None), "gpt_oss": (150_000.0, None)}
 _TIED_DEFAULT = {"gemma3_text": True}
 # HF's families that rotate only part of each head, and their default share
 _PARTIAL_ROTARY = {"qwen3_next": 0.25}
@@ -243,8 +287,10 @@ def _layer_types(cfg, kind, n, source):
             _fail(source, f"layer_types must be 'indexed_attention' for each of the {n} "
                           f"layers (HF's DeepSeek-V3.2), got {types!r}")
         return None, None
-    if kind in ("mistral", "mixtral"):         # one window for every layer, or none
-        return window, None
+    if kind == "mixtral" or (kind == "mistral" and "layer_types" not in cfg):
+        return window, None                    # one window for every layer, or none
+    # a mistral config.json with layer_types: HF's AutoConfig runs it as Ministral, whose
+    # layers slide or not as layer_types says (the generic reading below)
     if kind == "qwen3_moe":                    # HF's Qwen3-MoE: every layer, when switched on
         return (window if cfg.get("use_sliding_window", False) else None), None
     if kind == "qwen3_next":                   # linear layers, every interval-th one full
@@ -345,6 +391,16 @@ def decoder_config(cfg: dict, source: str = "config.json") -> DecoderConfig:
                       f"({', '.join(sorted(FAMILIES))})")
     if kind == "kimi_linear":
         cfg = _kimi_keys(cfg, source)
+    for key in SIZE_KEYS:                       # the sizes: stated, and positive integers
+        if key not in cfg:
+            _fail(source, f"{key} is missing; a {kind} config.json states "
+                          f"{', '.join(SIZE_KEYS)}")
+        validate.positive_int(cfg[key], key, owner=source)
+    # HF's class defaults under what the file says (HF_DEFAULTS)
+    defaults = dict(HF_DEFAULTS.get(kind, {}))
+    if any(k in cfg for k in _ROPE_KEYS):
+        defaults.pop("rope_parameters", None)
+    cfg = {**defaults, **cfg}
     quant = cfg.get("quantization_config") or {}
     if quant.get("quant_method") == "mxfp4":
         _fail(source, "quantization_config says MXFP4: the experts are stored as 4-bit blocks "

@@ -1,0 +1,100 @@
+"""A config.json that holds only the sizes, loaded by minitx and by ``transformers``: every key
+left out takes HF's configuration class's default (``decoders.HF_DEFAULTS``), so the two
+models compute the same logits. HF's own ``save_pretrained`` writes every key; configs from
+other writers do not, and before the table a missing key took minitx's own default (Gemma 3's
+``query_pre_attn_scalar``, Mixtral's and gpt-oss's rope, OLMo 2's and Mixtral's eps, gpt-oss's
+biases). Also: a ``mistral`` config.json with ``layer_types``, which HF's ``AutoConfig`` runs
+as Ministral (each layer slides or not as the list says).
+
+Tolerance: float64 logits within 1e-5 of HF's relative to the largest, as in
+``test_pretrained_decoders.py`` (HF's float32 norms and rotary tables); an eps of 1e-5 against
+1e-6 moves them by 2e-5 to 4e-5, a wrong rope or scale by far more.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from support import need
+
+torch = need("torch")
+transformers = need("transformers")
+
+import minitx.pretrained as pt  # noqa: E402
+from decoder_util import hf_model, randomize, relative  # noqa: E402
+from minitx.pretrained.decoders import HF_DEFAULTS  # noqa: E402
+
+IDS = np.random.default_rng(1).integers(3, 97, (2, 11))
+SIZES = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2)
+# the experts' and the latents' sizes too, where a family has them: their defaults are a
+# full-size model's (256 experts of width 2048, latents of 1536)
+MORE_SIZES = {
+    "mixtral": dict(num_local_experts=4),
+    "qwen3_moe": dict(num_experts=4, moe_intermediate_size=16, num_experts_per_tok=2),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
+    "deepseek_v3": dict(num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=10,
+                        qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5,
+                        n_routed_experts=8, moe_intermediate_size=16, num_experts_per_tok=2,
+                        n_group=2, topk_group=1, first_k_dense_replace=1),
+}
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma3_text", "mixtral",
+            "qwen3_moe", "gpt_oss", "deepseek_v3"]
+
+
+@pytest.mark.parametrize("kind", sorted(HF_DEFAULTS))
+def test_the_table_is_hfs_class_defaults(kind):
+    """Each entry of HF_DEFAULTS equals the attribute of HF's config class built with no
+    arguments (transformers 5.24.0)."""
+    hf = transformers.AutoConfig.for_model(kind)
+    for key, value in HF_DEFAULTS[kind].items():
+        assert getattr(hf, key) == value, (kind, key, getattr(hf, key), value)
+
+
+def _sizes_only(tmp_path, kind, extra=None):
+    """(folder, HF's float64 model): a random tiny model of ``kind`` built by HF from the
+    sizes alone (HF fills the rest from its class), saved, its config.json then cut back to
+    ``model_type`` and the sizes (plus ``extra``)."""
+    sizes = {**SIZES, **MORE_SIZES.get(kind, {})}
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(kind, **sizes, **(extra or {}))
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    randomize(model, torch, seed=FAMILIES.index(kind) if kind in FAMILIES else 0)
+    folder = tmp_path / kind
+    model.save_pretrained(folder)
+    hf = hf_model(str(folder))                   # read back from the full config HF wrote
+    (folder / "config.json").write_text(json.dumps({"model_type": kind, **sizes,
+                                                    **(extra or {})}), "utf-8")
+    return folder, hf
+
+
+def _logits(hf, ids):
+    with torch.no_grad():
+        return hf(torch.from_numpy(ids)).logits.numpy()
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_a_config_of_sizes_only_gives_hfs_logits(tmp_path, kind):
+    folder, hf = _sizes_only(tmp_path, kind)
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    want = _logits(hf, IDS)
+    got = model(IDS).numpy()
+    assert relative(got, want) < 1e-5, (kind, relative(got, want))
+
+
+def test_mistral_with_layer_types_runs_as_hf_runs_it(tmp_path):
+    """HF's AutoConfig reads a mistral config.json with layer_types as Ministral's: layer 0 full
+    here, layer 1 sliding (a window of 4 over 11 tokens), where plain Mistral slides both."""
+    types = ["full_attention", "sliding_attention"]
+    folder, mistral = _sizes_only(tmp_path, "mistral", {"sliding_window": 4})
+    cfg = json.loads((folder / "config.json").read_text("utf-8"))
+    # rope_theta and head_dim written out: HF's Ministral, read this way, derives neither
+    (folder / "config.json").write_text(json.dumps({**cfg, "layer_types": types, "head_dim": 8,
+                                                    "rope_theta": 10000.0}), "utf-8")
+    hf = hf_model(str(folder))
+    assert type(hf).__name__ == "MinistralForCausalLM"
+    want = _logits(hf, IDS)
+    assert relative(_logits(mistral, IDS), want) > 1e-2      # the two readings differ
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    assert model.config.layer_types == ("full", "sliding")
+    assert relative(model(IDS).numpy(), want) < 1e-5
