@@ -259,8 +259,11 @@ def _ropes(cfg, kind, source):
     params = cfg.get("rope_parameters")
     theta, local_theta = _DEFAULT_THETA.get(kind, (10000.0, None))
     if params and kind == "gemma3_text" and "full_attention" in params:
-        return (_rope_dict(params["full_attention"], cfg, kind, source),
-                _rope_dict(params["sliding_attention"], cfg, kind, source))
+        # HF reads YaRN's truncate from the outer dict, which has none, so it truncates
+        # whatever a layer type's entry says (modeling_rope_utils); so does minitx
+        per_type = [{**params[t], "truncate": True} if params[t].get("rope_type") == "yarn"
+                    else params[t] for t in ("full_attention", "sliding_attention")]
+        return tuple(_rope_dict(p, cfg, kind, source) for p in per_type)
     if params:
         return _rope_dict(params, cfg, kind, source), None
     # older checkpoints: rope_theta and rope_scaling; Gemma's scaling is for global layers

@@ -4,7 +4,8 @@ models compute the same logits. HF's own ``save_pretrained`` writes every key; c
 other writers do not, and before the table a missing key took minitx's own default (Gemma 3's
 ``query_pre_attn_scalar``, Mixtral's and gpt-oss's rope, OLMo 2's and Mixtral's eps, gpt-oss's
 biases). Also: a ``mistral`` config.json with ``layer_types``, which HF's ``AutoConfig`` runs
-as Ministral (each layer slides or not as the list says).
+as Ministral (each layer slides or not as the list says), and Gemma 3's nested YaRN
+``truncate``, which HF does not read.
 
 Tolerance: float64 logits within 1e-5 of HF's relative to the largest, as in
 ``test_pretrained_decoders.py`` (HF's float32 norms and rotary tables); an eps of 1e-5 against
@@ -98,3 +99,19 @@ def test_mistral_with_layer_types_runs_as_hf_runs_it(tmp_path):
     model, _ = pt.load(folder, dtype="float64", tokenizer=False)
     assert model.config.layer_types == ("full", "sliding")
     assert relative(model(IDS).numpy(), want) < 1e-5
+
+
+def test_gemma3s_nested_yarn_truncates_whatever_it_says_as_in_hf(tmp_path):
+    """HF reads YaRN's ``truncate`` from the outer rope_parameters, which for Gemma 3 holds
+    only the layer types: a nested ``truncate: false`` is not applied, there or here."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+            "rope_theta": 1000.0, "truncate": False}
+    extra = {"head_dim": 16, "sliding_window": 4, "max_position_embeddings": 64,
+             "layer_types": ["sliding_attention", "full_attention"],
+             "rope_parameters": {"full_attention": yarn,
+                                 "sliding_attention": {"rope_type": "default",
+                                                       "rope_theta": 50.0}}}
+    folder, hf = _sizes_only(tmp_path, "gemma3_text", extra)
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    assert model.config.rope["truncate"] is True
+    assert relative(model(IDS).numpy(), _logits(hf, IDS)) < 1e-5
