@@ -38,9 +38,19 @@ MORE_SIZES = {
                         qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5,
                         n_routed_experts=8, moe_intermediate_size=16, num_experts_per_tok=2,
                         n_group=2, topk_group=1, first_k_dense_replace=1),
+    # four layers: HF's default makes every fourth one full, and its forward needs one
+    "qwen3_next": dict(num_hidden_layers=4, num_experts=4, moe_intermediate_size=16, num_experts_per_tok=2,
+                       shared_expert_intermediate_size=16, linear_num_key_heads=2,
+                       linear_num_value_heads=4, linear_key_head_dim=8,
+                       linear_value_head_dim=8),
+    "minimax": dict(num_local_experts=4),
 }
+# eight indexer heads: with two, ReLU zeroes both for many keys, and the exact ties at 0
+# are broken in each library's own order by its top-k
+MORE_SIZES["deepseek_v32"] = dict(MORE_SIZES["deepseek_v3"], index_n_heads=8,
+                                  index_head_dim=8, index_topk=4)
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma3_text", "mixtral",
-            "qwen3_moe", "gpt_oss", "deepseek_v3"]
+            "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v32", "qwen3_next", "minimax"]
 
 
 @pytest.mark.parametrize("kind", sorted(HF_DEFAULTS))
