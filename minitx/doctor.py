@@ -32,6 +32,7 @@ PURPOSE = {
     "docs": "the reading site and the notebooks in Jupyter",
     "gpu": "CuPy: the same code on an NVIDIA GPU",
     "test": "the test suite",
+    "llm": "today's tokenizers and chat templates: a real LLM, text to text",
 }
 
 

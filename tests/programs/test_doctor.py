@@ -51,6 +51,7 @@ def test_the_extras_are_read_from_the_package_metadata():
     table = doctor.extras()
     assert {"viz", "docs", "gpu", "fast", "test"} <= set(table), table
     assert "matplotlib" in table["viz"] and "threadpoolctl" in table["fast"]
+    assert set(table) == set(doctor.PURPOSE), "every extra says what it is for"
 
 
 def test_kernels_report_is_todays_report():
