@@ -267,6 +267,15 @@ def _lowercase(text: str) -> str:
     return "".join(c.lower() for c in text) if "Σ" in text else text.lower()
 
 
+def _in_order(steps):
+    """A ``Sequence`` of normalizers or decoders: each step applied to the last one's result."""
+    def sequence(value):
+        for step in steps:
+            value = step(value)
+        return value
+    return sequence
+
+
 def _build_normalizer(spec, where: str):
     """A function str → str from a ``normalizer`` JSON object (None: the identity)."""
     if spec is None:
@@ -302,14 +311,8 @@ def _build_normalizer(spec, where: str):
                        handle_chinese_chars=spec.get("handle_chinese_chars", True))
         return lambda text: basic_normalize(text, **options)
     if kind == "Sequence":
-        steps = [_build_normalizer(s, where) for s in spec["normalizers"]]
-        steps = [s for s in steps if s is not None]
-
-        def sequence(text):
-            for step in steps:
-                text = step(text)
-            return text
-        return sequence
+        return _in_order([s for s in (_build_normalizer(s, where)
+                                      for s in spec["normalizers"]) if s is not None])
     raise ValueError(f"{where}: not supported; minitx reads the normalizers NFC, NFD, NFKC, "
                      "NFKD, Lowercase, Strip, StripAccents, Replace, Prepend, Append, "
                      "BertNormalizer and Sequence")
@@ -829,13 +832,7 @@ def _build_decoder(spec, where: str):
         return lambda tokens: [t.replace(suffix, "" if i == len(tokens) - 1 else " ")
                                for i, t in enumerate(tokens)]
     if kind == "Sequence":
-        steps = [_build_decoder(s, where) for s in spec["decoders"]]
-
-        def sequence(tokens):
-            for step in steps:
-                tokens = step(tokens)
-            return tokens
-        return sequence
+        return _in_order([_build_decoder(s, where) for s in spec["decoders"]])
     raise ValueError(f"{where}: not supported; minitx reads the decoders ByteLevel, Metaspace, "
                      "Replace, ByteFallback, Fuse, Strip, BPEDecoder and Sequence")
 
