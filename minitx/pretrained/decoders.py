@@ -122,8 +122,9 @@ _ROUTER_KEYS = ("n_shared_experts", "routed_scaling_factor", "n_group", "topk_gr
 # HF's configuration classes' defaults (transformers 5.24) for the keys that change the
 # forward, when a config.json leaves them out: HF's own save_pretrained writes every key, other
 # writers do not. The experts' are in _MOE_DEFAULTS below; a default that HF derives from other
-# keys (head_dim = E / H, num_key_value_heads = H) is derived here too. A rope default applies
-# only when the file has no rope key at all (rope_parameters, rope_theta or rope_scaling).
+# keys (head_dim = E / H, num_key_value_heads = H) is derived here too; a default θ of the
+# plain rope is _DEFAULT_THETA's. gpt-oss's rope default (YaRN) applies only when the file has
+# no rope key at all (rope_parameters, rope_theta or rope_scaling).
 HF_DEFAULTS = {
     "llama": dict(rms_norm_eps=1e-6, max_position_embeddings=2048),
     "mistral": dict(rms_norm_eps=1e-6, sliding_window=4096, num_key_value_heads=8,
@@ -135,8 +136,7 @@ HF_DEFAULTS = {
     "gemma3_text": dict(rms_norm_eps=1e-6, num_key_value_heads=4, head_dim=256,
                         query_pre_attn_scalar=256, sliding_window=4096,
                         max_position_embeddings=131072),
-    "mixtral": dict(rms_norm_eps=1e-5, num_key_value_heads=8, max_position_embeddings=131072,
-                    rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    "mixtral": dict(rms_norm_eps=1e-5, num_key_value_heads=8, max_position_embeddings=131072),
     "qwen3_moe": dict(rms_norm_eps=1e-6, num_key_value_heads=4, max_position_embeddings=32768),
     "gpt_oss": dict(rms_norm_eps=1e-5, num_key_value_heads=8, head_dim=64, attention_bias=True,
                     sliding_window=128, max_position_embeddings=131072,
@@ -222,7 +222,8 @@ def changes_nothing(key: str) -> bool:
 _REFUSED = {"use_bidirectional_attention": (False, None), "quantization_config": (None,)}
 _ACTIVATIONS = {"silu": None, "gelu_pytorch_tanh": True, "gelu_new": True, "gelu": False}
 _DEFAULT_THETA = {"gemma3_text": (1_000_000.0, 10_000.0), "minimax": (1_000_000.0, None),
-                  "mixtral": (1_000_000.0, None), "gpt_oss": (150_000.0, None)}
+                  "mixtral": (1_000_000.0, None),
+                  "gpt_oss": (HF_DEFAULTS["gpt_oss"]["rope_parameters"]["rope_theta"], None)}
 _TIED_DEFAULT = {"gemma3_text": True}
 # HF's families that rotate only part of each head, and their default share
 _PARTIAL_ROTARY = {"qwen3_next": 0.25}
