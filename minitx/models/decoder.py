@@ -140,6 +140,7 @@ class DecoderConfig:
     options}.
     ``residual_scales``: per layer (α₁, β₁, α₂, β₂), the residual becomes
     α·Norm(h) + β·F(Norm h) for the attention (1) and the MLP (2) (MiniMax; pre-norm only).
+    ``nope_layers``: indices of layers that rotate nothing among rotary ones (NoPE, SmolLM3).
     ``gelu_approximate``: the tanh form of GELU for "gelu" and "geglu". ``padding_idx``: the
     embedding row that gets no gradient (PyTorch's, as HF's checkpoints set it). MoE:
     ``num_experts``, ``top_k``, ``expert_hidden`` (each expert's width; default F) and
@@ -178,6 +179,7 @@ class DecoderConfig:
     max_position: int = 2048
     rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     local_rope: dict = None
+    nope_layers: tuple = ()
     # attention: its kind, QK-norm, windows, the scale, soft-cap, learned sinks
     attention: str = "gqa"
     qk_norm: str = None
@@ -295,9 +297,9 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
         validate.positive_int(c.expert_hidden, "expert_hidden", owner=who)
     elif c.mlp == "moe":
         c.expert_hidden = c.ffn_hidden
-    c.dense_layers = tuple(validate.integer(i, "dense_layers", minimum=0,
-                                            maximum=c.num_layers - 1, owner=who)
-                           for i in c.dense_layers)
+    for name in ("dense_layers", "nope_layers"):
+        setattr(c, name, tuple(validate.integer(i, name, minimum=0, maximum=c.num_layers - 1,
+                                                owner=who) for i in getattr(c, name)))
     return c
 
 
@@ -450,7 +452,7 @@ class DecoderAttention(Module):
     (B, N, H·D). Time O(B·H·N·Nk·D), Nk ≤ W with a window.
     """
 
-    def __init__(self, c: DecoderConfig, sliding: bool = False):
+    def __init__(self, c: DecoderConfig, sliding: bool = False, index: int = 0):
         super().__init__()
         e, h, hkv, d = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = h, hkv, d
@@ -468,7 +470,8 @@ class DecoderAttention(Module):
         # A sliding layer sees W keys and may have its own rotary base (Gemma 3's local layers).
         self.window = c.sliding_window if sliding else None
         rope = c.local_rope if sliding and c.local_rope is not None else c.rope
-        self.rotary = Rotary(d, rope) if c.positions == "rope" else None
+        nope = index in c.nope_layers
+        self.rotary = Rotary(d, rope) if c.positions == "rope" and not nope else None
         self.scale = 1.0 / math.sqrt(c.query_pre_attn_scalar or d)
         self.logit_softcap = c.attn_logit_softcap
         # gpt-oss: a learned logit per head that takes a share of each row's softmax
@@ -707,7 +710,7 @@ class DecoderBlock(Module):
         elif c.attention == "mla":
             self.attn = LatentDecoderAttention(c)
         else:
-            self.attn = DecoderAttention(c, sliding)
+            self.attn = DecoderAttention(c, sliding, index)
         self.ln1_post = _norm(c, e) if after else None
         self.ln2 = _norm(c, e) if before else None
         self.mlp = _mlp(c, index)
