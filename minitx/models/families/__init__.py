@@ -1,0 +1,57 @@
+"""The decoder families, one file each, a lineage of diffs from GPT-2 (HF's modular files are
+the model): each file's class holds only what its family changes from its parent's
+(``base.py`` says what the tables mean).
+
+    gpt2 → llama → mistral → mixtral → gpt_oss, minimax
+                 → qwen2 → qwen3 → qwen3_moe → qwen3_next
+                 → gemma3_text
+                 → olmo2 → olmo3
+                 → smollm3
+                 → deepseek_v3 → deepseek_v32, kimi_linear
+
+``FAMILIES[model_type]`` is the family object; ``family(model_type)`` the one lookup by
+name. Adding a family is one more file here, and its line below.
+"""
+from ... import validate
+from .base import IGNORED, SIZE_KEYS, Family, changes_nothing
+from .deepseek_v3 import DeepseekV3
+from .deepseek_v32 import DeepseekV32
+from .gemma3 import Gemma3
+from .gpt2 import GPT2
+from .gpt_oss import GptOss
+from .kimi_linear import KimiLinear
+from .llama import Llama
+from .minimax import MiniMax
+from .mistral import Mistral
+from .mixtral import Mixtral
+from .olmo2 import Olmo2
+from .olmo3 import Olmo3
+from .qwen2 import Qwen2
+from .qwen3 import Qwen3
+from .qwen3_moe import Qwen3Moe
+from .qwen3_next import Qwen3Next
+from .smollm3 import SmolLM3
+
+__all__ = ["FAMILIES", "LINEAGE", "family", "parent", "Family", "IGNORED", "SIZE_KEYS",
+           "changes_nothing"]
+
+# In the lineage's order, each after its parent; the hybrids last.
+LINEAGE = (GPT2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, Gemma3, Olmo2, Olmo3,
+           SmolLM3, GptOss, DeepseekV3, DeepseekV32, Qwen3Next, KimiLinear, MiniMax)
+FAMILIES = {cls.model_type: cls() for cls in LINEAGE}
+
+
+def family(model_type, source: str = "config.json") -> Family:
+    """The family of ``model_type``; ``OptionError`` naming the known ones otherwise."""
+    if model_type not in FAMILIES:
+        raise validate.OptionError(f"{source}: model_type {model_type!r} is not a decoder "
+                                   f"family minitx loads ({', '.join(sorted(FAMILIES))})")
+    return FAMILIES[model_type]
+
+
+def parent(fam: Family):
+    """The family a family's file changes (None for the root)."""
+    for cls in type(fam).__mro__[1:]:
+        if getattr(cls, "model_type", None) in FAMILIES:
+            return FAMILIES[cls.model_type]
+    return None
