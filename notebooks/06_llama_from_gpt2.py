@@ -236,7 +236,7 @@ kv = {}
 print(f"{'family':<12} {'model':<16} {'KiB/token':>10} {'as MHA':>10} {'+ bounded, MiB':>15}"
       "   attention")
 for kind in families.TODAY:
-    c = families.attention_config(kind)
+    c = families.family_config(kind)
     if c.attention == "mla":                       # MHA: H keys of D_n + D_r, H values of D_v
         mha = c.num_layers * c.num_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim
                                             + c.v_head_dim) * 2

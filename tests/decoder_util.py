@@ -1,6 +1,6 @@
-"""Tiny random HuggingFace decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2,
-DeepSeek-V3, and the mixtures of experts Mixtral, Qwen3-MoE, gpt-oss, DeepSeek-V3's) for the
-parity tests, built with ``transformers`` itself and saved with ``save_pretrained``.
+"""Tiny random HuggingFace decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2, OLMo 3,
+SmolLM3, DeepSeek-V3, and the mixtures of experts Mixtral, Qwen3-MoE, gpt-oss, DeepSeek-V3's)
+for the parity tests, built with ``transformers`` itself and saved with ``save_pretrained``.
 
 Each case is a config small enough to run in a fraction of a second — 2 layers, E = 32,
 4 query heads sharing 2 key/value heads, V = 97 — with what makes its family differ switched
@@ -44,6 +44,19 @@ CASES = {
                                             "rope_theta": 1000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}})),
     "olmo2": ("olmo2", dict(rms_norm_eps=0.02)),
+    # OLMo 2 with a sliding layer then a full one, each with its own rope (YaRN on the full)
+    "olmo3": ("olmo3", dict(sliding_window=4, layer_types=["sliding_attention",
+                                                           "full_attention"],
+                            rope_parameters={
+                                "full_attention": {"rope_type": "yarn", "factor": 4.0,
+                                                   "original_max_position_embeddings": 16,
+                                                   "rope_theta": 500.0},
+                                "sliding_attention": {"rope_type": "default",
+                                                      "rope_theta": 50.0}})),
+    # layer 1 without rotary positions (NoPE), and sliding, as HF slides the NoPE layers
+    "smollm3": ("smollm3", dict(no_rope_layer_interval=2, use_sliding_window=True,
+                                sliding_window=4, rope_parameters={"rope_type": "default",
+                                                                   "rope_theta": 500.0})),
     # every layer dense (first_k_dense_replace = 2): multi-head latent attention with a q
     # latent, interleaved rotary dims and YaRN's mscale on the scale
     "deepseek_v3": ("deepseek_v3", dict(
@@ -85,13 +98,7 @@ def hf_config(case):
     import transformers
     kind, extra = CASES[case]
     extra = {**SIZES, **extra}
-    cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-           "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
-           "gemma3_text": transformers.Gemma3TextConfig,
-           "deepseek_v3": transformers.DeepseekV3Config,
-           "olmo2": transformers.Olmo2Config, "mixtral": transformers.MixtralConfig,
-           "qwen3_moe": transformers.Qwen3MoeConfig, "gpt_oss": transformers.GptOssConfig}[kind]
-    return cls(**extra)
+    return transformers.AutoConfig.for_model(kind, **extra)
 
 
 def randomize(model, torch, seed, scale=0.3):

@@ -164,23 +164,25 @@ def load(folder, dtype=None, tokenizer: bool = True):
         return model, tok
     config = _read_config(folder)
     kind = config.get("model_type")
-    if kind not in FAMILIES and kind not in DECODER_FAMILIES:
+    own = FAMILIES.get(kind)
+    if own is None and kind not in DECODER_FAMILIES:
         raise ValueError(f"{os.path.join(folder, 'config.json')}: model_type {kind!r} is not "
                          f"supported; minitx.pretrained loads: "
-                         f"{', '.join(sorted([*FAMILIES, *DECODER_FAMILIES]))}")
+                         f"{', '.join(sorted({*FAMILIES, *DECODER_FAMILIES}))}")
     # Checkpoints may hold bf16/f16, but the model computes in float32 or float64: the weights
     # are widened exactly on load.
     # Weights → the family's key mapping → a model in eval mode; the tokenizer's length limit
     # is the model's position table.
-    # Today's decoders: one Decoder, the family a row of switches (decoders.py); the
-    # tokenizer is read first, so that a folder without one fails before the weights load.
-    if kind in DECODER_FAMILIES:
+    # Today's decoders: one Decoder, each family a file (models/families/); the tokenizer is
+    # read first, so that a folder without one fails before the weights load. BERT and GPT-2
+    # keep their own classes here (GPT-2 as the Decoder: ``decoder_from_hf``).
+    if own is None:
         decoder_config(config, os.path.join(folder, "config.json"))   # refusals before reading
         tok = Tokenizer.from_folder(folder) if tokenizer else None
         tensors = load_weights(folder, dtype=target)
         return decoder_from_hf(config, tensors, source=folder, dtype=target, assign=True), tok
     tensors = load_weights(folder, dtype=target)
-    model_cls, tok_cls, positions_key = FAMILIES[kind]
+    model_cls, tok_cls, positions_key = own
     model = model_cls.from_hf(config, tensors, source=folder, dtype=target)
     model.eval()
     tok = None

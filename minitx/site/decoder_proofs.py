@@ -161,11 +161,11 @@ def _families():
     counts and the table (families.py), from their configs."""
     kv = Proof("kv_cache_bytes_per_token", "kv_cache_bytes_per_token")
     for kind in families.TODAY:
-        c = families.attention_config(kind)
+        c = families.family_config(kind)
         kv.check(f"{families.REPRESENTATIVE[kind][0]} ({kind}): KV cache per token, bf16, KiB "
                  f"(limit: the same model as GPT-2's MHA)",
                  kv_cache_bytes_per_token(c) / 1024, _as_mha(c) / 1024, fmt="{:.1f}")
-    llama = families.attention_config("llama")
+    llama = families.family_config("llama")
     mha = dataclasses.replace(llama, num_kv_heads=llama.num_heads)
     kv.check("Llama-3.2-1B as MHA / as published (GQA: 32 query heads, 8 key/value) − 4",
              abs(kv_cache_bytes_per_token(mha)

@@ -150,5 +150,5 @@ def test_gpt_oss_20b_preset_is_its_config_json():
 def test_an_unknown_preset_is_refused_by_name():
     with pytest.raises(ValueError, match="name.*Llama-3.2-1B"):
         preset("Llama-4")
-    assert set(PRESETS) == {"Llama-3.2-1B", "Qwen3-0.6B", "Gemma-3-270M", "OLMo-2-1B",
-                            "Mixtral-8x7B", "gpt-oss-20b", "DeepSeek-V3"}
+    assert {"Llama-3.2-1B", "Qwen3-0.6B", "Gemma-3-270M", "OLMo-2-1B", "Mixtral-8x7B",
+            "gpt-oss-20b", "DeepSeek-V3"} <= set(PRESETS)

@@ -1,7 +1,7 @@
-"""The ten-family table, the KV-cache bytes and the expert counts of
-``minitx.pretrained.families``: the table is generated from the loader's family table (a
-row changed, removed or added there changes the table), and the counts match the figures
-the model cards publish, to the precision they publish them."""
+"""The family table, the KV-cache bytes and the expert counts of
+``minitx.pretrained.families``: the table is generated from the family files (a family
+changed, removed or added there changes the table), and the counts match the figures the
+model cards publish, to the precision they publish them."""
 import pytest
 
 from minitx.pretrained import decoders, families
@@ -43,47 +43,58 @@ def test_a_family_the_loader_lacks_says_so(monkeypatch):
     assert "not yet loadable" in line
 
 
-def test_changing_a_family_row_changes_the_table(monkeypatch):
+def test_changing_a_family_file_changes_the_table(monkeypatch):
     before = families.family_table()
-    monkeypatch.setitem(decoders.FAMILIES, "qwen3", dict(mlp="swiglu"))      # no QK-norm
+    qwen3 = decoders.FAMILIES["qwen3"]
+    monkeypatch.setattr(qwen3, "switches", {k: v for k, v in qwen3.switches.items()
+                                            if k != "qk_norm"})                # no QK-norm
     after = families.family_table()
     changed = [(a, b) for a, b in zip(before, after) if a != b]
     assert len(changed) == 1 and changed[0][0].startswith("qwen3 ")
     assert "GQA 16/8, QK-norm" in changed[0][0] and "QK-norm" not in changed[0][1]
 
 
-def test_a_family_added_to_the_loader_gets_its_row(monkeypatch):
-    """Mixtral read without its experts, as a new row of the loader's table would read it:
-    the row then comes from the translation, with no change here."""
-    assert "status" in _row("mixtral") or "mixtral" in decoders.FAMILIES
-    name, cfg = families.REPRESENTATIVE["mixtral"]
-    dense = {k: v for k, v in cfg.items() if k not in ("num_local_experts",
-                                                       "num_experts_per_tok")}
-    monkeypatch.setitem(families.REPRESENTATIVE, "mixtral", (name, dense))
-    monkeypatch.setitem(decoders.FAMILIES, "mixtral", dict(mlp="swiglu"))
-    monkeypatch.setattr(decoders, "_layer_types", lambda cfg, kind, n, source: (None, None))
-    row = _row("mixtral")
-    assert "status" not in row
+def test_a_family_added_as_one_file_gets_its_row(monkeypatch):
+    """A new family is one class: its parent, what it changes, a preset. Registered, it is
+    read, written back and tabled with no other change (the promise of models/families/)."""
+    from minitx.models.families import FAMILIES, Mistral
+    from minitx.pretrained.decoders import decoder_config, hf_config_dict
+
+    class Windowless(Mistral):                       # Mistral with its window switched off
+        model_type = "windowless"
+        presets = {"Windowless-7B": ("a test", dict(
+            families.REPRESENTATIVE["mistral"][1], sliding_window=None))}
+
+        def read_layers(self, cfg, n, source):
+            return None, None
+
+    monkeypatch.setitem(FAMILIES, "windowless", Windowless())
+    c = decoder_config(dict(Windowless.presets["Windowless-7B"][1], model_type="windowless"))
+    assert c.sliding_window is None and c.mlp == "swiglu" and c.num_kv_heads == 8
+    assert hf_config_dict(c)["model_type"] == "llama"      # the first family that runs it
+    monkeypatch.setitem(families.REPRESENTATIVE, "windowless",
+                        next((n, cfg) for n, (_, cfg) in Windowless.presets.items()))
+    row = _row("windowless")
     assert (row["attention"], row["MLP"], row["window pattern"]) == ("GQA 32/8", "SwiGLU",
                                                                      "all full")
 
 
 def test_kv_cache_bytes_per_token_at_real_sizes():
     # Llama-3.2-1B: 16 layers · 2 (k, v) · 8 heads · 64 dims · 2 bytes
-    assert families.kv_cache_bytes_per_token(families.attention_config("llama")) == 32768
+    assert families.kv_cache_bytes_per_token(families.family_config("llama")) == 32768
     # DeepSeek-V3: 61 layers · (512 latent + 64 rotary) · 2 bytes
-    assert families.kv_cache_bytes_per_token(families.attention_config("deepseek_v3")) == \
+    assert families.kv_cache_bytes_per_token(families.family_config("deepseek_v3")) == \
         61 * 576 * 2
     # Gemma-3-270M: only its 3 global layers grow (1 key/value head of 256 dims)
-    assert families.kv_cache_bytes_per_token(families.attention_config("gemma3_text")) == \
+    assert families.kv_cache_bytes_per_token(families.family_config("gemma3_text")) == \
         3 * 2 * 256 * 2
-    assert families.kv_cache_bytes_per_token(families.attention_config("mistral")) == 0
+    assert families.kv_cache_bytes_per_token(families.family_config("mistral")) == 0
     # gpt-oss-20b: 12 full layers of 24, 8 key/value heads of 64 dims; its sinks are on
-    c = families.attention_config("gpt_oss")
+    c = families.family_config("gpt_oss")
     assert c.attn_sinks and families.kv_cache_bytes_per_token(c) == 12 * 2 * 8 * 64 * 2
     # Qwen3-Next-80B: only its 12 gated attention layers of 48 grow (2 heads of 256 dims);
     # the 36 gated DeltaNet layers keep a state of constant size
-    c = families.attention_config("qwen3_next")
+    c = families.family_config("qwen3_next")
     assert families._pattern(c.layer_types, None) == "36 gated_deltanet, 12 full"
     assert families.kv_cache_bytes_per_token(c) == 12 * 2 * 2 * 256 * 2
 

@@ -211,6 +211,6 @@ def test_minimax_text_01_counts_match_its_model_card():
     assert round(r["total"] / 1e9) == 456
     assert round((r["active"] - 2 * r["lookup"]) / 1e9, 1) == 45.9
     assert count_parameters(families.family_config("minimax"))["total"] == r["total"]
-    c = families.attention_config("minimax")
+    c = families.family_config("minimax")
     assert c.layer_types.count("lightning") == 70
     assert families.kv_cache_bytes_per_token(c) == 10 * 2 * 8 * 128 * 2

@@ -39,18 +39,22 @@ MORE_SIZES = {
                         n_routed_experts=8, moe_intermediate_size=16, num_experts_per_tok=2,
                         n_group=2, topk_group=1, first_k_dense_replace=1),
     # four layers: HF's default makes every fourth one full, and its forward needs one
-    "qwen3_next": dict(num_hidden_layers=4, num_experts=4, moe_intermediate_size=16, num_experts_per_tok=2,
+    "qwen3_next": dict(num_hidden_layers=4, num_experts=4, moe_intermediate_size=16,
+                       num_experts_per_tok=2,
                        shared_expert_intermediate_size=16, linear_num_key_heads=2,
                        linear_num_value_heads=4, linear_key_head_dim=8,
                        linear_value_head_dim=8),
     "minimax": dict(num_local_experts=4),
+    # its default pad id, 128004, is outside a vocabulary of 97
+    "smollm3": dict(pad_token_id=0),
 }
 # eight indexer heads: with two, ReLU zeroes both for many keys, and the exact ties at 0
 # are broken in each library's own order by its top-k
 MORE_SIZES["deepseek_v32"] = dict(MORE_SIZES["deepseek_v3"], index_n_heads=8,
                                   index_head_dim=8, index_topk=4)
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma3_text", "mixtral",
-            "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v32", "qwen3_next", "minimax"]
+            "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v32", "qwen3_next", "minimax",
+            "olmo3", "smollm3"]
 
 
 @pytest.mark.parametrize("kind", sorted(HF_DEFAULTS))
@@ -124,4 +128,35 @@ def test_gemma3s_nested_yarn_truncates_whatever_it_says_as_in_hf(tmp_path):
     folder, hf = _sizes_only(tmp_path, "gemma3_text", extra)
     model, _ = pt.load(folder, dtype="float64", tokenizer=False)
     assert model.config.rope["truncate"] is True
+    assert relative(model(IDS).numpy(), _logits(hf, IDS)) < 1e-5
+
+
+def test_olmo3s_flat_rope_theta_reaches_the_full_layers_only_as_in_hf(tmp_path):
+    """An older OLMo 3 config.json with a flat ``rope_theta``: HF's conversion gives it to the
+    full layers, and the sliding layers keep the class's θ = 500,000 (a window of 4 over 11
+    tokens, so the sliding layer's rotation shows in the logits)."""
+    extra = {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]}
+    folder, _ = _sizes_only(tmp_path, "olmo3", extra)
+    (folder / "config.json").write_text(json.dumps(
+        {"model_type": "olmo3", **SIZES, **extra, "rope_theta": 100.0}), "utf-8")
+    hf = hf_model(str(folder))
+    assert hf.config.rope_parameters["sliding_attention"]["rope_theta"] == 500000.0
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
+    assert model.config.rope["rope_theta"] == 100.0
+    assert model.config.local_rope["rope_theta"] == 500000.0
+    assert relative(model(IDS).numpy(), _logits(hf, IDS)) < 1e-5
+
+
+@pytest.mark.parametrize("extra", [
+    {"no_rope_layer_interval": 2},                                      # layer 1 NoPE
+    {"no_rope_layers": [0, 1]},                                         # layer 0 NoPE
+    {"no_rope_layer_interval": 2, "use_sliding_window": True, "sliding_window": 4},
+    {"use_sliding_window": True, "sliding_window": 4,                   # layer_types win
+     "layer_types": ["sliding_attention", "full_attention"]},
+], ids=["interval", "list", "nope-slides", "layer-types"])
+def test_smollm3s_nope_and_window_keys_give_hfs_logits(tmp_path, extra):
+    """SmolLM3's NoPE layers (``no_rope_layers`` or its interval) and its window, each way
+    HF's config reads them."""
+    folder, hf = _sizes_only(tmp_path, "smollm3", extra)
+    model, _ = pt.load(folder, dtype="float64", tokenizer=False)
     assert relative(model(IDS).numpy(), _logits(hf, IDS)) < 1e-5

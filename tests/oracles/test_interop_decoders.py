@@ -21,7 +21,8 @@ HF_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
             "deepseek_v3": "DeepseekV3ForCausalLM", "mixtral": "MixtralForCausalLM",
-            "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+            "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
+            "olmo3": "Olmo3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
 
 
 @pytest.fixture(scope="module")

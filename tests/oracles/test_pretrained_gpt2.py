@@ -1,5 +1,8 @@
 """GPT-2 loaded by ``minitx.pretrained.load`` against ``transformers.GPT2LMHeadModel``
 (test-only oracle) on a tiny random checkpoint: logits, gradients, greedy generation."""
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -11,6 +14,8 @@ need("tokenizers")
 
 import minitx  # noqa: E402
 import minitx.pretrained as pt  # noqa: E402
+from minitx.models import Decoder  # noqa: E402
+from minitx.pretrained.decoders import decoder_from_hf, decoder_state_to_hf  # noqa: E402
 from pretrained_util import max_abs, tiny_gpt2  # noqa: E402
 
 TEXTS = ["Attention is all you need.", "The quick brown fox jumps over the lazy dog, happily!",
@@ -123,3 +128,44 @@ def test_state_dict_loads_into_minitx_gpt(folder):
                                             n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd))
     gpt.load_state_dict(model.state_dict())       # strict: every key and shape agrees
     assert np.array_equal(gpt.wte.weight.numpy(), model.wte.weight.numpy())
+
+
+def _as_decoder(folder, dtype):
+    """The folder's GPT-2 read by the decoder families' root (``families/gpt2.py``)."""
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as fh:
+        cfg = json.load(fh)
+    return decoder_from_hf(cfg, pt.load_weights(folder, dtype="float64"), folder, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_lineages_root_builds_gpt2_as_a_decoder(folder, batch, dtype):
+    """The same checkpoint read by the decoder families' root (``families/gpt2.py``) as a
+    ``Decoder``: HF's logits, the GPT-2 loader's logits, and HF's tensors back from
+    ``decoder_state_to_hf`` (Conv1D's transpose and the fused c_attn redone)."""
+    model = _as_decoder(folder, dtype)
+    assert type(model) is Decoder and model.config.positions == "learned"
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    real = mask.astype(bool)
+    got = model(ids, attention_mask=mask).numpy()
+    with torch.no_grad():
+        ref = hf_model(folder, dtype)(input_ids=torch.tensor(ids),
+                                      attention_mask=torch.tensor(mask)).logits.numpy()
+    assert max_abs(got, ref, real) <= TOL[dtype]
+    gpt2, _ = pt.load(folder, dtype=dtype)
+    assert max_abs(got, gpt2(ids, attention_mask=mask).numpy(), real) <= TOL[dtype]
+    hf = hf_model(folder, "float64").state_dict()
+    back = decoder_state_to_hf(model.state_dict(), model)
+    mine = {k: v for k, v in back.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    assert set(mine) == {k for k in hf if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    for key, value in mine.items():
+        assert np.allclose(value, hf[key].numpy(), rtol=0, atol=1e-6), key
+
+
+def test_the_lineages_root_greedy_tokens_match_transformers(folder, batch):
+    model = _as_decoder(folder, "float64")
+    ids = batch["input_ids"][:1, :5]
+    got = model.generate(ids, max_new_tokens=8)
+    with torch.no_grad():
+        want = hf_model(folder, "float64").generate(torch.tensor(ids), max_new_tokens=8,
+                                                    do_sample=False, pad_token_id=0).numpy()
+    assert np.array_equal(np.asarray(got), want)

@@ -61,7 +61,8 @@ def test_unknown_model_type_lists_the_supported(bert_folder, tmp_path):
                                          r"supported; minitx\.pretrained loads: bert, "
                                          r"deepseek_v3, deepseek_v32, gemma3_text, gpt2, gpt_oss, "
                                          r"kimi_linear, llama, minimax, "
-                                         r"mistral, mixtral, olmo2, qwen2, qwen3, qwen3_moe"):
+                                         r"mistral, mixtral, olmo2, olmo3, qwen2, qwen3, qwen3_moe, "
+                                         r"qwen3_next, smollm3$"):
         pt.load(folder)
 
 
