@@ -40,10 +40,10 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
   D in the scale 1/√D; ``final_logit_softcap`` c·tanh(z/c) on the logits;
   ``attn_logit_softcap`` the same on the scores (Gemma 2; HF's Gemma 3 does not apply it).
 - ``attn_sinks``: gpt-oss's learned sink logit σ_h per head, one more term in each row's
-  softmax with no value behind it, so a head may attend to nothing:
-  the weights become $e^{s_{ij}} / (e^{\sigma_h} + \sum_{j'} e^{s_{ij'}})$.
-- ``attn_output_gate``: Qwen3-Next's q_proj also yields a gate per output element, and the
-  heads' output is o ⊙ σ(gate) before o_proj (each head may switch itself off).
+  softmax with no value behind it, so a head may attend to nothing;
+  ``attn_output_gate``: Qwen3-Next's gate on each head's output. These two, QK-norm and the
+  scores' soft-cap are subclasses of the plain attention (``attention_features.py``, the
+  formulas there), composed by ``attention_features.attention_class``.
 - ``tie_embeddings``: the head reuses W_E (GPT-2, Gemma) or has its own (Llama 3 8B, Qwen 7B).
 
 Attention of one layer, with G = H/Hkv query heads sharing each key/value head (GQA), the
@@ -80,25 +80,24 @@ from .. import backend, validate
 from ..backend import host_xp
 # The attention pieces are minitx's own: the caches, the hookable (fused or composed) softmax
 # attention, the head plumbing; the layers below are the nn blocks the families add.
-from ..attention import KVCache, WindowKVCache, cached_length
-from ..attention.base import hookable_attention, hooked_heads
+from ..attention import KVCache, cached_length
+from ..attention.base import causal_pattern, hookable_attention, hooked_heads
 from ..autograd.grad_mode import no_grad
 from ..autograd.tensor import Tensor
 from ..nn import init
-from ..nn.decoder_layers import DecoderRMSNorm, DenseMLP, GatedMLP, softcap
+from ..nn.decoder_layers import DenseMLP, GatedMLP, softcap
 from ..nn.hooks import HookedModel, HookPoint
-from ..nn.layers import Embedding, LayerNorm, Linear
-from ..nn.module import Module, ModuleList, Parameter
+from ..nn.layers import Embedding, Linear
+from ..nn.module import Module, ModuleList
 from ..nn.positional import LearnedPositionalEmbedding
-# RoPE's tables and scalings; the composed ops for soft-capped scores and sinks.
+# RoPE's tables and scalings.
 from ..nn.rotary import Rotary, check_rope, yarn_mscale
-from ..ops.activation import softmax
-from ..ops.elementwise import sigmoid
-from ..ops.indexing import getitem, masked_fill
-from ..ops.linalg import linear, matmul
-from ..ops.sdpa import attention_scores, merge_heads, repeat_kv, split_heads
+from ..ops.linalg import linear
+from ..ops.sdpa import merge_heads, split_heads
 from ..ops.shape import broadcast_to, concatenate, reshape
+from .attention_features import attention_class
 from .common import AttentionMaps, token_ids
+from .decoder_attention import DecoderAttention, norm_layer
 from .gpt import sample_next
 from .indexer import IndexedLatentCache, LightningIndexer, check_indexer
 from .mixers import MIXERS
@@ -385,14 +384,6 @@ def kv_cache_bytes_per_token(config: DecoderConfig, bytes_per_number: int = 2) -
             - kv_cache_bytes(c, past, bytes_per_number))
 
 
-def _norm(c: DecoderConfig, dim: int):
-    """The family's normalisation over the last axis of size ``dim``."""
-    if c.norm == "layernorm":
-        return LayerNorm(dim, eps=c.norm_eps, bias=c.norm_bias)
-    return DecoderRMSNorm(dim, eps=c.norm_eps, unit_offset=c.norm_unit_offset,
-                          scale_in_float32=c.norm_scale_in_float32)
-
-
 def _mlp(c: DecoderConfig, index: int = 0):
     """Layer ``index``'s MLP: GPT-2's, a gated one (SwiGLU, GeGLU), or a mixture of experts
     (a dense SwiGLU in the ``dense_layers`` of an MoE model)."""
@@ -435,146 +426,6 @@ def _keep_mask(attention_mask, shape, xp):
     return None if bool(m.all()) else m
 
 
-class DecoderAttention(Module):
-    """Causal self-attention of one decoder layer (module docstring's formula), full or
-    sliding. x (B, N, E) → (B, N, E); H query heads of D dims, Hkv key/value heads.
-
-    Linear layers ``q_proj`` (E → H·D), ``k_proj``/``v_proj`` (E → Hkv·D), ``o_proj``
-    (H·D → E); ``q_norm``/``k_norm`` with ``qk_norm``; ``sinks`` (H,) with ``attn_sinks``
-    (``hook_pattern`` then shows rows summing to less than 1). With a cache, x's tokens
-    follow the cached ones. Hook points as the registry's variants
-    (TransformerLens's names, heads as (B, N, H, D)): ``hook_q``/``hook_k``/``hook_v``
-    (the projections, before QK-norm and the rotation), ``hook_q_normed``/``hook_k_normed``
-    (QK-norm's output, laid out as the norm sees it: (B, H, N, D) per head, (B, N, H·D) over
-    the projection), ``hook_rot_q``/``hook_rot_k``,
-    ``hook_attn_scores``/``hook_pattern`` (B, H, Nq, Nk), ``hook_z``; with
-    ``attn_output_gate``, q_proj (E → 2·H·D) also gives the gate, seen by ``hook_out_gate``
-    (B, N, H·D). Time O(B·H·N·Nk·D), Nk ≤ W with a window.
-    """
-
-    def __init__(self, c: DecoderConfig, sliding: bool = False, index: int = 0):
-        super().__init__()
-        e, h, hkv, d = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = h, hkv, d
-        # with attn_output_gate, each head's rows are [q_h (D), gate_h (D)] (HF's layout)
-        self.output_gate = c.attn_output_gate
-        self.q_proj = Linear(e, h * d * (2 if c.attn_output_gate else 1), bias=c.qkv_bias)
-        self.k_proj = Linear(e, hkv * d, bias=c.qkv_bias)
-        self.v_proj = Linear(e, hkv * d, bias=c.qkv_bias)
-        self.o_proj = Linear(h * d, e, bias=c.o_bias)
-        # QK-norm: per head over D (Qwen3, Gemma 3) or over the whole projection (OLMo 2).
-        self.qk_norm = c.qk_norm
-        if c.qk_norm is not None:
-            self.q_norm = _norm(c, d if c.qk_norm == "head" else h * d)
-            self.k_norm = _norm(c, d if c.qk_norm == "head" else hkv * d)
-        # A sliding layer sees W keys and may have its own rotary base (Gemma 3's local layers).
-        self.window = c.sliding_window if sliding else None
-        rope = c.local_rope if sliding and c.local_rope is not None else c.rope
-        nope = index in c.nope_layers
-        self.rotary = Rotary(d, rope) if c.positions == "rope" and not nope else None
-        self.scale = 1.0 / math.sqrt(c.query_pre_attn_scalar or d)
-        self.logit_softcap = c.attn_logit_softcap
-        # gpt-oss: a learned logit per head that takes a share of each row's softmax
-        if c.attn_sinks:
-            self.sinks = Parameter(backend.xp().zeros((h,), dtype=backend.default_float()))
-        else:
-            self.register_parameter("sinks", None)
-        names = ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z")
-        if c.qk_norm is not None:
-            names += ("q_normed", "k_normed")
-        for name in names:
-            setattr(self, f"hook_{name}", HookPoint())
-        if self.output_gate:
-            self.hook_out_gate = HookPoint()        # (B, N, H·D), before its sigmoid
-
-    def new_cache(self):
-        """A ``WindowKVCache`` for a sliding layer (bounded), else a ``KVCache``."""
-        return KVCache() if self.window is None else WindowKVCache(self.window)
-
-    def _allowed(self, offset, n, first, nk, xp, always=False):
-        """(Nq, Nk) bool, True = may attend: causal, and within the window; None when plain
-        bottom-right causality says it (full layer, keys from position 0) unless ``always``."""
-        if self.window is None and first == 0 and not always:
-            return None
-        qpos = xp.arange(offset, offset + n)[:, None]
-        kpos = xp.arange(first, first + nk)[None, :]
-        allowed = kpos <= qpos
-        if self.window is not None:
-            allowed &= kpos > qpos - self.window                  # the last W positions
-        return allowed
-
-    def _composed(self, q, k, v, allowed):
-        """Attention written out, for what the fused op does not do: the soft-cap goes on
-        before the mask (a masked −∞ would be capped to −c); a sink is one more softmax
-        column, with no value behind it."""
-        s = attention_scores(q, k, scale=self.scale, enable_gqa=True)      # (B, H, Nq, Nk)
-        if self.logit_softcap is not None:
-            s = softcap(s, self.logit_softcap)
-        s = self.hook_attn_scores(masked_fill(s, ~allowed, -math.inf))
-        if self.sinks is None:
-            p = softmax(s, axis=-1)
-        else:
-            # softmax over [s_i1 … s_iNk, σ_h], then the sink's column dropped
-            b, h, nq, nk = s.shape
-            sink = broadcast_to(reshape(self.sinks, (1, h, 1, 1)), (b, h, nq, 1))
-            p = getitem(softmax(concatenate([s, sink], axis=-1), axis=-1),
-                        (slice(None), slice(None), slice(None), slice(0, nk)))
-        p = self.hook_pattern(p)                                           # rows sum ≤ 1
-        return matmul(p, repeat_kv(v, self.num_heads))                     # (B, H, Nq, D)
-
-    def forward(self, x, kv_cache=None, keep=None, positions=None):
-        """x (B, N, E) → (B, N, E); ``keep`` (B, cached + N) bool, False = a padding key;
-        ``positions`` (B, N) the rotary positions (default: cached … cached + N − 1)."""
-        b, n, _ = x.shape
-        xp = backend.get_array_module(x.data)
-        offset = 0 if kv_cache is None else len(kv_cache)
-        # Project and split into heads (B, H, N, D), the hooks, then QK-norm per head or over
-        # the whole projection (TransformerLens hooks q and k before the norm, as here).
-        q = self.q_proj(x)
-        if self.output_gate:                                           # [q_h, gate_h] per head
-            h, d = self.num_heads, self.head_dim
-            qg = reshape(q, (b, n, h, 2 * d))
-            q, gate = (reshape(qg[..., s], (b, n, h * d)) for s in (slice(0, d), slice(d, None)))
-        q = split_heads(q, self.num_heads)
-        k = split_heads(self.k_proj(x), self.num_kv_heads)
-        v = split_heads(self.v_proj(x), self.num_kv_heads)
-        q, k, v = (hooked_heads(hk, t) for hk, t in
-                   ((self.hook_q, q), (self.hook_k, k), (self.hook_v, v)))
-        if self.qk_norm == "head":                                     # Qwen3, Gemma 3: over D
-            q, k = self.hook_q_normed(self.q_norm(q)), self.hook_k_normed(self.k_norm(k))
-        elif self.qk_norm == "proj":                                   # OLMo 2: (B, N, H·D)
-            q = split_heads(self.hook_q_normed(self.q_norm(merge_heads(q))), self.num_heads)
-            k = split_heads(self.hook_k_normed(self.k_norm(merge_heads(k))), self.num_kv_heads)
-        # Rotate at the tokens' own positions (after the cached ones), then cache the keys.
-        if self.rotary is not None:
-            pos = xp.arange(offset, offset + n) if positions is None else positions
-            q = hooked_heads(self.hook_rot_q, self.rotary.rotate(q, pos))
-            k = hooked_heads(self.hook_rot_k, self.rotary.rotate(k, pos))
-        first = 0
-        if kv_cache is not None:
-            k, v = kv_cache.append(k, v)                               # (B, Hkv, Nk, D)
-            first = getattr(kv_cache, "first_position", 0)
-        # The mask; the fused (or hook-composed) attention unless a cap or sinks need scores.
-        written_out = self.logit_softcap is not None or self.sinks is not None
-        allowed = self._allowed(offset, n, first, k.shape[2], xp,
-                                always=written_out or keep is not None)
-        if keep is not None:                    # padding keys: (Nq, Nk) & (B, 1, 1, Nk)
-            allowed = allowed & keep[:, None, None, first:first + k.shape[2]]
-        if written_out:
-            z = self._composed(q, k, v, allowed)
-        else:
-            z, _ = hookable_attention(self, q, k, v, scale=self.scale, causal=allowed is None,
-                                      mask=allowed)
-        z = merge_heads(hooked_heads(self.hook_z, z))                   # (B, N, H·D)
-        if self.output_gate:
-            z = z * sigmoid(self.hook_out_gate(gate))
-        return self.o_proj(z)                                           # (B, N, E)
-
-    def extra_repr(self) -> str:
-        return (f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-                f"head_dim={self.head_dim}, window={self.window}, qk_norm={self.qk_norm!r}")
-
-
 class LatentDecoderAttention(Module):
     """Multi-head latent attention (DeepSeek-V2/V3): keys and values come from one small
     latent per token, and the cache keeps the latent, not the keys and values.
@@ -611,11 +462,12 @@ class LatentDecoderAttention(Module):
             self.q_proj = Linear(e, h * (dn + dr), bias=False)
         else:
             self.q_a_proj = Linear(e, c.q_lora_rank, bias=c.qkv_bias)
-            self.q_a_layernorm = _norm(dataclasses.replace(c, norm_eps=1e-6), c.q_lora_rank)
+            self.q_a_layernorm = norm_layer(dataclasses.replace(c, norm_eps=1e-6),
+                                            c.q_lora_rank)
             self.q_b_proj = Linear(c.q_lora_rank, h * (dn + dr), bias=False)
         # keys and values: the latent c and the shared rotary key, then c expanded per head
         self.kv_a_proj_with_mqa = Linear(e, r + dr, bias=c.qkv_bias)
-        self.kv_a_layernorm = _norm(dataclasses.replace(c, norm_eps=1e-6), r)
+        self.kv_a_layernorm = norm_layer(dataclasses.replace(c, norm_eps=1e-6), r)
         self.kv_b_proj = Linear(r, h * (dn + dv), bias=False)
         self.o_proj = Linear(h * dv, e, bias=c.o_bias)
         # Kimi Linear's MLA rotates nothing (positions="none"): k^R is then one more shared key
@@ -668,22 +520,18 @@ class LatentDecoderAttention(Module):
         q = concatenate([q_pass, q_rot], axis=-1)
         q, k, v = (hooked_heads(hk, t) for hk, t in
                    ((self.hook_q, q), (self.hook_k, k), (self.hook_v, kv[..., dn:])))
+        # the cache holds every key from position 0: causality is bottom-right aligned
         allowed = None
         if keep is not None:
-            allowed = _causal_allowed(offset, n, nk, xp) & keep[:, None, None, :]
+            allowed = causal_pattern(n, nk, xp) & keep[:, None, None, :]
         if self.indexer is not None:          # DSA: only the keys the indexer chooses
             if allowed is None:
-                allowed = _causal_allowed(offset, n, nk, xp)
+                allowed = causal_pattern(n, nk, xp)
             seen = allowed if allowed.ndim == 2 else allowed[:, 0]    # (N, Nk) or (B, N, Nk)
             allowed = allowed & self.indexer(x, q_latent, seen, pos, kv_cache)[:, None]
         z, _ = hookable_attention(self, q, k, v, scale=self.scale, causal=allowed is None,
                                   mask=allowed)
         return self.o_proj(merge_heads(hooked_heads(self.hook_z, z)))   # (B, N, E)
-
-
-def _causal_allowed(offset, n, nk, xp):
-    """(N, Nk) bool: query i (at offset + i) may see key j ≤ offset + i."""
-    return xp.arange(nk)[None, :] <= xp.arange(offset, offset + n)[:, None]
 
 
 class DecoderBlock(Module):
@@ -703,18 +551,18 @@ class DecoderBlock(Module):
         # Norms before each sublayer (pre, sandwich), after it (post, sandwich), or both.
         before = c.norm_placement in ("pre", "sandwich")
         after = c.norm_placement in ("post", "sandwich")
-        self.ln1 = _norm(c, e) if before else None
+        self.ln1 = norm_layer(c, e) if before else None
         layer_type = c.layer_types[index]
         if layer_type in MIXERS:                      # a hybrid's recurrent layer
             self.attn = MIXERS[layer_type](c, index)
         elif c.attention == "mla":
             self.attn = LatentDecoderAttention(c)
-        else:
-            self.attn = DecoderAttention(c, sliding, index)
-        self.ln1_post = _norm(c, e) if after else None
-        self.ln2 = _norm(c, e) if before else None
+        else:                                         # plain, or with a family's additions
+            self.attn = attention_class(c)(c, sliding, index)
+        self.ln1_post = norm_layer(c, e) if after else None
+        self.ln2 = norm_layer(c, e) if before else None
         self.mlp = _mlp(c, index)
-        self.ln2_post = _norm(c, e) if after else None
+        self.ln2_post = norm_layer(c, e) if after else None
         self.scales = None if c.residual_scales is None else c.residual_scales[index]
         for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
             setattr(self, f"hook_{name}", HookPoint())
@@ -770,7 +618,7 @@ class Decoder(Module, AttentionMaps, HookedModel):
             if c.positions == "learned" else None
         self.blocks = ModuleList([DecoderBlock(c, t == "sliding", i)
                                   for i, t in enumerate(c.layer_types)])
-        self.ln_final = _norm(c, c.hidden_size)
+        self.ln_final = norm_layer(c, c.hidden_size)
         self.unembed = None if c.tie_embeddings else \
             Linear(c.hidden_size, c.vocab_size, bias=False)
         self._init_weights()

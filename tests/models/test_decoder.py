@@ -465,3 +465,25 @@ def test_latent_attention_refuses_what_deepseek_does_not_have():
     with pytest.raises(ValueError, match="attention='mla' is DeepSeek's"):
         Decoder(DecoderConfig(attention="mla", kv_lora_rank=4, qk_nope_head_dim=2,
                               qk_rope_head_dim=2, v_head_dim=2, qk_norm="head"))
+
+
+def test_the_plain_attention_carries_no_familys_additions():
+    """A Llama-style layer is ``DecoderAttention`` itself: no norm, gate, cap or sink in it.
+    Each switch adds exactly its own class, and they compose (Qwen3-Next: a gate and
+    QK-norm)."""
+    from minitx.models import DecoderAttention
+    from minitx.models import attention_features as af
+    base = dict(vocab_size=11, hidden_size=8, num_layers=1, num_heads=2, ffn_hidden=8)
+    plain = Decoder(DecoderConfig(**base)).blocks[0].attn
+    assert type(plain) is DecoderAttention
+    assert not any(hasattr(plain, a) for a in ("q_norm", "sinks", "logit_softcap",
+                                                "hook_out_gate", "hook_q_normed"))
+    for switch, cls in ((dict(qk_norm="head"), af.QKNorm), (dict(attn_sinks=True), af.Sinks),
+                        (dict(attn_logit_softcap=5.0), af.SoftCapped),
+                        (dict(attn_output_gate=True), af.OutputGate)):
+        assert type(Decoder(DecoderConfig(**base, **switch)).blocks[0].attn) is cls
+    both = type(Decoder(DecoderConfig(**base, qk_norm="head",
+                                      attn_output_gate=True)).blocks[0].attn)
+    assert issubclass(both, af.QKNorm) and issubclass(both, af.OutputGate)
+    assert set(Decoder(DecoderConfig(**base, qk_norm="head", attn_output_gate=True))
+               .state_dict()) >= {"blocks.0.attn.q_norm.weight", "blocks.0.attn.q_proj.weight"}

@@ -1,0 +1,128 @@
+"""The plain attention of a decoder layer, full or sliding, with the one normalisation
+layer every family chooses from (``norm_layer``); the formula is ``decoder.py``'s. What a
+family adds to it lives in ``attention_features.py``."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import math
+
+from .. import backend
+from ..attention import KVCache, WindowKVCache
+from ..attention.base import hookable_attention, hooked_heads
+from ..nn.decoder_layers import DecoderRMSNorm
+from ..nn.hooks import HookPoint
+from ..nn.layers import LayerNorm, Linear
+from ..nn.module import Module
+from ..nn.rotary import Rotary
+from ..ops.sdpa import merge_heads, split_heads
+
+if TYPE_CHECKING:                       # a type only: decoder.py imports this module
+    from .decoder import DecoderConfig
+
+__all__ = ["DecoderAttention", "norm_layer"]
+
+
+def norm_layer(c: DecoderConfig, dim: int):
+    """The family's normalisation over the last axis of size ``dim``."""
+    if c.norm == "layernorm":
+        return LayerNorm(dim, eps=c.norm_eps, bias=c.norm_bias)
+    return DecoderRMSNorm(dim, eps=c.norm_eps, unit_offset=c.norm_unit_offset,
+                          scale_in_float32=c.norm_scale_in_float32)
+
+
+class DecoderAttention(Module):
+    """Causal self-attention of one decoder layer (module docstring's formula), full or
+    sliding, in its plain form: what a family adds to it (QK-norm, an output gate, soft-capped
+    scores, sinks) is a subclass in ``attention_features.py``. x (B, N, E) → (B, N, E); H
+    query heads of D dims, Hkv key/value heads.
+
+    Linear layers ``q_proj`` (E → H·D), ``k_proj``/``v_proj`` (E → Hkv·D), ``o_proj``
+    (H·D → E). With a cache, x's tokens follow the cached ones. Hook points as the
+    registry's variants (TransformerLens's names, heads as (B, N, H, D)):
+    ``hook_q``/``hook_k``/``hook_v`` (the projections, before the rotation),
+    ``hook_rot_q``/``hook_rot_k``, ``hook_attn_scores``/``hook_pattern`` (B, H, Nq, Nk),
+    ``hook_z``. Time O(B·H·N·Nk·D), Nk ≤ W with a window.
+    """
+    query_width = 1          # q_proj's rows per query row (a gate may ride along with q)
+    needs_scores = False     # the scores written out, with an explicit mask (else fused)
+
+    def __init__(self, c: DecoderConfig, sliding: bool = False, index: int = 0):
+        super().__init__()
+        e, h, hkv, d = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = h, hkv, d
+        self.q_proj = Linear(e, h * d * self.query_width, bias=c.qkv_bias)
+        self.k_proj = Linear(e, hkv * d, bias=c.qkv_bias)
+        self.v_proj = Linear(e, hkv * d, bias=c.qkv_bias)
+        self.o_proj = Linear(h * d, e, bias=c.o_bias)
+        # A sliding layer sees W keys and may have its own rotary base (Gemma 3's local
+        # layers); a NoPE layer (``nope_layers``) rotates nothing.
+        self.window = c.sliding_window if sliding else None
+        rope = c.local_rope if sliding and c.local_rope is not None else c.rope
+        nope = index in c.nope_layers
+        self.rotary = Rotary(d, rope) if c.positions == "rope" and not nope else None
+        self.scale = 1.0 / math.sqrt(c.query_pre_attn_scalar or d)
+        for name in ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+    def new_cache(self):
+        """A ``WindowKVCache`` for a sliding layer (bounded), else a ``KVCache``."""
+        return KVCache() if self.window is None else WindowKVCache(self.window)
+
+    def _allowed(self, offset, n, first, nk, xp, always=False):
+        """(Nq, Nk) bool, True = may attend: causal, and within the window; None when plain
+        bottom-right causality says it (full layer, keys from position 0) unless ``always``."""
+        if self.window is None and first == 0 and not always:
+            return None
+        qpos = xp.arange(offset, offset + n)[:, None]
+        kpos = xp.arange(first, first + nk)[None, :]
+        allowed = kpos <= qpos
+        if self.window is not None:
+            allowed &= kpos > qpos - self.window                  # the last W positions
+        return allowed
+
+    def forward(self, x, kv_cache=None, keep=None, positions=None):
+        """x (B, N, E) → (B, N, E); ``keep`` (B, cached + N) bool, False = a padding key;
+        ``positions`` (B, N) the rotary positions (default: cached … cached + N − 1)."""
+        return self.o_proj(self.heads(x, self.q_proj(x), kv_cache, keep, positions))
+
+    def heads(self, x, q, kv_cache=None, keep=None, positions=None):
+        """The heads' outputs merged, (B, N, H·D), for x (B, N, E) and its queries q
+        (B, N, H·D)."""
+        n = x.shape[1]
+        xp = backend.get_array_module(x.data)
+        offset = 0 if kv_cache is None else len(kv_cache)
+        # Split into heads (B, H, N, D), then rotate at the tokens' own positions (after the
+        # cached ones) and cache the keys.
+        q = hooked_heads(self.hook_q, split_heads(q, self.num_heads))
+        k = hooked_heads(self.hook_k, split_heads(self.k_proj(x), self.num_kv_heads))
+        v = hooked_heads(self.hook_v, split_heads(self.v_proj(x), self.num_kv_heads))
+        q, k = self.normed(q, k)
+        if self.rotary is not None:
+            pos = xp.arange(offset, offset + n) if positions is None else positions
+            q = hooked_heads(self.hook_rot_q, self.rotary.rotate(q, pos))
+            k = hooked_heads(self.hook_rot_k, self.rotary.rotate(k, pos))
+        first = 0
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)                               # (B, Hkv, Nk, D)
+            first = getattr(kv_cache, "first_position", 0)
+        # The mask: causal and the window, and the padding keys (Nq, Nk) & (B, 1, 1, Nk).
+        allowed = self._allowed(offset, n, first, k.shape[2], xp,
+                                always=self.needs_scores or keep is not None)
+        if keep is not None:
+            allowed = allowed & keep[:, None, None, first:first + k.shape[2]]
+        return merge_heads(hooked_heads(self.hook_z, self.attend(q, k, v, allowed)))
+
+    def normed(self, q, k):
+        """q and k between projection and rotation: as projected (``QKNorm`` normalises)."""
+        return q, k
+
+    def attend(self, q, k, v, allowed):
+        """(B, H, Nq, D): softmax attention, fused (composed when a hook is set)."""
+        z, _ = hookable_attention(self, q, k, v, scale=self.scale, causal=allowed is None,
+                                  mask=allowed)
+        return z
+
+    def extra_repr(self) -> str:
+        return (f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, window={self.window}")
