@@ -92,6 +92,7 @@ from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of
 from . import init
+from .decoder_layers import GatedMLP
 from .hooks import HookPoint
 from .layers import Linear
 from .module import Module, Parameter
@@ -464,23 +465,15 @@ class Experts(Module):
                 f"bias={self.down_proj_bias is not None}")
 
 
-class SharedExpert(Module):
+class SharedExpert(GatedMLP):
     """The shared expert every token goes through (DeepSeek-V3, Qwen2-MoE): one dense SwiGLU
-    MLP, ``down_proj(silu(gate_proj(x)) * up_proj(x))``, without biases.
-
-    x (..., E) → (..., E); ``gate_proj``, ``up_proj`` Linear(E, I), ``down_proj`` Linear(I, E).
-    Cost O(3EI) per token.
+    MLP (``decoder_layers.GatedMLP``), ``down_proj(silu(gate_proj(x)) * up_proj(x))``,
+    without biases; PyTorch's ``device=`` / ``dtype=`` keywords. Cost O(3EI) per token.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, device=None, dtype=None):
-        super().__init__()
-        self.gate_proj = Linear(hidden_size, intermediate_size, bias=False, dtype=dtype)
-        self.up_proj = Linear(hidden_size, intermediate_size, bias=False, dtype=dtype)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=False, dtype=dtype)
-        self._factory(device)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        super().__init__(hidden_size, intermediate_size, "silu", bias=False)
+        self._factory(device, dtype)
 
 
 class MoE(Module):

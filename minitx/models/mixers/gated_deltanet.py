@@ -151,7 +151,8 @@ class CausalConv1d(Module):
         b, n, c = x.shape
         k = self.kernel
         xp = backend.get_array_module(x.data)
-        before = xp.zeros((b, k - 1, c), dtype=x.dtype) if past is None else past
+        before = xp.zeros((b, k - 1, c), dtype=x.dtype) if past is None else \
+            past.astype(x.dtype)
         padded = F.concatenate([Tensor._wrap(before), x], axis=1)      # (B, K − 1 + N, C)
         w = F.reshape(self.weight, (c, k))
         # y_t = Σ_j w_j x_{t−K+1+j}: K shifted views of the padded sequence, weighted

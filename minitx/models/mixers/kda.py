@@ -61,14 +61,14 @@ from ...attention.base import hooked_heads
 from ...attention.delta_rule import _unit_rows
 from ...attention.gated_delta import kda_chunk, run_gated_chunks
 from ...attention.retention import RecurrentState
-from ...autograd.tensor import Tensor
-from ...backend import get_array_module, host_xp, rng, xp as active_xp
+from ...backend import host_xp, rng, xp as active_xp
 from ...nn.decoder_layers import DecoderRMSNorm
 from ...nn.hooks import HookPoint
 from ...nn.layers import Linear
 from ...nn.module import Module, Parameter
 from ...ops.sdpa import split_heads
 from . import register_mixer
+from .gated_deltanet import CausalConv1d          # the same convolution as gated DeltaNet's
 
 __all__ = ["KimiDeltaLayer", "KDACache", "CausalConv1d", "kda_options"]
 
@@ -89,33 +89,6 @@ def kda_options(c) -> dict:
     o = {"num_heads": c.num_heads, "head_dim": c.head_dim, "conv_kernel": 4, "chunk_size": 16,
          **given}
     return {k: validate.positive_int(o[k], k, owner=who) for k in OPTIONS}
-
-
-class CausalConv1d(Module):
-    """A depthwise causal convolution along the tokens (the module docstring's sum): each of
-    C channels mixes its own last K inputs. x (B, N, C) → (B, N, C); ``past`` (B, K − 1, C),
-    the inputs before x (None: zeros). Returns (y, the last K − 1 inputs, a raw array for
-    the next call). Parameter ``weight`` (C, 1, K), PyTorch's ``Conv1d(groups=C)`` layout
-    (tap K − 1 meets the newest token). A loop over the K taps, O(B·N·C·K)."""
-
-    def __init__(self, channels: int, kernel: int):
-        super().__init__()
-        self.kernel = kernel
-        bound = 1.0 / math.sqrt(kernel)                  # PyTorch's default: fan_in = K
-        w = rng().uniform(-bound, bound, (channels, 1, kernel))
-        self.weight = Parameter(active_xp().asarray(w).astype("float32"))
-
-    def forward(self, x, past=None):
-        b, n, ch = x.shape
-        xp = get_array_module(x.data)
-        if past is None:
-            past = xp.zeros((b, self.kernel - 1, ch), dtype=x.dtype)
-        padded = F.concatenate([Tensor._wrap(past.astype(x.dtype)), x], axis=1)   # (B, K−1+N, C)
-        taps = [padded[:, j:j + n] * self.weight[:, 0, j] for j in range(self.kernel)]
-        y = taps[0]
-        for t in taps[1:]:
-            y = y + t
-        return y, padded.data[:, n:]                                     # (B, N, C), (B, K−1, C)
 
 
 class KDACache(RecurrentState):
