@@ -91,6 +91,34 @@ CASES = {
 }
 MOE_CASES = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3-moe")
 
+# The sizes a config.json must state, and nothing else (test_hf_defaults.py, the sweep)
+SIZES_ONLY = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2)
+# the experts' and the latents' sizes too, where a family has them: their defaults are a
+# full-size model's (256 experts of width 2048, latents of 1536)
+MORE_SIZES = {
+    "mixtral": dict(num_local_experts=4),
+    "qwen3_moe": dict(num_experts=4, moe_intermediate_size=16, num_experts_per_tok=2),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
+    "deepseek_v3": dict(num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=10,
+                        qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5,
+                        n_routed_experts=8, moe_intermediate_size=16, num_experts_per_tok=2,
+                        n_group=2, topk_group=1, first_k_dense_replace=1),
+    # four layers: HF's default makes every fourth one full, and its forward needs one
+    "qwen3_next": dict(num_hidden_layers=4, num_experts=4, moe_intermediate_size=16,
+                       num_experts_per_tok=2,
+                       shared_expert_intermediate_size=16, linear_num_key_heads=2,
+                       linear_num_value_heads=4, linear_key_head_dim=8,
+                       linear_value_head_dim=8),
+    "minimax": dict(num_local_experts=4),
+    # its default pad id, 128004, is outside a vocabulary of 97
+    "smollm3": dict(pad_token_id=0),
+}
+# eight indexer heads: with two, ReLU zeroes both for many keys, and the exact ties at 0
+# are broken in each library's own order by its top-k
+MORE_SIZES["deepseek_v32"] = dict(MORE_SIZES["deepseek_v3"], index_n_heads=8,
+                                  index_head_dim=8, index_topk=4)
+
 _BUILT = {}
 
 

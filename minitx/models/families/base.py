@@ -100,6 +100,9 @@ class Family:
     gelu_names = {True: "gelu_pytorch_tanh", False: "gelu"}
     size_keys = SIZE_KEYS
     tied = False
+    # the one key that switches on the biases of q, k, v and o (None: HF's class has no such
+    # key, and one a file carries is refused by name)
+    bias_key = "attention_bias"
     theta = 10000.0
     partial_rotary = None
 
@@ -157,7 +160,7 @@ class Family:
         fields.update(self.read_activation(cfg, source))
         fields["rope"], fields["local_rope"] = self.read_ropes(cfg, source)
         fields["sliding_window"], fields["layer_types"] = self.read_layers(cfg, n, source)
-        bias = bool(cfg.get("attention_bias", False))
+        bias = bool(cfg.get(self.bias_key, False)) if self.bias_key else False
         fields.update(qkv_bias=bias, o_bias=bias)
         fields.update(self.switches)
         if fields.get("mlp") == "moe":
@@ -165,7 +168,7 @@ class Family:
         fields.update(self.read_extra(cfg, n, fields, source))
         # Every key must have been read above or be known not to matter.
         read = set(self.keys) | self.reads | set(_ROPE_KEYS) | set(_REFUSED) | {
-            "tie_word_embeddings", "attention_bias", self.activation_key}
+            "tie_word_embeddings", self.bias_key, self.activation_key}
         unknown = sorted(k for k in set(cfg) - read if not changes_nothing(k))
         if unknown:
             fail(source, f"config.json key(s) {', '.join(map(repr, unknown))} are not known "
@@ -258,7 +261,9 @@ class Family:
         checks it by reading it back)."""
         d = {"model_type": self.model_type}
         d.update({k: getattr(c, f) for k, f in self.keys.items()})
-        d.update(tie_word_embeddings=c.tie_embeddings, attention_bias=c.qkv_bias)
+        d["tie_word_embeddings"] = c.tie_embeddings
+        if self.bias_key:
+            d[self.bias_key] = c.qkv_bias
         d[self.activation_key] = "silu" if self.switches.get("mlp") in ("swiglu", "moe") else \
             self.gelu_names[c.gelu_approximate]
         d.update(self.write_ropes(c))

@@ -3,7 +3,8 @@
 
 HF's ``DeepseekV32Config``: the rotary dims are always interleaved pairs (it does not read
 ``rope_interleave``); its only layer type is ``indexed_attention``; ``mlp_layer_types``
-may say which layers are dense.
+may say which layers are dense. Its class has an ``mlp_bias`` key that its model does not
+read (no MLP has biases): read and ignored here too.
 """
 from .base import fail
 from .deepseek_v3 import MLA_KEYS, DeepseekV3
@@ -15,8 +16,7 @@ INDEX_DEFAULTS = {"index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128
 class DeepseekV32(DeepseekV3):
     model_type = "deepseek_v32"
     switches = dict(rope_interleave=True)
-    keys = {"mlp_bias": "mlp_bias"}
-    reads = {*INDEX_DEFAULTS, "mlp_layer_types"}
+    reads = {*INDEX_DEFAULTS, "mlp_layer_types", "mlp_bias"}
     defaults = dict(max_position_embeddings=163840, **INDEX_DEFAULTS)
     presets = {
         # DeepSeek-V3.2: V3's model, plus a lightning indexer choosing 2048 keys per query

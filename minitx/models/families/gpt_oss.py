@@ -11,6 +11,7 @@ from .mixtral import Mixtral
 class GptOss(Mixtral):
     model_type = "gpt_oss"
     switches = dict(attn_sinks=True, norm_scale_in_float32=True)
+    bias_key = "attention_bias"                    # unlike Mistral's, read (HF's default: on)
     reads = {"swiglu_limit", "swiglu_alpha"}
     defaults = dict(head_dim=64, attention_bias=True, sliding_window=128,
                     num_experts=128, num_experts_per_tok=4, num_local_experts=None,

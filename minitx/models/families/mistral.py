@@ -8,7 +8,8 @@ from .llama import Llama
 
 class Mistral(Llama):
     model_type = "mistral"
-    keys = {"mlp_bias": None}                      # HF's Mistral has no MLP biases
+    keys = {"mlp_bias": None}                      # HF's Mistral has no MLP biases …
+    bias_key = None                                # … and no attention biases
     defaults = dict(sliding_window=4096, num_key_value_heads=8,
                     max_position_embeddings=131072)
     presets = {
