@@ -16,7 +16,7 @@ from ... import validate
 from .base import IGNORED, SIZE_KEYS, Family, changes_nothing
 from .deepseek_v3 import DeepseekV3
 from .deepseek_v32 import DeepseekV32
-from .gemma3 import Gemma3
+from .gemma3 import Gemma3           # model_type "gemma3_text" (HF's "gemma3" has vision)
 from .gpt2 import GPT2
 from .gpt_oss import GptOss
 from .kimi_linear import KimiLinear
@@ -32,6 +32,7 @@ from .qwen3_moe import Qwen3Moe
 from .qwen3_next import Qwen3Next
 from .smollm3 import SmolLM3
 
+# the lookups, and base.py's names that pretrained.decoders imports from here
 __all__ = ["FAMILIES", "LINEAGE", "family", "parent", "Family", "IGNORED", "SIZE_KEYS",
            "changes_nothing"]
 
@@ -41,9 +42,15 @@ LINEAGE = (GPT2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, Gemma3, Olmo2,
 FAMILIES = {cls.model_type: cls() for cls in LINEAGE}
 
 
-def family(model_type, source: str = "config.json") -> Family:
-    """The family of ``model_type``; ``OptionError`` naming the known ones otherwise."""
+_NONE = object()
+
+
+def family(model_type, source: str = "config.json", default=_NONE) -> Family:
+    """The family of ``model_type``; ``default`` if given, else ``OptionError`` naming the
+    known ones, when there is none. The one comparison of a family's name."""
     if model_type not in FAMILIES:
+        if default is not _NONE:
+            return default
         raise validate.OptionError(f"{source}: model_type {model_type!r} is not a decoder "
                                    f"family minitx loads ({', '.join(sorted(FAMILIES))})")
     return FAMILIES[model_type]
@@ -52,6 +59,6 @@ def family(model_type, source: str = "config.json") -> Family:
 def parent(fam: Family):
     """The family a family's file changes (None for the root)."""
     for cls in type(fam).__mro__[1:]:
-        if getattr(cls, "model_type", None) in FAMILIES:
+        if cls in LINEAGE:
             return FAMILIES[cls.model_type]
     return None

@@ -107,6 +107,8 @@ class Family:
     partial_rotary = None
 
     def __init_subclass__(cls, **kwargs):
+        """A subclass's tables merged over its parent's (``None`` drops an entry, a ``fresh``
+        table starts anew), its ``reads`` added to the parent's; ``presets`` never inherited."""
         super().__init_subclass__(**kwargs)
         parent = cls.__mro__[1]
         for name in _MERGED:
@@ -190,12 +192,12 @@ class Family:
         """One HF rope dict → minitx's (``type`` read as ``rope_type``, the original context
         filled in as HF does), refused when partial where HF's model rotates every dim."""
         rope = dict(rope)
-        if "type" in rope:
+        if "type" in rope:                          # older files' spelling
             rope.setdefault("rope_type", rope.pop("type"))
         if rope.get("rope_type") in ("llama3", "yarn"):
             rope.setdefault("original_max_position_embeddings",
                             cfg.get("max_position_embeddings"))
-        if self.partial_rotary is not None:
+        if self.partial_rotary is not None:         # the family's share, unless the file says
             rope.setdefault("partial_rotary_factor", self.partial_rotary)
         elif float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
             fail(source, f"{where}: partial_rotary_factor={rope['partial_rotary_factor']} is "
@@ -281,7 +283,7 @@ class Family:
     # matrices and of the MLP module; the shared expert's module name
     experts_key, expert_width_key = "num_experts", "moe_intermediate_size"
     aux_key = "router_aux_loss_coef"
-    expert_layout = "split"
+    expert_layout = "split"                    # or "interleaved", gpt-oss's
     expert_files = ("gate_proj", "up_proj", "down_proj")
     moe_files_module = "mlp"
     shared_expert = "shared_expert"
@@ -354,7 +356,7 @@ class Family:
     def tensor_to_hf(self, name: str, layer_types=()):
         """The inverse of ``tensor_to_minitx``; an entry of the layer's own type wins."""
         found = None
-        for _, mine, hf, kind in self._patterns():
+        for _, mine, hf, kind in self._patterns():  # the table read backwards: minitx → HF
             rx = "^" + re.escape(mine).replace(r"\{i\}", r"(?P<i>\d+)").replace(
                 r"\*", r"(?P<rest>.+)") + "$"
             m = re.match(rx, name)
@@ -367,7 +369,7 @@ class Family:
             out = hf.replace("{i}", i or "").replace("*", m.groupdict().get("rest") or "")
             if kind is not None:
                 return out
-            found = found or out
+            found = found or out                    # a plain entry, unless a typed one follows
         if found is None:
             raise ValueError(f"decoder_state_to_hf: unexpected minitx key {name!r}")
         return found

@@ -22,7 +22,7 @@ ROUTER_KEYS = ("n_shared_experts", "routed_scaling_factor", "n_group", "topk_gro
 class DeepseekV3(Llama):
     model_type = "deepseek_v3"
     switches = dict(mlp="moe", attention="mla")
-    keys = {"mlp_bias": None}
+    keys = {"mlp_bias": None}                   # not a key of HF's DeepseekV3Config
     reads = {*MLA_KEYS, "rope_interleave", *EXPERT_KEYS, *ROUTER_KEYS,
              "first_k_dense_replace"}
     defaults = dict(num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
@@ -32,8 +32,8 @@ class DeepseekV3(Llama):
                     first_k_dense_replace=3, n_group=8, topk_group=4,
                     routed_scaling_factor=2.5, n_shared_experts=1)
     experts_key = "n_routed_experts"
-    aux_key = None
-    shared_expert = "shared_experts"
+    aux_key = None                              # no load-balancing loss (module docstring)
+    shared_expert = "shared_experts"            # the shared experts' module, in the plural
     presets = {
         # DeepSeek-V3: latent attention, 3 dense layers, then 8 of 256 experts + 1 shared
         "DeepSeek-V3": ("deepseek-ai/DeepSeek-V3", dict(
@@ -52,6 +52,8 @@ class DeepseekV3(Llama):
     }
 
     def read_extra(self, cfg, n, fields, source):
+        """The latent attention's sizes, and whether the rotary dims are stored as interleaved
+        pairs (HF's default: they are)."""
         return {**{k: cfg[k] for k in MLA_KEYS if k in cfg},
                 "rope_interleave": cfg.get("rope_interleave", True)}
 
@@ -59,12 +61,15 @@ class DeepseekV3(Llama):
         return {**{k: getattr(c, k) for k in MLA_KEYS}, "rope_interleave": c.rope_interleave}
 
     def read_dense_layers(self, get, n, source):
+        """The first ``first_k_dense_replace`` layers keep a dense MLP."""
         return tuple(range(min(get("first_k_dense_replace"), n)))
 
     def write_dense_layers(self, c):
         return {"first_k_dense_replace": len(c.dense_layers)}
 
     def read_moe_options(self, get, cfg, source):
+        """The grouped sigmoid router, the only one HF's DeepSeek-V3 runs: another
+        ``topk_method`` or ``scoring_func`` is refused."""
         for key, allowed in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")):
             if key in cfg and cfg[key] != allowed:
                 fail(source, f"{key}={cfg[key]!r}: minitx's {self.model_type} router is "

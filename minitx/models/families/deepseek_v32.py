@@ -26,6 +26,7 @@ class DeepseekV32(DeepseekV3):
     }
 
     def read_layers(self, cfg, n, source):
+        """Every layer indexed (HF's one layer type), none sliding."""
         types = cfg.get("layer_types") or ["indexed_attention"] * n
         if len(types) != n or set(types) != {"indexed_attention"}:
             fail(source, f"layer_types must be 'indexed_attention' for each of the {n} "
@@ -36,6 +37,8 @@ class DeepseekV32(DeepseekV3):
         return {"layer_types": ["indexed_attention"] * c.num_layers}
 
     def read_extra(self, cfg, n, fields, source):
+        """The latent attention's sizes and the indexer's; not V3's ``rope_interleave``, which
+        the switch fixes (HF's V3.2 does not read it)."""
         return {**{k: cfg[k] for k in MLA_KEYS if k in cfg},
                 **{k: cfg[k] for k in INDEX_DEFAULTS}}
 
@@ -44,6 +47,7 @@ class DeepseekV32(DeepseekV3):
                 **{k: getattr(c, k) for k in INDEX_DEFAULTS}}
 
     def read_dense_layers(self, get, n, source):
+        """``mlp_layer_types`` when the file has it, else V3's ``first_k_dense_replace``."""
         dense = dense_by_type(get("mlp_layer_types"), n, source)
         return super().read_dense_layers(get, n, source) if dense is None else dense
 

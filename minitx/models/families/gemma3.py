@@ -19,13 +19,15 @@ class Gemma3(Llama):
     reads = {"rope_local_base_freq"}
     defaults = dict(num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256,
                     sliding_window=4096, max_position_embeddings=131072)
+    # the sandwich: HF's post_attention_layernorm here follows the attention (ln1_post), and
+    # Llama's norm before the MLP (ln2) is pre_feedforward_layernorm
     tensors = {
         "model.layers.{i}.post_attention_layernorm.weight": "blocks.{i}.ln1_post.weight",
         "model.layers.{i}.pre_feedforward_layernorm.weight": "blocks.{i}.ln2.weight",
         "model.layers.{i}.post_feedforward_layernorm.weight": "blocks.{i}.ln2_post.weight"}
     activation_key, activation = "hidden_activation", "gelu_pytorch_tanh"
     tied = True
-    theta, local_theta = 1_000_000.0, 10_000.0
+    theta, local_theta = 1_000_000.0, 10_000.0      # the global layers' base, the local ones'
     presets = {
         # Gemma 3: five local layers to one global, two rope bases, GeGLU
         "Gemma-3-270M": ("google/gemma-3-270m", dict(

@@ -48,16 +48,19 @@ class GPT2(Family):
         "transformer.h.{i}.attn.q_proj.*": "blocks.{i}.attn.q_proj.*",
         "transformer.h.{i}.attn.k_proj.*": "blocks.{i}.attn.k_proj.*",
         "transformer.h.{i}.attn.v_proj.*": "blocks.{i}.attn.v_proj.*",
-        "transformer.h.{i}.attn.c_proj.*": "blocks.{i}.attn.o_proj.*",
-        "transformer.h.{i}.mlp.c_fc.*": "blocks.{i}.mlp.up_proj.*",
+        "transformer.h.{i}.attn.c_proj.*": "blocks.{i}.attn.o_proj.*",      # the output projection
+        "transformer.h.{i}.mlp.c_fc.*": "blocks.{i}.mlp.up_proj.*",          # the MLP: E → 4E
         "transformer.h.{i}.mlp.c_proj.*": "blocks.{i}.mlp.down_proj.*"}
     presets = {
+        # GPT-2 (124M): learned positions, a GELU MLP of width 4E, the tied head
         "GPT-2": ("openai-community/gpt2", dict(
             vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
             activation_function="gelu_new", layer_norm_epsilon=1e-5)),
     }
 
     def read_extra(self, cfg, n, fields, source):
+        """No field to read: ``_FIXED``'s options are only checked, each refused unless it
+        holds the value minitx runs."""
         for key, allowed in _FIXED.items():
             if key in cfg and bool(cfg[key]) != allowed:
                 fail(source, f"{key}={cfg[key]!r} changes the attention and minitx's "
@@ -73,7 +76,7 @@ class GPT2(Family):
             if key.endswith((".attn.bias", ".attn.masked_bias")):
                 continue                          # the old mask buffers
             if not key.startswith(("transformer.", "lm_head.")):
-                key = "transformer." + key
+                key = "transformer." + key        # a Hub file's name, without the prefix
             if key.endswith(_CONV1D):
                 value = np.asarray(value).T       # Conv1D (in, out) → Linear (out, in)
             if ".attn.c_attn." in key:            # (3E, E) rows, or (3E,): q, k, v
@@ -84,6 +87,8 @@ class GPT2(Family):
         return out
 
     def tensors_to_hf(self, tensors, model, files):
+        """``tensors_from_hf`` backwards: q, k, v fused again into ``c_attn`` (q's rows
+        first), the Conv1D weights transposed back to (in, out)."""
         out = {}
         for key, value in tensors.items():
             if ".attn.k_proj." in key or ".attn.v_proj." in key:

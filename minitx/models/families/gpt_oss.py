@@ -21,7 +21,7 @@ class GptOss(Mixtral):
                                      "original_max_position_embeddings": 4096,
                                      "rope_theta": 150000.0})
     theta = defaults["rope_parameters"]["rope_theta"]
-    expert_layout = "gpt_oss"
+    expert_layout = "interleaved"              # gate and up columns alternate, (in, out)
     expert_files = ("gate_proj", "up_proj", "down_proj")
     moe_files_module = "mlp"
     presets = {

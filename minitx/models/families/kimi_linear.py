@@ -17,22 +17,27 @@ from .base import fail
 from .deepseek_v3 import MLA_KEYS, DeepseekV3
 from .deepseek_v32 import dense_by_type
 
+# Moonshot's spellings → the other families' (HF's attribute_map)
 ALIASES = {"moe_renormalize": "norm_topk_prob", "num_expert_group": "n_group",
            "num_experts_per_token": "num_experts_per_tok",
            "num_shared_experts": "n_shared_experts",
            "model_max_length": "max_position_embeddings"}
+# keys HF's model does not read, and the value it runs whatever they say
 FIXED = {"mla_use_nope": True, "moe_router_activation_func": "sigmoid",
          "use_grouped_topk": True, "moe_layer_freq": 1}
+# linear_attn_config's keys, and the flat keys they win over
 _LINEAR = (("head_dim", "linear_head_dim"), ("num_heads", "linear_num_heads"),
            ("short_conv_kernel_size", "linear_conv_kernel_dim"))
-_NAMES = {"linear_attention": "kda", "full_attention": "full"}
+_NAMES = {"linear_attention": "kda", "full_attention": "full"}  # HF's layer_types → minitx's
+# the decay's tensors (transformers 5: under forget_gate.), the three short convolutions
+# (transformers 5: one conv1d.weight)
 _KDA_GATE = ("f_a_proj.weight", "f_b_proj.weight", "dt_bias", "A_log")
 _KDA_CONVS = ("q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight")
 
 
 class KimiLinear(DeepseekV3):
     model_type = "kimi_linear"
-    switches = dict(positions="none", rope_interleave=False)
+    switches = dict(positions="none", rope_interleave=False)  # the MLA layers rotate nothing
     reads = {"linear_attn_config", "linear_num_heads", "linear_head_dim",
              "linear_conv_kernel_dim", "mlp_layer_types", "num_experts", *FIXED}
     # None: a key of DeepSeek-V3's that HF's KimiLinearConfig lacks (or holds as None)
@@ -58,7 +63,7 @@ class KimiLinear(DeepseekV3):
             moe_router_activation_func="sigmoid", use_grouped_topk=True,
             linear_attn_config={"head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4,
                                 "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
-                                "kda_layers": [i for i in range(1, 28)
+                                "kda_layers": [i for i in range(1, 28)    # the 20 others
                                                if i % 4 and i != 27]})),
     }
 
@@ -89,15 +94,15 @@ class KimiLinear(DeepseekV3):
         types = cfg.get("layer_types")
         linear = cfg.get("linear_attn_config") or {}
         if types is None and "kda_layers" in linear and "full_attn_layers" in linear:
-            types = [None] * n
+            types = [None] * n                      # filled from the two lists
             for key, name in (("full_attn_layers", "full_attention"),
                               ("kda_layers", "linear_attention")):
                 for layer in linear[key]:
                     if not 1 <= int(layer) <= n:
                         fail(source, f"linear_attn_config.{key} holds layer {layer}, outside "
                                      f"1 … {n} (1-based)")
-                    types[int(layer) - 1] = name
-        if types is None:
+                    types[int(layer) - 1] = name    # 1-based in the file
+        if types is None:                           # HF's default
             types = ["full_attention" if i and i % 4 == 0 else "linear_attention"
                      for i in range(n)]
         if len(types) != n or not set(types) <= set(_NAMES):
@@ -110,6 +115,8 @@ class KimiLinear(DeepseekV3):
                                 for t in c.layer_types]}
 
     def read_extra(self, cfg, n, fields, source):
+        """The latent attention's sizes (``q_lora_rank`` may be None: queries not compressed)
+        and KDA's, from the flat keys ``prepare`` filled in."""
         return {**{k: cfg.get(k) for k in MLA_KEYS},
                 "mixer_options": {"kda": {"num_heads": cfg["linear_num_heads"],
                                           "head_dim": cfg["linear_head_dim"],
@@ -141,6 +148,9 @@ class KimiLinear(DeepseekV3):
                                     for i in range(c.num_layers)]}
 
     def tensors_from_hf(self, tensors, model, source):
+        """The files' names or transformers 5's module's → minitx's: every MLP under ``mlp.``,
+        the decay's tensors out of ``forget_gate.``, the stacked conv1d split into q's, k's
+        and v's."""
         out = {}
         for key, value in tensors.items():
             key = key.replace(".block_sparse_moe.", ".mlp.").replace(".forget_gate.", ".")

@@ -82,7 +82,7 @@ class MiniMax(Mixtral):
         out = dict(tensors)
         for i, block in enumerate(model.blocks):
             if not isinstance(block.attn, LightningMixer):
-                continue
+                continue                                  # a softmax layer: no decays
             for name, mine in lightning_decays(block.attn).items():
                 key = f"model.layers.{i}.self_attn.{name}"
                 if key not in out:
@@ -96,6 +96,7 @@ class MiniMax(Mixtral):
         return out
 
     def tensors_to_hf(self, out, model, files):
+        """``out`` with the decay buffers put back, as HF's lightning layers hold them."""
         dtype = next(iter(out.values())).dtype if out else "float32"
         out = dict(out)
         for i, block in enumerate(model.blocks):      # the decays, in the model's dtype

@@ -25,13 +25,16 @@ class Olmo3(Olmo2):
     }
 
     def read_ropes(self, cfg, source):
+        """A rope per layer type (transformers 5); from an older file, ``rope_theta`` and
+        ``rope_scaling`` for the full layers and the class's θ for the sliding ones, as HF's
+        conversion does."""
         params = cfg.get("rope_parameters")
         if params and "full_attention" in params:
             return self.per_type_ropes(params, cfg, source)
         if params:
             fail(source, "rope_parameters must give one rope per layer type "
                          "(full_attention, sliding_attention) for olmo3, as HF's does")
-        theta = cfg.get("rope_theta", self.theta)
+        theta = cfg.get("rope_theta", self.theta)     # the full layers' only
         full = self.rope_dict({"rope_theta": theta, **(cfg.get("rope_scaling") or {})}, cfg,
                               source, "rope_scaling")
         return full, self.rope_dict({"rope_type": "default", "rope_theta": self.theta}, cfg,

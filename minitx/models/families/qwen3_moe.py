@@ -28,6 +28,7 @@ class Qwen3Moe(Qwen3):
     }
 
     def read_layers(self, cfg, n, source):
+        """One window for every layer, and only when ``use_sliding_window`` says so."""
         return (cfg.get("sliding_window") if cfg.get("use_sliding_window", False)
                 else None), None
 
@@ -36,6 +37,8 @@ class Qwen3Moe(Qwen3):
                 "sliding_window": c.sliding_window}
 
     def read_dense_layers(self, get, n, source):
+        """HF's rule: layer i stays dense when in ``mlp_only_layers`` or when i + 1 is not a
+        multiple of ``decoder_sparse_step``."""
         only, step = set(get("mlp_only_layers") or ()), get("decoder_sparse_step")
         return tuple(i for i in range(n) if i in only or (i + 1) % step)
 

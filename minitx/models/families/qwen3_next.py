@@ -17,7 +17,7 @@ LINEAR_KEYS = {"linear_num_key_heads": "num_k_heads", "linear_num_value_heads": 
 LINEAR_DEFAULTS = {"linear_num_key_heads": 16, "linear_num_value_heads": 32,
                    "linear_key_head_dim": 128, "linear_value_head_dim": 128,
                    "linear_conv_kernel_dim": 4}
-_NAMES = {"full_attention": "full", "linear_attention": "gated_deltanet"}
+_NAMES = {"full_attention": "full", "linear_attention": "gated_deltanet"}  # HF's → minitx's
 
 
 class Qwen3Next(Qwen3Moe):
@@ -27,6 +27,7 @@ class Qwen3Next(Qwen3Moe):
     defaults = dict(num_key_value_heads=2, head_dim=256, num_experts=512,
                     num_experts_per_tok=10, moe_intermediate_size=512,
                     shared_expert_intermediate_size=512, norm_topk_prob=True)
+    # the DeltaNet layers' module, named for those layers only (a typed entry, base.py)
     tensors = {"model.layers.{i}.linear_attn.*": ("blocks.{i}.attn.*", "gated_deltanet")}
     partial_rotary = 0.25
     presets = {
@@ -62,6 +63,8 @@ class Qwen3Next(Qwen3Moe):
         return {"layer_types": [back.get(t, t) for t in c.layer_types]}
 
     def read_extra(self, cfg, n, fields, source):
+        """The DeltaNet's sizes as the mixer's options, HF's defaults for those a file leaves
+        out; a model without experts is refused."""
         if not fields["num_experts"]:
             fail(source, "num_experts=0 (every MLP dense) is not translated for qwen3_next; "
                          "refused")
