@@ -56,6 +56,7 @@ from ..autograd.tensor import Tensor
 from .bert import BertConfig, BertModel, bert_state_from_hf, bert_state_to_hf
 from .bpe import ByteLevelBPETokenizer
 from .decoders import FAMILIES as DECODER_FAMILIES
+from .decoders import family
 from .decoders import (decoder_config, decoder_from_hf, decoder_state_from_hf,
                        decoder_state_to_hf)
 from .gguf import GGUFError, GGUFFile
@@ -165,7 +166,7 @@ def load(folder, dtype=None, tokenizer: bool = True):
     config = _read_config(folder)
     kind = config.get("model_type")
     own = FAMILIES.get(kind)
-    if own is None and kind not in DECODER_FAMILIES:
+    if own is None and family(kind, default=None) is None:
         raise ValueError(f"{os.path.join(folder, 'config.json')}: model_type {kind!r} is not "
                          f"supported; minitx.pretrained loads: "
                          f"{', '.join(sorted({*FAMILIES, *DECODER_FAMILIES}))}")

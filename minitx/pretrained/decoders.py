@@ -58,9 +58,9 @@ def family_of(model: Decoder):
     """The family a decoder was loaded as, else the first whose config.json runs its
     config, else (a decoder of minitx's own switches, named only for its tensors) the first
     whose tensor table names every one of its tensors."""
-    kind = getattr(model, "config_source", None)
-    if kind in FAMILIES:
-        return FAMILIES[kind]
+    fam = family(getattr(model, "config_source", None), default=None)
+    if fam is not None:
+        return fam
     try:
         return FAMILIES[hf_config_dict(model.config)["model_type"]]
     except ValueError:
@@ -93,7 +93,7 @@ def _experts_from_hf(tensors: dict, model, fam, source) -> tuple:
     tensors, under ``model.layers.{i}.mlp.<minitx name>``. Returns (tensors, {new key: the
     HF key it came from}); every other key passes through."""
     moe = _moe_layers(model)
-    gpt_oss = fam.expert_layout == "gpt_oss"
+    interleaved = fam.expert_layout == "interleaved"
     out, origin, per_expert = {}, {}, {}
     for key, value in tensors.items():
         parts = key.split(".")
@@ -112,18 +112,18 @@ def _experts_from_hf(tensors: dict, model, fam, source) -> tuple:
             renamed["router." + rest.split(".")[1]] = value
         elif rest.startswith("shared_experts."):
             renamed["shared_expert." + rest.split(".", 1)[1]] = value
-        elif rest == "experts.gate_up_proj" and gpt_oss:      # (n, E, 2I), interleaved
+        elif rest == "experts.gate_up_proj" and interleaved:      # (n, E, 2I), interleaved
             v = np.asarray(value)
             renamed["experts.gate_proj"] = v[:, :, 0::2].transpose(0, 2, 1)
             renamed["experts.up_proj"] = v[:, :, 1::2].transpose(0, 2, 1)
-        elif rest == "experts.gate_up_proj_bias" and gpt_oss:
+        elif rest == "experts.gate_up_proj_bias" and interleaved:
             v = np.asarray(value)
             renamed["experts.gate_proj_bias"] = v[:, 0::2]
             renamed["experts.up_proj_bias"] = v[:, 1::2]
         elif rest == "experts.gate_up_proj":                  # (n, 2I, E): gate rows, then up
             v, half = np.asarray(value), moe[i].experts.intermediate_size
             renamed["experts.gate_proj"], renamed["experts.up_proj"] = v[:, :half], v[:, half:]
-        elif rest == "experts.down_proj" and gpt_oss:         # (n, I, E)
+        elif rest == "experts.down_proj" and interleaved:         # (n, I, E)
             renamed["experts.down_proj"] = np.asarray(value).transpose(0, 2, 1)
         elif len(parts) == 8 and parts[4] == "experts" and parts[5].isdigit() \
                 and parts[6] in _PER_EXPERT and parts[7] == "weight":
@@ -165,7 +165,7 @@ def _experts_to_hf(state: dict, model, fam, files: bool) -> dict:
     checkpoint files' per-expert matrices (``files=True``; Mixtral's ``block_sparse_moe``
     w1, w3, w2). Keys of dense layers pass through."""
     moe = _moe_layers(model)
-    gpt_oss = fam.expert_layout == "gpt_oss"
+    interleaved = fam.expert_layout == "interleaved"
     shared = fam.shared_expert + "."          # DeepSeek's "shared_experts", Qwen's one
     out = {}
     for name, value in state.items():
@@ -178,7 +178,7 @@ def _experts_to_hf(state: dict, model, fam, files: bool) -> dict:
         hf = {}
         for key, v in mine.items():
             if key == "router.weight":
-                hf["router.weight" if gpt_oss else "gate.weight"] = v
+                hf["router.weight" if interleaved else "gate.weight"] = v
             elif key == "router.bias":
                 hf["router.bias"] = v
             elif key == "router.e_score_correction_bias":
@@ -191,7 +191,7 @@ def _experts_to_hf(state: dict, model, fam, files: bool) -> dict:
                                                               "down_proj"))
         if gate is None:
             pass
-        elif gpt_oss:                  # (n, E, 2I): gate in the even columns, up in the odd
+        elif interleaved:              # (n, E, 2I): gate in the even columns, up in the odd
             g, u = np.asarray(gate).transpose(0, 2, 1), np.asarray(up).transpose(0, 2, 1)
             both = np.empty(g.shape[:2] + (2 * g.shape[2],), dtype=g.dtype)
             both[:, :, 0::2], both[:, :, 1::2] = g, u
