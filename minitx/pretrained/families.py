@@ -32,29 +32,38 @@ replace s·3EI.)
 """
 from __future__ import annotations
 
+import inspect
+import os
+
 from .. import validate
 from ..models.decoder import (DecoderConfig, check_config, count_parameters,
                               kv_cache_bytes_per_token)
-from ..models.families import FAMILIES
+from ..models.families import FAMILIES, LINEAGE, parent
 from . import decoders
 
 __all__ = ["TODAY", "REPRESENTATIVE", "COLUMNS", "family_config", "family_row",
-           "family_table", "kv_cache_bytes_per_token", "expert_counts"]
+           "family_table", "kv_cache_bytes_per_token", "expert_counts", "lineage_rows",
+           "lineage_table"]
 
-# The families, in the course's order (HF's model_type names); the hybrids last.
-TODAY = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_text", "olmo2",
-         "gpt_oss", "deepseek_v3", "deepseek_v32",
-         "qwen3_next", "kimi_linear", "minimax")
+# Today's families, in the lineage's order (HF's model_type names; the hybrids last): every
+# family file but GPT-2's, the root they are compared with.
+TODAY = tuple(cls.model_type for cls in LINEAGE[1:])
 
 # One published model of each family: the first preset of its family file (the config.json
 # keys that change the forward), {model_type: (name, keys)}.
-REPRESENTATIVE = {kind: next(iter((name, cfg) for name, (_, cfg) in FAMILIES[kind].presets.items()))
-                  for kind in TODAY}
+def _first_preset(fam):
+    name, (_, cfg) = next(iter(fam.presets.items()))
+    return name, cfg
+
+
+REPRESENTATIVE = {kind: _first_preset(FAMILIES[kind]) for kind in TODAY}
 
 COLUMNS = ("family", "model", "norm", "MLP", "positions", "attention", "window pattern",
            "experts", "sinks", "soft-cap")
 
+
 def _representative(kind):
+    """(name, config.json) of ``kind``'s first preset; ``OptionError`` for an unknown kind."""
     if kind not in REPRESENTATIVE:
         raise validate.OptionError(f"families: no representative config for {kind!r} "
                                    f"(known: {', '.join(REPRESENTATIVE)})")
@@ -154,3 +163,48 @@ def family_table(kinds=TODAY) -> list:
         else:
             lines.append("  ".join(f"{r[col]:<{widths[col]}}" for col in COLUMNS).rstrip())
     return lines
+
+
+# ---- the lineage: each family file as its difference from its parent ----------------------
+
+def _diff(mine: dict, theirs: dict) -> list:
+    """The entries ``mine`` sets or changes over ``theirs``, and "−key" for those it drops."""
+    out = [f"{k}={v!r}" for k, v in mine.items() if k not in theirs or theirs[k] != v]
+    return out + [f"−{k}" for k in theirs if k not in mine]
+
+
+def lineage_rows() -> list:
+    """One dict per family file, in the lineage's order, read off the classes themselves:
+    its parent, its file's length, the switches it flips, how many config keys, HF defaults
+    and tensor names it adds or changes (and drops), and the methods it overrides."""
+    rows = []
+    for cls in LINEAGE:
+        fam = FAMILIES[cls.model_type]
+        up = parent(fam)
+        base = type(up) if up is not None else cls.__mro__[1]     # the root's: Family's
+        with open(inspect.getsourcefile(cls), encoding="utf-8") as fh:
+            lines = len(fh.read().splitlines())
+        # the merged tables against the parent's: what this file's own tables did
+        tables = {name: _diff(getattr(cls, name), getattr(base, name))
+                  for name in ("keys", "defaults", "tensors")}
+        methods = sorted(n for n, v in vars(cls).items()          # defined in the file itself
+                         if callable(v) and not n.startswith("__"))
+        rows.append({"family": cls.model_type, "parent": up.model_type if up else "—",
+                     "file": os.path.basename(inspect.getsourcefile(cls)), "lines": lines,
+                     "switches": _diff(cls.switches, base.switches), "tables": tables,
+                     "methods": methods})
+    return rows
+
+
+def lineage_table() -> list:
+    """The lineage as Markdown table lines (docs/decoders.md holds them as generated here)."""
+    lines = ["| family | parent | file (lines) | switches it flips | keys / defaults / "
+             "tensors it changes | methods it overrides |", "|---|---|---|---|---|---|"]
+    for r in lineage_rows():
+        counts = " / ".join(str(len(r["tables"][t])) for t in ("keys", "defaults", "tensors"))
+        flips = ", ".join(f"`{s}`" for s in r["switches"]) or "—"
+        methods = ", ".join(f"`{m}`" for m in r["methods"]) or "—"
+        lines.append(f"| `{r['family']}` | {r['parent']} | `{r['file']}` ({r['lines']}) | "
+                     f"{flips} | {counts} | {methods} |")
+    return lines
+

@@ -96,17 +96,29 @@ COURSE = [
      "DeepSeek-V3, a dispatch in a few lines, the load-balancing loss.",
      ["docs/moe.md", "minitx/nn/moe.py"]),
     ("Today's decoders: one decoder, many families",
-     "The one decoder whose switches make every family, how a checkpoint's configuration "
-     "becomes those switches, and the families side by side in a table generated from "
-     "that translation.",
-     ["minitx/models/decoder.py", "docs/decoders.md", "minitx/pretrained/families.py"]),
+     "The one decoder whose switches make every family, its plain attention and what some "
+     "families add to it, and how a checkpoint's configuration becomes those switches.",
+     ["minitx/models/decoder.py", "minitx/models/decoder_attention.py",
+      "minitx/models/attention_features.py", "docs/decoders.md"]),
+    ("Today's decoders: each family a file",
+     "A family is its difference from its parent, GPT-2 at the root: the switches it flips, "
+     "its config.json keys and tensor names in one table each (read both ways), HF's "
+     "defaults for the keys a file leaves out, and its published sizes; the lineage and the "
+     "families side by side, in tables generated from the files.",
+     ["minitx/pretrained/families.py", "minitx/models/families/__init__.py",
+      "minitx/models/families/base.py",
+      *[f"minitx/models/families/{name}.py" for name in (
+          "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3", "olmo2", "olmo3",
+          "smollm3", "mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v32")]]),
     ("Today's decoders: the hybrids",
      "Layers that are recurrences among attention layers — Qwen3-Next's gated DeltaNet, "
      "Kimi Linear's KDA, MiniMax's lightning attention — as layer types of the one decoder; "
      "DeepSeek-V3.2's indexer, which picks the keys each query reads.",
      ["docs/hybrids.md", "minitx/models/mixers/__init__.py",
       "minitx/models/mixers/gated_deltanet.py", "minitx/models/mixers/kda.py",
-      "minitx/models/mixers/lightning.py", "minitx/models/indexer.py"]),
+      "minitx/models/mixers/lightning.py", "minitx/models/indexer.py",
+      "minitx/models/families/qwen3_next.py", "minitx/models/families/kimi_linear.py",
+      "minitx/models/families/minimax.py"]),
     ("Efficient attention: sparse patterns", "Exact attention under a sparsity mask.",
      ["minitx/attention/sparse.py"]),
     ("Efficient attention: low rank",

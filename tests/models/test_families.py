@@ -2,9 +2,12 @@
 ``minitx.pretrained.families``: the table is generated from the family files (a family
 changed, removed or added there changes the table), and the counts match the figures the
 model cards publish, to the precision they publish them."""
+import os
+
 import pytest
 
 from minitx.pretrained import decoders, families
+from support import REPO
 
 
 def _row(kind):
@@ -139,3 +142,15 @@ def test_the_tour_lists_every_family_within_its_width(monkeypatch):
     monkeypatch.delitem(decoders.FAMILIES, "llama")
     assert "not yet loadable" in next(line for line in tour.decoder_section()
                                       if line.split()[:1] == ["llama"])
+
+
+def test_the_lineage_in_the_docs_is_the_one_generated_from_the_files():
+    """docs/decoders.md holds ``lineage_table()``'s lines as they are generated; the table
+    itself is read off the family classes (a family that flips a switch shows it)."""
+    with open(os.path.join(REPO, "docs", "decoders.md"), encoding="utf-8") as fh:
+        doc = fh.read()
+    table = families.lineage_table()
+    assert "\n".join(table) in doc
+    rows = {r["family"]: r for r in families.lineage_rows()}
+    assert rows["qwen3"]["parent"] == "qwen2" and "qk_norm='head'" in rows["qwen3"]["switches"]
+    assert rows["gpt2"]["parent"] == "—" and len(table) == 2 + len(families.LINEAGE)
