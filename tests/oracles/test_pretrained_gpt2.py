@@ -164,8 +164,9 @@ def test_the_lineages_root_builds_gpt2_as_a_decoder(folder, batch, dtype):
 def test_the_lineages_root_greedy_tokens_match_transformers(folder, batch):
     model = _as_decoder(folder, "float64")
     ids = batch["input_ids"][:1, :5]
-    got = model.generate(ids, max_new_tokens=8)
-    with torch.no_grad():
-        want = hf_model(folder, "float64").generate(torch.tensor(ids), max_new_tokens=8,
-                                                    do_sample=False, pad_token_id=0).numpy()
-    assert np.array_equal(np.asarray(got), want)
+    got = model.generate(ids, max_new_tokens=8).numpy()
+    with torch.no_grad():          # every token counts, and no stop at eos: 8 new tokens each
+        want = hf_model(folder, "float64").generate(
+            torch.tensor(ids), max_new_tokens=8, do_sample=False, eos_token_id=None,
+            attention_mask=torch.ones(ids.shape, dtype=int), pad_token_id=0).numpy()
+    assert got.shape == want.shape == (1, 13) and np.array_equal(got, want)
