@@ -343,14 +343,9 @@ class Family:
     def tensor_to_minitx(self, key: str, layer_types=()):
         """One HF tensor name → minitx's, or None when the table has no entry for it."""
         for rx, mine, _, kind in self._patterns():
-            m = rx.match(key)
-            if m is None:
-                continue
-            i = m.groupdict().get("i")
-            if kind is not None and (i is None or int(i) >= len(layer_types)
-                                     or layer_types[int(i)] != kind):
-                continue
-            return mine.replace("{i}", i or "").replace("*", m.groupdict().get("rest") or "")
+            filled = _filled(rx.match(key), mine, kind, layer_types)
+            if filled is not None:
+                return filled
         return None
 
     def tensor_to_hf(self, name: str, layer_types=()):
@@ -359,14 +354,9 @@ class Family:
         for _, mine, hf, kind in self._patterns():  # the table read backwards: minitx → HF
             rx = "^" + re.escape(mine).replace(r"\{i\}", r"(?P<i>\d+)").replace(
                 r"\*", r"(?P<rest>.+)") + "$"
-            m = re.match(rx, name)
-            if m is None:
+            out = _filled(re.match(rx, name), hf, kind, layer_types)
+            if out is None:
                 continue
-            i = m.groupdict().get("i")
-            if kind is not None and (i is None or int(i) >= len(layer_types)
-                                     or layer_types[int(i)] != kind):
-                continue
-            out = hf.replace("{i}", i or "").replace("*", m.groupdict().get("rest") or "")
             if kind is not None:
                 return out
             found = found or out                    # a plain entry, unless a typed one follows
@@ -380,3 +370,15 @@ class Family:
 
     def tensors_to_hf(self, tensors: dict, model, files: bool) -> dict:
         return tensors
+
+
+def _filled(m, pattern, kind, layer_types):
+    """``pattern`` with the matched layer ``{i}`` and rest ``*`` filled in; None when ``m``
+    did not match, or the entry is for a layer type (``kind``) that layer i does not have."""
+    if m is None:
+        return None
+    i = m.groupdict().get("i")
+    if kind is not None and (i is None or int(i) >= len(layer_types)
+                             or layer_types[int(i)] != kind):
+        return None
+    return pattern.replace("{i}", i or "").replace("*", m.groupdict().get("rest") or "")
