@@ -12,7 +12,8 @@
 #
 # Then the families after Llama, read off minitx's own translation of their published
 # configurations: KV-cache bytes per token at real sizes, parameters active per token under a
-# mixture of experts, and a table of every family. Last, a tiny random Llama made by HuggingFace
+# mixture of experts, each family as its file's diff from its parent, and a table of every
+# family. Last, a tiny random Llama made by HuggingFace
 # `transformers` (when it is installed) gives the same logits as minitx.
 
 # %%
@@ -275,11 +276,47 @@ for kind in families.TODAY:
           f"{(r['active'] - r['lookup']) / 1e9:>17.2f}B")
 
 # %% [markdown]
+# ## Each family, its file's diff from its parent
+#
+# The switches above are what a family file flips. Each family is one file in
+# `minitx/models/families/`, a subclass of its parent's class holding only what changes, as
+# HuggingFace's modular files are written: the switches, the config.json keys it reads (or
+# stops reading), HF's defaults for keys a file leaves out, the tensor names, and the methods
+# it overrides where a table cannot say it. Llama's file, the first step from GPT-2, in full:
+
+# %%
+import inspect
+
+from minitx.models.families import FAMILIES, LINEAGE, parent
+
+print(inspect.getsource(type(FAMILIES["llama"])))
+
+# %% [markdown]
+# And every family the same way, read off the classes (`families.lineage_rows`): what it
+# flips, and what its tables add, change or drop (−) against its parent's. A tensor entry maps
+# HF's name to minitx's; a key entry, HF's key to the `DecoderConfig` field.
+
+# %%
+lineage = families.lineage_rows()
+
+
+def short(entries, most=6):
+    return ", ".join(entries[:most]) + (f", … ({len(entries)} in all)"
+                                        if len(entries) > most else "") or "—"
+
+
+for r in lineage:
+    print(f"{r['family']} ← {r['parent']}   ({r['file']}, {r['lines']} lines)")
+    print(f"    switches  {short(r['switches'])}")
+    for table in ("keys", "defaults", "tensors"):
+        print(f"    {table:<9} {short(r['tables'][table])}")
+    print(f"    methods   {short(r['methods'])}")
+
+# %% [markdown]
 # ## Today's families, side by side
 #
-# Generated from `minitx/pretrained/decoders.py`'s family table: each row is the
-# `DecoderConfig` its published configuration translates to. A family minitx does not load
-# yet says so, and why.
+# Generated from the family files (`minitx/pretrained/families.py`): each row is the
+# `DecoderConfig` its file's published configuration translates to.
 
 # %%
 print("\n".join(families.family_table()))
@@ -354,6 +391,12 @@ assert same, "the switches reach the loader's Llama"
 assert kv["deepseek_v3"][0] * 50 < kv["deepseek_v3"][1], "MLA caches far less than MHA"
 assert kv["llama"][1] == 4 * kv["llama"][0], "Llama-3.2-1B: 32 query heads, 8 key/value"
 assert counts["mixtral"]["total"] > 3.5 * counts["mixtral"]["active"], "experts sit idle"
+# the lineage: one row per family file, each after its parent, each changing something
+assert [r["family"] for r in lineage] == [cls.model_type for cls in LINEAGE], "one per file"
+assert all(r["parent"] == parent(FAMILIES[r["family"]]).model_type for r in lineage[1:])
+assert all(r["switches"] or any(r["tables"].values()) or r["methods"] for r in lineage), \
+    "every family file changes something"
+assert lineage[1]["switches"][:3] == ["norm='rmsnorm'", "mlp='swiglu'", "positions='rope'"]
 assert all(np.isfinite(s[4]).all() for s in steps)
 if hf_error is not None:
     assert hf_error < 1e-5, f"minitx's Llama equals transformers': {hf_error}"

@@ -59,16 +59,9 @@ $$
 The cache keeps rotated keys (as HuggingFace's does), so a key is rotated once, at its own
 position; a sliding layer's cache (``WindowKVCache``) keeps only the last W − 1 tokens.
 
-Multi-head latent attention (DeepSeek-V2/V3, ``attention="mla"``) compresses each token to a
-normalised latent c_j = Norm(W^{KV}_a x_j) of r numbers and one rotary key k^R_j shared by
-every head; head h's key is [W^K_h c_j, R_j k^R_j] and its value W^V_h c_j, so the cache
-keeps (c_j, R_j k^R_j), r + D_r numbers per token, instead of 2·H·D:
-
-$$
-s_{ij} = \frac{q^C_{h,i} \cdot W^K_h c_j + (R_i q^R_{h,i}) \cdot (R_j k^R_j)}
-{\sqrt{D_n + D_r}}, \qquad o_{h,i} = \sum_{j \le i} \operatorname{softmax}_j(s_{ij})\,
-W^V_h c_j
-$$
+Multi-head latent attention (``attention="mla"``) has its formula in
+``latent_attention.py``; the layer around the attention and the MLP is ``decoder_block.py``'s,
+the families' other placements of its norms ``block_features.py``'s.
 """
 from __future__ import annotations
 
@@ -78,28 +71,26 @@ from dataclasses import dataclass, field
 
 from .. import backend, validate
 from ..backend import host_xp
-# The attention pieces are minitx's own: the caches, the hookable (fused or composed) softmax
-# attention, the head plumbing; the layers below are the nn blocks the families add.
-from ..attention import KVCache, cached_length
-from ..attention.base import causal_pattern, hookable_attention, hooked_heads
+from ..attention import cached_length
 from ..autograd.grad_mode import no_grad
 from ..autograd.tensor import Tensor
 from ..nn import init
-from ..nn.decoder_layers import DenseMLP, GatedMLP, softcap
+from ..nn.decoder_layers import softcap
 from ..nn.hooks import HookedModel, HookPoint
 from ..nn.layers import Embedding, Linear
 from ..nn.module import Module, ModuleList
 from ..nn.positional import LearnedPositionalEmbedding
 # RoPE's tables and scalings.
-from ..nn.rotary import Rotary, check_rope, yarn_mscale
+from ..nn.rotary import check_rope
 from ..ops.linalg import linear
-from ..ops.sdpa import merge_heads, split_heads
-from ..ops.shape import broadcast_to, concatenate, reshape
-from .attention_features import attention_class
+# The layer, its mixers and the families' additions to both, each in its own module.
+from .block_features import block_class, layer_mixer
 from .common import AttentionMaps, token_ids
 from .decoder_attention import DecoderAttention, norm_layer
+from .decoder_block import DecoderBlock
 from .gpt import sample_next
-from .indexer import IndexedLatentCache, LightningIndexer, check_indexer
+from .indexer import check_indexer
+from .latent_attention import LatentDecoderAttention
 from .mixers import MIXERS
 
 # The mixture-of-experts layer lives in its own module; a tree without it still builds every
@@ -384,21 +375,6 @@ def kv_cache_bytes_per_token(config: DecoderConfig, bytes_per_number: int = 2) -
             - kv_cache_bytes(c, past, bytes_per_number))
 
 
-def _mlp(c: DecoderConfig, index: int = 0):
-    """Layer ``index``'s MLP: GPT-2's, a gated one (SwiGLU, GeGLU), or a mixture of experts
-    (a dense SwiGLU in the ``dense_layers`` of an MoE model)."""
-    gelu = "gelu_tanh" if c.gelu_approximate else "gelu"
-    if c.mlp == "gelu":
-        return DenseMLP(c.hidden_size, c.ffn_hidden, gelu, bias=c.mlp_bias)
-    if c.mlp in ("swiglu", "geglu") or index in c.dense_layers:
-        act = gelu if c.mlp == "geglu" else "silu"
-        return GatedMLP(c.hidden_size, c.ffn_hidden, act, bias=c.mlp_bias)
-    if MoE is None:
-        raise validate.OptionError("DecoderConfig: mlp='moe' needs minitx.nn.moe, which this "
-                                   "tree does not have")
-    return MoE(c.hidden_size, c.expert_hidden, c.num_experts, c.top_k, **c.moe_options)
-
-
 def _stop_ids(eos_token_id, vocab: int, who: str) -> list:
     """``eos_token_id`` (None, an id or a list of ids) as a list of ids in [0, vocab)."""
     if eos_token_id is None:
@@ -424,168 +400,6 @@ def _keep_mask(attention_mask, shape, xp):
                          "HuggingFace's convention; it is not an additive bias")
     m = m != 0
     return None if bool(m.all()) else m
-
-
-class LatentDecoderAttention(Module):
-    """Multi-head latent attention (DeepSeek-V2/V3): keys and values come from one small
-    latent per token, and the cache keeps the latent, not the keys and values.
-
-    The formula is the module docstring's last. Sizes: r = ``kv_lora_rank``,
-    D_n = ``qk_nope_head_dim``, D_r = ``qk_rope_head_dim``, D_v = ``v_head_dim``; the query
-    comes from x directly or through a low-rank q latent (``q_lora_rank``). The cache (a
-    ``KVCache`` holding (c, R k^R), (B, 1, L, r) and (B, 1, L, D_r)) costs r + D_r numbers
-    per token and layer instead of 2·H·D. ``rope_interleave``: the rotary
-    dims are stored as interleaved pairs (DeepSeek's checkpoints) and read as two halves.
-    ``positions="none"`` (Kimi Linear's MLA layers): R is the identity, and k^R one more key
-    shared by every head.
-    YaRN's ``mscale_all_dim`` multiplies the scale by its temperature squared, as DeepSeek
-    does. Linear layers as HF names them: ``q_proj`` or ``q_a_proj``/``q_a_layernorm``/
-    ``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj`` (the
-    latents' norms use eps 1e-6, as HF's). Hook points: ``hook_q``, ``hook_k``, ``hook_v``
-    (B, N, H, ·), ``hook_latent`` c (B, N, r), ``hook_attn_scores``, ``hook_pattern``,
-    ``hook_z``. Time O(B·H·N·Nk·(D_n + D_r)) plus O(B·Nk·r·H·(D_n + D_v)) to expand the
-    latents.
-
-    ``index_topk`` (DeepSeek-V3.2): a ``LightningIndexer`` (``indexer``, ``models/indexer.py``)
-    chooses the keys each query reads, and the scores of the others are masked; the cache is
-    then an ``IndexedLatentCache``, which keeps the indexer's keys too.
-    """
-
-    def __init__(self, c: DecoderConfig):
-        super().__init__()
-        e, h = c.hidden_size, c.num_heads
-        dn, dr, dv, r = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank
-        self.num_heads, self.dims = h, (dn, dr, dv, r)
-        self.window = None
-        # queries: straight from x, or through a normalised low-rank latent
-        if c.q_lora_rank is None:
-            self.q_proj = Linear(e, h * (dn + dr), bias=False)
-        else:
-            self.q_a_proj = Linear(e, c.q_lora_rank, bias=c.qkv_bias)
-            self.q_a_layernorm = norm_layer(dataclasses.replace(c, norm_eps=1e-6),
-                                            c.q_lora_rank)
-            self.q_b_proj = Linear(c.q_lora_rank, h * (dn + dr), bias=False)
-        # keys and values: the latent c and the shared rotary key, then c expanded per head
-        self.kv_a_proj_with_mqa = Linear(e, r + dr, bias=c.qkv_bias)
-        self.kv_a_layernorm = norm_layer(dataclasses.replace(c, norm_eps=1e-6), r)
-        self.kv_b_proj = Linear(r, h * (dn + dv), bias=False)
-        self.o_proj = Linear(h * dv, e, bias=c.o_bias)
-        # Kimi Linear's MLA rotates nothing (positions="none"): k^R is then one more shared key
-        self.rotary = Rotary(dr, c.rope) if c.positions == "rope" else None
-        self.interleaved = c.rope_interleave
-        # 1/√(D_n + D_r), times YaRN's temperature squared when mscale_all_dim is set
-        scale = 1.0 / math.sqrt(dn + dr)
-        m_all = c.rope.get("mscale_all_dim")
-        if c.rope["rope_type"] != "default" and m_all:
-            scale *= yarn_mscale(c.rope["factor"], m_all) ** 2
-        self.scale = scale
-        self.indexer = None if c.index_topk is None else LightningIndexer(c)
-        for name in ("q", "k", "v", "latent", "attn_scores", "pattern", "z"):
-            setattr(self, f"hook_{name}", HookPoint())
-
-    def new_cache(self):
-        """The latent cache: a ``KVCache`` of (c, R k^R) per token; with the indexer an
-        ``IndexedLatentCache``, which adds its keys k^I."""
-        return KVCache() if self.indexer is None else IndexedLatentCache()
-
-    def _rotate(self, x, pos):
-        if self.rotary is None:
-            return x
-        if self.interleaved:                   # pairs (0, 1), (2, 3) … as two halves
-            x = concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
-        return self.rotary.rotate(x, pos)
-
-    def forward(self, x, kv_cache=None, keep=None, positions=None):
-        """x (B, N, E) → (B, N, E); ``keep`` and ``positions`` as ``DecoderAttention``'s."""
-        b, n, _ = x.shape
-        h, (dn, dr, dv, r) = self.num_heads, self.dims
-        xp = backend.get_array_module(x.data)
-        offset = 0 if kv_cache is None else len(kv_cache)
-        pos = xp.arange(offset, offset + n) if positions is None else positions
-        # queries (B, H, N, D_n + D_r), split into the plain part and the rotary part
-        q_latent = None if hasattr(self, "q_proj") else self.q_a_layernorm(self.q_a_proj(x))
-        q = split_heads(self.q_proj(x) if q_latent is None else self.q_b_proj(q_latent), h)
-        q_pass, q_rot = q[..., :dn], self._rotate(q[..., dn:], pos)
-        # this step's latents c (B, 1, N, r) and rotary keys (B, 1, N, D_r), then the cache
-        ckv = self.kv_a_proj_with_mqa(x)                                  # (B, N, r + D_r)
-        latent = self.hook_latent(self.kv_a_layernorm(ckv[..., :r]))
-        latent = reshape(latent, (b, 1, n, r))
-        k_rot = self._rotate(reshape(ckv[..., r:], (b, 1, n, dr)), pos)
-        if kv_cache is not None:
-            latent, k_rot = kv_cache.append(latent, k_rot)                # (B, 1, L, ·)
-        # expand the latents per head: keys [W^K c, R k^R], values W^V c
-        nk = latent.shape[2]
-        kv = split_heads(reshape(self.kv_b_proj(latent), (b, nk, h * (dn + dv))), h)
-        k = concatenate([kv[..., :dn], broadcast_to(k_rot, (b, h, nk, dr))], axis=-1)
-        q = concatenate([q_pass, q_rot], axis=-1)
-        q, k, v = (hooked_heads(hk, t) for hk, t in
-                   ((self.hook_q, q), (self.hook_k, k), (self.hook_v, kv[..., dn:])))
-        # the cache holds every key from position 0: causality is bottom-right aligned
-        allowed = None
-        if keep is not None:
-            allowed = causal_pattern(n, nk, xp) & keep[:, None, None, :]
-        if self.indexer is not None:          # DSA: only the keys the indexer chooses
-            if allowed is None:
-                allowed = causal_pattern(n, nk, xp)
-            seen = allowed if allowed.ndim == 2 else allowed[:, 0]    # (N, Nk) or (B, N, Nk)
-            allowed = allowed & self.indexer(x, q_latent, seen, pos, kv_cache)[:, None]
-        z, _ = hookable_attention(self, q, k, v, scale=self.scale, causal=allowed is None,
-                                  mask=allowed)
-        return self.o_proj(merge_heads(hooked_heads(self.hook_z, z)))   # (B, N, E)
-
-
-class DecoderBlock(Module):
-    """One layer: attention then MLP, each in the residual stream, normalised as
-    ``norm_placement`` says. x (B, N, E) → (B, N, E).
-
-    "pre" (GPT-2, Llama): h + F(ln(h)) with ``ln1``, ``ln2``; "post" (OLMo 2): h + ln(F(h))
-    with ``ln1_post``, ``ln2_post``; "sandwich" (Gemma 3): h + ln_post(F(ln(h))), all four.
-    With ``residual_scales`` (MiniMax, "pre"): α·ln(h) + β·F(ln(h)), the layer's own α, β.
-    Hook points (TransformerLens's): ``hook_resid_pre``, ``hook_attn_out``,
-    ``hook_resid_mid``, ``hook_mlp_out``, ``hook_resid_post``.
-    """
-
-    def __init__(self, c: DecoderConfig, sliding: bool = False, index: int = 0):
-        super().__init__()
-        e = c.hidden_size
-        # Norms before each sublayer (pre, sandwich), after it (post, sandwich), or both.
-        before = c.norm_placement in ("pre", "sandwich")
-        after = c.norm_placement in ("post", "sandwich")
-        self.ln1 = norm_layer(c, e) if before else None
-        layer_type = c.layer_types[index]
-        if layer_type in MIXERS:                      # a hybrid's recurrent layer
-            self.attn = MIXERS[layer_type](c, index)
-        elif c.attention == "mla":
-            self.attn = LatentDecoderAttention(c)
-        else:                                         # plain, or with a family's additions
-            self.attn = attention_class(c)(c, sliding, index)
-        self.ln1_post = norm_layer(c, e) if after else None
-        self.ln2 = norm_layer(c, e) if before else None
-        self.mlp = _mlp(c, index)
-        self.ln2_post = norm_layer(c, e) if after else None
-        self.scales = None if c.residual_scales is None else c.residual_scales[index]
-        for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
-            setattr(self, f"hook_{name}", HookPoint())
-
-    @staticmethod
-    def _maybe(norm, x):
-        return x if norm is None else norm(x)
-
-    # h + [ln_post] F([ln] h), twice: attention, then the MLP; absent norms are skipped.
-    def forward(self, x, kv_cache=None, keep=None, positions=None):
-        x = self.hook_resid_pre(x)
-        n = self._maybe(self.ln1, x)
-        a = self._maybe(self.ln1_post, self.attn(n, kv_cache, keep, positions))
-        x = self.hook_resid_mid(self._residual(x, n, self.hook_attn_out(a), 0))
-        n = self._maybe(self.ln2, x)
-        m = self._maybe(self.ln2_post, self.mlp(n))
-        return self.hook_resid_post(self._residual(x, n, self.hook_mlp_out(m), 2))
-
-    def _residual(self, x, normed, out, i):
-        """h + F, or MiniMax's α·Norm(h) + β·F (``residual_scales``)."""
-        if self.scales is None:
-            return x + out
-        return normed * self.scales[i] + out * self.scales[i + 1]
 
 
 class Decoder(Module, AttentionMaps, HookedModel):
@@ -616,8 +430,8 @@ class Decoder(Module, AttentionMaps, HookedModel):
         self.hook_embed = HookPoint()
         self.pos_embed = LearnedPositionalEmbedding(c.max_position, c.hidden_size) \
             if c.positions == "learned" else None
-        self.blocks = ModuleList([DecoderBlock(c, t == "sliding", i)
-                                  for i, t in enumerate(c.layer_types)])
+        self.blocks = ModuleList([block_class(c)(c, layer_mixer(c, i), i)
+                                  for i in range(c.num_layers)])
         self.ln_final = norm_layer(c, c.hidden_size)
         self.unembed = None if c.tie_embeddings else \
             Linear(c.hidden_size, c.vocab_size, bias=False)

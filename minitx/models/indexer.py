@@ -22,10 +22,10 @@ $$
 R_t rotates the first D_r (``qk_rope_head_dim``) dims at position t as two halves (the
 rotation of ``nn/rotary.py``; MLA's own rotary dims are interleaved pairs), LN is a
 LayerNorm with gain and bias (eps 1e-6), A_t the keys t may see (s ≤ t, not padding), k =
-``index_topk``, and s_{h,ts} MLA's score (``models/decoder.py``). Since ReLU(a)/√d_I =
-ReLU(a/√d_I), the 1/√d_I inside the ReLU of DeepSeek's code is the same factor in w, which is
-how ``selection.lightning_scores`` (the sum above, shared with ``dsa``) receives it. When k ≥
-|A_t| every visible key is chosen and the layer is plain MLA.
+``index_topk``, and s_{h,ts} MLA's score (``models/latent_attention.py``). Since
+ReLU(a)/√d_I = ReLU(a/√d_I), the 1/√d_I inside the ReLU of DeepSeek's code is the same
+factor in w, which is how ``selection.lightning_scores`` (the sum above, shared with ``dsa``)
+receives it. When k ≥ |A_t| every visible key is chosen and the layer is plain MLA.
 
 Differences from the paper (DeepSeek-AI 2025, "DeepSeek-V3.2-Exp: Boosting Long-Context
 Efficiency with DeepSeek Sparse Attention"), following HuggingFace's model, the oracle:

@@ -88,7 +88,8 @@ COURSE = [
     ("From GPT-2 to today's decoders",
      "Llama is GPT-2 with five switches flipped — RMSNorm, SwiGLU, RoPE, grouped-query "
      "attention, no biases — each shown as its diff and the number that was its reason; "
-     "then the blocks those switches bring in, and rotary positions with their scalings.",
+     "then every family as its file's diff from its parent, the blocks those switches "
+     "bring in, and rotary positions with their scalings.",
      ["notebooks/06_llama_from_gpt2.py", "minitx/nn/decoder_layers.py",
       "minitx/nn/rotary.py"]),
     ("Today's decoders: mixtures of experts",
@@ -96,10 +97,13 @@ COURSE = [
      "DeepSeek-V3, a dispatch in a few lines, the load-balancing loss.",
      ["docs/moe.md", "minitx/nn/moe.py"]),
     ("Today's decoders: one decoder, many families",
-     "The one decoder whose switches make every family, its plain attention and what some "
-     "families add to it, and how a checkpoint's configuration becomes those switches.",
-     ["minitx/models/decoder.py", "minitx/models/decoder_attention.py",
-      "minitx/models/attention_features.py", "docs/decoders.md"]),
+     "The one decoder whose switches make every family: its plain layer and attention, what "
+     "some families add to each, DeepSeek's latent attention, and how a checkpoint's "
+     "configuration becomes those switches.",
+     ["minitx/models/decoder.py", "minitx/models/decoder_block.py",
+      "minitx/models/decoder_attention.py", "minitx/models/block_features.py",
+      "minitx/models/attention_features.py", "minitx/models/latent_attention.py",
+      "docs/decoders.md"]),
     ("Today's decoders: each family a file",
      "A family is its difference from its parent, GPT-2 at the root: the switches it flips, "
      "its config.json keys and tensor names in one table each (read both ways), HF's "

@@ -376,7 +376,7 @@ def test_mlp_moe_builds_the_mixture_of_experts_the_interface_names(monkeypatch):
     """``mlp="moe"`` builds ``nn.moe.MoE(E, expert_hidden, num_experts, top_k,
     **moe_options)`` in every layer but the ``dense_layers``, which keep a SwiGLU of width F
     (a stand-in MoE records its arguments: the real one is tested in its own file)."""
-    import minitx.models.decoder as decoder
+    import minitx.models.decoder_block as decoder_block      # where a layer's MLP is built
     built = []
 
     class StandIn(minitx.nn.Module):
@@ -388,7 +388,7 @@ def test_mlp_moe_builds_the_mixture_of_experts_the_interface_names(monkeypatch):
         def forward(self, x):
             return self.inner(x)
 
-    monkeypatch.setattr(decoder, "MoE", StandIn)
+    monkeypatch.setattr(decoder_block, "MoE", StandIn)
     model = Decoder(DecoderConfig(vocab_size=31, hidden_size=16, num_layers=3, mlp="moe",
                                   ffn_hidden=40, expert_hidden=8, num_experts=4, top_k=2,
                                   dense_layers=(0,), moe_options={"norm_topk_prob": True}))
@@ -487,3 +487,24 @@ def test_the_plain_attention_carries_no_familys_additions():
     assert issubclass(both, af.QKNorm) and issubclass(both, af.OutputGate)
     assert set(Decoder(DecoderConfig(**base, qk_norm="head", attn_output_gate=True))
                .state_dict()) >= {"blocks.0.attn.q_norm.weight", "blocks.0.attn.q_proj.weight"}
+
+
+def test_the_plain_block_is_pre_norm_and_each_placement_is_its_own_class():
+    """A Llama-style layer is ``DecoderBlock`` itself, two norms and no scales; OLMo 2's
+    post-norm, Gemma 3's sandwich and MiniMax's weighted residual are each their own
+    subclass, with exactly the norms their formula names."""
+    from minitx.models import DecoderBlock
+    from minitx.models import block_features as bf
+    base = dict(vocab_size=11, hidden_size=8, num_layers=1, num_heads=2, ffn_hidden=8)
+    plain = Decoder(DecoderConfig(**base)).blocks[0]
+    assert type(plain) is DecoderBlock
+    assert {n.split(".")[0] for n, _ in plain.named_parameters()} == {"ln1", "attn", "ln2",
+                                                                       "mlp"}
+    norms = {"post": (bf.PostNorm, {"ln1_post", "ln2_post"}),
+             "sandwich": (bf.Sandwich, {"ln1", "ln2", "ln1_post", "ln2_post"})}
+    for placement, (cls, names) in norms.items():
+        block = Decoder(DecoderConfig(**base, norm_placement=placement)).blocks[0]
+        assert type(block) is cls
+        assert {n.split(".")[0] for n, _ in block.named_parameters()} - {"attn", "mlp"} == names
+    scaled = Decoder(DecoderConfig(**base, residual_scales=((0.5, 2.0, 3.0, 0.25),))).blocks[0]
+    assert type(scaled) is bf.ScaledResidual and scaled.scales == (0.5, 2.0, 3.0, 0.25)

@@ -1,5 +1,5 @@
 """DeepSeek-V3 (DeepSeek-AI, 2024): Llama with multi-head latent attention (a cache of one
-latent per token, ``models.decoder.LatentDecoderAttention``) and, after the first
+latent per token, ``models/latent_attention.py``) and, after the first
 ``first_k_dense_replace`` dense layers, k of n sigmoid-scored experts chosen within the best
 groups, plus shared experts, their weights scaled by ρ (``routed_scaling_factor``).
 

@@ -2,7 +2,7 @@
 
 A hybrid model (Qwen3-Next, Kimi Linear, MiniMax) interleaves softmax-attention layers with
 layers whose mixer is a recurrence: ``DecoderConfig(layer_types=(..., "gated_deltanet", ...))``.
-Each such layer type is registered here by name; ``DecoderBlock`` builds
+Each such layer type is registered here by name; ``block_features.layer_mixer`` builds
 ``MIXERS[name](config, index)`` in place of its attention. A mixer is a ``Module`` with
 ``forward(x, kv_cache=None, keep=None, positions=None)`` (x (B, N, E) → (B, N, E), the
 arguments as ``DecoderAttention.forward``'s) and ``new_cache()``, whose cache has ``len()`` =
