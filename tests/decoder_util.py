@@ -1,5 +1,6 @@
 """Tiny random HuggingFace decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2, OLMo 3,
-SmolLM3, DeepSeek-V3, and the mixtures of experts Mixtral, Qwen3-MoE, gpt-oss, DeepSeek-V3's)
+SmolLM3, DeepSeek-V3, and the mixtures of experts Mixtral, Qwen3-MoE, gpt-oss, DeepSeek-V3's,
+MiniMax-M2, GLM-4.5)
 for the parity tests, built with ``transformers`` itself and saved with ``save_pretrained``.
 
 Each case is a config small enough to run in a fraction of a second — 2 layers, E = 32,
@@ -88,8 +89,22 @@ CASES = {
         qk_rope_head_dim=4, v_head_dim=5, first_k_dense_replace=1, n_routed_experts=8,
         num_experts_per_tok=2, moe_intermediate_size=16, n_group=4, topk_group=2,
         n_shared_experts=2, routed_scaling_factor=2.5, norm_topk_prob=True)),
+    # QK-norm over the projection, a quarter of each head rotated (rotary_dim 4 of 16), the
+    # sigmoid router choosing by score + correction bias
+    "minimax_m2": ("minimax_m2", dict(intermediate_size=16, num_local_experts=4,
+                                      num_experts_per_tok=2, head_dim=16, rotary_dim=4,
+                                      rope_parameters={"rope_type": "default",
+                                                       "rope_theta": 500.0})),
+    # layer 0 dense, layer 1 DeepSeek-V3's experts under GQA: q, k, v biases (o none), per-head
+    # QK-norm, half of each head rotated, 8 experts in 2 groups of which 1 is kept
+    "glm4_moe": ("glm4_moe", dict(
+        head_dim=16, attention_bias=True, use_qk_norm=True, first_k_dense_replace=1,
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, n_group=2,
+        topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                         "partial_rotary_factor": 0.5})),
 }
-MOE_CASES = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3-moe")
+MOE_CASES = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3-moe", "minimax_m2", "glm4_moe")
 
 # The sizes a config.json must state, and nothing else (test_hf_defaults.py, the sweep)
 SIZES_ONLY = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -111,6 +126,8 @@ MORE_SIZES = {
                        linear_num_value_heads=4, linear_key_head_dim=8,
                        linear_value_head_dim=8),
     "minimax": dict(num_local_experts=4),
+    "minimax_m2": dict(num_local_experts=4, num_experts_per_tok=2),
+    "glm4_moe": dict(n_routed_experts=4, moe_intermediate_size=16, num_experts_per_tok=2),
     # its default pad id, 128004, is outside a vocabulary of 97
     "smollm3": dict(pad_token_id=0),
 }

@@ -108,8 +108,10 @@ def _experts_from_hf(tensors: dict, model, fam, source) -> tuple:
         renamed = {}
         if rest in ("gate.weight", "router.weight"):
             renamed["router.weight"] = value
-        elif rest in ("router.bias", "gate.e_score_correction_bias"):
-            renamed["router." + rest.split(".")[1]] = value
+        elif rest == "router.bias":
+            renamed["router.bias"] = value
+        elif rest == fam.correction_bias:
+            renamed["router.e_score_correction_bias"] = value
         elif rest.startswith("shared_experts."):
             renamed["shared_expert." + rest.split(".", 1)[1]] = value
         elif rest == "experts.gate_up_proj" and interleaved:      # (n, E, 2I), interleaved
@@ -182,7 +184,7 @@ def _experts_to_hf(state: dict, model, fam, files: bool) -> dict:
             elif key == "router.bias":
                 hf["router.bias"] = v
             elif key == "router.e_score_correction_bias":
-                hf["gate.e_score_correction_bias"] = v
+                hf[fam.correction_bias] = v
             elif key.startswith("shared_expert."):
                 hf[shared + key.split(".", 1)[1]] = v
             elif not key.startswith("experts."):

@@ -119,6 +119,22 @@ def test_parameter_counts_match_the_model_cards(kind, total, active, digits):
     assert abs(r["active"] / 1e9 - active / 1e9) < unit, r["active"]
 
 
+@pytest.mark.parametrize("kind, total, active, rounding", [
+    ("minimax_m2", 230, 10, "rounded"),        # MiniMax-M2: 230 B total, 10 B active
+    ("glm4_moe", 106, 12, "truncated"),        # GLM-4.5-Air: 106 B total, 12 B active
+])
+def test_the_2025_cards_count_active_without_the_embedding_table_and_head(kind, total,
+                                                                          active, rounding):
+    """MiniMax-M2's card rounds its 228.7 B to two figures; GLM-4.5-Air's truncates its
+    106.9 B, as Qwen's does. Both leave the token table and the untied head out of "active"
+    (a lookup each, and a product only at the last position)."""
+    r = families.expert_counts(kind)
+    assert not families.family_config(kind).tie_embeddings
+    billions = r["total"] / 1e9
+    assert (round(billions, -1) if rounding == "rounded" else int(billions)) == total
+    assert round((r["active"] - 2 * r["lookup"]) / 1e9) == active
+
+
 def test_gpt_oss_counts_its_active_parameters_without_the_embedding_table():
     r = families.expert_counts("gpt_oss")           # the model card: 21 B, 3.6 B active
     assert round(r["total"] / 1e9) == 21

@@ -22,7 +22,8 @@ HF_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "gemma3_text": "Gemma3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
             "deepseek_v3": "DeepseekV3ForCausalLM", "mixtral": "MixtralForCausalLM",
             "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
-            "olmo3": "Olmo3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+            "olmo3": "Olmo3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+            "minimax_m2": "MiniMaxM2ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM"}
 
 
 @pytest.fixture(scope="module")

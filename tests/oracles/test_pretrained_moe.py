@@ -1,13 +1,14 @@
-"""The mixture-of-experts decoders — Mixtral, Qwen3-MoE, gpt-oss, DeepSeek-V3 — loaded by
-``minitx.pretrained.load`` against ``transformers`` (the test-only oracle), beyond what
-``test_pretrained_decoders.py`` checks for every family (logits, greedy tokens, caches,
-gradients, hidden states): the router's logits and choices under each block's hooks, the
-load-balancing loss as HF's ``output_router_logits`` gives it, the checkpoint files'
-per-expert spelling written back, and the refusals.
+"""The mixture-of-experts decoders — Mixtral, Qwen3-MoE, gpt-oss, DeepSeek-V3, MiniMax-M2,
+GLM-4.5 — loaded by ``minitx.pretrained.load`` against ``transformers`` (the test-only
+oracle), beyond what ``test_pretrained_decoders.py`` checks for every family (logits, greedy
+tokens, caches, gradients, hidden states): the router's logits and choices under each
+block's hooks, the load-balancing loss as HF's ``output_router_logits`` gives it, the
+checkpoint files' per-expert spelling written back, and the refusals.
 
 Routing is discontinuous: a token whose k-th and (k+1)-th expert scores were nearly tied could
-choose differently in HF, which computes Mixtral's and Qwen's router softmax and all of
-DeepSeek-V3's router in float32 even in a float64 model. The tiny checkpoints have no such
+choose differently in HF, which computes Mixtral's and Qwen's router softmax, MiniMax-M2's
+router sigmoid, and all of DeepSeek-V3's and GLM-4.5's router in float32 even in a float64
+model. The tiny checkpoints have no such
 near-tie (checked below: every margin is far above float32's rounding), so both libraries
 choose the same experts and the logits agree to 1e-5.
 """
@@ -67,7 +68,7 @@ def test_router_logits_and_choices_are_hooked_under_each_block(root, case):
     _, cache = model.run_with_cache(IDS)
     layers = moe_layers(model)
     assert layers == {"mixtral": [0, 1], "qwen3_moe": [0], "gpt_oss": [0, 1],
-                      "deepseek_v3-moe": [1]}[case]
+                      "deepseek_v3-moe": [1], "minimax_m2": [0, 1], "glm4_moe": [1]}[case]
     for i, block in enumerate(model.blocks):
         assert (f"blocks.{i}.mlp.hook_router_logits" in cache) == (i in layers)
     theirs = [t.numpy() for t in out.router_logits] if out.router_logits else None
@@ -76,20 +77,28 @@ def test_router_logits_and_choices_are_hooked_under_each_block(root, case):
         logits = cache[f"blocks.{i}.mlp.hook_router_logits"].numpy()
         chosen = np.sort(cache[f"blocks.{i}.mlp.hook_expert_indices"].numpy(), axis=-1)
         assert chosen.shape == (IDS.size, k)
-        if theirs is not None and CASES[case][0] != "deepseek_v3":
+        if theirs is not None and CASES[case][0] not in ("deepseek_v3", "glm4_moe"):
             assert relative(logits, theirs[n]) <= 1e-5
         # HF's choice from its own router, in float32 as HF computes it
         block = ref.model.layers[i].mlp
         h = model.blocks[i].ln2(cache[f"blocks.{i}.hook_resid_mid"])     # the MoE's input
         h = torch.tensor(h.numpy()).reshape(-1, 32)
         with torch.no_grad():
-            if CASES[case][0] == "deepseek_v3":
+            gate = getattr(block, "gate", None)                 # gpt-oss's is "router"
+            if hasattr(block, "e_score_correction_bias") or \
+                    hasattr(gate, "e_score_correction_bias"):
+                # σ scores + the correction bias (DeepSeek-V3's under the gate, MiniMax-M2's
+                # beside it), group-limited where HF's config says: n_group groups, the
+                # topk_group best kept, a group scored by its two best experts
+                bias = getattr(gate, "e_score_correction_bias", None)
+                bias = block.e_score_correction_bias if bias is None else bias
                 lg = torch.nn.functional.linear(h.float(), block.gate.weight.float())
-                score = lg.sigmoid() + block.gate.e_score_correction_bias.float()
-                # group-limited, as DeepSeek-V3 routes: 4 groups of 2, the best 2 groups kept
-                groups = score.view(-1, 4, 2).topk(2, dim=-1)[0].sum(-1)
-                keep = torch.zeros_like(groups).scatter_(1, groups.topk(2, dim=-1)[1], 1)
-                score = score.masked_fill(~keep.repeat_interleave(2, 1).bool(), -1e9)
+                score = lg.sigmoid() + bias.float()
+                g, kg = getattr(ref.config, "n_group", 1), getattr(ref.config, "topk_group", 1)
+                per = score.shape[-1] // g
+                groups = score.view(-1, g, per).topk(2, dim=-1)[0].sum(-1)
+                keep = torch.zeros_like(groups).scatter_(1, groups.topk(kg, dim=-1)[1], 1)
+                score = score.masked_fill(~keep.repeat_interleave(per, 1).bool(), -1e9)
             else:
                 router = block.gate if hasattr(block, "gate") else block.router
                 score = torch.nn.functional.linear(h, router.weight, getattr(router, "bias",

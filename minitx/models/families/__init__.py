@@ -2,12 +2,12 @@
 the model): each file's class holds only what its family changes from its parent's
 (``base.py`` says what the tables mean).
 
-    gpt2 → llama → mistral → mixtral → gpt_oss, minimax
+    gpt2 → llama → mistral → mixtral → gpt_oss, minimax_m2, minimax
                  → qwen2 → qwen3 → qwen3_moe → qwen3_next
                  → gemma3_text
                  → olmo2 → olmo3
                  → smollm3
-                 → deepseek_v3 → deepseek_v32, kimi_linear
+                 → deepseek_v3 → deepseek_v32, glm4_moe, kimi_linear
 
 ``FAMILIES[model_type]`` is the family object; ``family(model_type)`` the one lookup by
 name. Adding a family is one more file here, and its line below.
@@ -17,11 +17,13 @@ from .base import IGNORED, SIZE_KEYS, Family, changes_nothing
 from .deepseek_v3 import DeepseekV3
 from .deepseek_v32 import DeepseekV32
 from .gemma3 import Gemma3           # model_type "gemma3_text" (HF's "gemma3" has vision)
+from .glm4_moe import Glm4Moe
 from .gpt2 import GPT2
 from .gpt_oss import GptOss
 from .kimi_linear import KimiLinear
 from .llama import Llama
 from .minimax import MiniMax
+from .minimax_m2 import MiniMaxM2   # model_type "minimax_m2": not MiniMax-01's hybrid
 from .mistral import Mistral
 from .mixtral import Mixtral
 from .olmo2 import Olmo2
@@ -38,7 +40,8 @@ __all__ = ["FAMILIES", "LINEAGE", "family", "parent", "Family", "IGNORED", "SIZE
 
 # In the lineage's order, each after its parent; the hybrids last.
 LINEAGE = (GPT2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, Gemma3, Olmo2, Olmo3,
-           SmolLM3, GptOss, DeepseekV3, DeepseekV32, Qwen3Next, KimiLinear, MiniMax)
+           SmolLM3, GptOss, MiniMaxM2, DeepseekV3, DeepseekV32, Glm4Moe, Qwen3Next,
+           KimiLinear, MiniMax)
 FAMILIES = {cls.model_type: cls() for cls in LINEAGE}
 
 

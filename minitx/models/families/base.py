@@ -280,13 +280,15 @@ class Family:
     # HF's names for the expert count and each expert's width, and how the checkpoint
     # lays out the experts: "split" (one matrix per expert in the files, gate and up fused in
     # transformers 5's modules) or gpt-oss's; the files' names of an expert's three
-    # matrices and of the MLP module; the shared expert's module name
+    # matrices and of the MLP module; the shared expert's module name; the sigmoid router's
+    # correction bias, under the MLP module
     experts_key, expert_width_key = "num_experts", "moe_intermediate_size"
     aux_key = "router_aux_loss_coef"
     expert_layout = "split"                    # or "interleaved", gpt-oss's
     expert_files = ("gate_proj", "up_proj", "down_proj")
     moe_files_module = "mlp"
     shared_expert = "shared_expert"
+    correction_bias = "gate.e_score_correction_bias"
 
     def read_experts(self, cfg, n, source) -> dict:
         """The experts' switches: their count, k, width, the dense layers, the router's and
