@@ -123,6 +123,11 @@ COURSE = [
       "minitx/models/mixers/lightning.py", "minitx/models/indexer.py",
       "minitx/models/families/qwen3_next.py", "minitx/models/families/kimi_linear.py",
       "minitx/models/families/minimax.py"]),
+    ("Today's decoders: the families of 2026",
+     "The families released in 2025 and 2026, each a file of its difference from its parent: "
+     "MiniMax-M2 is Mixtral with OLMo 2's QK-norm, a rotated share and DeepSeek's sigmoid "
+     "router; GLM-4.5 is DeepSeek-V3's experts under grouped-query attention.",
+     ["minitx/models/families/minimax_m2.py", "minitx/models/families/glm4_moe.py"]),
     ("Efficient attention: sparse patterns", "Exact attention under a sparsity mask.",
      ["minitx/attention/sparse.py"]),
     ("Efficient attention: low rank",
