@@ -69,6 +69,8 @@ VARIANT_OPTIONS = [
     # None is a valid chunk_size (the quadratic form), so BAD_POSITIVE's None is left out
     ("retention", "chunk_size", BAD_POSITIVE[:-1]), ("ssd", "chunk_size", BAD_POSITIVE[:-1]),
     ("deltanet", "chunk_size", BAD_POSITIVE[:-1]), ("deltanet", "eps", [0, -1e-6, math.nan]),
+    ("short_conv", "kernel_size", BAD_POSITIVE), ("short_conv", "conv_bias", ["yes", 1]),
+    ("chunked", "chunk_size", BAD_POSITIVE),
 ]
 
 

@@ -49,3 +49,7 @@ from .ssd import *  # noqa: F401,F403
 from .gated_delta import *  # noqa: F401,F403
 from .gated import *  # noqa: F401,F403
 from .lightning import *  # noqa: F401,F403
+
+# The attention of 2026's models.
+from .short_conv import *  # noqa: F401,F403
+from .chunked import *  # noqa: F401,F403

@@ -24,7 +24,8 @@ from .. import validate
 from ..autograd.tensor import Tensor
 from ..backend import device_of, get_array_module, to_device_of, xp as active_xp
 
-__all__ = ["KVCache", "WindowKVCache", "PagedKVCache", "PagedCacheView", "cached_length"]
+__all__ = ["KVCache", "WindowKVCache", "ChunkKVCache", "PagedKVCache", "PagedCacheView",
+           "cached_length"]
 
 
 def _raw(x):
@@ -165,6 +166,16 @@ class WindowKVCache:
     def __len__(self) -> int:
         return self.length
 
+    @property
+    def keys(self):
+        """The kept keys (B, Hkv, kept, D) as a Tensor (None when empty)."""
+        return None if self._k is None else Tensor._wrap(self._k)
+
+    @property
+    def values(self):
+        """The kept values (B, Hkv, kept, Dv) as a Tensor (None when empty)."""
+        return None if self._v is None else Tensor._wrap(self._v)
+
     def append(self, k, v):
         """Add k (B, Hkv, n, D), v (B, Hkv, n, Dv); return the kept and the new (k, v)."""
         k, v = _raw(k), _raw(v)
@@ -182,12 +193,34 @@ class WindowKVCache:
             xp = get_array_module(k)
             k = xp.concatenate([self._k, k], axis=2)
             v = xp.concatenate([self._v, v], axis=2)
-        # The returned keys end at the newest token; keep only the W − 1 a later query can see.
+        # The returned keys end at the newest token; keep only those a later query can see.
         self.offset, self.length = self.length, self.length + n
         self.first_position = self.length - k.shape[2]
-        start = max(k.shape[2] - (self.window - 1), 0)
+        start = self._first_kept() - self.first_position
         self._k, self._v = k[:, :, start:].copy(), v[:, :, start:].copy()
         return Tensor._wrap(k), Tensor._wrap(v)
+
+    def _first_kept(self) -> int:
+        """The position of the oldest key the next query can see: the last W − 1 are kept."""
+        return max(self.length - (self.window - 1), self.first_position)
+
+
+class ChunkKVCache(WindowKVCache):
+    """The cache of a chunked-attention layer: only the current chunk's tokens are kept.
+
+    ``append(k, v)`` returns the kept keys and the n new ones, then drops every key before the
+    chunk of the next position: a query at position p sees keys ⌊p/C⌋·C … p only, so at most
+    C − 1 keys are held between calls. ``len(cache)``, ``offset`` and ``first_position`` as
+    ``WindowKVCache``'s. Memory O(B·Hkv·(C + n)·D).
+    """
+
+    def __init__(self, chunk: int):
+        self.chunk = validate.positive_int(chunk, "chunk", owner="ChunkKVCache")
+        self.reset()
+
+    def _first_kept(self) -> int:
+        """The start of the next position's chunk."""
+        return (self.length // self.chunk) * self.chunk
 
 
 class PagedKVCache:

@@ -22,6 +22,7 @@ bigbird            block(i), block(j) neighbours (|Δ| ≤ 1), or block(j) ∈ R
                    (Zaheer et al. 2020)
 strided            |i − j| < l, or (i − j) ≡ 0 mod l        (Child et al. 2019, "strided")
 fixed              ⌊i/l⌋ = ⌊j/l⌋, or j mod l ≥ l − c        (Child et al. 2019, "fixed")
+chunked            ⌊i/C⌋ = ⌊j/C⌋                            (Llama 4's chunked attention)
 =================  ==========================================================================
 
 Every pattern also takes ``causal``: then additionally j ≤ i. ``render_pattern`` draws a
@@ -34,8 +35,8 @@ from ..backend import host_xp, to_device_of
 
 __all__ = ["local_rule", "dilated_rule", "longformer_rule", "bigbird_rule", "strided_rule",
            "fixed_rule", "bigbird_random_blocks", "grid_mask", "local_mask", "dilated_mask",
-           "longformer_mask", "bigbird_mask", "strided_mask", "fixed_mask", "render_pattern",
-           "PATTERNS"]
+           "longformer_mask", "bigbird_mask", "strided_mask", "fixed_mask", "chunked_rule",
+           "chunked_mask", "render_pattern", "PATTERNS"]
 
 
 # ---- rules: (i, j) broadcast integer arrays -> bool -------------------------------------
@@ -124,6 +125,15 @@ def fixed_rule(i, j, stride: int, summary: int = 1, causal: bool = True):
     return allowed
 
 
+def chunked_rule(i, j, chunk: int, causal: bool = True):
+    """Chunked: i and j in the same chunk of ``chunk`` positions (a key is visible iff it is
+    in the query's chunk)."""
+    allowed = i // chunk == j // chunk
+    if causal:
+        allowed = allowed & (j <= i)
+    return allowed
+
+
 # ---- (n, n) masks ------------------------------------------------------------------------
 
 def grid_mask(n: int, rule, **options):
@@ -188,6 +198,12 @@ def fixed_mask(n: int, stride: int, summary: int = 1, causal: bool = True):
     return grid_mask(n, fixed_rule, stride=stride, summary=summary, causal=causal)
 
 
+def chunked_mask(n: int, chunk: int, causal: bool = True):
+    """(n, n) chunked mask (see ``chunked_rule``)."""
+    validate.positive_int(chunk, "chunk")
+    return grid_mask(n, chunked_rule, chunk=chunk, causal=causal)
+
+
 PATTERNS = {
     "local": lambda n, causal=False: local_mask(n, 2, causal),
     "dilated": lambda n, causal=False: dilated_mask(n, 2, 2, causal),
@@ -195,6 +211,7 @@ PATTERNS = {
     "bigbird": lambda n, causal=False: bigbird_mask(n, 2, 1, 1, 0, causal),
     "strided": lambda n, causal=True: strided_mask(n, 4, causal),
     "fixed": lambda n, causal=True: fixed_mask(n, 4, 1, causal),
+    "chunked": lambda n, causal=True: chunked_mask(n, 4, causal),
 }
 """Small default examples of each pattern, for ``python -m minitx patterns``."""
 

@@ -67,6 +67,7 @@ from ... import functional as F
 from ...attention.base import hooked_heads, repeat_kv
 from ...attention.delta_rule import _unit_rows
 from ...attention.gated_delta import gated_delta_chunk, run_gated_chunks
+from ...attention.short_conv import causal_conv
 from ...autograd.tensor import Tensor
 from ...nn.decoder_layers import DecoderRMSNorm
 from ...nn.hooks import HookPoint
@@ -132,32 +133,28 @@ class GatedDeltaNetCache:
 
 class CausalConv1d(Module):
     """A causal depthwise convolution over time (module docstring's u before the SiLU):
-    each of C channels its own K weights, output t reading inputs t − K + 1 … t.
+    each of C channels its own K weights, output t reading inputs t − K + 1 … t
+    (``attention.short_conv.causal_conv``, whose docstring states it).
 
     ``forward(x (B, N, C), past=None)`` → (y (B, N, C), the last K − 1 inputs (B, K − 1, C)
-    as a raw array); ``past`` the K − 1 inputs before x (None: zeros). Parameter ``weight``
-    (C, 1, K), PyTorch's ``Conv1d(groups=C)`` layout. Time O(B·N·C·K).
+    as a raw array); ``past`` the K − 1 inputs before x (None: zeros). Parameters ``weight``
+    (C, 1, K), PyTorch's ``Conv1d(groups=C)`` layout, and ``bias`` (C) when ``bias``.
+    Time O(B·N·C·K).
     """
 
-    def __init__(self, channels: int, kernel: int):
+    def __init__(self, channels: int, kernel: int, bias: bool = False):
         super().__init__()
         self.kernel = kernel
         g = backend.rng()
         bound = 1.0 / math.sqrt(kernel)                  # PyTorch's Conv1d default range
         self.weight = Parameter(backend.xp().asarray(
             g.uniform(-bound, bound, (channels, 1, kernel))).astype(backend.default_float()))
+        self.bias = Parameter(backend.xp().asarray(g.uniform(-bound, bound, channels))
+                              .astype(backend.default_float())) if bias else None
 
     def forward(self, x, past=None):
-        b, n, c = x.shape
-        k = self.kernel
-        xp = backend.get_array_module(x.data)
-        before = xp.zeros((b, k - 1, c), dtype=x.dtype) if past is None else \
-            past.astype(x.dtype)
-        padded = F.concatenate([Tensor._wrap(before), x], axis=1)      # (B, K − 1 + N, C)
-        w = F.reshape(self.weight, (c, k))
-        # y_t = Σ_j w_j x_{t−K+1+j}: K shifted views of the padded sequence, weighted
-        y = sum(padded[:, j:j + n] * w[:, j] for j in range(k))
-        return y, padded.data[:, n:]                                    # the last K − 1
+        c = x.shape[-1]
+        return causal_conv(x, F.reshape(self.weight, (c, self.kernel)), past, bias=self.bias)
 
 
 @register_mixer("gated_deltanet")
