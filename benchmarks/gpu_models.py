@@ -188,10 +188,15 @@ def shrink(cfg):
     if not types:
         derived = check_config(decoder_config(cfg, "representative config.json")).layer_types
         if len(set(derived)) > 1:
-            # HF's names; a hybrid's recurrent layers (any registered mixer) are its
-            # "linear_attention"
+            # one of each, as the family's own file writes them back (HF's names)
+            import dataclasses
+            from minitx.models.families import family
+            one_each = tuple(dict.fromkeys(derived))
+            written = family(cfg["model_type"]).write_layers(dataclasses.replace(
+                check_config(decoder_config(cfg, "representative config.json")),
+                layer_types=one_each, num_layers=len(one_each)))
             hf = {"full": "full_attention", "sliding": "sliding_attention"}
-            types = [hf.get(t, "linear_attention") for t in dict.fromkeys(derived)]
+            types = written.get("layer_types") or [hf[t] for t in one_each]
     n = max(2, len(types))
     small["num_hidden_layers"] = n
     if types:

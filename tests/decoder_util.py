@@ -130,6 +130,8 @@ MORE_SIZES = {
     "glm4_moe": dict(n_routed_experts=4, moe_intermediate_size=16, num_experts_per_tok=2),
     # its default pad id, 128004, is outside a vocabulary of 97
     "smollm3": dict(pad_token_id=0),
+    # a convolution layer before the attention one: HF's default makes every layer attend
+    "lfm2": dict(full_attn_idxs=[1]),
 }
 # eight indexer heads: with two, ReLU zeroes both for many keys, and the exact ties at 0
 # are broken in each library's own order by its top-k

@@ -60,7 +60,7 @@ def test_unknown_model_type_lists_the_supported(bert_folder, tmp_path):
     with pytest.raises(ValueError, match=r"mamba.config\.json: model_type 'mamba' is not "
                                          r"supported; minitx\.pretrained loads: bert, "
                                          r"deepseek_v3, deepseek_v32, gemma3_text, glm4_moe, gpt2, "
-                                         r"gpt_oss, kimi_linear, llama, minimax, minimax_m2, "
+                                         r"gpt_oss, kimi_linear, lfm2, llama, minimax, minimax_m2, "
                                          r"mistral, mixtral, olmo2, olmo3, qwen2, qwen3, qwen3_moe, "
                                          r"qwen3_next, smollm3$"):
         pt.load(folder)

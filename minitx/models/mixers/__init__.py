@@ -1,7 +1,8 @@
 """Token mixers beyond softmax attention, as layer types of ``models.decoder.Decoder``.
 
-A hybrid model (Qwen3-Next, Kimi Linear, MiniMax) interleaves softmax-attention layers with
-layers whose mixer is a recurrence: ``DecoderConfig(layer_types=(..., "gated_deltanet", ...))``.
+A hybrid model (Qwen3-Next, Kimi Linear, MiniMax, LFM2) interleaves softmax-attention layers
+with layers whose mixer is a recurrence or a short convolution:
+``DecoderConfig(layer_types=(..., "gated_deltanet", ...))``.
 Each such layer type is registered here by name; ``block_features.layer_mixer`` builds
 ``MIXERS[name](config, index)`` in place of its attention. A mixer is a ``Module`` with
 ``forward(x, kv_cache=None, keep=None, positions=None)`` (x (B, N, E) → (B, N, E), the
@@ -32,3 +33,4 @@ def register_mixer(name: str):
 from . import gated_deltanet  # noqa: E402,F401
 from . import kda  # noqa: E402,F401
 from . import lightning  # noqa: E402,F401
+from . import short_conv  # noqa: E402,F401
