@@ -39,8 +39,9 @@ __all__ = ["worked_example", "jacobian_section", "variant_rows", "variant_table"
            "scale_section", "pattern_section", "decoder_section", "PATTERN_VARIANTS", "run_tour",
            "fmt_matrix", "fmt_bytes"]
 
-PATTERN_VARIANTS = ("local", "dilated", "longformer", "bigbird", "strided", "fixed")
-_PATTERN_OPTIONS = {"bigbird": {"block": 2}}      # the default block (4) fills n = 16
+PATTERN_VARIANTS = ("local", "dilated", "longformer", "bigbird", "strided", "fixed", "chunked")
+# the default block (4) fills n = 16; chunks of 5 show a boundary that is not a block's
+_PATTERN_OPTIONS = {"bigbird": {"block": 2}, "chunked": {"chunk_size": 5, "causal": True}}
 
 
 def fmt_matrix(m, decimals: int = 4, indent: str = "    ") -> list:
@@ -492,7 +493,7 @@ def pattern_section(n: int = 16, names=PATTERN_VARIANTS) -> list:
 
 def _describe_options(layer):
     keys = ("window", "dilation", "block", "block_size", "num_random", "num_global",
-            "global_tokens", "stride", "summary")
+            "global_tokens", "stride", "summary", "chunk_size")
     parts = [f"{k}={getattr(layer, k)}" for k in keys
              if isinstance(getattr(layer, k, None), (int, tuple, list))]
     return ", ".join(parts) if parts else "defaults"
@@ -503,7 +504,7 @@ def _describe_options(layer):
 CACHE_VARIANTS = (("mha", {}), ("gqa", {"num_kv_heads": 2}), ("mqa", {}), ("mla", {}),
                   ("sink", {}), ("retention", {}), ("deltanet", {}), ("ssd", {}),
                   ("gated_deltanet", {}), ("kda", {}), ("gated", {}), ("fox", {}),
-                  ("lightning", {}),
+                  ("lightning", {}), ("short_conv", {}), ("chunked", {"chunk_size": 40}),
                   ("dsa", {}), ("moba", {}), ("nsa", {}))
 
 
@@ -541,7 +542,8 @@ def cache_section(embed: int = 64, heads: int = 8, lengths=(32, 96)) -> list:
                     seen = n
                     counts.append(cached_numbers(cache))
             grows = counts[-1] - counts[0]
-            per = (f"{grows // (lengths[-1] - lengths[0])}" if grows else "0 (bounded)")
+            # a bounded cache may also shrink (chunked attention drops a chunk at its end)
+            per = (f"{grows // (lengths[-1] - lengths[0])}" if grows > 0 else "0 (bounded)")
             lines.append(f"   {name:<14} " + " ".join(f"{c:>10,}" for c in counts)
                          + f"   {per}")
         except Exception as exc:  # noqa: BLE001 - the tour reports, never crashes

@@ -126,8 +126,13 @@ COURSE = [
     ("Today's decoders: the families of 2026",
      "The families released in 2025 and 2026, each a file of its difference from its parent: "
      "MiniMax-M2 is Mixtral with OLMo 2's QK-norm, a rotated share and DeepSeek's sigmoid "
-     "router; GLM-4.5 is DeepSeek-V3's experts under grouped-query attention.",
-     ["minitx/models/families/minimax_m2.py", "minitx/models/families/glm4_moe.py"]),
+     "router; GLM-4.5 is DeepSeek-V3's experts under grouped-query attention; LFM2 is Llama "
+     "whose layers are mostly gated short convolutions; the new attention first, Llama 4's "
+     "chunked attention among it.",
+     ["minitx/attention/chunked.py", "minitx/attention/short_conv.py",
+      "minitx/models/mixers/short_conv.py",
+      "minitx/models/families/minimax_m2.py", "minitx/models/families/glm4_moe.py",
+      "minitx/models/families/lfm2.py"]),
     ("Efficient attention: sparse patterns", "Exact attention under a sparsity mask.",
      ["minitx/attention/sparse.py"]),
     ("Efficient attention: low rank",
