@@ -10,8 +10,9 @@ y_t = c_t \odot \Bigl( \beta + \sum_{j=0}^{K-1} w_j \odot u_{t-K+1+j} \Bigr),
 $$
 
 with u_s = 0 before the first token, one weight vector w_j per tap (E numbers: each channel its
-own K weights) and an optional bias β. H3 (Fu et al. 2023, "Hungry Hungry Hippos") has the same shape, a query times a filter of
-key ⊙ value, with state-space filters where LFM2 has one short convolution.
+own K weights) and an optional bias β. H3 (Fu et al. 2023, "Hungry Hungry Hippos") has the
+same shape, a query times a filter of key ⊙ value, with state-space filters where LFM2 has one
+short convolution.
 
 **As attention.** On the attention contract's heads the roles are C ↔ q, B ↔ k, X ↔ v, and the
 convolution is a fixed matrix per channel in place of the softmax's pattern: a banded Toeplitz

@@ -30,7 +30,7 @@ from minitx.ops.loss import cross_entropy  # noqa: E402
 from minitx.ops.shape import reshape  # noqa: E402
 from minitx.pretrained.decoders import HF_DEFAULTS, decoder_config, hf_config_dict  # noqa: E402
 from minitx.validate import OptionError  # noqa: E402
-from support import to_host  # noqa: E402
+from support import tensor, to_host  # noqa: E402
 
 CONFIG = dict(
     vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
@@ -267,7 +267,7 @@ def test_the_mixer_equals_hfs_short_conv_module_step_by_step():
                                           "full_attn_idxs": [], "num_hidden_layers": 1}))
     mine.to(dtype="float64")
     for name, p in theirs.named_parameters():
-        dict(mine.named_parameters())[name].data[...] = p.detach().numpy()
+        dict(mine.named_parameters())[name].data[...] = tensor(p.detach().numpy()).data
     x = np.random.default_rng(4).standard_normal((2, 7, 32))
     with torch.no_grad():
         want = theirs(torch.tensor(x)).numpy()
