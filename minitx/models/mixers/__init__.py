@@ -14,7 +14,9 @@ the tokens it has seen; ``parameter_count(config)`` and ``state_numbers(config, 
 """
 from __future__ import annotations
 
-__all__ = ["MIXERS", "register_mixer"]
+from ... import validate
+
+__all__ = ["MIXERS", "register_mixer", "given_options"]
 
 MIXERS: dict = {}
 
@@ -27,6 +29,17 @@ def register_mixer(name: str):
         MIXERS[name] = cls
         return cls
     return add
+
+
+def given_options(c, name: str, defaults: dict) -> tuple:
+    """(``c.mixer_options[name]`` over ``defaults``, the owner's name for errors); an option
+    not in ``defaults`` is refused by name. The one check every mixer's options share."""
+    who = f"DecoderConfig.mixer_options[{name!r}]"
+    given = dict(c.mixer_options.get(name) or {})
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise validate.unknown_options(unknown, list(defaults), owner=who)
+    return {**defaults, **given}, who
 
 
 # The registered mixers, one module each (imported last: they use register_mixer).

@@ -73,7 +73,7 @@ from ...nn.decoder_layers import DecoderRMSNorm
 from ...nn.hooks import HookPoint
 from ...nn.layers import Linear
 from ...nn.module import Module, Parameter
-from . import register_mixer
+from . import given_options, register_mixer
 
 __all__ = ["GatedDeltaNetMixer", "GatedDeltaNetCache", "CausalConv1d", "OPTIONS"]
 
@@ -85,12 +85,7 @@ OPTIONS = {"num_k_heads": None, "num_v_heads": None, "head_k_dim": None, "head_v
 
 def mixer_options(c) -> dict:
     """``c.mixer_options["gated_deltanet"]`` checked, the defaults filled in."""
-    who = "DecoderConfig.mixer_options['gated_deltanet']"
-    given = dict(c.mixer_options.get("gated_deltanet") or {})
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
-        raise validate.unknown_options(unknown, list(OPTIONS), owner=who)
-    o = {**OPTIONS, **given}
+    o, who = given_options(c, "gated_deltanet", OPTIONS)
     # head counts and sizes default to the attention layers' (Hkv, H, D)
     for name, default in (("num_k_heads", c.num_kv_heads), ("num_v_heads", c.num_heads),
                           ("head_k_dim", c.head_dim), ("head_v_dim", c.head_dim)):

@@ -34,7 +34,7 @@ from ...autograd.tensor import Tensor
 from ...nn.hooks import HookPoint
 from ...nn.layers import Linear
 from ...nn.module import Module
-from . import register_mixer
+from . import given_options, register_mixer
 from .gated_deltanet import CausalConv1d
 
 __all__ = ["ShortConvMixer", "OPTIONS"]
@@ -46,12 +46,7 @@ OPTIONS = {"kernel": 3, "bias": False}
 
 def mixer_options(c) -> dict:
     """``c.mixer_options["short_conv"]`` checked, the defaults filled in."""
-    who = "DecoderConfig.mixer_options['short_conv']"
-    given = dict(c.mixer_options.get("short_conv") or {})
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
-        raise validate.unknown_options(unknown, list(OPTIONS), owner=who)
-    o = {**OPTIONS, **given}
+    o, who = given_options(c, "short_conv", OPTIONS)
     o["kernel"] = validate.positive_int(o["kernel"], "kernel", owner=who)
     o["bias"] = validate.boolean(o["bias"], "bias", owner=who)
     return o
