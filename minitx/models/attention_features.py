@@ -3,7 +3,9 @@ one class each; ``attention_class`` composes those a configuration switches on, 
 of Llama's attention meets none of them.
 
 - ``QKNorm`` (``qk_norm``): RMSNorm on q and k before the rotation, per head over D (Qwen3,
-  Gemma 3) or over the whole projection (OLMo 2); keeps the logits from growing.
+  Gemma 3) or over the whole projection (OLMo 2); keeps the logits from growing. Llama 4 and
+  nanochat normalise each head after the rotation instead, without a gain ("after_rope"; a
+  NoPE layer has none).
 - ``OutputGate`` (``attn_output_gate``, Qwen3-Next): q_proj also yields a gate g per output
   element, and the heads' output becomes z ⊙ σ(g) before o_proj, so a head may switch
   itself off.
@@ -27,7 +29,7 @@ import functools
 import math
 
 from .. import backend
-from ..nn.decoder_layers import softcap
+from ..nn.decoder_layers import DecoderRMSNorm, softcap
 from ..nn.hooks import HookPoint
 from ..nn.module import Parameter
 from ..ops.activation import softmax
@@ -46,19 +48,32 @@ __all__ = ["QKNorm", "OutputGate", "Composed", "SoftCapped", "Sinks", "attention
 
 class QKNorm(DecoderAttention):
     """``q_norm``/``k_norm`` over D per head (``qk_norm="head"``) or over the whole
-    projection (``"proj"``: H·D and Hkv·D); hook points ``hook_q_normed``/``hook_k_normed``,
-    laid out as the norm sees them ((B, H, N, D) per head, (B, N, H·D) over the projection).
-    TransformerLens hooks q and k before the norm (``hook_q``), as here."""
+    projection (``"proj"``: H·D and Hkv·D), before the rotation; or over D per head after it,
+    weightless (``"after_rope"``: no parameters). Hook points ``hook_q_normed``/
+    ``hook_k_normed``, laid out as the norm sees them ((B, H, N, D) per head, (B, N, H·D) over
+    the projection). TransformerLens hooks q and k before the norm (``hook_q``), as here."""
 
     def __init__(self, c: DecoderConfig, sliding: bool = False, index: int = 0):
         super().__init__(c, sliding, index)
         h, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
-        self.per_head = c.qk_norm == "head"
-        self.q_norm = norm_layer(c, d if self.per_head else h * d)
-        self.k_norm = norm_layer(c, d if self.per_head else hkv * d)
+        self.kind = c.qk_norm
+        self.per_head = c.qk_norm != "proj"
+        if self.kind == "after_rope":
+            self.q_norm = self.k_norm = None   # one weightless norm, on rotating layers only
+            self.l2_norm = DecoderRMSNorm(d, eps=c.norm_eps, affine=False)
+        else:
+            self.q_norm = norm_layer(c, d if self.per_head else h * d)
+            self.k_norm = norm_layer(c, d if self.per_head else hkv * d)
         self.hook_q_normed, self.hook_k_normed = HookPoint(), HookPoint()
 
+    def rotated(self, q, k):
+        if self.kind != "after_rope":
+            return q, k
+        return self.hook_q_normed(self.l2_norm(q)), self.hook_k_normed(self.l2_norm(k))
+
     def normed(self, q, k):
+        if self.kind == "after_rope":
+            return q, k
         if self.per_head:                                              # (B, H, N, D)
             return self.hook_q_normed(self.q_norm(q)), self.hook_k_normed(self.k_norm(k))
         q = split_heads(self.hook_q_normed(self.q_norm(merge_heads(q))), self.num_heads)
@@ -66,7 +81,7 @@ class QKNorm(DecoderAttention):
         return q, k
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", qk_norm={'head' if self.per_head else 'proj'!r}"
+        return super().extra_repr() + f", qk_norm={self.kind!r}"
 
 
 class OutputGate(DecoderAttention):

@@ -13,10 +13,11 @@ $$
 What changed since, each one switch of ``DecoderConfig`` (its reason in brackets):
 
 - ``norm="rmsnorm"``: RMSNorm instead of LayerNorm (cheaper; centring did not help), Gemma's
-  (1 + w) and the float16 rounding order by ``norm_unit_offset`` / ``norm_scale_in_float32``
-  (``nn/decoder_layers.py``).
-- ``mlp="swiglu" | "geglu"``: a gated MLP (better loss per parameter); ``"moe"`` a mixture of
-  experts (``nn/moe.py``).
+  (1 + w) and the float16 rounding order by ``norm_unit_offset`` / ``norm_scale_in_float32``,
+  no gain at all by ``norm_weightless`` (nanochat), and one more norm on the embeddings by
+  ``embed_norm`` (nanochat: h_0 = Norm(W_E[t])) (``nn/decoder_layers.py``).
+- ``mlp="swiglu" | "geglu"``: a gated MLP (better loss per parameter); ``"relu2"`` GPT-2's two
+  matrices around a squared ReLU (nanochat); ``"moe"`` a mixture of experts (``nn/moe.py``).
 - ``qkv_bias``, ``o_bias``, ``mlp_bias``: biases per projection (most families drop them;
   Qwen2 keeps q, k, v's).
 - ``positions="rope"``: rotary positions inside attention instead of a learned table P (scores
@@ -26,13 +27,21 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
   ``LatentDecoderAttention``); ``index_topk`` DeepSeek-V3.2's sparse attention, each query
   reading only the k keys a lightning indexer chooses (``models/indexer.py``).
 - ``qk_norm="head" | "proj"``: RMSNorm on each head's q and k (Qwen3, Gemma 3) or on the
-  whole projected q and k (OLMo 2), before the rotation (keeps the logits from growing).
+  whole projected q and k (OLMo 2), before the rotation (keeps the logits from growing);
+  ``"after_rope"``: a weightless RMSNorm on each rotated head's q and k, on the layers that
+  rotate (Llama 4, whose HF class calls it L2Norm; nanochat).
+- ``rope_reversed``: every pair turns by −mω (nanochat's rotation); ``rope_interleave``: the
+  rotated pairs are coordinates (2i, 2i + 1) (Llama 4, DeepSeek's MLA), read as two halves.
 - ``norm_placement="post" | "sandwich"``: OLMo 2 normalises each sublayer's output inside the
   residual, h + Norm(F(h)); Gemma 3 normalises its input and output, h + Norm(F(Norm h))
   (steadier training). ``residual_scales``: MiniMax keeps the normalised input as the
   residual and weights both terms per layer, α·Norm(h) + β·F(Norm h).
 - ``sliding_window``, ``layer_types``: local layers see only the last W tokens (Mistral all
-  layers, Gemma 3 five of every six), so their KV cache is bounded. A layer type may also name
+  layers, Gemma 3 five of every six), so their KV cache is bounded; ``"chunked"`` layers see
+  only the keys of their own chunk of ``attention_chunk_size`` C positions (Llama 4,
+  ``attention/chunked.py``), so theirs holds at most C − 1 between steps.
+- ``attn_temperature`` (F, α): Llama 4 multiplies the queries of its NoPE layers by
+  1 + α·ln(1 + ⌊(m + 1)/F⌋) at position m, so that far tokens do not flatten the softmax. A layer type may also name
   a registered token mixer (``models/mixers/``), a recurrence in place of softmax attention:
   the hybrid models interleave them with attention layers (Kimi Linear: ``"kda"`` layers
   among MLA layers with ``positions="none"``).
@@ -107,12 +116,12 @@ __all__ = ["DecoderConfig", "check_config", "count_parameters", "kv_cache_bytes"
 
 # Each switch's values (DecoderConfig's docstring and the module docstring say what each does).
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "swiglu", "geglu", "moe")
+MLPS = ("gelu", "relu2", "swiglu", "geglu", "moe")
 PLACEMENTS = ("pre", "post", "sandwich")
 POSITIONS = ("rope", "learned", "none")
-QK_NORMS = (None, "head", "proj")
+QK_NORMS = (None, "head", "proj", "after_rope")
 ATTENTIONS = ("gqa", "mla")
-LAYER_TYPES = ("full", "sliding")
+LAYER_TYPES = ("full", "sliding", "chunked")
 
 
 @validate.catch_unknown_options     # DecoderConfig(n_heads=4): "... did you mean 'num_heads'?"
@@ -130,7 +139,10 @@ class DecoderConfig:
     options}.
     ``residual_scales``: per layer (α₁, β₁, α₂, β₂), the residual becomes
     α·Norm(h) + β·F(Norm h) for the attention (1) and the MLP (2) (MiniMax; pre-norm only).
-    ``nope_layers``: indices of layers that rotate nothing among rotary ones (NoPE, SmolLM3).
+    ``nope_layers``: indices of layers that rotate nothing among rotary ones (NoPE, SmolLM3);
+    ``attn_temperature`` (floor F, strength α): their queries' temperature (Llama 4).
+    ``attention_chunk_size``: the chunk C of "chunked" layers. ``norm_weightless``: every
+    RMSNorm without its gain; ``embed_norm``: a norm on the embeddings before the first layer.
     ``gelu_approximate``: the tanh form of GELU for "gelu" and "geglu". ``padding_idx``: the
     embedding row that gets no gradient (PyTorch's, as HF's checkpoints set it). MoE:
     ``num_experts``, ``top_k``, ``expert_hidden`` (each expert's width; default F) and
@@ -157,6 +169,8 @@ class DecoderConfig:
     norm_scale_in_float32: bool = False
     norm_placement: str = "pre"
     norm_bias: bool = False
+    norm_weightless: bool = False
+    embed_norm: bool = False
     residual_scales: tuple = None
     # the MLP and the biases
     mlp: str = "swiglu"
@@ -170,10 +184,13 @@ class DecoderConfig:
     rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     local_rope: dict = None
     nope_layers: tuple = ()
+    rope_reversed: bool = False
+    attn_temperature: tuple = None
     # attention: its kind, QK-norm, windows, the scale, soft-cap, learned sinks
     attention: str = "gqa"
     qk_norm: str = None
     sliding_window: int = None
+    attention_chunk_size: int = None
     layer_types: tuple = None
     mixer_options: dict = field(default_factory=dict)
     query_pre_attn_scalar: float = None
@@ -226,7 +243,7 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     c.head_dim = c.hidden_size // c.num_heads if c.head_dim is None else \
         validate.positive_int(c.head_dim, "head_dim", owner=who)
     if c.ffn_hidden is None:
-        c.ffn_hidden = 4 * c.hidden_size if c.mlp == "gelu" else \
+        c.ffn_hidden = 4 * c.hidden_size if c.mlp in ("gelu", "relu2") else \
             8 * -(-(8 * c.hidden_size) // 24)
     validate.positive_int(c.ffn_hidden, "ffn_hidden", owner=who)
     # Which layers slide: given per layer, or all of them when a window is set.
@@ -248,6 +265,24 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     if "sliding" in c.layer_types and c.sliding_window is None:
         raise validate.OptionError(f"{who}: layer_types has 'sliding' layers but "
                                    "sliding_window is None")
+    if c.attention_chunk_size is not None:
+        validate.positive_int(c.attention_chunk_size, "attention_chunk_size", owner=who)
+    elif "chunked" in c.layer_types:
+        raise validate.OptionError(f"{who}: layer_types has 'chunked' layers but "
+                                   "attention_chunk_size is None")
+    for name in ("norm_weightless", "embed_norm", "rope_reversed", "rope_interleave"):
+        validate.boolean(getattr(c, name), name, owner=who)
+    if c.norm_weightless and (c.norm != "rmsnorm" or c.norm_unit_offset):
+        raise validate.OptionError(f"{who}: norm_weightless drops RMSNorm's gain: it needs "
+                                   f"norm='rmsnorm' without norm_unit_offset, got "
+                                   f"norm={c.norm!r}, norm_unit_offset={c.norm_unit_offset}")
+    if c.attn_temperature is not None:
+        pair = c.attn_temperature
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise validate.OptionError(f"{who}: attn_temperature must be (floor_scale, "
+                                       f"attn_scale), got {pair!r}")
+        c.attn_temperature = (validate.positive_real(pair[0], "attn_temperature[0]", owner=who),
+                              validate.real(pair[1], "attn_temperature[1]", owner=who))
     # MiniMax's residual weights: four numbers per layer, around pre-norms only
     if c.residual_scales is not None:
         rows = c.residual_scales if isinstance(c.residual_scales, (tuple, list)) else ()
@@ -303,13 +338,14 @@ def count_parameters(config: DecoderConfig) -> dict:
     not parameters."""
     c = check_config(dataclasses.replace(config))
     e, h, hkv, d, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.ffn_hidden
-    per_dim = 2 if c.norm == "layernorm" and c.norm_bias else 1       # gain (and bias)
+    per_dim = 0 if c.norm_weightless else \
+        2 if c.norm == "layernorm" and c.norm_bias else 1               # gain (and bias)
     norm = e * per_dim
     # attention: four projections (+ biases), QK-norm gains, sinks
     attn = 2 * e * h * d + 2 * e * hkv * d
     attn += (h + 2 * hkv) * d * c.qkv_bias + e * c.o_bias + h * c.attn_sinks
     attn += (e + c.qkv_bias) * h * d * c.attn_output_gate          # the gate's q_proj rows
-    if c.qk_norm is not None:
+    if c.qk_norm in ("head", "proj"):        # "after_rope" has no gain
         attn += per_dim * (2 * d if c.qk_norm == "head" else (h + hkv) * d)
     if c.attention == "mla":                  # latents: q (optional) and kv, then expanded
         dn, dr, dv, r, ql = (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
@@ -321,9 +357,10 @@ def count_parameters(config: DecoderConfig) -> dict:
             hi, di = c.index_n_heads, c.index_head_dim
             attn += ql * hi * di + e * di + 2 * di + e * hi
     # the MLP: three matrices when gated, two for GPT-2's, biases on each output
-    mats = 2 if c.mlp == "gelu" else 3
+    mats = 2 if c.mlp in ("gelu", "relu2") else 3
     mlp = mats * e * f + ((mats - 1) * f + e) * c.mlp_bias
     norms_per_layer = 4 if c.norm_placement == "sandwich" else 2
+    norm_layers = 1 + c.embed_norm                # the final norm, the embeddings' norm
     mixing = sum(MIXERS[t].parameter_count(c) if t in MIXERS else attn for t in c.layer_types)
     moe_layers = 0 if c.mlp != "moe" else c.num_layers - len(set(c.dense_layers))
     moe, skipped = _count_moe(c) if moe_layers else (0, 0)
@@ -331,7 +368,7 @@ def count_parameters(config: DecoderConfig) -> dict:
     positions = c.max_position * e if c.positions == "learned" else 0
     non_embedding = (mixing + c.num_layers * norms_per_layer * norm
                      + (c.num_layers - moe_layers) * mlp
-                     + moe_layers * moe + norm + positions)
+                     + moe_layers * moe + norm_layers * norm + positions)
     total = embedding + non_embedding
     return {"total": total, "embedding": embedding, "non_embedding": non_embedding,
             "active": total - moe_layers * skipped}
@@ -350,7 +387,8 @@ def _count_moe(c: DecoderConfig):
 def kv_cache_bytes(config: DecoderConfig, tokens: int = 1, bytes_per_number: int = 2) -> int:
     """Bytes of the caches of every layer after ``tokens`` tokens (bfloat16 by default),
     from the configuration alone: a full layer keeps 2·Hkv·D numbers per token (MHA when
-    Hkv = H, GQA below), a sliding layer at most its last W − 1 tokens (``WindowKVCache``),
+    Hkv = H, GQA below), a sliding layer at most its last W − 1 tokens (``WindowKVCache``), a
+    chunked one at most C − 1 (``ChunkKVCache``: the current chunk's, T mod C),
     an MLA layer its latent and rotary key, r + D_r (+ d_I, the indexer's key, with
     ``index_topk``), a mixer layer what its ``state_numbers`` says (a recurrent state does
     not grow with the tokens)."""
@@ -359,18 +397,27 @@ def kv_cache_bytes(config: DecoderConfig, tokens: int = 1, bytes_per_number: int
     mla, index = c.attention == "mla", 0 if c.index_topk is None else c.index_head_dim
     per_layer = [MIXERS[t].state_numbers(c, tokens) if t in MIXERS else
                  tokens * (c.kv_lora_rank + c.qk_rope_head_dim + index) if mla else
-                 2 * c.num_kv_heads * c.head_dim *
-                 (min(tokens, c.sliding_window - 1) if t == "sliding" else tokens)
+                 2 * c.num_kv_heads * c.head_dim * _kept(c, t, tokens)
                  for t in c.layer_types]
     return sum(per_layer) * bytes_per_number
+
+
+def _kept(c: DecoderConfig, layer_type: str, tokens: int) -> int:
+    """The most tokens an attention layer's cache holds after ``tokens``."""
+    if layer_type == "sliding":
+        return min(tokens, c.sliding_window - 1)
+    if layer_type == "chunked":
+        return min(tokens, c.attention_chunk_size - 1)
+    return tokens
 
 
 def kv_cache_bytes_per_token(config: DecoderConfig, bytes_per_number: int = 2) -> int:
     """The caches' growth per token once every window is full, ``kv_cache_bytes(T + 1) −
     kv_cache_bytes(T)`` for T past them: full layers' keys and values (or MLA's latent), not a
-    sliding layer's W − 1 tokens or a recurrent state. Below the windows every layer grows."""
+    sliding layer's W − 1 tokens, a chunked one's C − 1 or a recurrent state. Below the
+    windows every layer grows."""
     c = check_config(dataclasses.replace(config))
-    past = (c.sliding_window or 0) + 1             # every window full, every state made
+    past = max(c.sliding_window or 0, c.attention_chunk_size or 0) + 1   # every window full
     return (kv_cache_bytes(c, past + 1, bytes_per_number)
             - kv_cache_bytes(c, past, bytes_per_number))
 
@@ -430,6 +477,7 @@ class Decoder(Module, AttentionMaps, HookedModel):
         self.hook_embed = HookPoint()
         self.pos_embed = LearnedPositionalEmbedding(c.max_position, c.hidden_size) \
             if c.positions == "learned" else None
+        self.ln_embed = norm_layer(c, c.hidden_size) if c.embed_norm else None
         self.blocks = ModuleList([block_class(c)(c, layer_mixer(c, i), i)
                                   for i in range(c.num_layers)])
         self.ln_final = norm_layer(c, c.hidden_size)
@@ -480,6 +528,8 @@ class Decoder(Module, AttentionMaps, HookedModel):
                 raise ValueError(f"Decoder: {offset + n} positions exceed max_position="
                                  f"{self.config.max_position}")
             x = x + self.pos_embed.positions(n, offset)
+        if self.ln_embed is not None:                                   # nanochat's
+            x = self.ln_embed(x)
         for i, block in enumerate(self.blocks):
             x = block(x, None if kv_caches is None else kv_caches[i], keep, position_ids)
         # Final norm, then the head (W_E when tied), then Gemma's soft-cap on the logits.

@@ -1,6 +1,6 @@
-"""The plain attention of a decoder layer, full or sliding, with the one normalisation
-layer every family chooses from (``norm_layer``); the formula is ``decoder.py``'s. What a
-family adds to it lives in ``attention_features.py``."""
+"""The plain attention of a decoder layer, full, sliding or chunked, with the one
+normalisation layer every family chooses from (``norm_layer``); the formula is
+``decoder.py``'s. What a family adds to it lives in ``attention_features.py``."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import math
 
 from .. import backend
-from ..attention import KVCache, WindowKVCache
+from ..attention import ChunkKVCache, KVCache, WindowKVCache
 from ..attention.base import hookable_attention, hooked_heads
 from ..nn.decoder_layers import DecoderRMSNorm
 from ..nn.hooks import HookPoint
@@ -16,6 +16,7 @@ from ..nn.layers import LayerNorm, Linear
 from ..nn.module import Module
 from ..nn.rotary import Rotary
 from ..ops.sdpa import merge_heads, split_heads
+from ..ops.shape import concatenate
 
 if TYPE_CHECKING:                       # a type only: decoder.py imports this module
     from .decoder import DecoderConfig
@@ -28,7 +29,8 @@ def norm_layer(c: DecoderConfig, dim: int):
     if c.norm == "layernorm":
         return LayerNorm(dim, eps=c.norm_eps, bias=c.norm_bias)
     return DecoderRMSNorm(dim, eps=c.norm_eps, unit_offset=c.norm_unit_offset,
-                          scale_in_float32=c.norm_scale_in_float32)
+                          scale_in_float32=c.norm_scale_in_float32,
+                          affine=not c.norm_weightless)
 
 
 class DecoderAttention(Module):
@@ -56,29 +58,41 @@ class DecoderAttention(Module):
         self.v_proj = Linear(e, hkv * d, bias=c.qkv_bias)
         self.o_proj = Linear(h * d, e, bias=c.o_bias)
         # A sliding layer sees W keys and may have its own rotary base (Gemma 3's local
-        # layers); a NoPE layer (``nope_layers``) rotates nothing.
+        # layers), a chunked one its chunk's keys; a NoPE layer (``nope_layers``) rotates
+        # nothing, and may warm its queries with the position (Llama 4's temperature).
         self.window = c.sliding_window if sliding else None
+        chunked = index < len(c.layer_types or ()) and c.layer_types[index] == "chunked"
+        self.chunk = c.attention_chunk_size if chunked else None
         rope = c.local_rope if sliding and c.local_rope is not None else c.rope
         nope = index in c.nope_layers
-        self.rotary = Rotary(d, rope) if c.positions == "rope" and not nope else None
+        self.rotary = Rotary(d, rope, reverse=c.rope_reversed) \
+            if c.positions == "rope" and not nope else None
+        self.interleaved = c.rope_interleave
+        self.temperature = c.attn_temperature if nope else None
         self.scale = 1.0 / math.sqrt(c.query_pre_attn_scalar or d)
         for name in ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z"):
             setattr(self, f"hook_{name}", HookPoint())
 
     def new_cache(self):
-        """A ``WindowKVCache`` for a sliding layer (bounded), else a ``KVCache``."""
+        """A ``WindowKVCache`` for a sliding layer, a ``ChunkKVCache`` for a chunked one (both
+        bounded), else a ``KVCache``."""
+        if self.chunk is not None:
+            return ChunkKVCache(self.chunk)
         return KVCache() if self.window is None else WindowKVCache(self.window)
 
     def _allowed(self, offset, n, first, nk, xp, always=False):
-        """(Nq, Nk) bool, True = may attend: causal, and within the window; None when plain
-        bottom-right causality says it (full layer, keys from position 0) unless ``always``."""
-        if self.window is None and first == 0 and not always:
+        """(Nq, Nk) bool, True = may attend: causal, and within the window or the chunk; None
+        when plain bottom-right causality says it (full layer, keys from position 0) unless
+        ``always``."""
+        if self.window is None and self.chunk is None and first == 0 and not always:
             return None
         qpos = xp.arange(offset, offset + n)[:, None]
         kpos = xp.arange(first, first + nk)[None, :]
         allowed = kpos <= qpos
         if self.window is not None:
             allowed &= kpos > qpos - self.window                  # the last W positions
+        if self.chunk is not None:
+            allowed &= kpos // self.chunk == qpos // self.chunk   # the query's own chunk
         return allowed
 
     def forward(self, x, kv_cache=None, keep=None, positions=None):
@@ -100,8 +114,13 @@ class DecoderAttention(Module):
         q, k = self.normed(q, k)
         if self.rotary is not None:
             pos = xp.arange(offset, offset + n) if positions is None else positions
+            if self.interleaved:               # pairs (0, 1), (2, 3) … read as two halves
+                q, k = (concatenate([t[..., 0::2], t[..., 1::2]], axis=-1) for t in (q, k))
             q = hooked_heads(self.hook_rot_q, self.rotary.rotate(q, pos))
             k = hooked_heads(self.hook_rot_k, self.rotary.rotate(k, pos))
+            q, k = self.rotated(q, k)
+        elif self.temperature is not None:
+            q = q * self.query_temperature(offset, n, q.dtype, xp)
         first = 0
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)                               # (B, Hkv, Nk, D)
@@ -117,6 +136,18 @@ class DecoderAttention(Module):
         """q and k between projection and rotation: as projected (``QKNorm`` normalises)."""
         return q, k
 
+    def rotated(self, q, k):
+        """q and k after the rotation: as rotated (``QKNorm`` "after_rope" normalises)."""
+        return q, k
+
+    def query_temperature(self, offset, n, dtype, xp):
+        """(N, 1): 1 + α·ln(1 + ⌊(m + 1)/F⌋) at the positions m = offset … offset + N − 1
+        (``decoder.py``'s ``attn_temperature``); HF counts m from its cache, not from
+        ``position_ids``, and so does this."""
+        floor, alpha = self.temperature
+        m = xp.arange(offset, offset + n, dtype="float64")
+        return (1.0 + alpha * xp.log1p(xp.floor((m + 1.0) / floor)))[:, None].astype(dtype)
+
     def attend(self, q, k, v, allowed):
         """(B, H, Nq, D): softmax attention, fused (composed when a hook is set)."""
         z, _ = hookable_attention(self, q, k, v, scale=self.scale, causal=allowed is None,
@@ -125,4 +156,5 @@ class DecoderAttention(Module):
 
     def extra_repr(self) -> str:
         return (f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-                f"head_dim={self.head_dim}, window={self.window}")
+                f"head_dim={self.head_dim}, window={self.window}" +
+                ("" if self.chunk is None else f", chunk={self.chunk}"))

@@ -34,11 +34,12 @@ __all__ = ["DecoderBlock", "layer_mlp"]
 
 
 def layer_mlp(c: DecoderConfig, index: int = 0):
-    """Layer ``index``'s MLP: GPT-2's, a gated one (SwiGLU, GeGLU), or a mixture of experts
-    (a dense SwiGLU in the ``dense_layers`` of an MoE model)."""
+    """Layer ``index``'s MLP: GPT-2's (GELU, or the squared ReLU), a gated one (SwiGLU, GeGLU),
+    or a mixture of experts (a dense SwiGLU in the ``dense_layers`` of an MoE model)."""
     gelu = "gelu_tanh" if c.gelu_approximate else "gelu"
-    if c.mlp == "gelu":
-        return DenseMLP(c.hidden_size, c.ffn_hidden, gelu, bias=c.mlp_bias)
+    if c.mlp in ("gelu", "relu2"):
+        act = gelu if c.mlp == "gelu" else "relu2"
+        return DenseMLP(c.hidden_size, c.ffn_hidden, act, bias=c.mlp_bias)
     if c.mlp in ("swiglu", "geglu") or index in c.dense_layers:
         act = gelu if c.mlp == "geglu" else "silu"
         return GatedMLP(c.hidden_size, c.ffn_hidden, act, bias=c.mlp_bias)

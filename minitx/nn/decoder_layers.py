@@ -12,7 +12,8 @@ $$
 In float16 every family normalises in float32; they differ in where they round back:
 Llama, Qwen and Mistral round the normalised x to float16 and then multiply by g (in float16),
 Gemma and OLMo 2 multiply in float32 and round the product (``scale_in_float32``). In float32
-and float64 the two are the same.
+and float64 the two are the same. nanochat's norms, and Llama 4's norm on q and k, have no
+gain at all (g = 1, ``affine=False``).
 
 **Gated MLPs** (Shazeer 2020, "GLU Variants Improve Transformer"): one projection, put through
 an activation, gates another, elementwise; SwiGLU uses SiLU (Llama, Qwen, Mistral, OLMo),
@@ -23,6 +24,9 @@ $$
 \operatorname{MLP}(x) = W_{down}\,\bigl(\phi(W_{gate}\, x) \odot W_{up}\, x\bigr),
 \qquad \phi = \operatorname{SiLU}\;\text{or}\;\operatorname{GELU}
 $$
+
+nanochat and Nemotron-H keep GPT-2's two matrices with the squared ReLU of Primer (So et al.
+2021), $W_{down}\,\max(W_{up} x, 0)^2$ (``DenseMLP`` with ``"relu2"``).
 
 **Soft-capping** (Gemma 2's logits): a smooth clip into (−c, c) that is the identity near 0:
 
@@ -47,6 +51,7 @@ MLP_ACTIVATIONS = {
     "silu": F.silu,
     "gelu": F.gelu,                                             # exact: x·Φ(x)
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),       # HF's gelu_pytorch_tanh
+    "relu2": lambda x: F.relu(x) ** 2,                          # Primer's squared ReLU
 }
 
 
@@ -66,14 +71,16 @@ class DecoderRMSNorm(Module):
     """RMSNorm with the families' details (module docstring's formula). x (…, E) → (…, E).
 
     Options: ``eps``; ``unit_offset`` (Gemma: scale by 1 + w, w starting at zero);
-    ``scale_in_float32`` (Gemma, OLMo 2: in float16, multiply before rounding back).
-    Parameter ``weight`` (E,). Hook points (TransformerLens's): ``hook_scale``
+    ``scale_in_float32`` (Gemma, OLMo 2: in float16, multiply before rounding back);
+    ``affine`` (False: no gain, g = 1, nanochat's and Llama 4's QK-norm).
+    Parameter ``weight`` (E,), None without ``affine``. Hook points (TransformerLens's):
+    ``hook_scale``
     √(mean(x²) + eps) (…, 1) and ``hook_normalized`` x / scale (…, E); when one is set the
     formula runs composed so they can be seen. O(N·E).
     """
 
     def __init__(self, normalized_shape, eps: float = 1e-6, unit_offset: bool = False,
-                 scale_in_float32: bool = False, dtype=None):
+                 scale_in_float32: bool = False, affine: bool = True, dtype=None):
         super().__init__()
         who = "DecoderRMSNorm"
         self.normalized_shape = _as_shape(normalized_shape, who)
@@ -81,15 +88,23 @@ class DecoderRMSNorm(Module):
         self.unit_offset = validate.boolean(unit_offset, "unit_offset", owner=who)
         self.scale_in_float32 = validate.boolean(scale_in_float32, "scale_in_float32",
                                                  owner=who)
+        self.affine = validate.boolean(affine, "affine", owner=who)
+        if unit_offset and not affine:
+            raise validate.OptionError(f"{who}: unit_offset scales by 1 + w, which needs a "
+                                       "weight; got affine=False")
         # Gemma's stored weight is g − 1, so a fresh layer (g = 1) starts at zero.
         dt = _float_dtype(dtype, who)
-        self.weight = _empty_parameter(self.normalized_shape, dt) if unit_offset else \
-            Parameter(backend.xp().ones(self.normalized_shape, dtype=dt))
+        if not affine:
+            self.register_parameter("weight", None)
+        elif unit_offset:
+            self.weight = _empty_parameter(self.normalized_shape, dt)
+        else:
+            self.weight = Parameter(backend.xp().ones(self.normalized_shape, dtype=dt))
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
 
     def gain(self):
-        """g: the weight, or 1 + weight with ``unit_offset``."""
+        """g: the weight, or 1 + weight with ``unit_offset``; None without ``affine``."""
         return self.weight + 1.0 if self.unit_offset else self.weight
 
     def _normalize(self, x, g):
@@ -107,13 +122,15 @@ class DecoderRMSNorm(Module):
             return self._normalize(x, g)
         # float16: normalise in float32; round before (Llama) or after (Gemma, OLMo 2) scaling
         x32 = astype(x, "float32")
-        if self.scale_in_float32:
-            return astype(self._normalize(x32, astype(g, "float32")), x.dtype)
+        if self.scale_in_float32 or g is None:
+            return astype(self._normalize(x32, None if g is None else astype(g, "float32")),
+                          x.dtype)
         return astype(self._normalize(x32, None), x.dtype) * g
 
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, unit_offset={self.unit_offset}, "
-                f"scale_in_float32={self.scale_in_float32}")
+                f"scale_in_float32={self.scale_in_float32}" +
+                ("" if self.affine else ", affine=False"))
 
 
 class GatedMLP(Module):

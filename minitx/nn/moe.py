@@ -7,7 +7,7 @@ Each token $x \in \mathbb{R}^E$ (the rows of a (B·N, E) matrix) goes through fo
 **1. Router logits**, one per expert: $\ell = W_r x + b_r \in \mathbb{R}^n$ (the bias only in
 gpt-oss).
 
-**2. The choice $K$ (k experts) and their weights $w_e$**, three ways:
+**2. The choice $K$ (k experts) and their weights $w_e$**, four ways:
 
 - ``"softmax"`` (Mixtral, Qwen2/3-MoE): probabilities, their top k, renormalised over the k
   when ``norm_topk_prob`` (Mixtral always; Qwen's config says), else kept as they are:
@@ -19,6 +19,8 @@ w_e = \frac{p_e}{\sum_{j \in K} p_j} \ \text{ or } \ w_e = p_e \qquad (e \in K)$
   $w_e = e^{\ell_e} / \sum_{j \in K} e^{\ell_j}$. The same numbers as the renormalised
   softmax router (softmax keeps the order of the logits, and its normaliser cancels in the
   ratio); gpt-oss just never forms the probabilities of the experts it does not use.
+- ``"topk_sigmoid"`` (Llama 4): the top k logits, each through a sigmoid of its own, not
+  renormalised: $w_e = \sigma(\ell_e)$ for $e \in K = \mathrm{topk}(\ell, k)$.
 - ``"sigmoid_grouped"`` (DeepSeek-V3): independent sigmoid scores $s = \sigma(\ell)$; a
   correction bias $\beta$ (``e_score_correction_bias``, a buffer that training nudges to
   balance the load, not a gradient-trained parameter) is added **only to choose**:
@@ -47,6 +49,9 @@ f_e(x) = W^d_e \big( g\, \sigma(\alpha g) \odot (u + 1) \big) + b^d_e$$
 every token goes through (DeepSeek-V3; Qwen2-MoE gates it with a sigmoid of $w_s \cdot x$):
 
 $$y = \sum_{e \in K} w_e\, f_e(x) \;+\; \big[\sigma(w_s \cdot x)\big]\, f_s(x)$$
+
+Llama 4 weighs the expert's input instead (``weights_on_input``), which is not the same for a
+SwiGLU expert (it is not linear): $y = \sum_{e \in K} f_e(w_e\, x) + f_s(x)$.
 
 **The load-balancing loss** (Switch Transformer's; Mixtral's and Qwen's training add it, times
 ``router_aux_loss_coef``). Over $T$ tokens, $f_e$ counts the tokens that chose $e$ among their
@@ -102,7 +107,7 @@ __all__ = ["MoE", "Router", "Experts", "SharedExpert", "softmax_topk", "topk_sof
            "sigmoid_grouped_topk", "tokens_per_expert", "load_balancing_loss", "GroupedLinear",
            "grouped_linear", "ROUTERS", "EXPERT_KINDS"]
 
-ROUTERS = ("softmax", "topk_softmax", "sigmoid_grouped")
+ROUTERS = ("softmax", "topk_softmax", "sigmoid_grouped", "topk_sigmoid")
 EXPERT_KINDS = ("swiglu", "clamped_swiglu")
 
 
@@ -319,6 +324,10 @@ class Router(Module):
             raise validate.OptionError(f"{who}: norm_topk_prob must be True for router "
                                        "'topk_softmax' (its softmax over the k is normalised), "
                                        "got False")
+        if kind == "topk_sigmoid" and norm_topk_prob:
+            raise validate.OptionError(f"{who}: norm_topk_prob must be False for router "
+                                       "'topk_sigmoid' (each weight is its own sigmoid, not "
+                                       "renormalised), got True")
         # group-limited routing (DeepSeek-V3) and the factor on every routed weight
         self.n_group = validate.integer(n_group, "n_group", minimum=1, maximum=n, owner=who)
         self.topk_group = validate.integer(topk_group, "topk_group", minimum=1,
@@ -364,6 +373,9 @@ class Router(Module):
             w, indices = softmax_topk(logits, self.top_k, self.norm_topk_prob)
         elif self.kind == "topk_softmax":
             w, indices = topk_softmax(logits, self.top_k)
+        elif self.kind == "topk_sigmoid":                              # Llama 4's
+            top, indices = F.topk(logits, self.top_k, axis=-1)
+            w = F.sigmoid(top)
         else:
             w, indices = sigmoid_grouped_topk(logits, self.top_k, self.e_score_correction_bias,
                                               self.n_group, self.topk_group, self.norm_topk_prob)
@@ -385,8 +397,8 @@ class Experts(Module):
     (n, I) and ``down_proj_bias`` (n, E). ``kind``: "swiglu" or "clamped_swiglu" (gpt-oss;
     ``swiglu_limit``, ``swiglu_alpha``).
 
-    ``forward(x, indices, weights)``: tokens x (T, E), the choices (T, k) and their weights
-    (T, k) → (T, E). Cost O(T k · 3EI) and memory O(T k E) for the gathered tokens; the three
+    ``forward(x, indices, weights, on_input=False)``: tokens x (T, E), the choices (T, k) and
+    their weights (T, k) → (T, E), Σ w f(x), or Σ f(w x) ``on_input`` (Llama 4). Cost O(T k · 3EI) and memory O(T k E) for the gathered tokens; the three
     projections are grouped products (``grouped_linear``), whose backward writes the stacked
     weights' gradient once. ``expert(e, x)`` runs one expert alone (for reading and checking).
     """
@@ -438,7 +450,7 @@ class Experts(Module):
         return F.linear(self._hidden(g, u), self.down_proj[e],
                         self._bias("down_proj_bias", e))                        # (m, E)
 
-    def forward(self, x: Tensor, indices, weights: Tensor) -> Tensor:
+    def forward(self, x: Tensor, indices, weights: Tensor, on_input: bool = False) -> Tensor:
         idx = indices.data if isinstance(indices, Tensor) else indices
         t, k = idx.shape
         xp = get_array_module(idx)
@@ -449,6 +461,8 @@ class Experts(Module):
         routed = x[order // k]                             # gather: (T·k, E), by expert
         if not pairs.size:                                 # no tokens: nothing to run
             return F.reshape(routed, (t, self.hidden_size))
+        if on_input:                                       # each pair's weight on its input
+            routed = routed * F.reshape(weights, (t * k, 1))[order]
         # the experts, each on its block of rows: three grouped products
         g = grouped_linear(routed, self.gate_proj, counts, self.gate_proj_bias)    # (T·k, I)
         u = grouped_linear(routed, self.up_proj, counts, self.up_proj_bias)        # (T·k, I)
@@ -457,6 +471,8 @@ class Experts(Module):
         back = xp.empty_like(order)
         back[order] = xp.arange(order.size)                # the inverse permutation
         y = F.reshape(y[back], (t, k, self.hidden_size))   # (T, k, E) in (token, slot) order
+        if on_input:
+            return F.sum(y, axis=1)                                  # (T, E): Σ_slots f(w x)
         return F.sum(y * F.reshape(weights, (t, k, 1)), axis=1)      # (T, E): Σ_slots w f
 
     def extra_repr(self) -> str:
@@ -488,8 +504,10 @@ class MoE(Module):
     - ``hidden_size`` E, ``intermediate_size`` I (each expert's width), ``num_experts`` n,
       ``top_k`` k (experts per token).
     - ``router``: "softmax" (Mixtral, Qwen-MoE), "topk_softmax" (gpt-oss), "sigmoid_grouped"
-      (DeepSeek-V3). ``norm_topk_prob``: renormalise the k weights (default True: Mixtral's;
-      Qwen's config states it). ``router_bias``: a bias on the router's logits (gpt-oss).
+      (DeepSeek-V3), "topk_sigmoid" (Llama 4). ``weights_on_input``: the weights scale each
+      chosen expert's input, not its output (Llama 4). ``norm_topk_prob``: renormalise the k
+      weights (default True: Mixtral's; Qwen's config states it; False for "topk_sigmoid").
+      ``router_bias``: a bias on the router's logits (gpt-oss).
       ``n_group``, ``topk_group``: group-limited routing ("sigmoid_grouped" only).
       ``routed_scaling_factor`` ρ: a factor on every routed weight.
     - ``expert``: "swiglu" or "clamped_swiglu" (gpt-oss; ``swiglu_limit`` 7.0, ``swiglu_alpha``
@@ -523,7 +541,8 @@ class MoE(Module):
                  n_group: int = 1, topk_group: int = 1, routed_scaling_factor: float = 1.0,
                  expert: str = "swiglu", expert_bias: bool = False, swiglu_limit=None,
                  swiglu_alpha=None, n_shared_experts: int = 0, shared_intermediate_size=None,
-                 shared_expert_gate: bool = False, device=None, dtype=None):
+                 shared_expert_gate: bool = False, weights_on_input: bool = False, device=None,
+                 dtype=None):
         super().__init__()
         who = "MoE"
         # the clamped SwiGLU's constants go with that expert kind only
@@ -555,6 +574,8 @@ class MoE(Module):
             self.shared_expert_gate = Linear(hidden_size, 1, bias=False, dtype=dtype)
         else:
             self.shared_expert_gate = None
+        self.weights_on_input = validate.boolean(weights_on_input, "weights_on_input",
+                                                 owner=who)
         # what the last forward routed, kept for the loss and for reading
         self.router_logits = None
         self.tokens_per_expert = None
@@ -598,7 +619,7 @@ class MoE(Module):
             raise ValueError("MoE: hook_tokens_per_expert is read-only (the counts follow from "
                              "the choices): change hook_expert_indices instead")
         self.router_logits, self.tokens_per_expert = logits, counts
-        y = self.experts(h, indices, weights)                          # (T, E)
+        y = self.experts(h, indices, weights, self.weights_on_input)   # (T, E)
         if self.shared_expert is not None:
             shared = self.shared_expert(h)
             if self.shared_expert_gate is not None:

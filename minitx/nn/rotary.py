@@ -171,14 +171,19 @@ class Rotary:
     ``rotate(x, positions)`` rotates x (B, H, N, D) (a Tensor) at ``positions``, (N,) ints
     or (B, N) (each batch row its own, as left-padded prompts need);
     ``omega`` (R/2,), ``attention_factor`` a and ``rotary_dim`` R are the module docstring's.
-    The angles are formed in float64 and cast to x's dtype.
+    ``reverse``: every pair turns the other way, by −mω (nanochat's rotation, whose
+    "rotate half" has its signs flipped). The angles are formed in float64 and cast to x's
+    dtype.
     """
 
-    def __init__(self, head_dim: int, rope: dict = None):
+    def __init__(self, head_dim: int, rope: dict = None, reverse: bool = False):
         self.head_dim = validate.positive_int(head_dim, "head_dim", owner="Rotary")
         self.rope = check_rope({} if rope is None else rope, owner="Rotary")
         self.omega, self.attention_factor, self.rotary_dim = rope_frequencies(head_dim,
                                                                               self.rope)
+        self.reverse = validate.boolean(reverse, "reverse", owner="Rotary")
+        if reverse:                            # cos(−mω) = cos mω, sin(−mω) = −sin mω
+            self.omega = -self.omega
 
     def tables(self, positions, dtype):
         """(cos, sin), each (…, N, R/2): a·cos(m ω_i), a·sin(m ω_i) for positions (…, N), on
@@ -209,4 +214,4 @@ class Rotary:
 
     def __repr__(self) -> str:
         return (f"Rotary(head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, "
-                f"rope={self.rope})")
+                f"rope={self.rope}" + (", reverse=True)" if self.reverse else ")"))

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import minitx
-from minitx.attention import KVCache, WindowKVCache
+from minitx.attention import ChunkKVCache, KVCache, WindowKVCache
 from minitx.models import Decoder, DecoderConfig, count_parameters
 from minitx.nn.decoder_layers import DecoderRMSNorm, DenseMLP, GatedMLP, softcap
 from minitx.nn.rotary import Rotary, apply_rotary, rope_frequencies
@@ -20,28 +20,39 @@ from support import assert_close, tensor, to_host, need
 
 SWITCHES = dict(
     norm=st.sampled_from(["rmsnorm", "layernorm"]),
-    mlp=st.sampled_from(["gelu", "swiglu", "geglu"]),
+    mlp=st.sampled_from(["gelu", "relu2", "swiglu", "geglu"]),
     norm_placement=st.sampled_from(["pre", "post", "sandwich"]),
-    qk_norm=st.sampled_from([None, "head", "proj"]),
+    qk_norm=st.sampled_from([None, "head", "proj", "after_rope"]),
     num_kv_heads=st.sampled_from([1, 2, 4]),
     head_dim=st.sampled_from([None, 6]),
     window=st.sampled_from([None, 1, 3]),
-    pattern=st.sampled_from(["all", "alternate"]),
+    pattern=st.sampled_from(["all", "alternate", "chunked"]),
     positions=st.sampled_from(["rope", "learned", "none"]),
     caps=st.booleans(),
     sinks=st.booleans(),
     tie=st.booleans(),
     bias=st.booleans(),
+    # nanochat's weightless norms (the embeddings' too) and reversed rotation; Llama 4's
+    # interleaved pairs, and a NoPE layer with its queries' temperature
+    weightless=st.booleans(),
+    interleave=st.booleans(),
+    nope=st.booleans(),
 )
 
 
 def _config(norm="rmsnorm", mlp="swiglu", norm_placement="pre", qk_norm=None, num_kv_heads=2,
             head_dim=None, window=None, pattern="all", positions="rope", caps=False, sinks=False,
-            tie=True, bias=False):
-    types = None
+            tie=True, bias=False, weightless=False, interleave=False, nope=False):
+    types, chunk = None, None
     if window is not None and pattern == "alternate":
         types = ("sliding", "full")
+    if pattern == "chunked":                   # a chunked layer before a full (or sliding) one
+        types, chunk = ("chunked", "sliding" if window else "full"), 3
+    weightless = weightless and norm == "rmsnorm"
     return DecoderConfig(
+        attention_chunk_size=chunk, norm_weightless=weightless, embed_norm=weightless,
+        rope_reversed=weightless, rope_interleave=interleave,
+        nope_layers=(1,) if nope else (), attn_temperature=(2, 0.5) if nope else None,
         vocab_size=31, hidden_size=16, num_layers=2, num_heads=4, num_kv_heads=num_kv_heads,
         head_dim=head_dim, norm=norm, mlp=mlp, norm_placement=norm_placement, qk_norm=qk_norm,
         sliding_window=window, layer_types=types, positions=positions, tie_embeddings=tie,
@@ -257,30 +268,45 @@ def test_every_switch_combination_is_causal_and_decodes_through_its_caches(**swi
     steps += [model(IDS[:, i:i + 1], kv_caches=caches).numpy() for i in range(3, 9)]
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-10, atol=1e-12)
     for block, cache in zip(model.blocks, caches):
-        assert isinstance(cache, WindowKVCache if block.attn.window else KVCache)
+        kind = ChunkKVCache if block.attn.chunk else WindowKVCache if block.attn.window else \
+            KVCache
+        assert type(cache) is kind
+        if block.attn.chunk:                     # the current chunk's tokens only: 9 mod 3
+            assert len(cache.keys[0, 0]) == 0
 
 
 def _attention_reference(model, ids):
     """The first block's attention output from the module docstring's formula in NumPy
-    (pre-norm RMSNorm, default RoPE, no QK-norm), for one batch row."""
+    (pre-norm RMSNorm, default RoPE, no QK-norm before the rotation), for one batch row; with
+    nanochat's and Llama 4's switches: no gains, the embeddings normalised, the rotation by
+    −mω, pairs (2i, 2i + 1) rotated as complex numbers, q and k normalised after it, and
+    chunks."""
     c = model.config
     p = {k: to_host(v) for k, v in model.state_dict().items()}
     x = p["embed.weight"][ids] * (math.sqrt(c.hidden_size) if c.embed_scale else 1)
-    h = _rms_reference(x, p["blocks.0.ln1.weight"], c.norm_eps)
+    if c.embed_norm:
+        x = _rms_reference(x, 1.0, c.norm_eps)
+    h = _rms_reference(x, 1.0 if c.norm_weightless else p["blocks.0.ln1.weight"], c.norm_eps)
     n, d, hkv = len(ids), c.head_dim, c.num_kv_heads
     q = (h @ p["blocks.0.attn.q_proj.weight"].T).reshape(n, c.num_heads, d)
     k = (h @ p["blocks.0.attn.k_proj.weight"].T).reshape(n, hkv, d)
     v = (h @ p["blocks.0.attn.v_proj.weight"].T).reshape(n, hkv, d)
     ang = np.arange(n)[:, None] * c.rope["rope_theta"] ** (-np.arange(0, d, 2) / d)
+    ang = -ang if c.rope_reversed else ang
 
     def rot(t):
+        if c.rope_interleave:                      # (t_2i + i t_2i+1) e^{i m ω_i}
+            z = (t[..., 0::2] + 1j * t[..., 1::2]) * np.exp(1j * ang)[:, None]
+            return np.stack([z.real, z.imag], -1).reshape(t.shape)
         c_, s_ = np.cos(ang)[:, None], np.sin(ang)[:, None]
         a, b = t[..., :d // 2], t[..., d // 2:]
         return np.concatenate([a * c_ - b * s_, b * c_ + a * s_], -1)
 
     q, k = rot(q), rot(k)
+    if c.qk_norm == "after_rope":
+        q, k = _rms_reference(q, 1.0, c.norm_eps), _rms_reference(k, 1.0, c.norm_eps)
     out = np.zeros((n, c.num_heads, d))
-    w = c.sliding_window or n
+    w = c.sliding_window if c.layer_types[0] == "sliding" else n
     scale = 1 / math.sqrt(c.query_pre_attn_scalar or d)
     for hh in range(c.num_heads):
         g = hh // (c.num_heads // hkv)
@@ -288,7 +314,8 @@ def _attention_reference(model, ids):
         if c.attn_logit_softcap:
             s = c.attn_logit_softcap * np.tanh(s / c.attn_logit_softcap)
         i, j = np.indices((n, n))
-        s = np.where((j <= i) & (j > i - w), s, -np.inf)
+        chunk = c.attention_chunk_size if c.layer_types[0] == "chunked" else n
+        s = np.where((j <= i) & (j > i - w) & (j // chunk == i // chunk), s, -np.inf)
         e = np.exp(s)
         sink = np.exp(p["blocks.0.attn.sinks"][hh]) if c.attn_sinks else 0.0
         out[:, hh] = (e / (e.sum(-1, keepdims=True) + sink)) @ v[:, g]
@@ -298,12 +325,19 @@ def _attention_reference(model, ids):
 @pytest.mark.parametrize("window,cap,scalar,sinks", [
     (None, None, None, False), (3, None, None, False), (2, 1.5, 7.0, False),
     (None, 0.5, None, False), (None, None, None, True), (3, 2.0, None, True)])
-def test_attention_is_the_docstring_formula(window, cap, scalar, sinks):
+@pytest.mark.parametrize("family", [None, "nanochat", "llama4"])
+def test_attention_is_the_docstring_formula(window, cap, scalar, sinks, family):
     minitx.manual_seed(1)
+    switches = {None: {}, "nanochat": dict(norm_weightless=True, embed_norm=True,
+                                           rope_reversed=True, qk_norm="after_rope"),
+                "llama4": dict(rope_interleave=True, qk_norm="after_rope",
+                               layer_types=("chunked", "full"), attention_chunk_size=3)}[family]
+    if window is not None and family == "llama4":
+        switches["layer_types"] = ("chunked", "sliding")
     model = Decoder(DecoderConfig(
         vocab_size=31, hidden_size=16, num_heads=4, num_kv_heads=2, sliding_window=window,
         attn_logit_softcap=cap, query_pre_attn_scalar=scalar, embed_scale=cap is not None,
-        attn_sinks=sinks, rope={"rope_theta": 50.0})).to(dtype="float64")
+        attn_sinks=sinks, rope={"rope_theta": 50.0}, **switches)).to(dtype="float64")
     for p in model.parameters():
         p.copy_(np.random.default_rng(2).standard_normal(p.shape) * 0.5)
     seen = {}
@@ -311,6 +345,68 @@ def test_attention_is_the_docstring_formula(window, cap, scalar, sinks):
     model(IDS)
     np.testing.assert_allclose(seen["a"][0], _attention_reference(model, IDS[0]), rtol=1e-10,
                                atol=1e-12)
+
+
+def test_nope_queries_are_warmed_by_the_position_and_rotary_ones_not():
+    """Llama 4's temperature (F = 2, α = 0.5): on the NoPE layer, the scores of query m are
+    1 + α·ln(1 + ⌊(m + 1)/F⌋) times those of the same model without it; the rotary layer's
+    are unchanged. Through the caches, the positions count on from the cached ones."""
+    seen = {}
+
+    def scores(temperature, ids=IDS, steps=None):
+        minitx.manual_seed(3)
+        model = Decoder(DecoderConfig(vocab_size=31, hidden_size=16, num_heads=4,
+                                      nope_layers=(1,), attn_temperature=temperature,
+                                      )).to(dtype="float64")
+        for i, block in enumerate(model.blocks):
+            block.attn.hook_attn_scores.add_hook(
+                lambda t, h, i=i: seen.setdefault(i, []).append(t.numpy()))
+        seen.clear()
+        if steps is None:
+            model(ids)
+        else:
+            caches = model.new_caches()
+            for a, b in steps:
+                model(ids[:, a:b], kv_caches=caches)
+        return {i: v for i, v in seen.items()}
+
+    plain, warm = scores(None), scores((2, 0.5))
+    m = np.arange(IDS.shape[1])
+    factor = 1 + 0.5 * np.log1p(np.floor((m + 1) / 2))
+    assert factor[-1] > 1.5                                  # the test's tokens reach it
+    np.testing.assert_array_equal(warm[0][0], plain[0][0])
+    np.testing.assert_allclose(warm[1][0], plain[1][0] * factor[:, None], rtol=1e-12)
+    stepped = scores((2, 0.5), steps=[(0, 4), (4, 9)])[1]
+    np.testing.assert_allclose(stepped[1], warm[1][0][:, :, 4:9], rtol=1e-12)
+
+
+def test_weightless_rmsnorm_and_the_squared_relu_mlp():
+    """No parameter, x / √(mean x² + eps) (float64 and float16), and W_d max(W_u x, 0)²."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 8))
+    norm = DecoderRMSNorm(8, eps=0.1, affine=False).to(dtype="float64")
+    assert list(norm.parameters()) == [] and norm.weight is None
+    assert_close(norm(tensor(x)), _rms_reference(x, 1.0, 0.1), rtol=1e-14)
+    half = norm(tensor(x.astype("float16"), dtype=None))
+    assert half.dtype == np.float16
+    assert_close(half, _rms_reference(x.astype("float16").astype("float32"), 1.0, 0.1)
+                 .astype("float16"), rtol=0, atol=0)
+    mlp = DenseMLP(8, 5, "relu2", bias=False).to(dtype="float64")
+    up, down = to_host(mlp.up_proj.weight), to_host(mlp.down_proj.weight)
+    assert (x @ up.T < 0).any()                           # the ReLU has something to cut
+    assert_close(mlp(tensor(x)), np.maximum(x @ up.T, 0) ** 2 @ down.T, rtol=1e-13)
+    assert minitx.gradcheck(lambda t: mlp(t), (tensor(x, requires_grad=True),))
+    with pytest.raises(ValueError, match="unit_offset.*affine=False"):
+        DecoderRMSNorm(8, unit_offset=True, affine=False)
+
+
+def test_the_reversed_rotation_turns_by_minus_m_omega():
+    """nanochat's rotation at position m is Llama's at −m."""
+    x = tensor(np.random.default_rng(5).standard_normal((1, 2, 6, 8)))
+    m = np.arange(6)
+    back, ahead = Rotary(8, {"rope_theta": 30.0}, reverse=True), Rotary(8, {"rope_theta": 30.0})
+    assert_close(back.rotate(x, m), ahead.rotate(x, -m), rtol=1e-14)
+    assert not np.allclose(to_host(back.rotate(x, m)), to_host(ahead.rotate(x, m)))
 
 
 def test_a_decoder_block_gradient_checks():
@@ -366,6 +462,15 @@ def test_hook_points_carry_transformerlens_names():
     (dict(layer_types=("full",)), "for each of the 2 layers"),
     (dict(mlp="moe"), "needs num_experts and top_k"),
     (dict(rope={"rope_type": "longrope"}), "rope_type 'longrope' is not implemented"),
+    (dict(layer_types=("chunked", "full")), "attention_chunk_size is None"),
+    (dict(attention_chunk_size=0), "attention_chunk_size"),
+    (dict(norm="layernorm", norm_weightless=True), "norm_weightless.*layernorm"),
+    (dict(norm_unit_offset=True, norm_weightless=True), "norm_weightless.*norm_unit_offset"),
+    (dict(embed_norm="yes"), "embed_norm"),
+    (dict(rope_reversed=1), "rope_reversed"),
+    (dict(attn_temperature=8192), "attn_temperature must be"),
+    (dict(attn_temperature=(0, 0.1)), r"attn_temperature\[0\]"),
+    (dict(qk_norm="l2"), "qk_norm must be one of"),
 ])
 def test_bad_switches_are_refused_by_name(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -45,6 +45,10 @@ def reference_route(logits, kind, k, norm=True, bias=None, n_group=1, topk_group
             score = row
             chosen = np.argsort(-row, kind="stable")[:k]
             w = softmax(row[chosen])
+        elif kind == "topk_sigmoid":               # Llama 4: σ of each chosen logit
+            score = row
+            chosen = np.argsort(-row, kind="stable")[:k]
+            w = sigmoid(row[chosen])
         else:
             s = sigmoid(row)
             score = s + bias                       # corrected: used to choose only
@@ -89,17 +93,21 @@ def reference_expert(x, p, e, kind="swiglu", limit=7.0, alpha=1.702):
     return h @ p["experts.down_proj"][e].T + bias("experts.down_proj_bias")
 
 
-def reference_moe(x, p, kind, k, expert="swiglu", limit=7.0, **route):
+def reference_moe(x, p, kind, k, expert="swiglu", limit=7.0, on_input=False, **route):
     """x (B, N, E) → (B, N, E), the (T, n) weights and the choices' margin: all experts on all
-    tokens."""
+    tokens (``on_input``: expert e on w_te·x_t, summed unweighted; a bias-free SwiGLU gives 0
+    on the zero input of an unchosen expert)."""
     b, n_tok, e = x.shape
     h = x.reshape(-1, e)
     logits = h @ p["router.weight"].T + p.get("router.bias", 0.0)
     w, margin = reference_route(logits, kind, k, bias=p.get("router.e_score_correction_bias"),
                                 **route)
     n = p["router.weight"].shape[0]
-    every = np.stack([reference_expert(h, p, j, expert, limit) for j in range(n)], axis=1)
-    y = np.einsum("tn,tne->te", w, every)
+    if on_input:
+        y = sum(reference_expert(w[:, j:j + 1] * h, p, j, expert, limit) for j in range(n))
+    else:
+        every = np.stack([reference_expert(h, p, j, expert, limit) for j in range(n)], axis=1)
+        y = np.einsum("tn,tne->te", w, every)
     if "shared_expert.gate_proj.weight" in p:
         g = h @ p["shared_expert.gate_proj.weight"].T
         s = (g * sigmoid(g) * (h @ p["shared_expert.up_proj.weight"].T)) \
@@ -129,12 +137,15 @@ FAMILIES = {   # (router options, expert options), one tiny block of each family
                         routed_scaling_factor=2.5, n_shared_experts=2),
     "qwen2_shared_gate": dict(router="softmax", norm_topk_prob=False,
                               shared_intermediate_size=5, shared_expert_gate=True),
+    "llama4": dict(router="topk_sigmoid", norm_topk_prob=False, weights_on_input=True,
+                   shared_intermediate_size=4),
 }
 
 
 def route_options(opts):
     out = {"norm": opts.get("norm_topk_prob", True),
-           "rho": opts.get("routed_scaling_factor", 1.0)}
+           "rho": opts.get("routed_scaling_factor", 1.0),
+           "on_input": opts.get("weights_on_input", False)}
     if opts.get("router") == "sigmoid_grouped":
         out.update(n_group=opts["n_group"], topk_group=opts["topk_group"])
     return out
@@ -489,6 +500,8 @@ def test_float32_in_float32_out():
     (dict(router="sigmoid_grouped", n_group=2, topk_group=3), "topk_group"),
     (dict(router="sigmoid_grouped", n_group=2, topk_group=1, top_k=3), "top_k"),
     (dict(router="topk_softmax", norm_topk_prob=False), "norm_topk_prob"),
+    (dict(router="topk_sigmoid"), "norm_topk_prob"),
+    (dict(weights_on_input="yes"), "weights_on_input"),
     (dict(swiglu_limit=7.0), "swiglu_limit"),
     (dict(n_shared_experts=1, shared_intermediate_size=4), "shared_intermediate_size"),
     (dict(shared_expert_gate=True), "shared_expert_gate"),
