@@ -1,6 +1,6 @@
 """Tiny random HuggingFace decoders (Llama, Mistral, Qwen2, Qwen3, Gemma 3, OLMo 2, OLMo 3,
-SmolLM3, DeepSeek-V3, and the mixtures of experts Mixtral, Qwen3-MoE, gpt-oss, DeepSeek-V3's,
-MiniMax-M2, GLM-4.5)
+SmolLM3, DeepSeek-V3, nanochat, and the mixtures of experts Mixtral, Qwen3-MoE, gpt-oss,
+DeepSeek-V3's, MiniMax-M2, GLM-4.5, Llama 4)
 for the parity tests, built with ``transformers`` itself and saved with ``save_pretrained``.
 
 Each case is a config small enough to run in a fraction of a second — 2 layers, E = 32,
@@ -103,8 +103,21 @@ CASES = {
         topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True,
         rope_parameters={"rope_type": "default", "rope_theta": 500.0,
                          "partial_rotary_factor": 0.5})),
+    # every norm without a gain (the embeddings' too), q and k normalised after a rotation
+    # that turns the other way, a squared-ReLU MLP, the logits capped at 3 so the cap shows
+    "nanochat": ("nanochat", dict(final_logit_softcapping=3.0, rope_parameters={
+        "rope_type": "default", "rope_theta": 500.0})),
+    # layer 0 rotary, chunked (chunks of 3) and dense, its q and k normalised after the
+    # rotation; layer 1 NoPE, full, its queries warmed (F = 2, α = 0.5: visible within 11
+    # tokens), an MoE of 4 experts (2 chosen, σ on their inputs) beside a shared one
+    "llama4_text": ("llama4_text", dict(
+        intermediate_size=16, intermediate_size_mlp=48, head_dim=8, num_local_experts=4,
+        num_experts_per_tok=2, interleave_moe_layer_step=2, no_rope_layer_interval=2,
+        attention_chunk_size=3, floor_scale=2, attn_scale=0.5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
 }
-MOE_CASES = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3-moe", "minimax_m2", "glm4_moe")
+MOE_CASES = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3-moe", "minimax_m2", "glm4_moe",
+             "llama4_text")
 
 # The sizes a config.json must state, and nothing else (test_hf_defaults.py, the sweep)
 SIZES_ONLY = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

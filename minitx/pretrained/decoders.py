@@ -19,7 +19,8 @@ Both libraries store ``Linear`` weights as (out, in), so no tensor of these fami
 transposed (GPT-2's ``Conv1D`` ones are, in its file). A missing, extra or misshapen tensor is
 refused, naming it. The experts are the exception to one name each: minitx stacks them, (n,
 out, in) each; the files hold one matrix per expert (stacked on load), transformers 5's
-modules a fused ``gate_up_proj``, gpt-oss's interleaved and transposed (docs/moe.md);
+modules a fused ``gate_up_proj``, gpt-oss's interleaved and transposed, Llama 4's transposed
+(docs/moe.md);
 ``decoder_state_to_hf`` writes either spelling back.
 """
 from __future__ import annotations
@@ -89,11 +90,13 @@ _PER_EXPERT = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj", "gate_proj
 
 def _experts_from_hf(tensors: dict, model, fam, source) -> tuple:
     """HF's expert tensors (docs/moe.md: the files' per-expert matrices, or transformers 5's
-    fused ``gate_up_proj``; gpt-oss's interleaved, transposed ones) → minitx's stacked
+    fused ``gate_up_proj``; gpt-oss's interleaved, transposed ones; Llama 4's transposed ones)
+    → minitx's stacked
     tensors, under ``model.layers.{i}.mlp.<minitx name>``. Returns (tensors, {new key: the
     HF key it came from}); every other key passes through."""
     moe = _moe_layers(model)
     interleaved = fam.expert_layout == "interleaved"
+    transposed = fam.expert_layout == "transposed"
     out, origin, per_expert = {}, {}, {}
     for key, value in tensors.items():
         parts = key.split(".")
@@ -124,8 +127,10 @@ def _experts_from_hf(tensors: dict, model, fam, source) -> tuple:
             renamed["experts.up_proj_bias"] = v[:, 1::2]
         elif rest == "experts.gate_up_proj":                  # (n, 2I, E): gate rows, then up
             v, half = np.asarray(value), moe[i].experts.intermediate_size
+            if transposed:                                    # (n, E, 2I): gate columns first
+                v = v.transpose(0, 2, 1)
             renamed["experts.gate_proj"], renamed["experts.up_proj"] = v[:, :half], v[:, half:]
-        elif rest == "experts.down_proj" and interleaved:         # (n, I, E)
+        elif rest == "experts.down_proj" and (interleaved or transposed):   # (n, I, E)
             renamed["experts.down_proj"] = np.asarray(value).transpose(0, 2, 1)
         elif len(parts) == 8 and parts[4] == "experts" and parts[5].isdigit() \
                 and parts[6] in _PER_EXPERT and parts[7] == "weight":
@@ -180,7 +185,7 @@ def _experts_to_hf(state: dict, model, fam, files: bool) -> dict:
         hf = {}
         for key, v in mine.items():
             if key == "router.weight":
-                hf["router.weight" if interleaved else "gate.weight"] = v
+                hf[f"{fam.router_module}.weight"] = v
             elif key == "router.bias":
                 hf["router.bias"] = v
             elif key == "router.e_score_correction_bias":
@@ -203,6 +208,10 @@ def _experts_to_hf(state: dict, model, fam, files: bool) -> dict:
             hf.update({"experts.gate_up_proj": both, "experts.gate_up_proj_bias": bias,
                        "experts.down_proj": np.asarray(down).transpose(0, 2, 1),
                        "experts.down_proj_bias": mine["experts.down_proj_bias"]})
+        elif fam.expert_layout == "transposed":        # (n, E, 2I) and (n, I, E), Llama 4's
+            hf["experts.gate_up_proj"] = np.concatenate([np.asarray(gate), np.asarray(up)],
+                                                        axis=1).transpose(0, 2, 1)
+            hf["experts.down_proj"] = np.asarray(down).transpose(0, 2, 1)
         elif files:                    # one matrix per expert
             for ours, theirs in zip((gate, up, down), fam.expert_files):
                 for j, w in enumerate(np.asarray(ours)):

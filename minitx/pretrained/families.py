@@ -112,7 +112,8 @@ def _cells(c: DecoderConfig) -> dict:
     norm = "RMSNorm" if c.norm == "rmsnorm" else "LayerNorm"
     norm += {"pre": ", pre", "post": ", post", "sandwich": ", sandwich"}[c.norm_placement]
     norm += ", (1+w)" if c.norm_unit_offset else ""
-    mlp = {"gelu": "GELU", "swiglu": "SwiGLU", "geglu": "GeGLU", "moe": "MoE"}[c.mlp]
+    mlp = {"gelu": "GELU", "relu2": "ReLU²", "swiglu": "SwiGLU", "geglu": "GeGLU",
+           "moe": "MoE"}[c.mlp]
     rope = c.rope["rope_type"]
     positions = {"learned": "learned", "none": "none"}.get(
         c.positions, f"RoPE {rope}" + (", local base" if c.local_rope else ""))

@@ -135,6 +135,26 @@ def test_the_2025_cards_count_active_without_the_embedding_table_and_head(kind, 
     assert round((r["active"] - 2 * r["lookup"]) / 1e9) == active
 
 
+def test_llama4_scout_counts_by_hand_and_against_its_card():
+    """Llama 4 Scout's text model counted by hand from its config (V 202048, E 5120, 48
+    layers of 40 query and 8 KV heads of 128, 16 experts of 8192 beside a shared one, no
+    norm gains on q and k): 107.8 B in all, 17.2 B through which a token runs. The card says
+    17 B active, as here, and 109 B total, which counts the vision tower too (the text model
+    alone is 107.8 B); its KV cache grows 48 KiB a token in bfloat16 once the 36 chunked
+    layers hold their 8191, only the 12 NoPE layers growing."""
+    v, e, layers, h, hkv, d, n, i = 202048, 5120, 48, 40, 8, 128, 16, 8192
+    attention = 2 * e * h * d + 2 * e * hkv * d
+    moe = n * e + n * 3 * e * i + 3 * e * i                # router, experts, shared expert
+    total = 2 * v * e + layers * (attention + moe + 2 * e) + e
+    r = families.expert_counts("llama4_text")
+    assert r["total"] == total and round(total / 1e9, 1) == 107.8
+    assert r["active"] == total - layers * (n - 1) * 3 * e * i
+    assert round(r["active"] / 1e9) == 17
+    c = families.family_config("llama4_text")
+    assert c.layer_types.count("chunked") == 36 and len(c.nope_layers) == 12
+    assert families.kv_cache_bytes_per_token(c) == 12 * 2 * hkv * d * 2 == 48 * 1024
+
+
 def test_gpt_oss_counts_its_active_parameters_without_the_embedding_table():
     r = families.expert_counts("gpt_oss")           # the model card: 21 B, 3.6 B active
     assert round(r["total"] / 1e9) == 21

@@ -23,7 +23,8 @@ HF_CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
             "deepseek_v3": "DeepseekV3ForCausalLM", "mixtral": "MixtralForCausalLM",
             "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
             "olmo3": "Olmo3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-            "minimax_m2": "MiniMaxM2ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM"}
+            "minimax_m2": "MiniMaxM2ForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+            "nanochat": "NanoChatForCausalLM", "llama4_text": "Llama4ForCausalLM"}
 
 
 @pytest.fixture(scope="module")

@@ -116,14 +116,19 @@ def test_a_training_step_has_torchs_gradients(root, case):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hook_points_hold_what_transformers_calls_the_hidden_states(root, case):
-    """``hook_embed`` is HF's first hidden state (Gemma's √E included) and each block's
-    ``hook_resid_post`` the next (HF's last one is after the final norm)."""
+    """HF's first hidden state is the first layer's input, ``blocks.0.hook_resid_pre``: the
+    embeddings of ``hook_embed`` (Gemma's √E included), normalised where the family has an
+    embedding norm (nanochat); each block's ``hook_resid_post`` the next (HF's last one is
+    after the final norm)."""
     folder = tiny_decoder(root, case)
     model, _ = pt.load(folder, dtype="float64", tokenizer=False)
     with torch.no_grad():
         states = hf_model(folder)(torch.tensor(IDS), output_hidden_states=True).hidden_states
     _, cache = model.run_with_cache(IDS)
-    assert relative(cache["hook_embed"].numpy(), states[0].numpy()) <= TOL["float64"]
+    first = cache["blocks.0.hook_resid_pre"].numpy()
+    assert relative(first, states[0].numpy()) <= TOL["float64"]
+    if not model.config.embed_norm:
+        assert np.array_equal(cache["hook_embed"].numpy(), first)
     for i in range(len(model.blocks) - 1):
         mine = cache[f"blocks.{i}.hook_resid_post"].numpy()
         assert relative(mine, states[i + 1].numpy()) <= TOL["float64"], i

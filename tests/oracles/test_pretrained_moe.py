@@ -68,7 +68,8 @@ def test_router_logits_and_choices_are_hooked_under_each_block(root, case):
     _, cache = model.run_with_cache(IDS)
     layers = moe_layers(model)
     assert layers == {"mixtral": [0, 1], "qwen3_moe": [0], "gpt_oss": [0, 1],
-                      "deepseek_v3-moe": [1], "minimax_m2": [0, 1], "glm4_moe": [1]}[case]
+                      "deepseek_v3-moe": [1], "minimax_m2": [0, 1], "glm4_moe": [1],
+                      "llama4_text": [1]}[case]
     for i, block in enumerate(model.blocks):
         assert (f"blocks.{i}.mlp.hook_router_logits" in cache) == (i in layers)
     theirs = [t.numpy() for t in out.router_logits] if out.router_logits else None
@@ -80,7 +81,8 @@ def test_router_logits_and_choices_are_hooked_under_each_block(root, case):
         if theirs is not None and CASES[case][0] not in ("deepseek_v3", "glm4_moe"):
             assert relative(logits, theirs[n]) <= 1e-5
         # HF's choice from its own router, in float32 as HF computes it
-        block = ref.model.layers[i].mlp
+        layer = ref.model.layers[i]
+        block = layer.mlp if hasattr(layer, "mlp") else layer.feed_forward     # Llama 4's
         h = model.blocks[i].ln2(cache[f"blocks.{i}.hook_resid_mid"])     # the MoE's input
         h = torch.tensor(h.numpy()).reshape(-1, 32)
         with torch.no_grad():

@@ -8,6 +8,8 @@ the model): each file's class holds only what its family changes from its parent
                  → olmo2 → olmo3
                  → smollm3
                  → lfm2
+                 → nanochat
+                 → llama4_text
                  → deepseek_v3 → deepseek_v32, glm4_moe, kimi_linear
 
 ``FAMILIES[model_type]`` is the family object; ``family(model_type)`` the one lookup by
@@ -24,10 +26,12 @@ from .gpt_oss import GptOss
 from .kimi_linear import KimiLinear
 from .lfm2 import Lfm2
 from .llama import Llama
+from .llama4 import Llama4
 from .minimax import MiniMax
 from .minimax_m2 import MiniMaxM2   # model_type "minimax_m2": not MiniMax-01's hybrid
 from .mistral import Mistral
 from .mixtral import Mixtral
+from .nanochat import NanoChat
 from .olmo2 import Olmo2
 from .olmo3 import Olmo3
 from .qwen2 import Qwen2
@@ -43,7 +47,7 @@ __all__ = ["FAMILIES", "LINEAGE", "family", "parent", "Family", "IGNORED", "SIZE
 # In the lineage's order, each after its parent; the hybrids last.
 LINEAGE = (GPT2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, Gemma3, Olmo2, Olmo3,
            SmolLM3, GptOss, MiniMaxM2, DeepseekV3, DeepseekV32, Glm4Moe, Qwen3Next,
-           KimiLinear, MiniMax, Lfm2)
+           KimiLinear, MiniMax, Lfm2, NanoChat, Llama4)
 FAMILIES = {cls.model_type: cls() for cls in LINEAGE}
 
 

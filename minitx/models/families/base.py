@@ -31,7 +31,8 @@ from ... import validate
 from ...nn.rotary import check_rope
 from ..decoder import DecoderConfig
 
-__all__ = ["Family", "fresh", "IGNORED", "SIZE_KEYS", "changes_nothing", "fail"]
+__all__ = ["Family", "fresh", "IGNORED", "SIZE_KEYS", "changes_nothing", "fail",
+           "rotary_flags"]
 
 # the sizes a checkpoint's config.json must state (its tensors are made to them)
 SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
@@ -76,6 +77,17 @@ def changes_nothing(key: str) -> bool:
 
 def fail(source, msg):
     raise validate.OptionError(f"{source}: {msg}")
+
+
+def rotary_flags(cfg: dict, n: int, source) -> list:
+    """HF's ``no_rope_layers`` (SmolLM3's, Llama 4's): 1 for a rotary layer and 0 for a NoPE
+    one, by default 0 at every ``no_rope_layer_interval``-th layer."""
+    every = cfg.get("no_rope_layer_interval", 4)
+    flags = cfg.get("no_rope_layers") or [int((i + 1) % every != 0) for i in range(n)]
+    if len(flags) < n or not set(flags[:n]) <= {0, 1}:
+        fail(source, f"no_rope_layers must give 1 (rotary) or 0 (NoPE) for each of the "
+                     f"{n} layers, got {flags!r}")
+    return flags[:n]
 
 
 def _bool_fields():
@@ -179,8 +191,13 @@ class Family:
         return DecoderConfig(**fields)
 
     def read_activation(self, cfg, source) -> dict:
-        """SiLU gates SwiGLU; GeGLU takes GELU, tanh or exact."""
+        """SiLU gates SwiGLU; GeGLU takes GELU, tanh or exact; a squared-ReLU MLP "relu2"."""
         act = cfg.get(self.activation_key, self.activation)
+        if self.switches.get("mlp") == "relu2":
+            if act != "relu2":
+                fail(source, f"{self.activation_key}={act!r} is not supported for "
+                             f"{self.model_type} (minitx runs relu2)")
+            return {}
         gated_by = "silu" if self.switches.get("mlp") in ("swiglu", "moe") else "gelu"
         if act not in _ACTIVATIONS or not act.startswith(gated_by):
             fail(source, f"{self.activation_key}={act!r} is not supported for "
@@ -266,8 +283,9 @@ class Family:
         d["tie_word_embeddings"] = c.tie_embeddings
         if self.bias_key:
             d[self.bias_key] = c.qkv_bias
-        d[self.activation_key] = "silu" if self.switches.get("mlp") in ("swiglu", "moe") else \
-            self.gelu_names[c.gelu_approximate]
+        mlp = self.switches.get("mlp")
+        d[self.activation_key] = "silu" if mlp in ("swiglu", "moe") else "relu2" \
+            if mlp == "relu2" else self.gelu_names[c.gelu_approximate]
         d.update(self.write_ropes(c))
         d.update(self.write_layers(c))
         if self.switches.get("mlp") == "moe":
@@ -279,12 +297,14 @@ class Family:
 
     # HF's names for the expert count and each expert's width, and how the checkpoint
     # lays out the experts: "split" (one matrix per expert in the files, gate and up fused in
-    # transformers 5's modules) or gpt-oss's; the files' names of an expert's three
-    # matrices and of the MLP module; the shared expert's module name; the sigmoid router's
-    # correction bias, under the MLP module
+    # transformers 5's modules), gpt-oss's "interleaved" or Llama 4's "transposed"; the
+    # files' names of an expert's three matrices and of the MLP module; the router's module
+    # name; the shared expert's module name; the sigmoid router's correction bias, under the
+    # MLP module
     experts_key, expert_width_key = "num_experts", "moe_intermediate_size"
     aux_key = "router_aux_loss_coef"
-    expert_layout = "split"                    # or "interleaved", gpt-oss's
+    expert_layout = "split"                    # or "interleaved", "transposed"
+    router_module = "gate"
     expert_files = ("gate_proj", "up_proj", "down_proj")
     moe_files_module = "mlp"
     shared_expert = "shared_expert"

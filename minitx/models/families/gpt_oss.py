@@ -22,6 +22,7 @@ class GptOss(Mixtral):
                                      "rope_theta": 150000.0})
     theta = defaults["rope_parameters"]["rope_theta"]
     expert_layout = "interleaved"              # gate and up columns alternate, (in, out)
+    router_module = "router"
     expert_files = ("gate_proj", "up_proj", "down_proj")
     moe_files_module = "mlp"
     presets = {

@@ -5,7 +5,7 @@ HF's ``SmolLM3Config``: ``no_rope_layers`` holds 1 for a rotary layer and 0 for 
 one (default: 0 at every ``no_rope_layer_interval``-th layer); with ``use_sliding_window``
 and no ``layer_types``, the NoPE layers slide.
 """
-from .base import fail
+from .base import fail, rotary_flags
 from .llama import Llama
 
 
@@ -25,22 +25,13 @@ class SmolLM3(Llama):
             rope_theta=2000000.0, use_sliding_window=False, no_rope_layer_interval=4)),
     }
 
-    def _rotary(self, cfg, n, source):
-        """1 per rotary layer, 0 per NoPE layer."""
-        every = cfg.get("no_rope_layer_interval", 4)
-        flags = cfg.get("no_rope_layers") or [int((i + 1) % every != 0) for i in range(n)]
-        if len(flags) < n or not set(flags[:n]) <= {0, 1}:
-            fail(source, f"no_rope_layers must give 1 (rotary) or 0 (NoPE) for each of the "
-                         f"{n} layers, got {flags!r}")
-        return flags[:n]
-
     def read_layers(self, cfg, n, source):
         window = cfg.get("sliding_window")
         types = cfg.get("layer_types")
         if types is None:
             slide = cfg.get("use_sliding_window", False) and window is not None
             types = ["sliding_attention" if slide and not r else "full_attention"
-                     for r in self._rotary(cfg, n, source)]
+                     for r in rotary_flags(cfg, n, source)]
         elif "sliding_attention" in types and not cfg.get("use_sliding_window", False):
             # HF's masks would slide and its flash path would not: no one model to follow
             fail(source, "layer_types has sliding_attention layers but use_sliding_window is "
@@ -53,7 +44,7 @@ class SmolLM3(Llama):
                 "layer_types": [f"{t}_attention" for t in c.layer_types]}
 
     def read_extra(self, cfg, n, fields, source):
-        return {"nope_layers": tuple(i for i, r in enumerate(self._rotary(cfg, n, source))
+        return {"nope_layers": tuple(i for i, r in enumerate(rotary_flags(cfg, n, source))
                                      if not r)}
 
     def write_extra(self, c):
