@@ -53,3 +53,4 @@ from .lightning import *  # noqa: F401,F403
 # The attention of 2026's models.
 from .short_conv import *  # noqa: F401,F403
 from .chunked import *  # noqa: F401,F403
+from .shared_kv import *  # noqa: F401,F403

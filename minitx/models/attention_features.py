@@ -63,21 +63,25 @@ class QKNorm(DecoderAttention):
             self.l2_norm = DecoderRMSNorm(d, eps=c.norm_eps, affine=False)
         else:
             self.q_norm = norm_layer(c, d if self.per_head else h * d)
-            self.k_norm = norm_layer(c, d if self.per_head else hkv * d)
+            # a layer that borrows its keys normalises none
+            self.k_norm = None if self.borrows else norm_layer(c, d if self.per_head else hkv * d)
         self.hook_q_normed, self.hook_k_normed = HookPoint(), HookPoint()
 
     def rotated(self, q, k):
         if self.kind != "after_rope":
             return q, k
-        return self.hook_q_normed(self.l2_norm(q)), self.hook_k_normed(self.l2_norm(k))
+        return (self.hook_q_normed(self.l2_norm(q)),
+                None if k is None else self.hook_k_normed(self.l2_norm(k)))
 
     def normed(self, q, k):
         if self.kind == "after_rope":
             return q, k
         if self.per_head:                                              # (B, H, N, D)
-            return self.hook_q_normed(self.q_norm(q)), self.hook_k_normed(self.k_norm(k))
+            return (self.hook_q_normed(self.q_norm(q)),
+                    None if k is None else self.hook_k_normed(self.k_norm(k)))
         q = split_heads(self.hook_q_normed(self.q_norm(merge_heads(q))), self.num_heads)
-        k = split_heads(self.hook_k_normed(self.k_norm(merge_heads(k))), self.num_kv_heads)
+        if k is not None:
+            k = split_heads(self.hook_k_normed(self.k_norm(merge_heads(k))), self.num_kv_heads)
         return q, k
 
     def extra_repr(self) -> str:

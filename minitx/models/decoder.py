@@ -41,7 +41,10 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
   only the keys of their own chunk of ``attention_chunk_size`` C positions (Llama 4,
   ``attention/chunked.py``), so theirs holds at most C − 1 between steps.
 - ``attn_temperature`` (F, α): Llama 4 multiplies the queries of its NoPE layers by
-  1 + α·ln(1 + ⌊(m + 1)/F⌋) at position m, so that far tokens do not flatten the softmax. A layer type may also name
+  1 + α·ln(1 + ⌊(m + 1)/F⌋) at position m, so that far tokens do not flatten the softmax.
+- ``kv_shared_layers`` n: the last n layers keep their queries but read the keys and values
+  of the last earlier layer of their own type (Gemma 4; ``attention/shared_kv.py``), so only
+  the first L − n layers cache anything. A layer type may also name
   a registered token mixer (``models/mixers/``), a recurrence in place of softmax attention:
   the hybrid models interleave them with attention layers (Kimi Linear: ``"kda"`` layers
   among MLA layers with ``positions="none"``).
@@ -95,7 +98,7 @@ from ..ops.linalg import linear
 # The layer, its mixers and the families' additions to both, each in its own module.
 from .block_features import block_class, layer_mixer
 from .common import AttentionMaps, token_ids
-from .decoder_attention import DecoderAttention, norm_layer
+from .decoder_attention import DecoderAttention, kv_source, norm_layer
 from .decoder_block import DecoderBlock
 from .gpt import sample_next
 from .indexer import check_indexer
@@ -143,6 +146,7 @@ class DecoderConfig:
     ``attn_temperature`` (floor F, strength α): their queries' temperature (Llama 4).
     ``attention_chunk_size``: the chunk C of "chunked" layers. ``norm_weightless``: every
     RMSNorm without its gain; ``embed_norm``: a norm on the embeddings before the first layer.
+    ``kv_shared_layers``: how many last layers borrow an earlier layer's keys and values.
     ``gelu_approximate``: the tanh form of GELU for "gelu" and "geglu". ``padding_idx``: the
     embedding row that gets no gradient (PyTorch's, as HF's checkpoints set it). MoE:
     ``num_experts``, ``top_k``, ``expert_hidden`` (each expert's width; default F) and
@@ -191,6 +195,7 @@ class DecoderConfig:
     qk_norm: str = None
     sliding_window: int = None
     attention_chunk_size: int = None
+    kv_shared_layers: int = 0
     layer_types: tuple = None
     mixer_options: dict = field(default_factory=dict)
     query_pre_attn_scalar: float = None
@@ -270,6 +275,7 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     elif "chunked" in c.layer_types:
         raise validate.OptionError(f"{who}: layer_types has 'chunked' layers but "
                                    "attention_chunk_size is None")
+    _check_kv_sharing(c, who)
     for name in ("norm_weightless", "embed_norm", "rope_reversed", "rope_interleave"):
         validate.boolean(getattr(c, name), name, owner=who)
     if c.norm_weightless and (c.norm != "rmsnorm" or c.norm_unit_offset):
@@ -328,6 +334,24 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     return c
 
 
+def _check_kv_sharing(c: DecoderConfig, who: str) -> None:
+    """The last ``kv_shared_layers`` layers are attention layers, each with an earlier layer
+    of its own type to read (HF's rule for Gemma 4)."""
+    n = c.kv_shared_layers = validate.integer(c.kv_shared_layers, "kv_shared_layers",
+                                              minimum=0, maximum=c.num_layers - 1, owner=who)
+    if not n:
+        return
+    if c.attention == "mla":
+        raise validate.OptionError(f"{who}: kv_shared_layers shares grouped-query keys, not "
+                                   "latent attention's; got attention='mla'")
+    for i in range(c.num_layers - n, c.num_layers):
+        t = c.layer_types[i]
+        if t not in LAYER_TYPES or kv_source(c, i) is None:
+            raise validate.OptionError(
+                f"{who}: kv_shared_layers={n}: layer {i} ({t!r}) must be an attention layer "
+                f"with an earlier {t!r} layer among the first {c.num_layers - n} to read")
+
+
 def count_parameters(config: DecoderConfig) -> dict:
     """{"total", "embedding", "non_embedding", "active"}: the parameters of
     ``Decoder(config)``, counted from the configuration alone (no model is built, so real
@@ -361,7 +385,13 @@ def count_parameters(config: DecoderConfig) -> dict:
     mlp = mats * e * f + ((mats - 1) * f + e) * c.mlp_bias
     norms_per_layer = 4 if c.norm_placement == "sandwich" else 2
     norm_layers = 1 + c.embed_norm                # the final norm, the embeddings' norm
-    mixing = sum(MIXERS[t].parameter_count(c) if t in MIXERS else attn for t in c.layer_types)
+    # a layer that borrows its keys has no k_proj, v_proj or k_norm
+    borrowed = 2 * e * hkv * d + 2 * hkv * d * c.qkv_bias + \
+        (per_dim * (d if c.qk_norm == "head" else hkv * d) if c.qk_norm in ("head", "proj")
+         else 0)
+    mixing = sum(MIXERS[t].parameter_count(c) if t in MIXERS else
+                 attn - borrowed * (kv_source(c, i) is not None)
+                 for i, t in enumerate(c.layer_types))
     moe_layers = 0 if c.mlp != "moe" else c.num_layers - len(set(c.dense_layers))
     moe, skipped = _count_moe(c) if moe_layers else (0, 0)
     embedding = c.vocab_size * e * (1 if c.tie_embeddings else 2)
@@ -391,14 +421,15 @@ def kv_cache_bytes(config: DecoderConfig, tokens: int = 1, bytes_per_number: int
     chunked one at most C − 1 (``ChunkKVCache``: the current chunk's, T mod C),
     an MLA layer its latent and rotary key, r + D_r (+ d_I, the indexer's key, with
     ``index_topk``), a mixer layer what its ``state_numbers`` says (a recurrent state does
-    not grow with the tokens)."""
+    not grow with the tokens), a layer that borrows its keys (``kv_shared_layers``) none."""
     c = check_config(dataclasses.replace(config))
     tokens = validate.nonnegative_int(tokens, "tokens", owner="kv_cache_bytes")
     mla, index = c.attention == "mla", 0 if c.index_topk is None else c.index_head_dim
     per_layer = [MIXERS[t].state_numbers(c, tokens) if t in MIXERS else
                  tokens * (c.kv_lora_rank + c.qk_rope_head_dim + index) if mla else
+                 0 if kv_source(c, i) is not None else      # it reads an earlier layer's
                  2 * c.num_kv_heads * c.head_dim * _kept(c, t, tokens)
-                 for t in c.layer_types]
+                 for i, t in enumerate(c.layer_types)]
     return sum(per_layer) * bytes_per_number
 
 
@@ -480,6 +511,10 @@ class Decoder(Module, AttentionMaps, HookedModel):
         self.ln_embed = norm_layer(c, c.hidden_size) if c.embed_norm else None
         self.blocks = ModuleList([block_class(c)(c, layer_mixer(c, i), i)
                                   for i in range(c.num_layers)])
+        for i in range(c.num_layers):          # Gemma 4's last layers read earlier ones' keys
+            j = kv_source(c, i)
+            if j is not None:
+                self.blocks[i].attn.borrow_from(self.blocks[j].attn)
         self.ln_final = norm_layer(c, c.hidden_size)
         self.unembed = None if c.tie_embeddings else \
             Linear(c.hidden_size, c.vocab_size, bias=False)

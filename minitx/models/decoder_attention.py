@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import math
 
 from .. import backend
-from ..attention import ChunkKVCache, KVCache, WindowKVCache
+from ..attention import ChunkKVCache, KVCache, SharedKVCache, WindowKVCache
 from ..attention.base import hookable_attention, hooked_heads
 from ..nn.decoder_layers import DecoderRMSNorm
 from ..nn.hooks import HookPoint
@@ -21,7 +21,22 @@ from ..ops.shape import concatenate
 if TYPE_CHECKING:                       # a type only: decoder.py imports this module
     from .decoder import DecoderConfig
 
-__all__ = ["DecoderAttention", "norm_layer"]
+__all__ = ["DecoderAttention", "norm_layer", "kv_source", "kv_sources"]
+
+
+def kv_source(c: DecoderConfig, index: int):
+    """The layer whose keys and values layer ``index`` reads (``kv_shared_layers``: each of
+    the last n layers reads the last earlier layer of its own type), or None: its own."""
+    first = c.num_layers - (c.kv_shared_layers or 0)
+    if index < first:
+        return None
+    own = [j for j in range(first) if c.layer_types[j] == c.layer_types[index]]
+    return own[-1] if own else None
+
+
+def kv_sources(c: DecoderConfig) -> set:
+    """The layers whose keys and values later layers read."""
+    return {kv_source(c, i) for i in range(c.num_layers)} - {None}
 
 
 def norm_layer(c: DecoderConfig, dim: int):
@@ -54,8 +69,14 @@ class DecoderAttention(Module):
         e, h, hkv, d = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = h, hkv, d
         self.q_proj = Linear(e, h * d * self.query_width, bias=c.qkv_bias)
-        self.k_proj = Linear(e, hkv * d, bias=c.qkv_bias)
-        self.v_proj = Linear(e, hkv * d, bias=c.qkv_bias)
+        # a layer that borrows an earlier layer's keys and values (``kv_shared_layers``) has
+        # no projection of its own for them; ``Decoder`` hands it its source
+        self.borrows = kv_source(c, index) is not None
+        self.stores = index in kv_sources(c)
+        self._source, self.shared_kv = (), None
+        if not self.borrows:
+            self.k_proj = Linear(e, hkv * d, bias=c.qkv_bias)
+            self.v_proj = Linear(e, hkv * d, bias=c.qkv_bias)
         self.o_proj = Linear(h * d, e, bias=c.o_bias)
         # A sliding layer sees W keys and may have its own rotary base (Gemma 3's local
         # layers), a chunked one its chunk's keys; a NoPE layer (``nope_layers``) rotates
@@ -75,7 +96,10 @@ class DecoderAttention(Module):
 
     def new_cache(self):
         """A ``WindowKVCache`` for a sliding layer, a ``ChunkKVCache`` for a chunked one (both
-        bounded), else a ``KVCache``."""
+        bounded), a ``SharedKVCache`` (a count) for one that borrows its keys, else a
+        ``KVCache``."""
+        if self.borrows:
+            return SharedKVCache()
         if self.chunk is not None:
             return ChunkKVCache(self.chunk)
         return KVCache() if self.window is None else WindowKVCache(self.window)
@@ -109,22 +133,28 @@ class DecoderAttention(Module):
         # Split into heads (B, H, N, D), then rotate at the tokens' own positions (after the
         # cached ones) and cache the keys.
         q = hooked_heads(self.hook_q, split_heads(q, self.num_heads))
-        k = hooked_heads(self.hook_k, split_heads(self.k_proj(x), self.num_kv_heads))
-        v = hooked_heads(self.hook_v, split_heads(self.v_proj(x), self.num_kv_heads))
+        k = v = None                           # a borrowing layer makes neither
+        if not self.borrows:
+            k = hooked_heads(self.hook_k, split_heads(self.k_proj(x), self.num_kv_heads))
+            v = hooked_heads(self.hook_v, split_heads(self.v_proj(x), self.num_kv_heads))
         q, k = self.normed(q, k)
         if self.rotary is not None:
             pos = xp.arange(offset, offset + n) if positions is None else positions
-            if self.interleaved:               # pairs (0, 1), (2, 3) … read as two halves
-                q, k = (concatenate([t[..., 0::2], t[..., 1::2]], axis=-1) for t in (q, k))
-            q = hooked_heads(self.hook_rot_q, self.rotary.rotate(q, pos))
-            k = hooked_heads(self.hook_rot_k, self.rotary.rotate(k, pos))
+            q = hooked_heads(self.hook_rot_q, self._rotate(q, pos))
+            if k is not None:
+                k = hooked_heads(self.hook_rot_k, self._rotate(k, pos))
             q, k = self.rotated(q, k)
         elif self.temperature is not None:
             q = q * self.query_temperature(offset, n, q.dtype, xp)
-        first = 0
-        if kv_cache is not None:
-            k, v = kv_cache.append(k, v)                               # (B, Hkv, Nk, D)
-            first = getattr(kv_cache, "first_position", 0)
+        if self.borrows:
+            k, v, first = self._borrowed(offset, n, kv_cache)
+        else:
+            first = 0
+            if kv_cache is not None:
+                k, v = kv_cache.append(k, v)                           # (B, Hkv, Nk, D)
+                first = getattr(kv_cache, "first_position", 0)
+            if self.stores:                    # handed on, to the layers that borrow them
+                self.shared_kv = (k, v, first, offset + n)
         # The mask: causal and the window, and the padding keys (Nq, Nk) & (B, 1, 1, Nk).
         allowed = self._allowed(offset, n, first, k.shape[2], xp,
                                 always=self.needs_scores or keep is not None)
@@ -132,8 +162,29 @@ class DecoderAttention(Module):
             allowed = allowed & keep[:, None, None, first:first + k.shape[2]]
         return merge_heads(hooked_heads(self.hook_z, self.attend(q, k, v, allowed)))
 
+    def _rotate(self, t, pos):
+        if self.interleaved:                   # pairs (0, 1), (2, 3) … read as two halves
+            t = concatenate([t[..., 0::2], t[..., 1::2]], axis=-1)
+        return self.rotary.rotate(t, pos)
+
+    def borrow_from(self, source: DecoderAttention) -> None:
+        """Read keys and values from ``source`` (an earlier layer of the same kind)."""
+        self._source = (source,)               # a tuple: not a submodule
+
+    def _borrowed(self, offset, n, kv_cache):
+        """The source's keys, values and first key position, checked to be this step's."""
+        if kv_cache is not None:
+            kv_cache.advance(n)
+        shared = self._source[0].shared_kv if self._source else None
+        if shared is None or shared[3] != offset + n:
+            raise ValueError(f"DecoderAttention: a layer that borrows its keys needs its "
+                             f"source to have run on the same {offset + n} tokens first, got "
+                             f"{'none' if shared is None else shared[3]}")
+        return shared[:3]
+
     def normed(self, q, k):
-        """q and k between projection and rotation: as projected (``QKNorm`` normalises)."""
+        """q and k between projection and rotation: as projected (``QKNorm`` normalises);
+        k is None in a layer that borrows its keys."""
         return q, k
 
     def rotated(self, q, k):

@@ -398,8 +398,9 @@ class Experts(Module):
     ``swiglu_limit``, ``swiglu_alpha``).
 
     ``forward(x, indices, weights, on_input=False)``: tokens x (T, E), the choices (T, k) and
-    their weights (T, k) → (T, E), Σ w f(x), or Σ f(w x) ``on_input`` (Llama 4). Cost O(T k · 3EI) and memory O(T k E) for the gathered tokens; the three
-    projections are grouped products (``grouped_linear``), whose backward writes the stacked
+    their weights (T, k) → (T, E), Σ w f(x), or Σ f(w x) ``on_input`` (Llama 4). Cost
+    O(T k · 3EI) and memory O(T k E) for the gathered tokens; the three projections are
+    grouped products (``grouped_linear``), whose backward writes the stacked
     weights' gradient once. ``expert(e, x)`` runs one expert alone (for reading and checking).
     """
 

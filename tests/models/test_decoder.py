@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import minitx
-from minitx.attention import ChunkKVCache, KVCache, WindowKVCache
+from minitx.attention import ChunkKVCache, KVCache, SharedKVCache, WindowKVCache
 from minitx.models import Decoder, DecoderConfig, count_parameters
 from minitx.nn.decoder_layers import DecoderRMSNorm, DenseMLP, GatedMLP, softcap
 from minitx.nn.rotary import Rotary, apply_rotary, rope_frequencies
@@ -37,12 +37,15 @@ SWITCHES = dict(
     weightless=st.booleans(),
     interleave=st.booleans(),
     nope=st.booleans(),
+    # Gemma 4's last layer reading the first one's keys and values (where both are alike)
+    share=st.booleans(),
 )
 
 
 def _config(norm="rmsnorm", mlp="swiglu", norm_placement="pre", qk_norm=None, num_kv_heads=2,
             head_dim=None, window=None, pattern="all", positions="rope", caps=False, sinks=False,
-            tie=True, bias=False, weightless=False, interleave=False, nope=False):
+            tie=True, bias=False, weightless=False, interleave=False, nope=False,
+            share=False):
     types, chunk = None, None
     if window is not None and pattern == "alternate":
         types = ("sliding", "full")
@@ -51,6 +54,7 @@ def _config(norm="rmsnorm", mlp="swiglu", norm_placement="pre", qk_norm=None, nu
     weightless = weightless and norm == "rmsnorm"
     return DecoderConfig(
         attention_chunk_size=chunk, norm_weightless=weightless, embed_norm=weightless,
+        kv_shared_layers=int(share and types is None),
         rope_reversed=weightless, rope_interleave=interleave,
         nope_layers=(1,) if nope else (), attn_temperature=(2, 0.5) if nope else None,
         vocab_size=31, hidden_size=16, num_layers=2, num_heads=4, num_kv_heads=num_kv_heads,
@@ -268,8 +272,8 @@ def test_every_switch_combination_is_causal_and_decodes_through_its_caches(**swi
     steps += [model(IDS[:, i:i + 1], kv_caches=caches).numpy() for i in range(3, 9)]
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-10, atol=1e-12)
     for block, cache in zip(model.blocks, caches):
-        kind = ChunkKVCache if block.attn.chunk else WindowKVCache if block.attn.window else \
-            KVCache
+        kind = SharedKVCache if block.attn.borrows else ChunkKVCache if block.attn.chunk else \
+            WindowKVCache if block.attn.window else KVCache
         assert type(cache) is kind
         if block.attn.chunk:                     # the current chunk's tokens only: 9 mod 3
             assert len(cache.keys[0, 0]) == 0
@@ -471,6 +475,10 @@ def test_hook_points_carry_transformerlens_names():
     (dict(attn_temperature=8192), "attn_temperature must be"),
     (dict(attn_temperature=(0, 0.1)), r"attn_temperature\[0\]"),
     (dict(qk_norm="l2"), "qk_norm must be one of"),
+    (dict(kv_shared_layers=2), "kv_shared_layers"),
+    (dict(num_layers=3, layer_types=("full", "sliding", "sliding"), sliding_window=2,
+          kv_shared_layers=2), r"layer 1 \('sliding'\) must be an attention layer with an "
+                               r"earlier 'sliding'"),
 ])
 def test_bad_switches_are_refused_by_name(kwargs, match):
     with pytest.raises(ValueError, match=match):
