@@ -54,3 +54,4 @@ from .lightning import *  # noqa: F401,F403
 from .short_conv import *  # noqa: F401,F403
 from .chunked import *  # noqa: F401,F403
 from .shared_kv import *  # noqa: F401,F403
+from .block_indexer import *  # noqa: F401,F403

@@ -10,7 +10,8 @@ Layout: ``module.py`` (Module, Parameter, Sequential, ModuleList, ModuleDict), `
 and learned absolute position encodings), ``reversible.py`` (reversible residual layers),
 ``init.py`` (initialisers), ``hooks.py`` (``HookPoint``, the activation cache), ``moe.py``
 (mixture of experts: routers, stacked experts, the load-balancing loss), ``loss.py``
-(``CrossEntropyLoss``). PyTorch's module paths: ``minitx.nn.functional`` is
+(``CrossEntropyLoss``), ``hyper_connections.py`` (the residual stream widened to n streams:
+DeepSeek-V4's mHC, Qwen4-Exp's gated form). PyTorch's module paths: ``minitx.nn.functional`` is
 ``minitx.functional`` (``import minitx.nn.functional as F``) and ``nn.utils.clip_grad_norm_``
 is ``minitx.optim``'s.
 
@@ -29,6 +30,7 @@ from .reversible import *  # noqa: F401,F403
 from .hooks import *  # noqa: F401,F403
 from .moe import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403
+from .hyper_connections import *  # noqa: F401,F403
 from . import functional, utils  # noqa: F401 - PyTorch's torch.nn.functional, torch.nn.utils
 from .module import __all__ as _module_all
 from .layers import __all__ as _layers_all
@@ -37,9 +39,10 @@ from .reversible import __all__ as _reversible_all
 from .hooks import __all__ as _hooks_all
 from .moe import __all__ as _moe_all
 from .loss import __all__ as _loss_all
+from .hyper_connections import __all__ as _hyper_all
 
 __all__ = ["init", "functional", "utils", *_module_all, *_layers_all, *_positional_all,
-           *_reversible_all, *_hooks_all, *_moe_all, *_loss_all]
+           *_reversible_all, *_hooks_all, *_moe_all, *_loss_all, *_hyper_all]
 
 # Names of minitx.models offered here (PyTorch keeps them in torch.nn).
 _FROM_MODELS = ("MultiheadAttention", "torch_masks_to_sdpa", "TransformerEncoderLayer",
