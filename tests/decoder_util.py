@@ -145,6 +145,15 @@ MORE_SIZES = {
     "smollm3": dict(pad_token_id=0),
     # a convolution layer before the attention one: HF's default makes every layer attend
     "lfm2": dict(full_attn_idxs=[1]),
+    # four layers, as Qwen3-Next's; the MoE one has no dense MLP width
+    "qwen3_5_text": dict(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4,
+                         linear_key_head_dim=8, linear_value_head_dim=8),
+    "qwen3_5_moe_text": dict(num_hidden_layers=4, linear_num_key_heads=2,
+                             linear_num_value_heads=4, linear_key_head_dim=8,
+                             linear_value_head_dim=8, num_experts=4, moe_intermediate_size=16,
+                             num_experts_per_tok=2, shared_expert_intermediate_size=16),
+    # its default pad id, 100277, is outside a vocabulary of 97
+    "olmo_hybrid": dict(pad_token_id=0),
 }
 # eight indexer heads: with two, ReLU zeroes both for many keys, and the exact ties at 0
 # are broken in each library's own order by its top-k
@@ -162,19 +171,23 @@ def hf_config(case):
 
 
 def randomize(model, torch, seed, scale=0.3):
-    """Every parameter redrawn: gains 1 + noise (Gemma's stored g − 1: noise), the rest noise;
-    and DeepSeek-V3's buffer ``e_score_correction_bias`` (zeros by default), so that the
-    choice of experts depends on it."""
+    """Every parameter redrawn: gains 1 + noise (Gemma 1–3's stored g − 1: noise; Gemma 4
+    stores g), the rest noise; and the buffers that weigh the forward: DeepSeek-V3's
+    ``e_score_correction_bias`` (zeros by default), so that the choice of experts depends on
+    it, and Gemma 4's ``layer_scalar`` (ones: 1 + noise)."""
     g = torch.Generator().manual_seed(seed)
-    gemma = "gemma" in type(model).__name__.lower()
+    kind = type(model).__name__.lower()
+    zero_centred = "gemma" in kind and "gemma4" not in kind
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g, dtype=p.dtype) * scale
-            gain = name.endswith("norm.weight") and not gemma
+            gain = name.endswith("norm.weight") and not zero_centred
             p.copy_(1.0 + noise if gain else noise)
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.copy_(torch.randn(b.shape, generator=g, dtype=b.dtype) * scale)
+            elif name.endswith("layer_scalar"):
+                b.copy_(1.0 + torch.randn(b.shape, generator=g, dtype=b.dtype) * scale)
 
 
 def tiny_decoder(root, case):

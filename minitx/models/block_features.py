@@ -13,7 +13,10 @@ $$
 h \leftarrow \alpha\, \operatorname{Norm}(h) + \beta\, F(\operatorname{Norm} h)
 $$
 
-Steadier training is the reason for all three.
+Steadier training is the reason for all three. A placement is the softmax-attention
+layers': a layer whose mixer is a registered recurrence keeps the plain pre-norm block
+(OLMo-Hybrid's gated DeltaNet layers are Llama's, between OLMo 3's post-norm attention
+layers; ``block_class``).
 """
 from __future__ import annotations
 
@@ -85,13 +88,20 @@ class ScaledResidual(DecoderBlock):
         return f"scales={self.scales}"
 
 
-def block_class(c: DecoderConfig) -> type:
-    """The layer class of ``c``: the plain block, or the one its norms' placement or
-    MiniMax's residual weights ask for (``check_config`` allows the weights with pre-norm
-    only)."""
+def block_class(c: DecoderConfig):
+    """What builds each layer of ``c``, called as ``(c, mixer, index)``: the plain block, or
+    the class its norms' placement or MiniMax's residual weights ask for (``check_config``
+    allows the weights with pre-norm only). The placement is the attention layers' only: with
+    mixer layers among them, those are built as the plain block (module docstring)."""
     if c.residual_scales is not None:
         return ScaledResidual
-    return {"pre": DecoderBlock, "post": PostNorm, "sandwich": Sandwich}[c.norm_placement]
+    placed = {"pre": DecoderBlock, "post": PostNorm, "sandwich": Sandwich}[c.norm_placement]
+    if placed is DecoderBlock or not set(c.layer_types or ()) & set(MIXERS):
+        return placed
+
+    def by_layer(c, attn, index=0):
+        return (DecoderBlock if c.layer_types[index] in MIXERS else placed)(c, attn, index)
+    return by_layer
 
 
 def layer_mixer(c: DecoderConfig, index: int) -> Module:

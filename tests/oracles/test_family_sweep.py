@@ -25,7 +25,8 @@ from minitx import validate  # noqa: E402
 IDS = np.random.default_rng(2).integers(3, 97, (2, 11))
 KINDS = ["llama", "mistral", "qwen2", "qwen3", "olmo2", "olmo3", "smollm3", "gemma3_text",
          "mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v32", "qwen3_next",
-         "minimax", "minimax_m2", "glm4_moe", "lfm2"]
+         "minimax", "minimax_m2", "glm4_moe", "lfm2", "qwen3_5_text", "qwen3_5_moe_text",
+         "olmo_hybrid"]
 ROPE = {"rope_theta": 1000.0}
 OPTIONS = {
     "attention-bias": dict(attention_bias=True),

@@ -29,7 +29,8 @@ from minitx.pretrained.decoders import HF_DEFAULTS  # noqa: E402
 IDS = np.random.default_rng(1).integers(3, 97, (2, 11))
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma3_text", "mixtral",
             "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v32", "qwen3_next", "minimax",
-            "olmo3", "smollm3", "minimax_m2", "glm4_moe", "lfm2"]
+            "olmo3", "smollm3", "minimax_m2", "glm4_moe", "lfm2", "qwen3_5_text",
+            "qwen3_5_moe_text", "olmo_hybrid"]
 
 
 @pytest.mark.parametrize("kind", sorted(HF_DEFAULTS))

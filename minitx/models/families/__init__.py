@@ -3,9 +3,9 @@ the model): each file's class holds only what its family changes from its parent
 (``base.py`` says what the tables mean).
 
     gpt2 → llama → mistral → mixtral → gpt_oss, minimax_m2, minimax
-                 → qwen2 → qwen3 → qwen3_moe → qwen3_next
+                 → qwen2 → qwen3 → qwen3_moe → qwen3_next → qwen3_5_text → qwen3_5_moe_text
                  → gemma3_text
-                 → olmo2 → olmo3
+                 → olmo2 → olmo3 → olmo_hybrid
                  → smollm3
                  → lfm2
                  → nanochat
@@ -34,8 +34,10 @@ from .mixtral import Mixtral
 from .nanochat import NanoChat
 from .olmo2 import Olmo2
 from .olmo3 import Olmo3
+from .olmo_hybrid import OlmoHybrid
 from .qwen2 import Qwen2
 from .qwen3 import Qwen3
+from .qwen3_5 import Qwen3_5, Qwen3_5Moe
 from .qwen3_moe import Qwen3Moe
 from .qwen3_next import Qwen3Next
 from .smollm3 import SmolLM3
@@ -47,7 +49,7 @@ __all__ = ["FAMILIES", "LINEAGE", "family", "parent", "Family", "IGNORED", "SIZE
 # In the lineage's order, each after its parent; the hybrids last.
 LINEAGE = (GPT2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, Gemma3, Olmo2, Olmo3,
            SmolLM3, GptOss, MiniMaxM2, DeepseekV3, DeepseekV32, Glm4Moe, Qwen3Next,
-           KimiLinear, MiniMax, Lfm2, NanoChat, Llama4)
+           KimiLinear, MiniMax, Lfm2, Qwen3_5, Qwen3_5Moe, OlmoHybrid, NanoChat, Llama4)
 FAMILIES = {cls.model_type: cls() for cls in LINEAGE}
 
 

@@ -1,9 +1,12 @@
 r"""Qwen3-Next's linear-attention layer: the gated delta rule behind a short causal
-convolution, read out through a gated RMSNorm — layer type ``"gated_deltanet"``.
+convolution, read out through a gated RMSNorm — layer type ``"gated_deltanet"``; Qwen3.5's
+and OLMo-Hybrid's are the same layer with other projection layouts and options (below).
 
 Qwen Team (2025), "Qwen3-Next"; Yang, Kautz & Hatamizadeh (2025), "Gated Delta Networks:
-Improving Mamba2 with Delta Rule" (ICLR). HuggingFace's ``Qwen3NextGatedDeltaNet`` is the
-oracle for every detail below.
+Improving Mamba2 with Delta Rule" (ICLR); Grazzi et al. (2025), "Unlocking State-Tracking in
+Linear RNNs Through Negative Eigenvalues" (ICLR) for β up to 2. HuggingFace's
+``Qwen3NextGatedDeltaNet`` is the oracle for every detail below (``Qwen3_5GatedDeltaNet`` and
+``OlmoHybridGatedDeltaNet`` for the options).
 
 For each token x_t (E), with H_k key heads of D_k dims and H_v = r·H_k value heads of D_v:
 
@@ -26,11 +29,15 @@ per value head h reading key head ⌊h/r⌋, on unit q and k (k = u^k/√(‖u^k
 and τ = 1/√D_k, with the state S (D_v × D_k):
 
 $$
-\beta_t = \sigma(b_t), \qquad
+\beta_t = s\,\sigma(b_t), \qquad
 \log \alpha_t = -e^{A_h} \operatorname{softplus}(a_t + \delta_h), \qquad
 S_t = \alpha_t S_{t-1}\left(I - \beta_t k_t k_t^\top\right) + \beta_t v_t k_t^\top, \qquad
 o_t = \tau\, S_t q_t
 $$
+
+with s = 1 (β ∈ [0, 1]: each write a projection) or, with ``allow_neg_eigval``, s = 2 (β ∈
+[0, 2]: I − β k kᵀ may have the eigenvalue 1 − β < 0, which lets the state track parity-like
+counts; OLMo-Hybrid's).
 
 **The gated RMSNorm and the output**, per value head, with a plain gain g (D_v):
 
@@ -42,9 +49,14 @@ $$
 come from x through W_ba (the registry variant reads them from the key head); the value heads
 outnumber the key heads (each key head is shared by r value heads, where the variant shares
 key/value heads among query heads); the convolution, the output gate z and the gated norm
-are added around the rule. HuggingFace's layout is kept: W_qkvz's rows come in groups of one
-key head, [q̃ (D_k), k̃ (D_k), ṽ (r·D_v), z (r·D_v)], and W_ba's as [b (r), a (r)] per key head,
-so its tensors load unchanged.
+are added around the rule.
+
+**Projection layouts** (``projections``), each HuggingFace's, so its tensors load unchanged.
+``"fused"`` (Qwen3-Next): W_qkvz's rows come in groups of one key head, [q̃ (D_k), k̃ (D_k),
+ṽ (r·D_v), z (r·D_v)], and W_ba's as [b (r), a (r)] per key head. ``"split"`` (Qwen3.5; OLMo-
+Hybrid's q, k, v projections stacked): four matrices, W_qkv's rows [q̃ (H_k·D_k), k̃ (H_k·D_k),
+ṽ (H_v·D_v)] in the convolution's channel order, then W_z, W_b, W_a. The same maths and the
+same number of parameters either way.
 
 **Padding.** As HF does, the inputs x_t of padding tokens (0 in ``attention_mask``) are zeroed
 before the projections: a left-padded prompt then leaves the convolution and the state as
@@ -78,9 +90,12 @@ from . import given_options, register_mixer
 __all__ = ["GatedDeltaNetMixer", "GatedDeltaNetCache", "CausalConv1d", "OPTIONS"]
 
 # The options of DecoderConfig.mixer_options["gated_deltanet"] and their defaults
-# (None: from the attention's sizes — H_k = num_kv_heads, H_v = num_heads, D_k = D_v = D).
+# (None: from the attention's sizes — H_k = num_kv_heads, H_v = num_heads, D_k = D_v = D;
+# norm_eps None: the config's norm_eps).
 OPTIONS = {"num_k_heads": None, "num_v_heads": None, "head_k_dim": None, "head_v_dim": None,
-           "conv_kernel": 4, "chunk_size": 64, "l2norm_eps": 1e-6}
+           "conv_kernel": 4, "chunk_size": 64, "l2norm_eps": 1e-6, "projections": "fused",
+           "allow_neg_eigval": False, "norm_eps": None}
+PROJECTIONS = ("fused", "split")
 
 
 def mixer_options(c) -> dict:
@@ -97,6 +112,10 @@ def mixer_options(c) -> dict:
     o["conv_kernel"] = validate.positive_int(o["conv_kernel"], "conv_kernel", owner=who)
     o["chunk_size"] = validate.positive_int(o["chunk_size"], "chunk_size", owner=who)
     o["l2norm_eps"] = validate.positive_real(o["l2norm_eps"], "l2norm_eps", owner=who)
+    validate.choice(o["projections"], "projections", PROJECTIONS, owner=who)
+    validate.boolean(o["allow_neg_eigval"], "allow_neg_eigval", owner=who)
+    o["norm_eps"] = c.norm_eps if o["norm_eps"] is None else \
+        validate.positive_real(o["norm_eps"], "norm_eps", owner=who)
     return o
 
 
@@ -159,9 +178,12 @@ class GatedDeltaNetMixer(Module):
     Options (``DecoderConfig.mixer_options["gated_deltanet"]``, ``OPTIONS``):
     ``num_k_heads`` H_k and ``num_v_heads`` H_v (a multiple of H_k), ``head_k_dim`` D_k,
     ``head_v_dim`` D_v, ``conv_kernel`` K (4), ``chunk_size`` (64, the prompt's chunks),
-    ``l2norm_eps`` (1e-6, in q's and k's unit norm); the gated norm's eps is the config's
-    ``norm_eps``. Parameters under HF's names: ``in_proj_qkvz`` (E → 2·H_k·D_k + 2·H_v·D_v),
-    ``in_proj_ba`` (E → 2·H_v), ``conv1d.weight`` (C, 1, K) with C = 2·H_k·D_k + H_v·D_v,
+    ``l2norm_eps`` (1e-6, in q's and k's unit norm), ``projections`` ("fused" or "split",
+    the module docstring's layouts), ``allow_neg_eigval`` (False; True: β = 2σ(b)),
+    ``norm_eps`` (the gated norm's eps; None: the config's ``norm_eps``). Parameters under
+    HF's names: ``in_proj_qkvz`` (E → 2·H_k·D_k + 2·H_v·D_v) and ``in_proj_ba`` (E → 2·H_v),
+    or split, ``in_proj_qkv`` (E → C), ``in_proj_z`` (E → H_v·D_v), ``in_proj_b`` and
+    ``in_proj_a`` (E → H_v); ``conv1d.weight`` (C, 1, K) with C = 2·H_k·D_k + H_v·D_v,
     ``A_log`` and ``dt_bias`` δ (H_v,), ``norm.weight`` g (D_v,), ``out_proj`` (H_v·D_v → E).
 
     Hook points: ``hook_q``/``hook_k`` (B, N, H_v, D_k) (TransformerLens's layout, as the
@@ -185,15 +207,23 @@ class GatedDeltaNetMixer(Module):
         self.sizes = (hk, hv, dk, dv)
         self.chunk_size = o["chunk_size"]
         self.scale = 1.0 / math.sqrt(dk)
-        self.in_proj_qkvz = Linear(e, 2 * hk * dk + 2 * hv * dv, bias=False)
-        self.in_proj_ba = Linear(e, 2 * hv, bias=False)
+        self.split_projections = o["projections"] == "split"
+        self.beta_scale = 2.0 if o["allow_neg_eigval"] else 1.0
+        if self.split_projections:          # Qwen3.5's four matrices
+            self.in_proj_qkv = Linear(e, 2 * hk * dk + hv * dv, bias=False)
+            self.in_proj_z = Linear(e, hv * dv, bias=False)
+            self.in_proj_b = Linear(e, hv, bias=False)
+            self.in_proj_a = Linear(e, hv, bias=False)
+        else:                               # Qwen3-Next's two, grouped by key head
+            self.in_proj_qkvz = Linear(e, 2 * hk * dk + 2 * hv * dv, bias=False)
+            self.in_proj_ba = Linear(e, 2 * hv, bias=False)
         self.conv1d = CausalConv1d(2 * hk * dk + hv * dv, o["conv_kernel"])
         # HF's initialisation: δ = 1, e^A uniform in [0.01, 16]
         g, xp, dt = backend.rng(), backend.xp(), backend.default_float()
         self.dt_bias = Parameter(xp.ones((hv,), dtype=dt))
         self.A_log = Parameter(xp.asarray(backend.host_xp.log(g.uniform(0.01, 16, hv)))
                                .astype(dt))
-        self.norm = DecoderRMSNorm(dv, eps=c.norm_eps)
+        self.norm = DecoderRMSNorm(dv, eps=o["norm_eps"])
         self.out_proj = Linear(hv * dv, e, bias=False)
         for name in ("q", "k", "v", "beta", "log_alpha", "state", "out_gate", "z"):
             setattr(self, f"hook_{name}", HookPoint())
@@ -222,9 +252,12 @@ class GatedDeltaNetMixer(Module):
 
     def _split(self, x):
         """x (B, N, E) → the convolution's channels [q̃, k̃, ṽ] (B, N, C), z (B, N, H_v, D_v),
-        b and a (B, N, H_v), from HF's per-key-head layout (module docstring)."""
+        b and a (B, N, H_v), from either of HF's layouts (module docstring)."""
         bsz, n, _ = x.shape
         hk, hv, dk, dv = self.sizes
+        if self.split_projections:
+            return (self.in_proj_qkv(x), F.reshape(self.in_proj_z(x), (bsz, n, hv, dv)),
+                    self.in_proj_b(x), self.in_proj_a(x))
         r = hv // hk
         p = F.reshape(self.in_proj_qkvz(x), (bsz, n, hk, 2 * dk + 2 * r * dv))
         q, k = p[..., :dk], p[..., dk:2 * dk]
@@ -255,7 +288,7 @@ class GatedDeltaNetMixer(Module):
         k = hooked_heads(self.hook_k, repeat_kv(_unit_rows(k, eps), hv))  # (B, H_v, N, D_k)
         v = hooked_heads(self.hook_v, v)                                  # (B, H_v, N, D_v)
         # the write strength and the decay, per value head (B, H_v, N)
-        beta = self.hook_beta(F.transpose(F.sigmoid(b), (0, 2, 1)))
+        beta = self.hook_beta(F.transpose(F.sigmoid(b) * self.beta_scale, (0, 2, 1)))
         rate = F.reshape(F.exp(self.A_log), (1, 1, hv))
         log_alpha = -rate * F.softplus(a + F.reshape(self.dt_bias, (1, 1, hv)))
         log_alpha = self.hook_log_alpha(F.transpose(log_alpha, (0, 2, 1)))
@@ -276,4 +309,6 @@ class GatedDeltaNetMixer(Module):
     def extra_repr(self) -> str:
         hk, hv, dk, dv = self.sizes
         return (f"num_k_heads={hk}, num_v_heads={hv}, head_k_dim={dk}, head_v_dim={dv}, "
-                f"conv_kernel={self.conv1d.kernel}, chunk_size={self.chunk_size}")
+                f"conv_kernel={self.conv1d.kernel}, chunk_size={self.chunk_size}, "
+                f"projections={self.options['projections']!r}, "
+                f"allow_neg_eigval={self.options['allow_neg_eigval']}")
