@@ -72,6 +72,7 @@ VARIANT_OPTIONS = [
     ("short_conv", "kernel_size", BAD_POSITIVE), ("short_conv", "conv_bias", ["yes", 1]),
     ("chunked", "chunk_size", BAD_POSITIVE),
     ("block_indexer", "block", BAD_POSITIVE), ("block_indexer", "top_k", BAD_POSITIVE),
+    ("mamba2", "n_groups", [0, 3, 1.5]), ("mamba2", "time_step_limit", [(0.5, 0.1), 0.1]),
 ]
 
 

@@ -46,4 +46,5 @@ def given_options(c, name: str, defaults: dict) -> tuple:
 from . import gated_deltanet  # noqa: E402,F401
 from . import kda  # noqa: E402,F401
 from . import lightning  # noqa: E402,F401
+from . import mamba2  # noqa: E402,F401
 from . import short_conv  # noqa: E402,F401
