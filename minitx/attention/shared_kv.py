@@ -48,6 +48,7 @@ class SharedKVCache:
     holds no number (``len()`` is the count, as every cache's; ``numbers`` is 0)."""
 
     numbers = 0
+    keys = values = None         # what a cache of keys shows: here, none
 
     def __init__(self):
         self.reset()

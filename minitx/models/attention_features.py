@@ -55,7 +55,7 @@ class QKNorm(DecoderAttention):
 
     def __init__(self, c: DecoderConfig, sliding: bool = False, index: int = 0):
         super().__init__(c, sliding, index)
-        h, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         self.kind = c.qk_norm
         self.per_head = c.qk_norm != "proj"
         if self.kind == "after_rope":

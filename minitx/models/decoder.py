@@ -44,7 +44,11 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
   1 + α·ln(1 + ⌊(m + 1)/F⌋) at position m, so that far tokens do not flatten the softmax.
 - ``kv_shared_layers`` n: the last n layers keep their queries but read the keys and values
   of the last earlier layer of their own type (Gemma 4; ``attention/shared_kv.py``), so only
-  the first L − n layers cache anything. A layer type may also name
+  the first L − n layers cache anything; ``double_wide_mlp`` doubles those layers' MLP.
+- Gemma 4's global layers: ``full_head_dim`` and ``full_kv_heads`` (their own head size and
+  key/value heads), ``attention_k_eq_v`` (their values are the keys' projection, before the
+  keys' norm and rotation); ``v_norm`` a weightless RMSNorm on every layer's values;
+  ``layer_scalars`` a learned number (a buffer) multiplying each layer's output. A layer type may also name
   a registered token mixer (``models/mixers/``), a recurrence in place of softmax attention:
   the hybrid models interleave them with attention layers (Kimi Linear: ``"kda"`` layers
   among MLA layers with ``positions="none"``).
@@ -98,8 +102,8 @@ from ..ops.linalg import linear
 # The layer, its mixers and the families' additions to both, each in its own module.
 from .block_features import block_class, layer_mixer
 from .common import AttentionMaps, token_ids
-from .decoder_attention import DecoderAttention, kv_source, norm_layer
-from .decoder_block import DecoderBlock
+from .decoder_attention import DecoderAttention, kv_source, layer_heads, norm_layer
+from .decoder_block import DecoderBlock, layer_mlp_width
 from .gpt import sample_next
 from .indexer import check_indexer
 from .latent_attention import LatentDecoderAttention
@@ -146,7 +150,10 @@ class DecoderConfig:
     ``attn_temperature`` (floor F, strength α): their queries' temperature (Llama 4).
     ``attention_chunk_size``: the chunk C of "chunked" layers. ``norm_weightless``: every
     RMSNorm without its gain; ``embed_norm``: a norm on the embeddings before the first layer.
-    ``kv_shared_layers``: how many last layers borrow an earlier layer's keys and values.
+    ``kv_shared_layers``: how many last layers borrow an earlier layer's keys and values
+    (``double_wide_mlp``: theirs of width 2F). Gemma 4: ``full_head_dim``, ``full_kv_heads``
+    (None: D, Hkv) for the "full" layers, ``attention_k_eq_v``, ``v_norm``,
+    ``layer_scalars``.
     ``gelu_approximate``: the tanh form of GELU for "gelu" and "geglu". ``padding_idx``: the
     embedding row that gets no gradient (PyTorch's, as HF's checkpoints set it). MoE:
     ``num_experts``, ``top_k``, ``expert_hidden`` (each expert's width; default F) and
@@ -196,6 +203,12 @@ class DecoderConfig:
     sliding_window: int = None
     attention_chunk_size: int = None
     kv_shared_layers: int = 0
+    double_wide_mlp: bool = False
+    full_head_dim: int = None
+    full_kv_heads: int = None
+    attention_k_eq_v: bool = False
+    v_norm: bool = False
+    layer_scalars: bool = False
     layer_types: tuple = None
     mixer_options: dict = field(default_factory=dict)
     query_pre_attn_scalar: float = None
@@ -276,7 +289,14 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
         raise validate.OptionError(f"{who}: layer_types has 'chunked' layers but "
                                    "attention_chunk_size is None")
     _check_kv_sharing(c, who)
-    for name in ("norm_weightless", "embed_norm", "rope_reversed", "rope_interleave"):
+    for name in ("full_head_dim", "full_kv_heads"):
+        if getattr(c, name) is not None:
+            validate.positive_int(getattr(c, name), name, owner=who)
+    if c.full_kv_heads is not None and c.num_heads % c.full_kv_heads:
+        raise validate.OptionError(f"{who}: num_heads ({c.num_heads}) must be divisible by "
+                                   f"full_kv_heads ({c.full_kv_heads})")
+    for name in ("norm_weightless", "embed_norm", "rope_reversed", "rope_interleave",
+                 "double_wide_mlp", "attention_k_eq_v", "v_norm", "layer_scalars"):
         validate.boolean(getattr(c, name), name, owner=who)
     if c.norm_weightless and (c.norm != "rmsnorm" or c.norm_unit_offset):
         raise validate.OptionError(f"{who}: norm_weightless drops RMSNorm's gain: it needs "
@@ -361,16 +381,26 @@ def count_parameters(config: DecoderConfig) -> dict:
     head); equal to "total" for a dense model. Buffers (DeepSeek-V3's correction bias) are
     not parameters."""
     c = check_config(dataclasses.replace(config))
-    e, h, hkv, d, f = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.ffn_hidden
+    e, h, f = c.hidden_size, c.num_heads, c.ffn_hidden
     per_dim = 0 if c.norm_weightless else \
         2 if c.norm == "layernorm" and c.norm_bias else 1               # gain (and bias)
     norm = e * per_dim
-    # attention: four projections (+ biases), QK-norm gains, sinks
-    attn = 2 * e * h * d + 2 * e * hkv * d
-    attn += (h + 2 * hkv) * d * c.qkv_bias + e * c.o_bias + h * c.attn_sinks
-    attn += (e + c.qkv_bias) * h * d * c.attn_output_gate          # the gate's q_proj rows
-    if c.qk_norm in ("head", "proj"):        # "after_rope" has no gain
-        attn += per_dim * (2 * d if c.qk_norm == "head" else (h + hkv) * d)
+
+    def attention(i):
+        """Layer i's attention: four projections (+ biases), QK-norm gains, sinks; none of
+        the keys' and values' where it borrows them, no v_proj where the values are k's."""
+        hkv, d = layer_heads(c, i)
+        borrows = kv_source(c, i) is not None
+        kv_sets = 0 if borrows else 1 if c.attention_k_eq_v and c.layer_types[i] == "full" \
+            else 2
+        n = e * h * d * 2 + kv_sets * e * hkv * d
+        n += (h + kv_sets * hkv) * d * c.qkv_bias + e * c.o_bias + h * c.attn_sinks
+        n += (e + c.qkv_bias) * h * d * c.attn_output_gate         # the gate's q_proj rows
+        if c.qk_norm in ("head", "proj"):    # "after_rope" has no gain
+            n += per_dim * (d if c.qk_norm == "head" else h * d)
+            n += 0 if borrows else per_dim * (d if c.qk_norm == "head" else hkv * d)
+        return n
+    attn = attention(0) if c.attention != "mla" else None
     if c.attention == "mla":                  # latents: q (optional) and kv, then expanded
         dn, dr, dv, r, ql = (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
                              c.kv_lora_rank, c.q_lora_rank)
@@ -382,22 +412,22 @@ def count_parameters(config: DecoderConfig) -> dict:
             attn += ql * hi * di + e * di + 2 * di + e * hi
     # the MLP: three matrices when gated, two for GPT-2's, biases on each output
     mats = 2 if c.mlp in ("gelu", "relu2") else 3
-    mlp = mats * e * f + ((mats - 1) * f + e) * c.mlp_bias
+
+    def dense_mlp(i):
+        w = layer_mlp_width(c, i)
+        return mats * e * w + ((mats - 1) * w + e) * c.mlp_bias
     norms_per_layer = 4 if c.norm_placement == "sandwich" else 2
     norm_layers = 1 + c.embed_norm                # the final norm, the embeddings' norm
-    # a layer that borrows its keys has no k_proj, v_proj or k_norm
-    borrowed = 2 * e * hkv * d + 2 * hkv * d * c.qkv_bias + \
-        (per_dim * (d if c.qk_norm == "head" else hkv * d) if c.qk_norm in ("head", "proj")
-         else 0)
     mixing = sum(MIXERS[t].parameter_count(c) if t in MIXERS else
-                 attn - borrowed * (kv_source(c, i) is not None)
+                 attn if c.attention == "mla" else attention(i)
                  for i, t in enumerate(c.layer_types))
     moe_layers = 0 if c.mlp != "moe" else c.num_layers - len(set(c.dense_layers))
     moe, skipped = _count_moe(c) if moe_layers else (0, 0)
+    dense = [i for i in range(c.num_layers) if c.mlp != "moe" or i in c.dense_layers]
     embedding = c.vocab_size * e * (1 if c.tie_embeddings else 2)
     positions = c.max_position * e if c.positions == "learned" else 0
     non_embedding = (mixing + c.num_layers * norms_per_layer * norm
-                     + (c.num_layers - moe_layers) * mlp
+                     + sum(dense_mlp(i) for i in dense)
                      + moe_layers * moe + norm_layers * norm + positions)
     total = embedding + non_embedding
     return {"total": total, "embedding": embedding, "non_embedding": non_embedding,
@@ -428,9 +458,13 @@ def kv_cache_bytes(config: DecoderConfig, tokens: int = 1, bytes_per_number: int
     per_layer = [MIXERS[t].state_numbers(c, tokens) if t in MIXERS else
                  tokens * (c.kv_lora_rank + c.qk_rope_head_dim + index) if mla else
                  0 if kv_source(c, i) is not None else      # it reads an earlier layer's
-                 2 * c.num_kv_heads * c.head_dim * _kept(c, t, tokens)
+                 2 * _product(layer_heads(c, i)) * _kept(c, t, tokens)
                  for i, t in enumerate(c.layer_types)]
     return sum(per_layer) * bytes_per_number
+
+
+def _product(pair) -> int:
+    return pair[0] * pair[1]
 
 
 def _kept(c: DecoderConfig, layer_type: str, tokens: int) -> int:
@@ -515,6 +549,9 @@ class Decoder(Module, AttentionMaps, HookedModel):
             j = kv_source(c, i)
             if j is not None:
                 self.blocks[i].attn.borrow_from(self.blocks[j].attn)
+            if c.layer_scalars:                # Gemma 4's number on each layer's output
+                self.blocks[i].register_buffer("layer_scalar", backend.xp().ones(
+                    (1,), dtype=backend.default_float()))
         self.ln_final = norm_layer(c, c.hidden_size)
         self.unembed = None if c.tie_embeddings else \
             Linear(c.hidden_size, c.vocab_size, bias=False)
@@ -567,6 +604,8 @@ class Decoder(Module, AttentionMaps, HookedModel):
             x = self.ln_embed(x)
         for i, block in enumerate(self.blocks):
             x = block(x, None if kv_caches is None else kv_caches[i], keep, position_ids)
+            if self.config.layer_scalars:      # after hook_resid_post: the next layer's input
+                x = x * block.layer_scalar
         # Final norm, then the head (W_E when tied), then Gemma's soft-cap on the logits.
         x = self.ln_final(x[:, -keep_last:] if keep_last else x)
         w = self.embed.weight if self.unembed is None else self.unembed.weight

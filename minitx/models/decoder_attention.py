@@ -21,7 +21,14 @@ from ..ops.shape import concatenate
 if TYPE_CHECKING:                       # a type only: decoder.py imports this module
     from .decoder import DecoderConfig
 
-__all__ = ["DecoderAttention", "norm_layer", "kv_source", "kv_sources"]
+__all__ = ["DecoderAttention", "norm_layer", "kv_source", "kv_sources", "layer_heads"]
+
+
+def layer_heads(c: DecoderConfig, index: int) -> tuple:
+    """(Hkv, D) of layer ``index``: Gemma 4's "full" layers may have their own."""
+    full = c.layer_types is not None and c.layer_types[index] == "full"
+    return (c.full_kv_heads if full and c.full_kv_heads else c.num_kv_heads,
+            c.full_head_dim if full and c.full_head_dim else c.head_dim)
 
 
 def kv_source(c: DecoderConfig, index: int):
@@ -66,7 +73,7 @@ class DecoderAttention(Module):
 
     def __init__(self, c: DecoderConfig, sliding: bool = False, index: int = 0):
         super().__init__()
-        e, h, hkv, d = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        (hkv, d), e, h = layer_heads(c, index), c.hidden_size, c.num_heads
         self.num_heads, self.num_kv_heads, self.head_dim = h, hkv, d
         self.q_proj = Linear(e, h * d * self.query_width, bias=c.qkv_bias)
         # a layer that borrows an earlier layer's keys and values (``kv_shared_layers``) has
@@ -74,10 +81,15 @@ class DecoderAttention(Module):
         self.borrows = kv_source(c, index) is not None
         self.stores = index in kv_sources(c)
         self._source, self.shared_kv = (), None
+        # Gemma 4's global layers take their values from the keys' projection
+        self.k_eq_v = c.attention_k_eq_v and c.layer_types[index] == "full"
         if not self.borrows:
             self.k_proj = Linear(e, hkv * d, bias=c.qkv_bias)
-            self.v_proj = Linear(e, hkv * d, bias=c.qkv_bias)
+            if not self.k_eq_v:
+                self.v_proj = Linear(e, hkv * d, bias=c.qkv_bias)
         self.o_proj = Linear(h * d, e, bias=c.o_bias)
+        self.v_norm = DecoderRMSNorm(d, eps=c.norm_eps, affine=False) \
+            if c.v_norm and not self.borrows else None
         # A sliding layer sees W keys and may have its own rotary base (Gemma 3's local
         # layers), a chunked one its chunk's keys; a NoPE layer (``nope_layers``) rotates
         # nothing, and may warm its queries with the position (Llama 4's temperature).
@@ -136,7 +148,10 @@ class DecoderAttention(Module):
         k = v = None                           # a borrowing layer makes neither
         if not self.borrows:
             k = hooked_heads(self.hook_k, split_heads(self.k_proj(x), self.num_kv_heads))
-            v = hooked_heads(self.hook_v, split_heads(self.v_proj(x), self.num_kv_heads))
+            v = k if self.k_eq_v else split_heads(self.v_proj(x), self.num_kv_heads)
+            v = hooked_heads(self.hook_v, v)
+            if self.v_norm is not None:        # Gemma 4: each value head to unit RMS
+                v = self.v_norm(v)
         q, k = self.normed(q, k)
         if self.rotary is not None:
             pos = xp.arange(offset, offset + n) if positions is None else positions

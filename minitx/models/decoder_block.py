@@ -18,7 +18,7 @@ from .. import validate
 from ..nn.decoder_layers import DenseMLP, GatedMLP
 from ..nn.hooks import HookPoint
 from ..nn.module import Module
-from .decoder_attention import norm_layer
+from .decoder_attention import kv_source, norm_layer
 
 # The mixture-of-experts layer lives in its own module; a tree without it still builds every
 # dense family, and ``mlp="moe"`` then says what is missing.
@@ -30,19 +30,25 @@ except ImportError:  # pragma: no cover - depends on the tree
 if TYPE_CHECKING:                       # a type only: decoder.py imports this module
     from .decoder import DecoderConfig
 
-__all__ = ["DecoderBlock", "layer_mlp"]
+__all__ = ["DecoderBlock", "layer_mlp", "layer_mlp_width"]
+
+
+def layer_mlp_width(c: DecoderConfig, index: int) -> int:
+    """F, or 2F in a layer that borrows its keys under ``double_wide_mlp`` (Gemma 4)."""
+    return c.ffn_hidden * (2 if c.double_wide_mlp and kv_source(c, index) is not None else 1)
 
 
 def layer_mlp(c: DecoderConfig, index: int = 0):
     """Layer ``index``'s MLP: GPT-2's (GELU, or the squared ReLU), a gated one (SwiGLU, GeGLU),
     or a mixture of experts (a dense SwiGLU in the ``dense_layers`` of an MoE model)."""
     gelu = "gelu_tanh" if c.gelu_approximate else "gelu"
+    width = layer_mlp_width(c, index)
     if c.mlp in ("gelu", "relu2"):
         act = gelu if c.mlp == "gelu" else "relu2"
-        return DenseMLP(c.hidden_size, c.ffn_hidden, act, bias=c.mlp_bias)
+        return DenseMLP(c.hidden_size, width, act, bias=c.mlp_bias)
     if c.mlp in ("swiglu", "geglu") or index in c.dense_layers:
         act = gelu if c.mlp == "geglu" else "silu"
-        return GatedMLP(c.hidden_size, c.ffn_hidden, act, bias=c.mlp_bias)
+        return GatedMLP(c.hidden_size, width, act, bias=c.mlp_bias)
     if MoE is None:
         raise validate.OptionError("DecoderConfig: mlp='moe' needs minitx.nn.moe, which this "
                                    "tree does not have")

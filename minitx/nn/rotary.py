@@ -44,6 +44,12 @@ d(\beta) = \frac{R \ln\!\bigl(L / (2\pi\beta)\bigr)}{2 \ln \theta}, \qquad
 \qquad \omega'_i = \gamma_i \frac{\omega_i}{s} + (1 - \gamma_i)\,\omega_i
 $$
 
+- **proportional** (Gemma 4's global layers): every dim takes part in the pairs (i, i + D/2),
+  but only the first ⌊p·D/2⌋ frequencies turn, at θ^{−2i/D} (counted over the whole head,
+  not over the rotated share), each divided by ``factor``; the other pairs have ω = 0 and
+  pass unchanged. Where a partial rotary factor rotates a block of the first R dims, this
+  rotates the low-index coordinates of both halves.
+
 A rope option is HuggingFace's ``rope_parameters`` dict (``rope_type``, ``rope_theta``,
 ``factor`` …). A ``rope_type`` minitx does not compute (``dynamic``, ``longrope`` …) or an
 unknown key is refused by name: an ignored scaling would change every position silently.
@@ -67,6 +73,7 @@ ROPE_TYPES = {
                "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast",
              "beta_slow", "mscale", "mscale_all_dim", "truncate"),
+    "proportional": ("factor",),
 }
 _COMMON = ("rope_type", "rope_theta", "partial_rotary_factor")
 _REQUIRED = {"linear": ("factor",), "llama3": ROPE_TYPES["llama3"],
@@ -106,6 +113,12 @@ def rope_frequencies(head_dim: int, rope: dict = None):
     under ``rope`` (module docstring's formulas; default: θ = 10000, no scaling)."""
     rope = check_rope({} if rope is None else rope)
     theta = float(rope.get("rope_theta", 10000.0))
+    if rope["rope_type"] == "proportional":    # all D dims paired, the first few turning
+        turning = int(float(rope.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+        omega = host_xp.zeros(head_dim // 2)
+        omega[:turning] = theta ** (-host_xp.arange(0, 2 * turning, 2,
+                                                    dtype=host_xp.float64) / head_dim)
+        return omega / float(rope.get("factor", 1.0)), 1.0, head_dim
     dim = int(head_dim * float(rope.get("partial_rotary_factor", 1.0)))
     if dim <= 0 or dim % 2:
         raise validate.OptionError(f"rope: the rotated dims R = head_dim · partial_rotary_factor"

@@ -4,7 +4,7 @@ the model): each file's class holds only what its family changes from its parent
 
     gpt2 → llama → mistral → mixtral → gpt_oss, minimax_m2, minimax
                  → qwen2 → qwen3 → qwen3_moe → qwen3_next → qwen3_5_text → qwen3_5_moe_text
-                 → gemma3_text
+                 → gemma3_text → gemma4_text
                  → olmo2 → olmo3 → olmo_hybrid
                  → smollm3
                  → lfm2
@@ -20,6 +20,7 @@ from .base import IGNORED, SIZE_KEYS, Family, changes_nothing
 from .deepseek_v3 import DeepseekV3
 from .deepseek_v32 import DeepseekV32
 from .gemma3 import Gemma3           # model_type "gemma3_text" (HF's "gemma3" has vision)
+from .gemma4 import Gemma4           # model_type "gemma4_text"
 from .glm4_moe import Glm4Moe
 from .gpt2 import GPT2
 from .gpt_oss import GptOss
@@ -49,7 +50,7 @@ __all__ = ["FAMILIES", "LINEAGE", "family", "parent", "Family", "IGNORED", "SIZE
 # In the lineage's order, each after its parent; the hybrids last.
 LINEAGE = (GPT2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, Gemma3, Olmo2, Olmo3,
            SmolLM3, GptOss, MiniMaxM2, DeepseekV3, DeepseekV32, Glm4Moe, Qwen3Next,
-           KimiLinear, MiniMax, Lfm2, Qwen3_5, Qwen3_5Moe, OlmoHybrid, NanoChat, Llama4)
+           KimiLinear, MiniMax, Lfm2, Qwen3_5, Qwen3_5Moe, OlmoHybrid, NanoChat, Llama4, Gemma4)
 FAMILIES = {cls.model_type: cls() for cls in LINEAGE}
 
 

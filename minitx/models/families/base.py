@@ -214,7 +214,9 @@ class Family:
         if rope.get("rope_type") in ("llama3", "yarn"):
             rope.setdefault("original_max_position_embeddings",
                             cfg.get("max_position_embeddings"))
-        if self.partial_rotary is not None:         # the family's share, unless the file says
+        if rope.get("rope_type") == "proportional":   # its share is the type's own (Gemma 4)
+            pass
+        elif self.partial_rotary is not None:       # the family's share, unless the file says
             rope.setdefault("partial_rotary_factor", self.partial_rotary)
         elif float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
             fail(source, f"{where}: partial_rotary_factor={rope['partial_rotary_factor']} is "
