@@ -71,6 +71,7 @@ VARIANT_OPTIONS = [
     ("deltanet", "chunk_size", BAD_POSITIVE[:-1]), ("deltanet", "eps", [0, -1e-6, math.nan]),
     ("short_conv", "kernel_size", BAD_POSITIVE), ("short_conv", "conv_bias", ["yes", 1]),
     ("chunked", "chunk_size", BAD_POSITIVE),
+    ("compressed_sparse", "top_k", BAD_POSITIVE), ("heavily_compressed", "compress", BAD_POSITIVE),
     ("block_indexer", "block", BAD_POSITIVE), ("block_indexer", "top_k", BAD_POSITIVE),
     ("mamba2", "n_groups", [0, 3, 1.5]), ("mamba2", "time_step_limit", [(0.5, 0.1), 0.1]),
 ]

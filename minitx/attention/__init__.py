@@ -55,4 +55,5 @@ from .short_conv import *  # noqa: F401,F403
 from .chunked import *  # noqa: F401,F403
 from .shared_kv import *  # noqa: F401,F403
 from .block_indexer import *  # noqa: F401,F403
+from .compressed import *  # noqa: F401,F403
 from .mamba2 import *  # noqa: F401,F403
