@@ -381,7 +381,7 @@ def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) ->
     memory), a legend saying what each error compares, and each variant's complexity."""
     rows = variant_rows(names, n, embed, heads)
     w = name_width()
-    head = (f"   {'variant':<{w}} {'kind':<12} {'gradcheck':<9} {'rel. error':>10}  "
+    head = (f"   {'variant':<{w}} {'kind':<11} {'gradcheck':<9} {'rel. error':>10}  "
             f"{'O_ref':<22} {'time':>9} {'peak mem':>10}")
     lines = _wrapped([f"3. Every registered attention variant (forward at N = {n:,}, B = 1, "
                       f"E = {embed}, H = {heads}; gradcheck in float64 on N = 6, along a random "
@@ -401,7 +401,7 @@ def variant_table(names=None, n: int = 1024, embed: int = 32, heads: int = 2) ->
         err, _, ref = r["error"].partition(" ")
         if err == "error:" or r["error"] in ("-", "n/a"):
             err, ref = ("error" if err == "error:" else r["error"]), ""
-        lines.append(f"   {r['name']:<{w}} {r['kind']:<12} {gc:<9} {err:>10}  {ref:<22} "
+        lines.append(f"   {r['name']:<{w}} {r['kind']:<11} {gc:<9} {err:>10}  {ref:<22} "
                      f"{t:>9} {mem:>10}".rstrip())
         notes += [f"{r['name']}: {cell}" for cell in (r["gradcheck"], r["error"], r["note"])
                   if cell.startswith("error:")]
@@ -505,15 +505,22 @@ CACHE_VARIANTS = (("mha", {}), ("gqa", {"num_kv_heads": 2}), ("mqa", {}), ("mla"
                   ("sink", {}), ("retention", {}), ("deltanet", {}), ("ssd", {}),
                   ("gated_deltanet", {}), ("kda", {}), ("gated", {}), ("fox", {}),
                   ("lightning", {}), ("short_conv", {}), ("chunked", {"chunk_size": 40}),
-                  ("dsa", {}), ("moba", {}), ("nsa", {}))
+                  ("dsa", {}), ("moba", {}), ("nsa", {}), ("block_indexer", {}),
+                  ("mamba2", {}), ("compressed_sparse", {}), ("heavily_compressed", {}))
 
 
 def cached_numbers(cache) -> int:
     """How many numbers a decode cache holds now, read off the cache itself."""
     if hasattr(cache, "latent"):                       # MLA: the latent and the RoPE key
         parts = (cache.latent, cache.rope_keys)
-    elif hasattr(cache, "state"):                      # a recurrent state
-        parts = (cache.state,)
+    elif hasattr(cache, "state"):                      # a recurrent state (Mamba-2: + conv)
+        parts = (cache.state, getattr(cache, "conv", None))
+    elif hasattr(cache, "compressor"):                 # DeepSeek-V4: window, then entries
+        parts = [cache.keys]
+        for state in (cache.compressor, cache.index):
+            for part in (() if state is None else (state.pending, state.before,
+                                                   state.entries)):
+                parts += list(part) if isinstance(part, tuple) else [part]
     else:                                              # keys and values
         parts = (cache.keys, cache.values, getattr(cache, "cumulative", None))  # FoX: + c
     return sum(int(np.prod(p.shape)) for p in parts if p is not None)
@@ -524,7 +531,8 @@ def cache_section(embed: int = 64, heads: int = 8, lengths=(32, 96)) -> list:
     keys and values grow by 2·H·D numbers a token; GQA and MQA share key/value heads; MLA keeps
     one latent and one RoPE key; sinks keep a bounded window; the recurrent forms one state."""
     d = embed // heads
-    head = f"   {'variant':<14} " + " ".join(f"{'N = ' + str(n):>10}" for n in lengths)
+    w = max(len(name) for name, _ in CACHE_VARIANTS)
+    head = f"   {'variant':<{w}} " + " ".join(f"{'N = ' + str(n):>10}" for n in lengths)
     lines = [f"6. What a decoder keeps: numbers in each layer's cache after N tokens "
              f"(E = {embed}, H = {heads}, D = {d};",
              f"   MHA's keys and values: 2·H·D = {2 * heads * d} numbers a token)", "",
@@ -544,10 +552,10 @@ def cache_section(embed: int = 64, heads: int = 8, lengths=(32, 96)) -> list:
             grows = counts[-1] - counts[0]
             # a bounded cache may also shrink (chunked attention drops a chunk at its end)
             per = (f"{grows // (lengths[-1] - lengths[0])}" if grows > 0 else "0 (bounded)")
-            lines.append(f"   {name:<14} " + " ".join(f"{c:>10,}" for c in counts)
+            lines.append(f"   {name:<{w}} " + " ".join(f"{c:>10,}" for c in counts)
                          + f"   {per}")
         except Exception as exc:  # noqa: BLE001 - the tour reports, never crashes
-            lines.append(f"   {name:<14} {_short(exc)}")
+            lines.append(f"   {name:<{w}} {_short(exc)}")
     return lines
 
 
@@ -555,11 +563,12 @@ def cache_section(embed: int = 64, heads: int = 8, lengths=(32, 96)) -> list:
 
 def decoder_section() -> list:
     """One line per decoder family of ``minitx.pretrained.families``: the published model,
-    its MLP, attention and windows as minitx's loader reads them, and its KV cache per
-    token; a family the loader lacks says so. Columns as wide as their longest entry (the
-    rows sit two columns in, so the longest names fit the tour's width)."""
+    its attention and windows as minitx's loader reads them, and its KV cache per token; a
+    family the loader lacks says so. Columns as wide as their longest entry (the rows sit two
+    columns in, so the longest names fit the tour's width; each family's MLP is in the
+    course's table, docs/decoders.md)."""
     rows = {kind: families.family_row(kind) for kind in families.TODAY}
-    names = ("model", "MLP", "attention", "window pattern")
+    names = ("model", "attention", "window pattern")
     wide = {name: max([len(name)] + [len(r[name]) for r in rows.values() if name in r])
             for name in names}
     family = max(len(k) for k in rows)

@@ -39,7 +39,10 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
 - ``sliding_window``, ``layer_types``: local layers see only the last W tokens (Mistral all
   layers, Gemma 3 five of every six), so their KV cache is bounded; ``"chunked"`` layers see
   only the keys of their own chunk of ``attention_chunk_size`` C positions (Llama 4,
-  ``attention/chunked.py``), so theirs holds at most C − 1 between steps.
+  ``attention/chunked.py``), so theirs holds at most C − 1 between steps. A layer type may
+  also name a registered token mixer (``models/mixers/``), a recurrence in place of softmax
+  attention: the hybrid models interleave them with attention layers (Kimi Linear: ``"kda"``
+  layers among MLA layers with ``positions="none"``).
 - ``attn_temperature`` (F, α): Llama 4 multiplies the queries of its NoPE layers by
   1 + α·ln(1 + ⌊(m + 1)/F⌋) at position m, so that far tokens do not flatten the softmax.
 - ``kv_shared_layers`` n: the last n layers keep their queries but read the keys and values
@@ -48,10 +51,7 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
 - Gemma 4's global layers: ``full_head_dim`` and ``full_kv_heads`` (their own head size and
   key/value heads), ``attention_k_eq_v`` (their values are the keys' projection, before the
   keys' norm and rotation); ``v_norm`` a weightless RMSNorm on every layer's values;
-  ``layer_scalars`` a learned number (a buffer) multiplying each layer's output. A layer type may also name
-  a registered token mixer (``models/mixers/``), a recurrence in place of softmax attention:
-  the hybrid models interleave them with attention layers (Kimi Linear: ``"kda"`` layers
-  among MLA layers with ``positions="none"``).
+  ``layer_scalars`` a learned number (a buffer) multiplying each layer's output.
 - ``embed_scale``: Gemma multiplies the embeddings by √E; ``query_pre_attn_scalar`` replaces
   D in the scale 1/√D; ``final_logit_softcap`` c·tanh(z/c) on the logits;
   ``attn_logit_softcap`` the same on the scores (Gemma 2; HF's Gemma 3 does not apply it).
@@ -202,6 +202,7 @@ class DecoderConfig:
     qk_norm: str = None
     sliding_window: int = None
     attention_chunk_size: int = None
+    # Gemma 4: keys shared across the last layers, its global layers' own heads
     kv_shared_layers: int = 0
     double_wide_mlp: bool = False
     full_head_dim: int = None
@@ -283,6 +284,7 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     if "sliding" in c.layer_types and c.sliding_window is None:
         raise validate.OptionError(f"{who}: layer_types has 'sliding' layers but "
                                    "sliding_window is None")
+    # Llama 4's chunks, Gemma 4's shared keys and global heads: each stated, and consistent
     if c.attention_chunk_size is not None:
         validate.positive_int(c.attention_chunk_size, "attention_chunk_size", owner=who)
     elif "chunked" in c.layer_types:
@@ -295,6 +297,7 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     if c.full_kv_heads is not None and c.num_heads % c.full_kv_heads:
         raise validate.OptionError(f"{who}: num_heads ({c.num_heads}) must be divisible by "
                                    f"full_kv_heads ({c.full_kv_heads})")
+    # the on/off switches of nanochat, Llama 4 and Gemma 4, and the two that need a partner
     for name in ("norm_weightless", "embed_norm", "rope_reversed", "rope_interleave",
                  "double_wide_mlp", "attention_k_eq_v", "v_norm", "layer_scalars"):
         validate.boolean(getattr(c, name), name, owner=who)

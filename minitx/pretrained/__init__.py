@@ -15,10 +15,11 @@ their tokenizers, in minitx's own modules.
   last hidden state (B, N, E)) and a ``WordPieceTokenizer``;
 - "gpt2" → ``GPT2Model`` (``model(input_ids, attention_mask=…)`` → logits (B, N, V);
   ``model.generate``) and a ``ByteLevelBPETokenizer``;
-- "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2", "olmo3", "smollm3", and the
-  mixtures of experts "qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3", "deepseek_v32",
-  "minimax_m2", "glm4_moe", and the hybrids "qwen3_next", "kimi_linear", "minimax" →
-  ``minitx.models.Decoder``
+- "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma4_text", "olmo2", "olmo3",
+  "smollm3", "nanochat", and the mixtures of experts "qwen3_moe", "mixtral", "gpt_oss",
+  "deepseek_v3", "deepseek_v32", "minimax_m2", "glm4_moe", "llama4_text", and the hybrids
+  "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "minimax", "lfm2",
+  "olmo_hybrid" → ``minitx.models.Decoder``
   (``model(ids)`` → logits (B, N, V); ``model.generate``), configured by
   ``minitx.pretrained.decoders``, and the folder's ``tokenizer.json`` as a
   ``hf_tokenizer.Tokenizer`` (with its chat template).
