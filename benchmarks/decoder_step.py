@@ -2,12 +2,15 @@
 PyTorch (CPU), the same weights, in the same run.
 
     python benchmarks/decoder_step.py [--repeats 10] [--batch 8] [--tokens 128] [--threads N]
-                                      [--model {all,llama,moe}] [--quick]
+                                      [--model {all,llama,moe,gemma4}] [--quick]
 
-Two models, each 2 layers with E = 256 (4 heads sharing 2 key/value heads, V = 1024):
+Three models, each 2 layers with E = 256 (4 heads sharing 2 key/value heads, V = 1024):
 
 - a Llama (SwiGLU of width 704, RMSNorm, RoPE);
-- a Mixtral-style mixture of experts (8 SwiGLU experts of width 704, 2 per token).
+- a Mixtral-style mixture of experts (8 SwiGLU experts of width 704, 2 per token);
+- a Gemma-4-style decoder (``gemma4_text``): a sliding layer (window 64) and a global layer
+  whose one key/value head of 128 is also its values, the proportional rope, values
+  normalised, the sandwich norms, GeGLU of width 704, layer scalars.
 
 Each is built once in minitx (``Decoder``), handed to ``transformers`` by
 ``interop.to_torch`` (the same weights), and trained one step at a time in both: forward,
@@ -17,7 +20,8 @@ the ratio minitx / torch (above 1: minitx is slower), the thread counts, and the
 before and after (figures taken while other jobs compete for the cores are not comparable).
 The ``paired`` column is the median over the repeats of each minitx step over the torch step
 timed right after it, which a load that changes from one repeat to the next disturbs less; the
-last line repeats the mixture of experts' ratios. ``--model moe`` (or ``llama``) times one model.
+last line repeats the mixture of experts' ratios. ``--model moe`` (or ``llama``, ``gemma4``)
+times one model.
 ``--threads N`` sets both libraries' thread count (BLAS through OMP/OPENBLAS/MKL_NUM_THREADS,
 set before NumPy is imported; PyTorch through ``torch.set_num_threads``). ``--quick``: B = 2,
 T = 16, 2 repeats (a smoke run, no figures to quote). Without PyTorch and transformers only
@@ -35,6 +39,7 @@ E, LAYERS, HEADS, KV_HEADS, VOCAB, WIDTH = 256, 2, 4, 2, 1024, 704
 
 
 LLAMA, MOE = "llama (E=256, 2 layers)", "mixtral-style MoE (8 experts, top 2)"
+GEMMA4 = "gemma-4-style (sliding + global, K = V)"
 
 
 def configs(model="all"):
@@ -42,9 +47,18 @@ def configs(model="all"):
     base = dict(vocab_size=VOCAB, hidden_size=E, num_layers=LAYERS, num_heads=HEADS,
                 num_kv_heads=KV_HEADS, ffn_hidden=WIDTH, norm_eps=1e-5, tie_embeddings=False,
                 rope={"rope_type": "default", "rope_theta": 10000.0})
+    gemma4 = dict(base, rope={"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                              "rope_theta": 1e6},
+                  local_rope={"rope_type": "default", "rope_theta": 1e4}, mlp="geglu",
+                  norm_placement="sandwich", norm_scale_in_float32=True, qk_norm="head",
+                  embed_scale=True, query_pre_attn_scalar=1.0, sliding_window=64,
+                  layer_types=("sliding", "full"), full_head_dim=128, full_kv_heads=1,
+                  attention_k_eq_v=True, v_norm=True, layer_scalars=True, tie_embeddings=True)
     every = {LLAMA: DecoderConfig(**base),
-             MOE: DecoderConfig(**base, mlp="moe", num_experts=8, top_k=2, expert_hidden=WIDTH)}
-    wanted = {"all": (LLAMA, MOE), "llama": (LLAMA,), "moe": (MOE,)}[model]
+             MOE: DecoderConfig(**base, mlp="moe", num_experts=8, top_k=2, expert_hidden=WIDTH),
+             GEMMA4: DecoderConfig(**gemma4)}
+    wanted = {"all": (LLAMA, MOE, GEMMA4), "llama": (LLAMA,), "moe": (MOE,),
+              "gemma4": (GEMMA4,)}[model]
     return {name: every[name] for name in wanted}
 
 
@@ -81,7 +95,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--model", choices=("all", "llama", "moe"), default="all")
+    p.add_argument("--model", choices=("all", "llama", "moe", "gemma4"), default="all")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
