@@ -231,3 +231,19 @@ def saved_tiny(tmp_path_factory, config, seed, name):
     path = str(tmp_path_factory.mktemp(name) / f"tiny-{name}")
     model.save_pretrained(path)
     return path
+
+
+def both_backward(model, ref, ids, **hf_kwargs):
+    """One next-token cross-entropy over every position of ``ids`` (B, N + 1), backward in
+    minitx's ``model`` and HF's ``ref`` alike (``hf_kwargs`` go to HF's forward); returns HF's
+    parameter gradients {HF name: array}, minitx's stay on its parameters."""
+    import torch
+
+    from minitx.ops.loss import cross_entropy
+    from minitx.ops.shape import reshape
+    out = ref(torch.tensor(ids[:, :-1]), **hf_kwargs).logits
+    torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]),
+                                      torch.tensor(ids[:, 1:]).reshape(-1)).backward()
+    logits = model(ids[:, :-1])
+    cross_entropy(reshape(logits, (-1, logits.shape[-1])), ids[:, 1:].reshape(-1)).backward()
+    return {k: p.grad.numpy() for k, p in ref.named_parameters() if p.grad is not None}

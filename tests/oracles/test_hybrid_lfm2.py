@@ -21,13 +21,11 @@ transformers = need("transformers")
 
 import minitx  # noqa: E402
 import minitx.pretrained as pt  # noqa: E402
-from decoder_util import hf_model, relative, saved_tiny  # noqa: E402
+from decoder_util import both_backward, hf_model, relative, saved_tiny  # noqa: E402
 from minitx.models import PRESETS, count_parameters  # noqa: E402
 from minitx.models.decoder import kv_cache_bytes, kv_cache_bytes_per_token  # noqa: E402
 from minitx.models.decoder import check_config  # noqa: E402
 from minitx.models.families.lfm2 import ffn_width  # noqa: E402
-from minitx.ops.loss import cross_entropy  # noqa: E402
-from minitx.ops.shape import reshape  # noqa: E402
 from minitx.pretrained.decoders import HF_DEFAULTS, decoder_config, hf_config_dict  # noqa: E402
 from minitx.validate import OptionError  # noqa: E402
 from support import tensor, to_host  # noqa: E402
@@ -155,12 +153,7 @@ def test_a_training_step_has_torchs_gradients(folder):
     model, _ = pt.load(folder, dtype="float64", tokenizer=False)
     model.train()
     ref = hf_model(folder).train()
-    out = ref(torch.tensor(IDS[:, :-1])).logits
-    torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]),
-                                      torch.tensor(IDS[:, 1:]).reshape(-1)).backward()
-    logits = model(IDS[:, :-1])
-    cross_entropy(reshape(logits, (-1, logits.shape[-1])), IDS[:, 1:].reshape(-1)).backward()
-    hf_grads = {k: p.grad.numpy() for k, p in ref.named_parameters() if p.grad is not None}
+    hf_grads = both_backward(model, ref, IDS)
     mine = dict(model.named_parameters())
     mapped = pt.decoder_state_from_hf(hf_grads, model)
     assert set(mapped) == set(mine)

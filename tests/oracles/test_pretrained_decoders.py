@@ -23,9 +23,7 @@ transformers = need("transformers")
 
 import minitx  # noqa: E402
 import minitx.pretrained as pt  # noqa: E402
-from decoder_util import CASES, hf_model, relative, tiny_decoder  # noqa: E402
-from minitx.ops.loss import cross_entropy  # noqa: E402
-from minitx.ops.shape import reshape  # noqa: E402
+from decoder_util import CASES, both_backward, hf_model, relative, tiny_decoder  # noqa: E402
 
 IDS = np.random.default_rng(0).integers(3, 97, (2, 11))     # 11 tokens: past the window of 4
 IDS[0, 3] = 0                                               # the padding row gets no gradient
@@ -93,13 +91,7 @@ def test_a_training_step_has_torchs_gradients(root, case):
     model, _ = pt.load(folder, dtype="float64", tokenizer=False)
     model.train()
     ref = hf_model(folder).train()
-    # next-token cross-entropy over every position, in both libraries
-    out = ref(torch.tensor(IDS[:, :-1])).logits
-    torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]),
-                                      torch.tensor(IDS[:, 1:]).reshape(-1)).backward()
-    logits = model(IDS[:, :-1])
-    cross_entropy(reshape(logits, (-1, logits.shape[-1])), IDS[:, 1:].reshape(-1)).backward()
-    hf_grads = {k: p.grad.numpy() for k, p in ref.named_parameters() if p.grad is not None}
+    hf_grads = both_backward(model, ref, IDS)
     if model.config.tie_embeddings:
         hf_grads.pop("lm_head.weight", None)       # the same tensor as the embedding
     # DeepSeek-V3's correction bias is a buffer, with no gradient: passed so the map is whole
