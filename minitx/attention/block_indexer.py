@@ -4,8 +4,9 @@ reads by scoring their mean-pooled keys, and always reads its own incomplete blo
 Qwen (2026), Qwen4-Exp's indexed attention ("QSA"); HuggingFace's ``Qwen4ExpTextQSAIndexer``.
 The keys are cut into blocks of c consecutive positions,
 $\mathcal{B}_i = \{ic, \dots, ic + c - 1\}$. A small indexer — h_I query heads $q^I_{t,j}$
-and one key head $k^I_s$, both of width $d_I$ — pools each block's keys to their mean, normalised, and scores it for query t
-by its ReLU'd dot products summed over the indexer heads. Query t attends, by softmax, to the
+and one key head $k^I_s$, both of width $d_I$ — pools each block's keys to their mean,
+normalised, and scores it for query t by its ReLU'd dot products summed over the indexer
+heads. Query t attends, by softmax, to the
 keys of its k best complete blocks and to its *tail*, the keys after the last complete block:
 
 $$
@@ -67,6 +68,7 @@ from ..ops.norm import rms_norm
 from ..ops.shape import reshape, transpose
 from .base import (AttentionBase, causal_pattern, check_heads, dense_attention_array,
                    materialized_attention, merge_heads, register, repeat_kv, repeat_kv_array)
+# the selection family's shared steps (selection.py): block means, top-k, the attentions
 from .selection import (AttachLoss, _read_only, block_attention, block_means,
                         gathered_attention, index_mask, lightning_scores, top_k_indices,
                         top_k_mask)
@@ -158,7 +160,7 @@ class BlockIndexerAttention(AttentionBase):
     ``k_norm_weight`` (d_I), zeros. Hooks: ``hook_pooled_keys`` k̄ (B, ⌊Nk/c⌋, d_I) and
     ``hook_block_scores`` I (B, Nq, ⌊Nk/c⌋), −inf on blocks not complete for the query (each
     may be replaced: the choice follows); ``hook_selection`` (B, Nq, ⌊Nk/c⌋) bool, the blocks
-    chosen, and ``hook_mask`` (B, Nq, Nk) bool, the keys read (both read-only);
+    chosen, and ``hook_keys_read`` (B, Nq, Nk) bool, the keys read (both read-only);
     ``hook_attn_scores``, ``hook_pattern`` (B, H, Nq, Nk), formed while one is set (dense
     attention under the same mask, same values to rounding).
 
@@ -190,7 +192,7 @@ class BlockIndexerAttention(AttentionBase):
     complexity = ("time O(B·N²·h_I·d_I/c) for the indexer + O(B·H·N·k·c·D), "
                   "memory O(B·h_I·N²/c + B·H·N·(k + 1)·(c + D))")
 
-    kind = "score"
+    kind = "score"          # checked against its own dense formula, under its own choice
     supports_kv_cache = True
 
     def __init__(self, embed_dim, num_heads, causal=False, block: int = 4, top_k: int = 4,
@@ -214,7 +216,7 @@ class BlockIndexerAttention(AttentionBase):
         self.hook_pooled_keys = HookPoint()    # (B, nb, d_I) k̄
         self.hook_block_scores = HookPoint()   # (B, Nq, nb) I, −inf where not complete
         self.hook_selection = HookPoint()      # (B, Nq, nb) bool, the chosen blocks
-        self.hook_mask = HookPoint()           # (B, Nq, Nk) bool, the keys read
+        self.hook_keys_read = HookPoint()      # (B, Nq, Nk) bool, the keys read
         self.hook_attn_scores = HookPoint()    # (B, H, Nq, Nk) scores under the mask
         self.hook_pattern = HookPoint()        # (B, H, Nq, Nk) probabilities
 
@@ -260,7 +262,7 @@ class BlockIndexerAttention(AttentionBase):
         b, _, nq, _ = q.shape
         nk = k.shape[2]
         blocks, allowed, chosen, ok = self.select(q, k)                  # (B, Nq, k + 1, …)
-        _read_only(self.hook_mask, lambda: indexed_mask(blocks, allowed, nk, self.block))
+        _read_only(self.hook_keys_read, lambda: indexed_mask(blocks, allowed, nk, self.block))
         k, v = repeat_kv(k, h), repeat_kv(v, h)                          # (B, H, Nk, D)
         if self.hook_attn_scores.active or self.hook_pattern.active:
             # a hook wants the Nq × Nk maps: dense attention under the same keys
@@ -351,17 +353,20 @@ class BlockIndexerAttention(AttentionBase):
         q, k, v = (g.standard_normal((2, 2, 19, 4)) for _ in range(3))
         rows = []
         with no_grad():
+            # a top-k that keeps every block reads every visible key: causal softmax attention
             every = cls(8, 2, causal=True, block=3, top_k=8).to(dtype="float64").eval()
             out = to_host(every.attend(*(Tensor(active_xp().asarray(a)) for a in (q, k, v))).data)
             causal = dense_attention_array(q, k, v, causal_pattern(19, 19))
             rows.append(("top_k ≥ blocks − causal softmax attention, max |Δ|",
                          float(host_xp.abs(out - causal).max()), 1e-12))
+            # a top-k of 2: attend against the dense formula under the blocks it chose
             layer = cls(8, 2, causal=True, block=3, top_k=2).to(dtype="float64").eval()
             heads = [Tensor(active_xp().asarray(a)) for a in (q, k, v)]
             out = to_host(layer.attend(*heads).data)
             ref = to_host(layer.reference(*(t.data for t in heads)))
             rows.append(("attend (blocks it chose) − dense softmax under its own selection, "
                          "max |Δ|", float(host_xp.abs(out - ref).max()), 1e-12))
+            # the whole text at once, then through one cache in steps of 5, 1, 7 and 6
             x = Tensor(active_xp().asarray(g.standard_normal((1, 19, 8))))
             whole = to_host(layer(x).data)
             cache = layer.new_cache()

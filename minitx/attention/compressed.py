@@ -95,6 +95,7 @@ import math
 from .. import validate
 from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ..autograd.tensor import Tensor
+# positions and masks are built on the host, then moved beside the scores they mask
 from ..backend import get_array_module, host_xp, to_device_of, to_host, xp as active_xp
 from ..nn.hooks import HookPoint
 from ..nn.layers import Identity, Linear, RMSNorm
@@ -106,6 +107,7 @@ from ..ops.shape import concatenate, reshape, swapaxes, transpose
 from .base import (AttentionBase, check_heads, dense_attention_array, hooked_heads, merge_heads,
                    register, repeat_kv, repeat_kv_array, softmax_rows_array)
 from .positions import apply_rope
+# the lightning indexer and its top-k are DSA's (selection.py), read over entries, not keys
 from .selection import AttachLoss, index_mask, lightning_scores, top_k_indices, top_k_mask
 
 __all__ = ["rope_tail", "pool_blocks", "CompressorState", "Compressor", "CompressedIndexer",
@@ -376,6 +378,7 @@ class CompressedAttention(AttentionBase):
     kind = "score"
     supports_kv_cache = True
     projections = ("q", "v", "out")     # K = V: one key/value head
+    # HCA's; CSA sets True: overlapping blocks, and the indexer's top-k of the entries
     sparse = False
     indexer_loss_weight = 0.0
 
@@ -389,11 +392,12 @@ class CompressedAttention(AttentionBase):
         self.rope_base = validate.positive_real(rope_base, "rope_base", owner=who)
         self.eps = validate.positive_real(eps, "eps", owner=who)
         if rope_dim is None:
-            rope_dim = 2 * max(1, d // 16) if d >= 2 else 0
+            rope_dim = 2 * max(1, d // 16) if d >= 2 else 0     # DeepSeek's 64 of 512
         self.rope_dim = validate.nonnegative_int(rope_dim, "rope_dim", owner=who)
         if self.rope_dim % 2 or self.rope_dim > d:
             raise validate.OptionError(f"{who}: rope_dim must be even and at most the head dim "
                                        f"{d}, got {rope_dim!r}")
+        # the sink: a learned logit per head, zero at first; it takes mass, adds no value
         self.sinks = Parameter(active_xp().zeros(num_heads, dtype="float32")) \
             if validate.boolean(sinks, "sinks", owner=who) else None
         self.scale = 1.0 / math.sqrt(d)
@@ -477,8 +481,9 @@ class CompressedAttention(AttentionBase):
         """x (B, N, E) → (B, N, E); with ``kv_cache`` (a ``CompressedCache``) the N new tokens
         continue the cached ones."""
         if kv_cache is None:
-            return super().forward(x, attn_mask)
+            return super().forward(x, attn_mask)      # the whole text at once: the base's path
         who = type(self).__name__
+        # only a cache of this window, indexed as this layer is, can continue its text
         if not isinstance(kv_cache, CompressedCache) or kv_cache.indexed != self.sparse or \
                 kv_cache.window != self.window:
             given = type(kv_cache).__name__ + (
@@ -493,6 +498,7 @@ class CompressedAttention(AttentionBase):
         if len(x.shape) != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"{who}: x must be (B, N, {self.embed_dim}), got shape "
                              f"{tuple(x.shape)}")
+        # the base's forward, but with the cache handed to the compressed attention
         q, k, v = self.project(x)
         q, k, v = (hooked_heads(hk, t) for hk, t in
                    ((self.hook_q, q), (self.hook_k, k), (self.hook_v, v)))
@@ -553,19 +559,20 @@ class CompressedAttention(AttentionBase):
             scores = xp.einsum("btj,bjtw->btw", w,
                                xp.maximum(xp.einsum("bjtd,bwd->bjtw", qi, ki), 0))
             read = top_k_mask(xp.where(read, scores, -math.inf), ix.top_k)    # (B, Nq, M)
+        # one softmax over [window keys, entries, sink], each column masked by who may read it
         keys, entries = repeat_kv_array(keys, h), repeat_kv_array(entries, h)
         s = xp.concatenate([rq @ keys.swapaxes(-1, -2), rq @ entries.swapaxes(-1, -2)],
                            axis=-1) * self.scale
         allowed = xp.concatenate([xp.broadcast_to(xp.asarray(_window(
             qpos, kpos, self.window, self.causal)), (b, nq, nk)),
             xp.broadcast_to(read, (b, nq, m))], axis=-1)[:, None]
-        if self.sinks is not None:
+        if self.sinks is not None:      # the sink: one more logit per head, always allowed
             sink = xp.broadcast_to(self.sinks.data.astype(q.dtype)[None, :, None, None],
                                    (b, h, nq, 1))
             s = xp.concatenate([s, sink], axis=-1)
             allowed = xp.concatenate([xp.broadcast_to(allowed, (b, h, nq, nk + m)),
                                       xp.ones((b, h, nq, 1), dtype=bool)], axis=-1)
-        p = softmax_rows_array(s, allowed)[..., :nk + m]
+        p = softmax_rows_array(s, allowed)[..., :nk + m]     # the sink's column dropped: no value
         out = p @ xp.concatenate([keys, entries], axis=2)
         return rope_tail(out, -qpos, self.rope_dim, self.rope_base)
 
@@ -576,6 +583,7 @@ class CompressedAttention(AttentionBase):
         n, e, heads = 21, 8, 2
         d = e // heads
         sparse = {"top_k": 2} if cls.sparse else {}
+        # a small causal layer with random weights, and random heads for attend
         layer = cls(e, heads, causal=True, compress=3, window=4, num_kv_heads=1,
                     **sparse).to(dtype="float64").eval()
         for p in layer.parameters():
@@ -583,11 +591,12 @@ class CompressedAttention(AttentionBase):
         x = g.standard_normal((1, n, e))
         q, v = (g.standard_normal((1, heads, n, d)) for _ in range(2))
         with no_grad():
+            # the whole text at once, then through one cache in steps of 5, 1, 7 and 8
             full = layer(Tensor(x)).numpy()
             cache = layer.new_cache()
             steps = host_xp.concatenate([layer(Tensor(x[:, a:b]), kv_cache=cache).numpy()
                                          for a, b in ((0, 5), (5, 6), (6, 13), (13, n))], 1)
-            held = cache.keys.shape[2]
+            held = cache.keys.shape[2]          # raw keys kept: the window's, no more
             out = layer.attend(Tensor(q), Tensor(v), Tensor(v)).numpy()
             ref = to_host(layer.reference(*(Tensor(a).data for a in (q, v, v))))
             # m = 1, every entry and key read, the content map the identity, no norm, rope
@@ -604,6 +613,7 @@ class CompressedAttention(AttentionBase):
                 bias[:, :d] = -math.inf
                 comp.position_bias.data = active_xp().asarray(bias)
             twice = exact.attend(Tensor(q), Tensor(v), Tensor(v)).numpy()
+        # what reading each key twice must equal: causal softmax attention on the same heads
         causal = dense_attention_array(q, v, v, host_xp.tri(n, dtype=bool))
         return [(f"decoding {n} tokens through a CompressedCache (5, 1, 7, 8) − full forward, "
                  "max |Δ|", float(host_xp.abs(steps - full).max()), 1e-12),
@@ -666,12 +676,15 @@ class CompressedSparseAttention(CompressedAttention):
         self.indexer_loss_weight = validate.nonnegative_real(
             indexer_loss_weight, "indexer_loss_weight", owner=who)
         heads = validate.positive_int(indexer_heads, "indexer_heads", owner=who)
+        # d_I: the indexer's queries and keys rotate their last rope_dim dims, as the layer's
         dim = max(16, self.rope_dim) if indexer_dim is None else \
             validate.positive_int(indexer_dim, "indexer_dim", owner=who)
         if dim < self.rope_dim:
             raise validate.OptionError(f"{who}: indexer_dim must be at least rope_dim "
                                        f"({self.rope_dim}): its last rope_dim dims rotate, got "
                                        f"{indexer_dim!r}")
+        # the standalone streams: q^I and ω read the merged query heads (E dims), the
+        # indexer's key compressor the mean key/value head (D dims)
         d = self.head_dim
         self.indexer = CompressedIndexer(embed_dim, embed_dim, d, heads, dim, self.top_k,
                                          self.compress, self.rope_dim, self.rope_base,

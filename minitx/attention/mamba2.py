@@ -88,6 +88,7 @@ from ..nn.hooks import HookPoint
 from ..nn.layers import Linear
 from ..nn.module import Module, Parameter
 from .base import hooked_heads, merge_heads, register, repeat_kv, repeat_kv_array, split_heads
+# the SSM is retention's decayed attention run in chunks, the state passed between them
 from .retention import RecurrentAttention, RecurrentState, decayed_chunk, run_in_chunks
 from .short_conv import causal_conv
 
@@ -247,6 +248,7 @@ class Mamba2(RecurrentAttention):
                  chunk_size: int = None, time_step_limit: tuple = (0.0, math.inf),
                  norm_eps: float = 1e-5, num_kv_heads: int = None, **base):
         who = "Mamba2"
+        # num_kv_heads is read as n_groups (G groups of B and C): both given, they must agree
         groups = [validate.positive_int(g, name, owner=who) for g, name in
                   ((n_groups, "n_groups"), (num_kv_heads, "num_kv_heads")) if g is not None]
         if len(set(groups)) > 1:
@@ -256,6 +258,7 @@ class Mamba2(RecurrentAttention):
         if isinstance(num_heads, int) and num_heads > 0 and num_heads % g_count:
             raise validate.OptionError(f"{who}: num_heads ({num_heads}) must be divisible by "
                                        f"n_groups ({g_count})")
+        # the base's projections at attention's sizes; q, k and v's replaced below by the SSM's
         super().__init__(embed_dim, num_heads, causal=causal, chunk_size=chunk_size,
                          num_kv_heads=g_count, **base)
         e, h = self.embed_dim, self.num_heads
@@ -404,12 +407,13 @@ class Mamba2(RecurrentAttention):
         x = g.standard_normal((2, 11, 12))
         layer = cls(12, 3, causal=True, state_size=5, n_groups=3).to(dtype="float64")
         with no_grad():
+            # the whole text at once, then through one state in steps of 5, 1, 1 and 4
             full = to_host(layer(Tensor(x)).data)
             cache = layer.new_cache()
             steps = host_xp.concatenate(
                 [to_host(layer(Tensor(x[:, t:t + s]), kv_cache=cache).data)
                  for t, s in ((0, 5), (5, 1), (6, 1), (7, 4))], axis=1)
-            layer.chunk_size = 3
+            layer.chunk_size = 3        # the same text in chunks of 3, the state between them
             chunked = to_host(layer(Tensor(x)).data)
         return [("decoding through a Mamba2State (a prompt of 5, then 1, 1, 4) − full causal "
                  "forward, max |Δ|", float(host_xp.abs(steps - full).max()), 1e-12),

@@ -156,8 +156,9 @@ class SharedKVAttention(ExactSelfAttention):
             raise validate.OptionError(f"{who}: a consumer's kv_cache must be a SharedKVCache "
                                        f"(from new_cache()), got {type(kv_cache).__name__}")
         if kv_cache is not None:
-            kv_cache.advance(n)
+            kv_cache.advance(n)          # the consumer's cache only counts; the keys are lent
         seen = n if kv_cache is None else len(kv_cache)
+        # keys of other tokens would be attended to silently: a stale source is an error
         if self.source.shared is None or self.source.shared[0].shape[2] != seen:
             held = None if self.source.shared is None else self.source.shared[0].shape[2]
             raise ValueError(f"{who}: the source layer must run first on the same tokens: "

@@ -102,8 +102,7 @@ COURSE = [
      "configuration becomes those switches.",
      ["minitx/models/decoder.py", "minitx/models/decoder_block.py",
       "minitx/models/decoder_attention.py", "minitx/models/block_features.py",
-      "minitx/models/attention_features.py", "minitx/models/latent_attention.py",
-      "docs/decoders.md"]),
+      "minitx/models/attention_features.py", "minitx/models/latent_attention.py"]),
     ("Today's decoders: each family a file",
      "A family is its difference from its parent, GPT-2 at the root: the switches it flips, "
      "its config.json keys and tensor names in one table each (read both ways), HF's "
@@ -114,6 +113,11 @@ COURSE = [
       *[f"minitx/models/families/{name}.py" for name in (
           "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3", "olmo2", "olmo3",
           "smollm3", "mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v32")]]),
+    ("Today's decoders: the families side by side",
+     "Every switch and what it changed since GPT-2, the real sizes counted from the "
+     "configurations, HF's tensor names and config.json keys against minitx's, and the parity "
+     "measured against transformers, family by family.",
+     ["docs/decoders.md"]),
     ("Today's decoders: the hybrids",
      "Layers that are recurrences among attention layers — Qwen3-Next's gated DeltaNet, "
      "Kimi Linear's KDA, MiniMax's lightning attention — as layer types of the one decoder; "
@@ -123,16 +127,32 @@ COURSE = [
       "minitx/models/mixers/lightning.py", "minitx/models/indexer.py",
       "minitx/models/families/qwen3_next.py", "minitx/models/families/kimi_linear.py",
       "minitx/models/families/minimax.py"]),
+    ("The attention of 2026: chunks, shared keys, compressed keys",
+     "Three ways the models of 2026 keep fewer keys: Llama 4's chunks, Gemma 4's keys shared "
+     "across layers, and DeepSeek-V4's compressed attention, a window beside entries pooled "
+     "over blocks of tokens, chosen by an indexer or all read.",
+     ["minitx/attention/chunked.py", "minitx/attention/shared_kv.py",
+      "minitx/attention/compressed.py"]),
+    ("The attention of 2026: blocks, convolutions, states, streams",
+     "Qwen4-Exp's block indexer, LFM2's gated short convolution, Mamba-2's selective state "
+     "space on SSD's chunks, and hyper-connections, the residual stream widened to n "
+     "streams.",
+     ["minitx/attention/block_indexer.py", "minitx/attention/short_conv.py",
+      "minitx/attention/mamba2.py", "minitx/nn/hyper_connections.py"]),
     ("Today's decoders: the families of 2026",
      "The families released in 2025 and 2026, each a file of its difference from its parent: "
      "MiniMax-M2 is Mixtral with OLMo 2's QK-norm, a rotated share and DeepSeek's sigmoid "
      "router; GLM-4.5 is DeepSeek-V3's experts under grouped-query attention; LFM2 is Llama "
-     "whose layers are mostly gated short convolutions; the new attention first, Llama 4's "
-     "chunked attention among it.",
-     ["minitx/attention/chunked.py", "minitx/attention/short_conv.py",
-      "minitx/models/mixers/short_conv.py",
+     "whose layers are mostly gated short convolutions; nanochat is Llama without gains; "
+     "Llama 4 chunks its rotary layers and warms its NoPE ones; Gemma 4 shares keys across "
+     "layers; Qwen3.5 and OLMo-Hybrid are gated-DeltaNet hybrids. Then where the KV cache "
+     "went, from MHA to a fixed state.",
+     ["minitx/models/mixers/short_conv.py", "minitx/models/mixers/mamba2.py",
       "minitx/models/families/minimax_m2.py", "minitx/models/families/glm4_moe.py",
-      "minitx/models/families/lfm2.py"]),
+      "minitx/models/families/lfm2.py", "minitx/models/families/nanochat.py",
+      "minitx/models/families/llama4.py", "minitx/models/families/gemma4.py",
+      "minitx/models/families/qwen3_5.py", "minitx/models/families/olmo_hybrid.py",
+      "notebooks/10_where_the_kv_cache_went.py"]),
     ("Efficient attention: sparse patterns", "Exact attention under a sparsity mask.",
      ["minitx/attention/sparse.py"]),
     ("Efficient attention: low rank",

@@ -61,6 +61,7 @@ NOTEBOOKS = (
     "notebooks/07_choosing_keys.py",
     "notebooks/08_state_against_n.py",
     "notebooks/09_inside_a_real_llm.py",
+    "notebooks/10_where_the_kv_cache_went.py",
 )
 
 KERNEL_NAME = "python3"          # ipykernel's kernel: jupyter_client runs it with sys.executable

@@ -165,7 +165,7 @@ def test_hooks_see_the_indexer_and_the_pattern():
     q, k, v = qkv(14, b=2, h=H, d=D, seed=5)
     read, pooled, scores, chosen = selection_by_hand(lay, q, k)
     seen = {}
-    for name in ("hook_pooled_keys", "hook_block_scores", "hook_selection", "hook_mask",
+    for name in ("hook_pooled_keys", "hook_block_scores", "hook_selection", "hook_keys_read",
                  "hook_pattern"):
         getattr(lay, name).add_hook(lambda t, hook, name=name:
                                     seen.__setitem__(name, to_host(t)))
@@ -173,7 +173,7 @@ def test_hooks_see_the_indexer_and_the_pattern():
     assert_close(seen["hook_pooled_keys"], pooled, atol=1e-12)
     assert_close(seen["hook_block_scores"], scores, atol=1e-12)     # −inf where not complete
     assert_equal(seen["hook_selection"], chosen)
-    assert_equal(seen["hook_mask"], read)
+    assert_equal(seen["hook_keys_read"], read)
     pattern = seen["hook_pattern"]
     assert pattern.shape == (2, H, 14, 14) and np.all(pattern[~np.broadcast_to(
         read[:, None], pattern.shape)] == 0)

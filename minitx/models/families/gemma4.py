@@ -26,14 +26,18 @@ _UNUSED = ("k_proj", "v_proj", "k_norm", "v_norm")
 
 class Gemma4(Gemma3):
     model_type = "gemma4_text"
+    # plain gains, values normalised, a scalar on each layer's output, the scores unscaled
     switches = dict(norm_unit_offset=False, v_norm=True, layer_scalars=True,
                     query_pre_attn_scalar=1.0)
+    # the global layers' own sizes, K = V, the borrowing layers and their wider MLPs
     keys = {"query_pre_attn_scalar": None, "global_head_dim": "full_head_dim",
             "num_global_key_value_heads": "full_kv_heads",
             "attention_k_eq_v": "attention_k_eq_v", "num_kv_shared_layers": "kv_shared_layers",
             "use_double_wide_mlp": "double_wide_mlp"}
+    # the refused parts' sizes: accepted, as they size nothing while those parts are off
     reads = {*UNIMPLEMENTED, "vocab_size_per_layer_input", "num_experts", "top_k_experts",
              "moe_intermediate_size"}
+    # HF's Gemma4TextConfig defaults (transformers 5.24)
     defaults = dict(query_pre_attn_scalar=None, num_key_value_heads=4, head_dim=256,
                     sliding_window=512,
                     max_position_embeddings=131072, intermediate_size=9216,
@@ -49,7 +53,7 @@ class Gemma4(Gemma3):
         # a Gemma 4 31B-shaped dense model is not in HF's class defaults: the class describes
         # E2B-like per-layer embeddings, which minitx refuses; the preset is the class's
         # attention and MLP geometry with the embeddings off
-        "Gemma-4 (HF class geometry, no per-layer embeddings)": (
+        "Gemma-4 (HF class)": (
             "transformers 5.24 Gemma4TextConfig defaults, hidden_size_per_layer_input=0",
             dict(vocab_size=262144, hidden_size=2304, intermediate_size=9216,
                  num_hidden_layers=30, num_attention_heads=8, num_key_value_heads=4,
@@ -66,6 +70,7 @@ class Gemma4(Gemma3):
         per_layer = cfg.pop("per_layer_config", None)
         if not per_layer:
             return cfg
+        # minitx's global layers share one size: every full layer, and only those, the same
         types = cfg.get("layer_types") or []
         full = {i for i, t in enumerate(types) if t == "full_attention"}
         sizes = {tuple(sorted(v.items())) for v in per_layer.values()}
@@ -75,6 +80,7 @@ class Gemma4(Gemma3):
             fail(source, "per_layer_config must give every full_attention layer, and only "
                          "those, the same head_dim and num_key_value_heads (minitx's global "
                          f"layers share one size), got {per_layer!r}")
+        # that one size, as the two keys the rest of the family reads
         one = dict(next(iter(sizes)))
         cfg["global_head_dim"] = one.get("head_dim", cfg.get("head_dim"))
         if "num_key_value_heads" in one:

@@ -29,15 +29,20 @@ EXTRA_DEFAULTS = dict(use_qk_norm=True, attn_temperature_tuning=True, floor_scal
 class Llama4(Llama):
     model_type = "llama4_text"
     switches = dict(mlp="moe", rope_interleave=True)
+    # the dense layers' width is intermediate_size_mlp; intermediate_size, each expert's, is
+    # read with the experts
     keys = {"intermediate_size": None, "intermediate_size_mlp": "ffn_hidden", "mlp_bias": None,
             "attention_chunk_size": "attention_chunk_size"}
     reads = {"no_rope_layers", "moe_layers", "intermediate_size", *EXPERT_KEYS,
              *EXTRA_DEFAULTS}
+    # HF's Llama4TextConfig defaults (transformers 5.24)
     defaults = dict(intermediate_size=8192, intermediate_size_mlp=16384, head_dim=128,
                     num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
                     num_local_experts=16, num_experts_per_tok=1, router_aux_loss_coef=0.001,
                     attention_chunk_size=8192, **EXTRA_DEFAULTS)
     theta = 500_000.0
+    # HF's expert keys; the files hold the experts as (n, E, 2I) and (n, I, E), the router
+    # under ``router``
     experts_key, expert_width_key = "num_local_experts", "intermediate_size"
     expert_layout = "transposed"
     router_module = "router"

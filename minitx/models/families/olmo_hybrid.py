@@ -98,6 +98,8 @@ class OlmoHybrid(Olmo3):
         """``layer_types``, else HF's default (module docstring); HF refuses a model without
         a DeltaNet layer or without an attention layer, and so does minitx."""
         types = cfg.get("layer_types")
+        # HF's default: three DeltaNet layers to one attention layer, the last attending if
+        # none does
         if types is None:
             types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(n)]
             if "full_attention" not in types:
@@ -111,12 +113,13 @@ class OlmoHybrid(Olmo3):
         return None, tuple(_NAMES[t] for t in types)
 
     def write_layers(self, c):
-        back = {v: k for k, v in _NAMES.items()}
+        back = {v: k for k, v in _NAMES.items()}            # minitx's layer names → HF's
         return {"layer_types": [back.get(t, t) for t in c.layer_types]}
 
     def read_extra(self, cfg, n, fields, source):
         """The DeltaNet's options (HF's defaults from the attention's sizes), and no
         positions when the rope has no θ."""
+        # HF's defaults: H_k = H_v = H, D_k = ⌊0.75·E/H_k⌋, D_v = 2·D_k
         hk = cfg.get("linear_num_key_heads") or fields["num_heads"]
         dk = cfg.get("linear_key_head_dim") or int(0.75 * fields["hidden_size"] / hk)
         sizes = {"linear_num_key_heads": hk, "linear_key_head_dim": dk,
@@ -125,6 +128,7 @@ class OlmoHybrid(Olmo3):
                  "linear_value_head_dim": cfg.get("linear_value_head_dim") or 2 * dk,
                  "linear_conv_kernel_dim": cfg["linear_conv_kernel_dim"],
                  "linear_allow_neg_eigval": bool(cfg["linear_allow_neg_eigval"])}
+        # Qwen3.5's split layout (four matrices, q, k, v stacked); the gated norm's eps FLA's
         out = {"mixer_options": {"gated_deltanet": {
             **{LINEAR_KEYS[k]: v for k, v in sizes.items()}, "projections": "split",
             "norm_eps": GATED_NORM_EPS}}}
@@ -143,12 +147,14 @@ class OlmoHybrid(Olmo3):
         the files' names, an attention layer's under the module's; the convolution as one;
         q, k, v's projections stacked as ``in_proj_qkv``."""
         types = model.config.layer_types
+        # each layer's tensor renamed to the table's spelling; q, k and v's pieces set aside
         out, pieces = {}, {}
         for key, value in tensors.items():
             stem, i, rest = _split_key(key)
             if stem is None:
                 out[key] = value
                 continue
+            # a norm's name means another module in each kind of layer (module docstring)
             linear = i < len(types) and types[i] == "gated_deltanet"
             rest = (_LINEAR_NORMS if linear else _ATTENTION_NORMS).get(rest, rest)
             piece = next(((kind, p) for p in _QKV for kind in ("proj", "conv1d")
@@ -157,6 +163,7 @@ class OlmoHybrid(Olmo3):
                 out[stem + rest] = value
             else:
                 pieces.setdefault((stem, piece[0]), {})[piece[1]] = value
+        # then each layer's q, k, v stacked along the rows, once all three are there
         for (stem, kind), got in pieces.items():
             if set(got) != set(_QKV):
                 fail(source, f"{stem}linear_attn: the {kind} of "

@@ -106,6 +106,7 @@ def mixer_options(c) -> dict:
                           ("head_k_dim", c.head_dim), ("head_v_dim", c.head_dim)):
         o[name] = default if o[name] is None else validate.positive_int(o[name], name,
                                                                         owner=who)
+    # each key head is repeated for a group of value heads, as GQA's keys for its queries
     if o["num_v_heads"] % o["num_k_heads"]:
         raise validate.OptionError(f"{who}: num_v_heads ({o['num_v_heads']}) must be a "
                                    f"multiple of num_k_heads ({o['num_k_heads']})")

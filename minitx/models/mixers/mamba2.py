@@ -62,11 +62,13 @@ OPTIONS = {"num_heads": None, "head_dim": None, "state_size": 128, "n_groups": 1
 def mixer_options(c) -> dict:
     """``c.mixer_options["mamba2"]`` checked, the defaults filled in."""
     o, who = given_options(c, "mamba2", OPTIONS)
+    # H and P default to the attention layers' (H, D)
     for name, default in (("num_heads", c.num_heads), ("head_dim", c.head_dim)):
         o[name] = default if o[name] is None else validate.positive_int(o[name], name,
                                                                         owner=who)
     for name in ("state_size", "n_groups", "conv_kernel", "chunk_size"):
         o[name] = validate.positive_int(o[name], name, owner=who)
+    # each group's B and C are read by H/G heads, as GQA's keys by a group of queries
     if o["num_heads"] % o["n_groups"]:
         raise validate.OptionError(f"{who}: num_heads ({o['num_heads']}) must be a multiple "
                                    f"of n_groups ({o['n_groups']})")
