@@ -45,6 +45,11 @@ limit $L = 7$, $\alpha = 1.702$, with biases):
 $$g = \min(W^g_e x + b^g_e,\ L), \qquad u = \mathrm{clip}(W^u_e x + b^u_e,\ -L,\ L), \qquad
 f_e(x) = W^d_e \big( g\, \sigma(\alpha g) \odot (u + 1) \big) + b^d_e$$
 
+Nemotron-H's experts, and its shared expert, have no gate (``"relu2"``):
+$f_e(x) = W^d_e \max(W^u_e x, 0)^2$. Its MoE may also run the experts in a narrower latent
+space (``latent_size`` L): their input is $W_1 x$ (E → L) and their weighted sum goes back
+through $W_2$ (L → E); the router and the shared expert read x itself.
+
 **4. The output**: the chosen experts' outputs, weighted, plus the shared expert $f_s$ that
 every token goes through (DeepSeek-V3; Qwen2-MoE gates it with a sigmoid of $w_s \cdot x$):
 
@@ -97,7 +102,7 @@ from ..autograd.function import Function
 from ..autograd.tensor import Tensor
 from ..backend import get_array_module, to_device_of
 from . import init
-from .decoder_layers import GatedMLP
+from .decoder_layers import DenseMLP, GatedMLP
 from .hooks import HookPoint
 from .layers import Linear
 from .module import Module, Parameter
@@ -108,7 +113,7 @@ __all__ = ["MoE", "Router", "Experts", "SharedExpert", "softmax_topk", "topk_sof
            "grouped_linear", "ROUTERS", "EXPERT_KINDS"]
 
 ROUTERS = ("softmax", "topk_softmax", "sigmoid_grouped", "topk_sigmoid")
-EXPERT_KINDS = ("swiglu", "clamped_swiglu")
+EXPERT_KINDS = ("swiglu", "clamped_swiglu", "relu2")
 
 
 # ---- the three routers, as functions of the logits (T, n) → weights (T, k), choices (T, k) --
@@ -419,10 +424,17 @@ class Experts(Module):
         self.alpha = validate.positive_real(swiglu_alpha, "swiglu_alpha", owner=who)
         # the weights of all n experts stacked on a leading axis: (n, out, in) each
         dt = _float_dtype(dtype, who)
-        self.gate_proj = _uniform((n, i, e), e, dt)
+        gated = self.kind != "relu2"           # Nemotron-H's experts have no gate
+        if gated:
+            self.gate_proj = _uniform((n, i, e), e, dt)
+        else:
+            self.register_parameter("gate_proj", None)
         self.up_proj = _uniform((n, i, e), e, dt)
         self.down_proj = _uniform((n, e, i), i, dt)
         if validate.boolean(bias, "bias", owner=who):          # gpt-oss's experts have biases
+            if not gated:
+                raise validate.OptionError(f"{who}: bias is gpt-oss's, on gated experts; got "
+                                           "bias=True with kind 'relu2'")
             self.gate_proj_bias = _uniform((n, i), e, dt)
             self.up_proj_bias = _uniform((n, i), e, dt)
             self.down_proj_bias = _uniform((n, e), i, dt)
@@ -437,7 +449,9 @@ class Experts(Module):
 
     def _hidden(self, g: Tensor, u: Tensor) -> Tensor:
         """The activation between the two halves and the down projection: silu(g) ⊙ u, or
-        gpt-oss's clamped form (module docstring, step 3)."""
+        gpt-oss's clamped form (module docstring, step 3), or max(u, 0)² without a gate."""
+        if self.kind == "relu2":
+            return F.relu(u) ** 2
         if self.kind == "swiglu":
             return F.silu(g) * u
         g = F.clip(g, max=self.limit)
@@ -446,7 +460,8 @@ class Experts(Module):
 
     def expert(self, e: int, x: Tensor) -> Tensor:
         """Expert e on its tokens: x (m, E) → (m, E)."""
-        g = F.linear(x, self.gate_proj[e], self._bias("gate_proj_bias", e))    # (m, I)
+        g = None if self.gate_proj is None else \
+            F.linear(x, self.gate_proj[e], self._bias("gate_proj_bias", e))    # (m, I)
         u = F.linear(x, self.up_proj[e], self._bias("up_proj_bias", e))        # (m, I)
         return F.linear(self._hidden(g, u), self.down_proj[e],
                         self._bias("down_proj_bias", e))                        # (m, E)
@@ -465,7 +480,8 @@ class Experts(Module):
         if on_input:                                       # each pair's weight on its input
             routed = routed * F.reshape(weights, (t * k, 1))[order]
         # the experts, each on its block of rows: three grouped products
-        g = grouped_linear(routed, self.gate_proj, counts, self.gate_proj_bias)    # (T·k, I)
+        g = None if self.gate_proj is None else \
+            grouped_linear(routed, self.gate_proj, counts, self.gate_proj_bias)    # (T·k, I)
         u = grouped_linear(routed, self.up_proj, counts, self.up_proj_bias)        # (T·k, I)
         y = grouped_linear(self._hidden(g, u), self.down_proj, counts,
                            self.down_proj_bias)                                    # (T·k, E)
@@ -511,9 +527,11 @@ class MoE(Module):
       ``router_bias``: a bias on the router's logits (gpt-oss).
       ``n_group``, ``topk_group``: group-limited routing ("sigmoid_grouped" only).
       ``routed_scaling_factor`` ρ: a factor on every routed weight.
-    - ``expert``: "swiglu" or "clamped_swiglu" (gpt-oss; ``swiglu_limit`` 7.0, ``swiglu_alpha``
-      1.702 by default, options of that kind only). ``expert_bias``: biases in the experts
-      (gpt-oss).
+    - ``expert``: "swiglu", "clamped_swiglu" (gpt-oss; ``swiglu_limit`` 7.0, ``swiglu_alpha``
+      1.702 by default, options of that kind only) or "relu2" (Nemotron-H: no gate, and a
+      shared expert without one too). ``expert_bias``: biases in the experts (gpt-oss).
+      ``latent_size`` L (Nemotron-H): the experts run on ``fc1_latent_proj`` x (E → L) and
+      ``fc2_latent_proj`` maps their sum back, biases with ``latent_bias``.
     - A shared expert, one SwiGLU MLP every token goes through: ``n_shared_experts`` s
       (DeepSeek-V3: width s·I) or ``shared_intermediate_size`` (Qwen2-MoE: that width), not
       both; ``shared_expert_gate``: scale its output by σ(w_s · x) (Qwen2-MoE).
@@ -542,8 +560,8 @@ class MoE(Module):
                  n_group: int = 1, topk_group: int = 1, routed_scaling_factor: float = 1.0,
                  expert: str = "swiglu", expert_bias: bool = False, swiglu_limit=None,
                  swiglu_alpha=None, n_shared_experts: int = 0, shared_intermediate_size=None,
-                 shared_expert_gate: bool = False, weights_on_input: bool = False, device=None,
-                 dtype=None):
+                 shared_expert_gate: bool = False, weights_on_input: bool = False,
+                 latent_size=None, latent_bias: bool = False, device=None, dtype=None):
         super().__init__()
         who = "MoE"
         # the clamped SwiGLU's constants go with that expert kind only
@@ -559,14 +577,28 @@ class MoE(Module):
         self.hook_expert_indices = HookPoint()         # (B·N, k) integers
         self.hook_expert_weights = HookPoint()         # (B·N, k)
         self.hook_tokens_per_expert = HookPoint()      # (n,) integers, read-only
-        self.experts = Experts(num_experts, hidden_size, intermediate_size, expert, expert_bias,
+        # Nemotron-H's latent space: the experts between two projections, E → L → E
+        if latent_size is None:
+            self.fc1_latent_proj = self.fc2_latent_proj = None
+            inner = hidden_size
+        else:
+            inner = validate.positive_int(latent_size, "latent_size", owner=who)
+            bias = validate.boolean(latent_bias, "latent_bias", owner=who)
+            self.fc1_latent_proj = Linear(hidden_size, inner, bias=bias, dtype=dtype)
+            self.fc2_latent_proj = Linear(inner, hidden_size, bias=bias, dtype=dtype)
+        self.experts = Experts(num_experts, inner, intermediate_size, expert, expert_bias,
                                7.0 if swiglu_limit is None else swiglu_limit,
                                1.702 if swiglu_alpha is None else swiglu_alpha, dtype=dtype)
         # the shared expert (DeepSeek-V3, Qwen2-MoE) and its optional sigmoid gate
         width = self._shared_width(who, intermediate_size, n_shared_experts,
                                    shared_intermediate_size)
-        self.shared_expert = None if width is None else SharedExpert(hidden_size, width,
-                                                                     dtype=dtype)
+        if width is None:
+            self.shared_expert = None
+        elif expert == "relu2":                # Nemotron-H's shared expert has no gate either
+            self.shared_expert = DenseMLP(hidden_size, width, "relu2", bias=False)
+            self.shared_expert._factory(None, dtype)
+        else:
+            self.shared_expert = SharedExpert(hidden_size, width, dtype=dtype)
         if validate.boolean(shared_expert_gate, "shared_expert_gate", owner=who):
             if width is None:
                 raise validate.OptionError(f"{who}: shared_expert_gate needs a shared expert "
@@ -620,7 +652,10 @@ class MoE(Module):
             raise ValueError("MoE: hook_tokens_per_expert is read-only (the counts follow from "
                              "the choices): change hook_expert_indices instead")
         self.router_logits, self.tokens_per_expert = logits, counts
-        y = self.experts(h, indices, weights, self.weights_on_input)   # (T, E)
+        inner = h if self.fc1_latent_proj is None else self.fc1_latent_proj(h)    # (T, L)
+        y = self.experts(inner, indices, weights, self.weights_on_input)   # (T, L)
+        if self.fc2_latent_proj is not None:
+            y = self.fc2_latent_proj(y)                                # (T, E)
         if self.shared_expert is not None:
             shared = self.shared_expert(h)
             if self.shared_expert_gate is not None:

@@ -82,8 +82,10 @@ def reference_expert(x, p, e, kind="swiglu", limit=7.0, alpha=1.702):
     """Expert e on every token: x (T, E) → (T, E), from the host parameter arrays ``p``."""
     def bias(name):
         return p[name][e] if name in p else 0.0
-    g = x @ p["experts.gate_proj"][e].T + bias("experts.gate_proj_bias")
     u = x @ p["experts.up_proj"][e].T + bias("experts.up_proj_bias")
+    if kind == "relu2":                         # Nemotron-H: no gate
+        return np.maximum(u, 0) ** 2 @ p["experts.down_proj"][e].T
+    g = x @ p["experts.gate_proj"][e].T + bias("experts.gate_proj_bias")
     if kind == "swiglu":
         h = g * sigmoid(g) * u
     else:
@@ -103,11 +105,19 @@ def reference_moe(x, p, kind, k, expert="swiglu", limit=7.0, on_input=False, **r
     w, margin = reference_route(logits, kind, k, bias=p.get("router.e_score_correction_bias"),
                                 **route)
     n = p["router.weight"].shape[0]
+    routed_in = h if "fc1_latent_proj.weight" not in p else h @ p["fc1_latent_proj.weight"].T
+    h, h_in = routed_in, h                      # the experts' input; the router's and shared
     if on_input:
         y = sum(reference_expert(w[:, j:j + 1] * h, p, j, expert, limit) for j in range(n))
     else:
         every = np.stack([reference_expert(h, p, j, expert, limit) for j in range(n)], axis=1)
         y = np.einsum("tn,tne->te", w, every)
+    if "fc2_latent_proj.weight" in p:           # back from the latent space
+        y = y @ p["fc2_latent_proj.weight"].T
+    h = h_in
+    if "shared_expert.up_proj.weight" in p and "shared_expert.gate_proj.weight" not in p:
+        y = y + np.maximum(h @ p["shared_expert.up_proj.weight"].T, 0) ** 2 \
+            @ p["shared_expert.down_proj.weight"].T
     if "shared_expert.gate_proj.weight" in p:
         g = h @ p["shared_expert.gate_proj.weight"].T
         s = (g * sigmoid(g) * (h @ p["shared_expert.up_proj.weight"].T)) \
@@ -139,6 +149,8 @@ FAMILIES = {   # (router options, expert options), one tiny block of each family
                               shared_intermediate_size=5, shared_expert_gate=True),
     "llama4": dict(router="topk_sigmoid", norm_topk_prob=False, weights_on_input=True,
                    shared_intermediate_size=4),
+    "nemotron_h": dict(router="sigmoid_grouped", n_group=2, topk_group=1, expert="relu2",
+                       shared_intermediate_size=5, latent_size=3, routed_scaling_factor=1.5),
 }
 
 
@@ -502,6 +514,8 @@ def test_float32_in_float32_out():
     (dict(router="topk_softmax", norm_topk_prob=False), "norm_topk_prob"),
     (dict(router="topk_sigmoid"), "norm_topk_prob"),
     (dict(weights_on_input="yes"), "weights_on_input"),
+    (dict(latent_size=0), "latent_size"),
+    (dict(expert="relu2", expert_bias=True), "bias.*relu2"),
     (dict(swiglu_limit=7.0), "swiglu_limit"),
     (dict(n_shared_experts=1, shared_intermediate_size=4), "shared_intermediate_size"),
     (dict(shared_expert_gate=True), "shared_expert_gate"),
