@@ -6,6 +6,8 @@ one subclass each, and the choice of each layer's token mixer. ``block_class`` a
   inside the residual, h + Norm(F(h)).
 - ``Sandwich`` (``norm_placement="sandwich"``, Gemma 3): a norm on both sides,
   h + Norm'(F(Norm h)) (four norms per layer).
+- ``OneSublayer`` (``single_sublayer``, Nemotron-H): a layer is one norm and one sublayer,
+  its mixer or, for the layer types "mlp" and "moe", its MLP: h + F(Norm h).
 - ``ScaledResidual`` (``residual_scales``, MiniMax): the residual is the normalised input,
   each term weighted per layer, for the attention (α₁, β₁) and the MLP (α₂, β₂):
 
@@ -25,14 +27,17 @@ from typing import TYPE_CHECKING
 from ..nn.module import Module
 from .attention_features import attention_class
 from .decoder_attention import norm_layer
-from .decoder_block import DecoderBlock
+from ..attention import SharedKVCache
+from ..nn.hooks import HookPoint
+from .decoder_block import DecoderBlock, layer_mlp
 from .latent_attention import LatentDecoderAttention
 from .mixers import MIXERS
 
 if TYPE_CHECKING:                       # a type only: decoder.py imports this module
     from .decoder import DecoderConfig
 
-__all__ = ["PostNorm", "Sandwich", "ScaledResidual", "block_class", "layer_mixer"]
+__all__ = ["PostNorm", "Sandwich", "OneSublayer", "ScaledResidual", "block_class",
+           "layer_mixer"]
 
 
 class PostNorm(DecoderBlock):
@@ -68,6 +73,37 @@ class Sandwich(DecoderBlock):
         return self.hook_resid_post(x + self.hook_mlp_out(self.ln2_post(m)))
 
 
+class OneSublayer(Module):
+    """``ln1``, then the mixer ``attn`` or (an "mlp" or "moe" layer) ``mlp``, the other None.
+    Hook points: ``hook_resid_pre``, ``hook_attn_out`` or ``hook_mlp_out``,
+    ``hook_resid_post``. An MLP layer's cache counts tokens and holds nothing."""
+
+    def __init__(self, c: DecoderConfig, attn: Module, index: int = 0):
+        super().__init__()
+        self.ln1 = norm_layer(c, c.hidden_size)
+        ffn = c.layer_types[index] in ("mlp", "moe")      # a layer of MLP only
+        self.attn = None if ffn else attn
+        self.mlp = layer_mlp(c, index) if ffn else None
+        names = ("resid_pre", "mlp_out" if ffn else "attn_out", "resid_post")
+        for name in names:
+            setattr(self, f"hook_{name}", HookPoint())
+
+    def new_cache(self):
+        # an MLP layer keeps nothing; its cache still counts tokens, as the others' do
+        return SharedKVCache() if self.attn is None else self.attn.new_cache()
+
+    def forward(self, x, kv_cache=None, keep=None, positions=None):
+        x = self.hook_resid_pre(x)
+        h = self.ln1(x)
+        if self.attn is not None:
+            out = self.hook_attn_out(self.attn(h, kv_cache, keep, positions))
+        else:
+            if kv_cache is not None:           # the layer count of tokens, as every cache's
+                kv_cache.advance(x.shape[1])
+            out = self.hook_mlp_out(self.mlp(h))
+        return self.hook_resid_post(x + out)
+
+
 class ScaledResidual(DecoderBlock):
     """``scales`` = this layer's (α₁, β₁, α₂, β₂) from ``residual_scales``."""
 
@@ -95,6 +131,8 @@ def block_class(c: DecoderConfig):
     mixer layers among them, those are built as the plain block (module docstring)."""
     if c.residual_scales is not None:
         return ScaledResidual
+    if c.single_sublayer:
+        return OneSublayer
     placed = {"pre": DecoderBlock, "post": PostNorm, "sandwich": Sandwich}[c.norm_placement]
     if placed is DecoderBlock or not set(c.layer_types or ()) & set(MIXERS):
         return placed
@@ -109,6 +147,8 @@ def layer_mixer(c: DecoderConfig, index: int) -> Module:
     DeepSeek's latent attention (``attention="mla"``), or softmax attention with the
     additions ``attention_features.attention_class`` composes, full or sliding."""
     layer_type = c.layer_types[index]
+    if layer_type in ("mlp", "moe"):                   # a layer with no mixer (Nemotron-H)
+        return None
     if layer_type in MIXERS:
         return MIXERS[layer_type](c, index)
     if c.attention == "mla":

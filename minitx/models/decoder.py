@@ -45,6 +45,8 @@ What changed since, each one switch of ``DecoderConfig`` (its reason in brackets
   layers among MLA layers with ``positions="none"``).
 - ``attn_temperature`` (F, α): Llama 4 multiplies the queries of its NoPE layers by
   1 + α·ln(1 + ⌊(m + 1)/F⌋) at position m, so that far tokens do not flatten the softmax.
+- ``single_sublayer``: each layer is one norm and one sublayer (Nemotron-H): its mixer, or
+  for the layer types ``"mlp"`` and ``"moe"`` its MLP, h ← h + F(Norm h).
 - ``kv_shared_layers`` n: the last n layers keep their queries but read the keys and values
   of the last earlier layer of their own type (Gemma 4; ``attention/shared_kv.py``), so only
   the first L − n layers cache anything; ``double_wide_mlp`` doubles those layers' MLP.
@@ -129,6 +131,8 @@ POSITIONS = ("rope", "learned", "none")
 QK_NORMS = (None, "head", "proj", "after_rope")
 ATTENTIONS = ("gqa", "mla")
 LAYER_TYPES = ("full", "sliding", "chunked")
+# the layer types of a decoder whose layers are one sublayer each (``single_sublayer``)
+FFN_LAYERS = ("mlp", "moe")
 
 
 @validate.catch_unknown_options     # DecoderConfig(n_heads=4): "... did you mean 'num_heads'?"
@@ -150,6 +154,8 @@ class DecoderConfig:
     ``attn_temperature`` (floor F, strength α): their queries' temperature (Llama 4).
     ``attention_chunk_size``: the chunk C of "chunked" layers. ``norm_weightless``: every
     RMSNorm without its gain; ``embed_norm``: a norm on the embeddings before the first layer.
+    ``single_sublayer``: each layer is one norm and one sublayer (Nemotron-H), its mixer or,
+    for the layer types "mlp" and "moe", its MLP or mixture of experts.
     ``kv_shared_layers``: how many last layers borrow an earlier layer's keys and values
     (``double_wide_mlp``: theirs of width 2F). Gemma 4: ``full_head_dim``, ``full_kv_heads``
     (None: D, Hkv) for the "full" layers, ``attention_k_eq_v``, ``v_norm``,
@@ -182,6 +188,7 @@ class DecoderConfig:
     norm_bias: bool = False
     norm_weightless: bool = False
     embed_norm: bool = False
+    single_sublayer: bool = False
     residual_scales: tuple = None
     # the MLP and the biases
     mlp: str = "swiglu"
@@ -271,7 +278,12 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     if c.layer_types is None:
         c.layer_types = ("sliding" if c.sliding_window else "full",) * c.num_layers
     c.layer_types = tuple(c.layer_types)
-    known = (*LAYER_TYPES, *sorted(MIXERS))
+    known = (*LAYER_TYPES, *FFN_LAYERS, *sorted(MIXERS))
+    validate.boolean(c.single_sublayer, "single_sublayer", owner=who)
+    if set(c.layer_types) & set(FFN_LAYERS) and not c.single_sublayer:
+        raise validate.OptionError(f"{who}: the layer types {FFN_LAYERS} are the layers of "
+                                   "a decoder of one sublayer per layer: they need "
+                                   f"single_sublayer=True, got {c.layer_types!r}")
     if len(c.layer_types) != c.num_layers or not set(c.layer_types) <= set(known):
         raise validate.OptionError(f"{who}: layer_types must give one of {known} for each "
                                    f"of the {c.num_layers} layers, got {c.layer_types!r}")
@@ -333,6 +345,8 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     validate.boolean(c.attn_output_gate, "attn_output_gate", owner=who)
     if c.mlp == "moe" and (c.num_experts is None or c.top_k is None):
         raise validate.OptionError(f"{who}: mlp='moe' needs num_experts and top_k")
+    if "moe" in c.layer_types and (c.num_experts is None or c.top_k is None):
+        raise validate.OptionError(f"{who}: 'moe' layers need num_experts and top_k")
     # MLA's sizes; DeepSeek's attention has none of the other attention switches
     if c.attention == "mla":
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
@@ -349,7 +363,7 @@ def check_config(c: DecoderConfig) -> DecoderConfig:
     # the experts' width (default F, and only where there are experts), and the dense layers
     if c.expert_hidden is not None:
         validate.positive_int(c.expert_hidden, "expert_hidden", owner=who)
-    elif c.mlp == "moe":
+    elif c.mlp == "moe" or "moe" in c.layer_types:
         c.expert_hidden = c.ffn_hidden
     for name in ("dense_layers", "nope_layers"):
         setattr(c, name, tuple(validate.integer(i, name, minimum=0, maximum=c.num_layers - 1,
@@ -384,7 +398,7 @@ def count_parameters(config: DecoderConfig) -> dict:
     head); equal to "total" for a dense model. Buffers (DeepSeek-V3's correction bias) are
     not parameters."""
     c = check_config(dataclasses.replace(config))
-    e, h, f = c.hidden_size, c.num_heads, c.ffn_hidden
+    e, h = c.hidden_size, c.num_heads
     per_dim = 0 if c.norm_weightless else \
         2 if c.norm == "layernorm" and c.norm_bias else 1               # gain (and bias)
     norm = e * per_dim
@@ -419,14 +433,18 @@ def count_parameters(config: DecoderConfig) -> dict:
     def dense_mlp(i):
         w = layer_mlp_width(c, i)
         return mats * e * w + ((mats - 1) * w + e) * c.mlp_bias
-    norms_per_layer = 4 if c.norm_placement == "sandwich" else 2
+    norms_per_layer = 1 if c.single_sublayer else 4 if c.norm_placement == "sandwich" else 2
     norm_layers = 1 + c.embed_norm                # the final norm, the embeddings' norm
-    mixing = sum(MIXERS[t].parameter_count(c) if t in MIXERS else
+    mixing = sum(MIXERS[t].parameter_count(c) if t in MIXERS else 0 if t in FFN_LAYERS else
                  attn if c.attention == "mla" else attention(i)
                  for i, t in enumerate(c.layer_types))
-    moe_layers = 0 if c.mlp != "moe" else c.num_layers - len(set(c.dense_layers))
+    if c.single_sublayer:                        # Nemotron-H: an MLP only where a layer is one
+        moe_layers = c.layer_types.count("moe")
+        dense = [i for i, t in enumerate(c.layer_types) if t == "mlp"]
+    else:
+        moe_layers = 0 if c.mlp != "moe" else c.num_layers - len(set(c.dense_layers))
+        dense = [i for i in range(c.num_layers) if c.mlp != "moe" or i in c.dense_layers]
     moe, skipped = _count_moe(c) if moe_layers else (0, 0)
-    dense = [i for i in range(c.num_layers) if c.mlp != "moe" or i in c.dense_layers]
     embedding = c.vocab_size * e * (1 if c.tie_embeddings else 2)
     positions = c.max_position * e if c.positions == "learned" else 0
     non_embedding = (mixing + c.num_layers * norms_per_layer * norm
@@ -440,11 +458,16 @@ def count_parameters(config: DecoderConfig) -> dict:
 def _count_moe(c: DecoderConfig):
     """(parameters of one MoE layer, those a token skips: its n − k unchosen experts)."""
     o, e, i = c.moe_options, c.hidden_size, c.expert_hidden
-    expert = 3 * e * i + (2 * i + e) * bool(o.get("expert_bias"))
+    mats = 2 if o.get("expert") == "relu2" else 3          # Nemotron-H's have no gate
+    inner = o.get("latent_size") or e                      # the experts' width in and out
+    latent = 0 if not o.get("latent_size") else \
+        2 * e * inner + (inner + e) * bool(o.get("latent_bias"))
+    expert = mats * inner * i + (2 * i + inner) * bool(o.get("expert_bias"))
     router = c.num_experts * (e + bool(o.get("router_bias")))
     shared = o.get("shared_intermediate_size") or o.get("n_shared_experts", 0) * i
-    shared = 3 * e * shared + e * bool(o.get("shared_expert_gate"))
-    return router + c.num_experts * expert + shared, (c.num_experts - c.top_k) * expert
+    shared = mats * e * shared + e * bool(o.get("shared_expert_gate"))
+    return (router + latent + c.num_experts * expert + shared,
+            (c.num_experts - c.top_k) * expert)
 
 
 def kv_cache_bytes(config: DecoderConfig, tokens: int = 1, bytes_per_number: int = 2) -> int:
@@ -459,6 +482,7 @@ def kv_cache_bytes(config: DecoderConfig, tokens: int = 1, bytes_per_number: int
     tokens = validate.nonnegative_int(tokens, "tokens", owner="kv_cache_bytes")
     mla, index = c.attention == "mla", 0 if c.index_topk is None else c.index_head_dim
     per_layer = [MIXERS[t].state_numbers(c, tokens) if t in MIXERS else
+                 0 if t in FFN_LAYERS else                  # an MLP keeps nothing
                  tokens * (c.kv_lora_rank + c.qk_rope_head_dim + index) if mla else
                  0 if kv_source(c, i) is not None else      # it reads an earlier layer's
                  2 * _product(layer_heads(c, i)) * _kept(c, t, tokens)
@@ -574,7 +598,7 @@ class Decoder(Module, AttentionMaps, HookedModel):
 
     def new_caches(self):
         """One empty cache per layer: ``WindowKVCache`` for sliding ones, else ``KVCache``."""
-        return [b.attn.new_cache() for b in self.blocks]
+        return [b.new_cache() for b in self.blocks]
 
     def forward(self, idx, kv_caches=None, attention_mask=None, position_ids=None,
                 logits_to_keep: int = 0):

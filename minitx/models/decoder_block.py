@@ -43,10 +43,11 @@ def layer_mlp(c: DecoderConfig, index: int = 0):
     or a mixture of experts (a dense SwiGLU in the ``dense_layers`` of an MoE model)."""
     gelu = "gelu_tanh" if c.gelu_approximate else "gelu"
     width = layer_mlp_width(c, index)
-    if c.mlp in ("gelu", "relu2"):
+    moe_layer = c.single_sublayer and c.layer_types[index] == "moe"    # Nemotron-H's
+    if c.mlp in ("gelu", "relu2") and not moe_layer:
         act = gelu if c.mlp == "gelu" else "relu2"
         return DenseMLP(c.hidden_size, width, act, bias=c.mlp_bias)
-    if c.mlp in ("swiglu", "geglu") or index in c.dense_layers:
+    if (c.mlp in ("swiglu", "geglu") or index in c.dense_layers) and not moe_layer:
         act = gelu if c.mlp == "geglu" else "silu"
         return GatedMLP(c.hidden_size, width, act, bias=c.mlp_bias)
     if MoE is None:
@@ -72,6 +73,10 @@ class DecoderBlock(Module):
         self.mlp = layer_mlp(c, index)
         for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
             setattr(self, f"hook_{name}", HookPoint())
+
+    def new_cache(self):
+        """The mixer's cache."""
+        return self.attn.new_cache()
 
     def forward(self, x, kv_cache=None, keep=None, positions=None):
         """``kv_cache``, ``keep`` and ``positions`` go to the mixer (``DecoderAttention``'s)."""

@@ -196,8 +196,15 @@ def _experts_to_hf(state: dict, model, fam, files: bool) -> dict:
                 hf[key] = v
         gate, up, down = (mine.get(f"experts.{k}") for k in ("gate_proj", "up_proj",
                                                               "down_proj"))
-        if gate is None:
+        if up is None:
             pass
+        elif gate is None:             # experts without a gate (Nemotron-H): up and down only
+            if files:
+                for ours, theirs in zip((up, down), fam.expert_files[1:]):
+                    for j, w in enumerate(np.asarray(ours)):
+                        hf[f"experts.{j}.{theirs}.weight"] = w
+            else:
+                hf["experts.up_proj"], hf["experts.down_proj"] = up, down
         elif interleaved:              # (n, E, 2I): gate in the even columns, up in the odd
             g, u = np.asarray(gate).transpose(0, 2, 1), np.asarray(up).transpose(0, 2, 1)
             both = np.empty(g.shape[:2] + (2 * g.shape[2],), dtype=g.dtype)
