@@ -10,6 +10,7 @@ the model): each file's class holds only what its family changes from its parent
                  → lfm2
                  → nanochat
                  → llama4_text
+                 → nemotron_h
                  → deepseek_v3 → deepseek_v32, glm4_moe, kimi_linear
 
 ``FAMILIES[model_type]`` is the family object; ``family(model_type)`` the one lookup by
@@ -32,6 +33,7 @@ from .minimax import MiniMax
 from .minimax_m2 import MiniMaxM2   # model_type "minimax_m2": not MiniMax-01's hybrid
 from .mistral import Mistral
 from .mixtral import Mixtral
+from .nemotron_h import NemotronH
 from .nanochat import NanoChat
 from .olmo2 import Olmo2
 from .olmo3 import Olmo3
@@ -50,7 +52,8 @@ __all__ = ["FAMILIES", "LINEAGE", "family", "parent", "Family", "IGNORED", "SIZE
 # In the lineage's order, each after its parent; the hybrids last.
 LINEAGE = (GPT2, Llama, Mistral, Qwen2, Qwen3, Qwen3Moe, Mixtral, Gemma3, Olmo2, Olmo3,
            SmolLM3, GptOss, MiniMaxM2, DeepseekV3, DeepseekV32, Glm4Moe, Qwen3Next,
-           KimiLinear, MiniMax, Lfm2, Qwen3_5, Qwen3_5Moe, OlmoHybrid, NanoChat, Llama4, Gemma4)
+           KimiLinear, MiniMax, Lfm2, Qwen3_5, Qwen3_5Moe, OlmoHybrid, NanoChat, Llama4, Gemma4,
+           NemotronH)
 FAMILIES = {cls.model_type: cls() for cls in LINEAGE}
 
 
