@@ -564,9 +564,9 @@ def cache_section(embed: int = 64, heads: int = 8, lengths=(32, 96)) -> list:
 def decoder_section() -> list:
     """One line per decoder family of ``minitx.pretrained.families``: the published model,
     its attention and windows as minitx's loader reads them, and its KV cache per token; a
-    family the loader lacks says so. Columns as wide as their longest entry (the rows sit two
-    columns in, so the longest names fit the tour's width; each family's MLP is in the
-    course's table, docs/decoders.md)."""
+    family the loader lacks says so. Columns as wide as their longest entry (flush left, so
+    the longest names fit the tour's width; each family's MLP is in the course's table,
+    docs/decoders.md)."""
     rows = {kind: families.family_row(kind) for kind in families.TODAY}
     names = ("model", "attention", "window pattern")
     wide = {name: max([len(name)] + [len(r[name]) for r in rows.values() if name in r])
@@ -581,10 +581,10 @@ def decoder_section() -> list:
              "most W − 1 past",
              "   tokens, a recurrent one a state of fixed size; by W: every layer is bounded)",
              "",
-             f"  {'family':<{family}} " + " ".join(f"{n:<{wide[n]}}" for n in names)
+             f"{'family':<{family}} " + " ".join(f"{n:<{wide[n]}}" for n in names)
              + "   KiB"]
     for kind, row in rows.items():
-        head = f"  {kind:<{family}} {row['model']:<{wide['model']}}"
+        head = f"{kind:<{family}} {row['model']:<{wide['model']}}"
         if "status" in row:
             lines.append(f"{head} {row['status']}"[:WIDTH])
             continue

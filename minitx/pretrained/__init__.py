@@ -19,7 +19,7 @@ their tokenizers, in minitx's own modules.
   "smollm3", "nanochat", and the mixtures of experts "qwen3_moe", "mixtral", "gpt_oss",
   "deepseek_v3", "deepseek_v32", "minimax_m2", "glm4_moe", "llama4_text", and the hybrids
   "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "minimax", "lfm2",
-  "olmo_hybrid" → ``minitx.models.Decoder``
+  "olmo_hybrid", "nemotron_h" → ``minitx.models.Decoder``
   (``model(ids)`` → logits (B, N, V); ``model.generate``), configured by
   ``minitx.pretrained.decoders``, and the folder's ``tokenizer.json`` as a
   ``hf_tokenizer.Tokenizer`` (with its chat template).

@@ -97,12 +97,12 @@ COURSE = [
      "DeepSeek-V3, a dispatch in a few lines, the load-balancing loss.",
      ["docs/moe.md", "minitx/nn/moe.py"]),
     ("Today's decoders: one decoder, many families",
-     "The one decoder whose switches make every family: its plain layer and attention, what "
-     "some families add to each, DeepSeek's latent attention, and how a checkpoint's "
-     "configuration becomes those switches.",
+     "The one decoder whose switches make every family: its plain layer and attention, and "
+     "what some families add to each (DeepSeek's latent attention is in the chapter on "
+     "attention in current models).",
      ["minitx/models/decoder.py", "minitx/models/decoder_block.py",
       "minitx/models/decoder_attention.py", "minitx/models/block_features.py",
-      "minitx/models/attention_features.py", "minitx/models/latent_attention.py"]),
+      "minitx/models/attention_features.py"]),
     ("Today's decoders: each family a file",
      "A family is its difference from its parent, GPT-2 at the root: the switches it flips, "
      "its config.json keys and tensor names in one table each (read both ways), HF's "
@@ -127,18 +127,20 @@ COURSE = [
       "minitx/models/mixers/lightning.py", "minitx/models/indexer.py",
       "minitx/models/families/qwen3_next.py", "minitx/models/families/kimi_linear.py",
       "minitx/models/families/minimax.py"]),
-    ("The attention of 2026: chunks, shared keys, compressed keys",
+    ("The attention of 2026: fewer keys, wider residuals",
      "Three ways the models of 2026 keep fewer keys: Llama 4's chunks, Gemma 4's keys shared "
      "across layers, and DeepSeek-V4's compressed attention, a window beside entries pooled "
-     "over blocks of tokens, chosen by an indexer or all read.",
+     "over blocks of tokens, chosen by an indexer or all read; and DeepSeek-V4's "
+     "hyper-connections, the residual stream widened to n streams.",
      ["minitx/attention/chunked.py", "minitx/attention/shared_kv.py",
-      "minitx/attention/compressed.py"]),
-    ("The attention of 2026: blocks, convolutions, states, streams",
-     "Qwen4-Exp's block indexer, LFM2's gated short convolution, Mamba-2's selective state "
-     "space on SSD's chunks, and hyper-connections, the residual stream widened to n "
-     "streams.",
+      "minitx/attention/compressed.py", "minitx/nn/hyper_connections.py"]),
+    ("The attention of 2026: blocks, convolutions, state spaces",
+     "Qwen4-Exp's block indexer, LFM2's gated short convolution, and Mamba-2's selective "
+     "state space on SSD's chunks, with Nemotron-H, whose layers are one sublayer each: "
+     "Mamba-2, attention, a ReLU² MLP or a mixture of such experts in a latent space.",
      ["minitx/attention/block_indexer.py", "minitx/attention/short_conv.py",
-      "minitx/attention/mamba2.py", "minitx/nn/hyper_connections.py"]),
+      "minitx/attention/mamba2.py", "minitx/models/mixers/mamba2.py",
+      "minitx/models/families/nemotron_h.py"]),
     ("Today's decoders: the families of 2026",
      "The families released in 2025 and 2026, each a file of its difference from its parent: "
      "MiniMax-M2 is Mixtral with OLMo 2's QK-norm, a rotated share and DeepSeek's sigmoid "
@@ -147,7 +149,7 @@ COURSE = [
      "Llama 4 chunks its rotary layers and warms its NoPE ones; Gemma 4 shares keys across "
      "layers; Qwen3.5 and OLMo-Hybrid are gated-DeltaNet hybrids. Then where the KV cache "
      "went, from MHA to a fixed state.",
-     ["minitx/models/mixers/short_conv.py", "minitx/models/mixers/mamba2.py",
+     ["minitx/models/mixers/short_conv.py",
       "minitx/models/families/minimax_m2.py", "minitx/models/families/glm4_moe.py",
       "minitx/models/families/lfm2.py", "minitx/models/families/nanochat.py",
       "minitx/models/families/llama4.py", "minitx/models/families/gemma4.py",
@@ -169,9 +171,10 @@ COURSE = [
      "Attention without q·k: Synthesizer, FNet, AFT.",
      ["minitx/attention/synthesizer.py", "minitx/attention/mixers.py"]),
     ("Attention in current models",
-     "What recent models changed: latent keys and values (MLA), the differential "
-     "transformer, sigmoid attention, attention sinks.",
-     ["minitx/attention/latent.py", "minitx/attention/differential.py",
+     "What recent models changed: latent keys and values (MLA, and the decoder's layer of "
+     "it), the differential transformer, sigmoid attention, attention sinks.",
+     ["minitx/attention/latent.py", "minitx/models/latent_attention.py",
+      "minitx/attention/differential.py",
       "minitx/attention/sigmoid.py", "minitx/attention/sinks.py"]),
     ("Softmax attention with a gate",
      "Two 2025 gates: an output gate after the softmax (gated attention, Qwen3-Next) and a "
