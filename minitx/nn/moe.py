@@ -47,8 +47,8 @@ f_e(x) = W^d_e \big( g\, \sigma(\alpha g) \odot (u + 1) \big) + b^d_e$$
 
 Nemotron-H's experts, and its shared expert, have no gate (``"relu2"``):
 $f_e(x) = W^d_e \max(W^u_e x, 0)^2$. Its MoE may also run the experts in a narrower latent
-space (``latent_size`` L): their input is $W_1 x$ (E → L) and their weighted sum goes back
-through $W_2$ (L → E); the router and the shared expert read x itself.
+space (``latent_size`` L): their input is $W_{1} x$ (E → L) and their weighted sum goes back
+through $W_{2}$ (L → E); the router and the shared expert read x itself.
 
 **4. The output**: the chosen experts' outputs, weighted, plus the shared expert $f_s$ that
 every token goes through (DeepSeek-V3; Qwen2-MoE gates it with a sigmoid of $w_s \cdot x$):

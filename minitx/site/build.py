@@ -120,11 +120,10 @@ COURSE = [
      ["docs/decoders.md"]),
     ("Today's decoders: the hybrids",
      "Layers that are recurrences among attention layers — Qwen3-Next's gated DeltaNet, "
-     "Kimi Linear's KDA, MiniMax's lightning attention — as layer types of the one decoder; "
-     "DeepSeek-V3.2's indexer, which picks the keys each query reads.",
+     "Kimi Linear's KDA, MiniMax's lightning attention — as layer types of the one decoder.",
      ["docs/hybrids.md", "minitx/models/mixers/__init__.py",
       "minitx/models/mixers/gated_deltanet.py", "minitx/models/mixers/kda.py",
-      "minitx/models/mixers/lightning.py", "minitx/models/indexer.py",
+      "minitx/models/mixers/lightning.py",
       "minitx/models/families/qwen3_next.py", "minitx/models/families/kimi_linear.py",
       "minitx/models/families/minimax.py"]),
     ("The attention of 2026: fewer keys, wider residuals",
@@ -181,9 +180,11 @@ COURSE = [
      "forget gate on the scores (the Forgetting Transformer).",
      ["minitx/attention/gated.py"]),
     ("Choosing keys",
-     "Each query picks the keys it reads: DeepSeek's lightning indexer and top-k keys, MoBA's "
-     "blocks ranked by their mean key, NSA's compressed, selected and window branches.",
-     ["minitx/attention/selection.py", "notebooks/07_choosing_keys.py"]),
+     "Each query picks the keys it reads: DeepSeek's lightning indexer and top-k keys (and "
+     "DeepSeek-V3.2's indexer in the decoder), MoBA's blocks ranked by their mean key, NSA's "
+     "compressed, selected and window branches.",
+     ["minitx/attention/selection.py", "minitx/models/indexer.py",
+      "notebooks/07_choosing_keys.py"]),
     ("Attention as recurrence",
      "Linear attention read as a recurrent state: retention, the delta rule, state-space "
      "duality.",
