@@ -247,3 +247,28 @@ def both_backward(model, ref, ids, **hf_kwargs):
     logits = model(ids[:, :-1])
     cross_entropy(reshape(logits, (-1, logits.shape[-1])), ids[:, 1:].reshape(-1)).backward()
     return {k: p.grad.numpy() for k, p in ref.named_parameters() if p.grad is not None}
+
+
+def assert_round_trip(model, ref, model_type):
+    """minitx's state written back is HF's state dict key for key and bit for bit; the
+    config.json ``hf_config_dict`` writes names ``model_type`` and reads back to the same
+    switches; ``count_parameters`` counts what both libraries hold."""
+    import dataclasses
+
+    import numpy as np
+
+    import minitx.pretrained as pt
+    from minitx.models import count_parameters
+    from minitx.models.decoder import check_config
+    from minitx.pretrained.decoders import decoder_config, hf_config_dict
+    theirs = {k: v.numpy() for k, v in ref.state_dict().items()}
+    back = pt.decoder_state_to_hf(model.state_dict(), model)
+    assert set(back) == set(theirs)
+    for key, value in back.items():
+        assert np.array_equal(np.asarray(value), theirs[key]), key
+    d = hf_config_dict(model.config)
+    assert d["model_type"] == model_type
+    assert dataclasses.asdict(check_config(decoder_config(d))) == \
+        dataclasses.asdict(model.config)
+    assert count_parameters(model.config)["total"] == \
+        sum(p.numel() for p in ref.parameters()) == sum(p.size for p in model.parameters())

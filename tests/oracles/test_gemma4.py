@@ -11,7 +11,6 @@ Tolerances as ``test_pretrained_decoders.py``'s: float64 logits within 1e-5 of H
 to the largest (HF computes its RMSNorms and rotary tables in float32 even in a float64 model),
 float32 within 1e-4; minitx's cached decoding equals its full forward to 1e-10.
 """
-import dataclasses
 
 import numpy as np
 import pytest
@@ -22,11 +21,11 @@ torch = need("torch")
 transformers = need("transformers")
 
 import minitx.pretrained as pt  # noqa: E402
-from decoder_util import both_backward, hf_model, relative, saved_tiny  # noqa: E402
+from decoder_util import (assert_round_trip, both_backward, hf_model, relative,  # noqa: E402
+                          saved_tiny)
 from minitx.attention import SharedKVCache  # noqa: E402
-from minitx.models import count_parameters  # noqa: E402
-from minitx.models.decoder import check_config, kv_cache_bytes  # noqa: E402
-from minitx.pretrained.decoders import decoder_config, hf_config_dict  # noqa: E402
+from minitx.models.decoder import kv_cache_bytes  # noqa: E402
+from minitx.pretrained.decoders import decoder_config  # noqa: E402
 from minitx.validate import OptionError  # noqa: E402
 
 CONFIG = dict(
@@ -110,17 +109,7 @@ def test_a_training_step_has_torchs_gradients(folder):
 def test_state_and_config_round_trip_to_transformers(folder):
     model, _ = pt.load(folder, dtype="float64", tokenizer=False)
     ref = hf_model(folder)
-    theirs = {k: v.numpy() for k, v in ref.state_dict().items()}
-    back = pt.decoder_state_to_hf(model.state_dict(), model)
-    assert set(back) == set(theirs)
-    for key, value in back.items():
-        assert np.array_equal(np.asarray(value), theirs[key]), key
-    d = hf_config_dict(model.config)
-    assert d["model_type"] == "gemma4_text"
-    assert dataclasses.asdict(check_config(decoder_config(d))) == \
-        dataclasses.asdict(model.config)
-    assert count_parameters(model.config)["total"] == \
-        sum(p.numel() for p in ref.parameters()) == sum(p.size for p in model.parameters())
+    assert_round_trip(model, ref, "gemma4_text")
 
 
 def test_a_checkpoint_with_the_borrowers_own_keys_loads_without_them(folder):
