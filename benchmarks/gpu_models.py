@@ -196,6 +196,10 @@ def shrink(cfg):
                 check_config(decoder_config(cfg, "representative config.json")),
                 layer_types=one_each, num_layers=len(one_each)))
             hf = {"full": "full_attention", "sliding": "sliding_attention"}
+            own = {k: v for k, v in written.items() if k != "layer_types"}
+            if own and "layer_types" not in written:   # a family's own key (Nemotron-H's)
+                small.update(own, num_hidden_layers=len(one_each))
+                return small
             types = written.get("layer_types") or [hf[t] for t in one_each]
     n = max(2, len(types))
     small["num_hidden_layers"] = n
