@@ -326,16 +326,17 @@ def _mixer_pair(hk, r, dk, dv, kernel, neg):
 def test_the_mixer_equals_hfs_deltanet_module_step_by_step(hk, r, dk, dv, kernel, n, neg):
     """HF's ``OlmoHybridGatedDeltaNet`` itself against ``GatedDeltaNetMixer`` with the split
     projections, β = 2σ(b) or σ(b) and the gated norm's eps of 1e-5: a prompt through both,
-    then minitx one token at a time through its cache. 1e-6: HF's delta rule and gated norm
-    run in float32."""
+    then minitx one token at a time through its cache. 1e-5, as the logits': HF's delta rule
+    and gated norm run in float32, whose rounding (6e-8 a step) accumulates over the
+    recurrence; measured up to 1.6e-6 relative (one head, D_k = 5, D_v = 3, four tokens)."""
     theirs, mine = _mixer_pair(hk, r, dk, dv, kernel, neg)
     x = np.random.default_rng(n).standard_normal((2, n, 32))
     with torch.no_grad():
         want = theirs(torch.tensor(x)).numpy()
-    assert relative(mine(tensor(x)).numpy(), want) <= 1e-6
+    assert relative(mine(tensor(x)).numpy(), want) <= 1e-5
     cache = mine.new_cache()
     steps = [mine(tensor(x[:, i:i + 1]), kv_cache=cache).numpy() for i in range(n)]
-    assert relative(np.concatenate(steps, axis=1), want) <= 1e-6
+    assert relative(np.concatenate(steps, axis=1), want) <= 1e-5
 
 
 def test_the_split_mixer_with_negative_eigenvalues_has_its_gradients():

@@ -324,8 +324,9 @@ def test_the_presets_count_as_their_names_say():
 def test_the_mixer_equals_hfs_deltanet_module_step_by_step(hk, r, dk, dv, kernel, n):
     """HF's ``Qwen3_5GatedDeltaNet`` itself, every weight redrawn and copied by name into
     ``GatedDeltaNetMixer`` with ``projections="split"``: a prompt through both, then minitx
-    one token at a time through its cache. 1e-6: HF's delta rule and gated norm run in
-    float32."""
+    one token at a time through its cache. 1e-5, as the logits': HF's delta rule and gated
+    norm run in float32, whose rounding (6e-8 a step) accumulates over the recurrence (OLMo-
+    Hybrid's same test measured up to 1.6e-6 relative)."""
     from minitx.models.mixers.gated_deltanet import GatedDeltaNetMixer
     sizes = dict(linear_num_key_heads=hk, linear_num_value_heads=hk * r, linear_key_head_dim=dk,
                  linear_value_head_dim=dv, linear_conv_kernel_dim=kernel)
@@ -343,7 +344,7 @@ def test_the_mixer_equals_hfs_deltanet_module_step_by_step(hk, r, dk, dv, kernel
     x = np.random.default_rng(n).standard_normal((2, n, 32))
     with torch.no_grad():
         want = theirs(torch.tensor(x)).numpy()
-    assert relative(mine(tensor(x)).numpy(), want) <= 1e-6
+    assert relative(mine(tensor(x)).numpy(), want) <= 1e-5
     cache = mine.new_cache()
     steps = [mine(tensor(x[:, i:i + 1]), kv_cache=cache).numpy() for i in range(n)]
-    assert relative(np.concatenate(steps, axis=1), want) <= 1e-6
+    assert relative(np.concatenate(steps, axis=1), want) <= 1e-5

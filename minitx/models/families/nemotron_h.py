@@ -84,6 +84,9 @@ class NemotronH(Llama):
         # not at hand; its card: 23 Mamba-2 and MoE layers, 6 attention layers, 128 experts)
         "Nemotron-H (HF class)": ("transformers 5.24 NemotronHConfig defaults", dict(
             vocab_size=131072, hidden_size=4096, num_attention_heads=32,
+            num_key_value_heads=8, head_dim=128, intermediate_size=21504,
+            n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=7688,
+            n_group=1, topk_group=1, n_shared_experts=1,
             layers_block_type=["linear_attention", "moe", "full_attention", "mlp"])),
     }
 
